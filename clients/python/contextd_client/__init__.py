@@ -1,0 +1,1 @@
+"""Thin Python client for contextd."""

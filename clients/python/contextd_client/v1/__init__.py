@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC stubs for contextd.v1 (scripts/gen_protos.py)."""

@@ -1,0 +1,1 @@
+"""Service adapters: gRPC servicer, interceptors, protobuf mapping, server lifecycle."""

@@ -1,0 +1,88 @@
+"""Domain errors to gRPC statuses.
+
+Each error leaves the server as a status code, a message for humans, and
+two machine-readable forms of the same facts:
+
+* trailing metadata `contextd-reason` plus one `contextd-<key>` per fact
+  (`contextd-current-version`, `contextd-field`, `contextd-retry-after-ms`),
+  readable by any gRPC client without extra protos;
+* the standard `grpc-status-details-bin` google.rpc.Status with an ErrorInfo
+  (domain "contextd.v1"), a BadRequest listing every bad field, and a
+  RetryInfo when a retry is expected to succeed.
+"""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+from contextd.engine.errors import (
+    ContextdError,
+    IdempotencyKeyReused,
+    InvalidArgument,
+    NotImplementedYet,
+    SessionBusy,
+    SessionExists,
+    SessionNotFound,
+    StorageUnavailable,
+    Unauthenticated,
+    VersionConflict,
+)
+
+DOMAIN = "contextd.v1"
+DETAILS_KEY = "grpc-status-details-bin"
+REASON_KEY = "contextd-reason"
+
+_CODES: list[tuple[type[ContextdError], grpc.StatusCode]] = [
+    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (SessionNotFound, grpc.StatusCode.NOT_FOUND),
+    (SessionExists, grpc.StatusCode.ALREADY_EXISTS),
+    (IdempotencyKeyReused, grpc.StatusCode.ALREADY_EXISTS),
+    (VersionConflict, grpc.StatusCode.ABORTED),
+    (SessionBusy, grpc.StatusCode.UNAVAILABLE),
+    (StorageUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (NotImplementedYet, grpc.StatusCode.UNIMPLEMENTED),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+]
+
+
+def status_code(error: ContextdError) -> grpc.StatusCode:
+    for kind, code in _CODES:
+        if isinstance(error, kind):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def _pack(message: object) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)  # type: ignore[arg-type]
+    return packed
+
+
+def _ascii(value: str) -> str:
+    # Plain metadata values must be printable ASCII.
+    return value.encode("ascii", "backslashreplace").decode("ascii")
+
+
+def trailing_metadata(error: ContextdError, code: grpc.StatusCode) -> tuple[tuple[str, str | bytes], ...]:
+    details = [_pack(error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN, metadata=error.metadata))]
+    if isinstance(error, InvalidArgument):
+        details.append(
+            _pack(
+                error_details_pb2.BadRequest(
+                    field_violations=[
+                        error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+                        for v in error.violations
+                    ]
+                )
+            )
+        )
+    if isinstance(error, SessionBusy):
+        delay = duration_pb2.Duration()
+        delay.FromMilliseconds(error.retry_after_ms)
+        details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
+    status = status_pb2.Status(code=code.value[0], message=error.message, details=details)
+    metadata: list[tuple[str, str | bytes]] = [(DETAILS_KEY, status.SerializeToString()), (REASON_KEY, error.reason)]
+    metadata.extend((f"contextd-{key.replace('_', '-')}", _ascii(value)) for key, value in error.metadata.items())
+    return tuple(metadata)

@@ -1,0 +1,95 @@
+"""The `contextd` command: serve, migrate, config.
+
+    contextd serve [--listen HOST:PORT] [--database-url URL] [--redis-url URL] ...
+    contextd migrate [--revision REV | --downgrade REV]
+    contextd config [--markdown]
+
+Every setting has a flag here and an environment variable (contextd/config.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from contextd.config import ConfigError, Settings, env_name, markdown_table
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    for f in dataclasses.fields(Settings):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{f.metadata['help']} [{env_name(f.name)}, default: {f.default!r}]"
+        if isinstance(f.default, bool):
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            choices = f.metadata["choices"] or None
+            parser.add_argument(flag, dest=f.name, type=type(f.default), choices=choices, default=None, help=help_text)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="contextd", description="A context service for LLM agents.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the gRPC server")
+    _add_setting_flags(serve)
+    migrate = commands.add_parser("migrate", help="upgrade (or downgrade) the database schema")
+    _add_setting_flags(migrate)
+    migrate.add_argument("--revision", default="head", help="upgrade to this revision (default: head)")
+    migrate.add_argument("--downgrade", metavar="REVISION", help="downgrade to this revision instead ('base': empty)")
+    config = commands.add_parser("config", help="print the effective configuration")
+    _add_setting_flags(config)
+    config.add_argument("--markdown", action="store_true", help="print the settings table for the README")
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    names = {f.name for f in dataclasses.fields(Settings)}
+    overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k in names}
+    return Settings.load(os.environ, overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        settings = _settings(args)
+    except ConfigError as exc:
+        print(f"contextd: configuration error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    if settings.log_level != "debug":
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+    if args.command == "config":
+        if args.markdown:
+            print(markdown_table())
+        else:
+            for f in dataclasses.fields(Settings):
+                value = getattr(settings, f.name)
+                print(f"{f.name} = {'***' if f.name == 'api_keys' and value else value!r}")
+        return 0
+    if args.command == "migrate":
+        from contextd.storage import migrate
+
+        if args.downgrade:
+            asyncio.run(migrate.downgrade(settings.database_url, args.downgrade))
+        else:
+            asyncio.run(migrate.upgrade(settings.database_url, args.revision))
+        print(f"database at revision {asyncio.run(migrate.current_revision(settings.database_url)) or 'base'}")
+        return 0
+    from contextd.api.server import serve
+
+    try:
+        asyncio.run(serve(settings))
+    except KeyboardInterrupt:  # a second Ctrl-C during shutdown
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

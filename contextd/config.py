@@ -1,0 +1,143 @@
+"""The one configuration object.
+
+Every setting is a field of `Settings` with its default, its environment
+variable and its help text. The CLI derives its flags from the same fields
+(`--database-url` for `database_url`), and the README's configuration table
+is printed by `contextd config --markdown` (a test keeps the two in step).
+Precedence: flag, then environment variable, then default. Nothing else in
+the code reads the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+ENV_PREFIX = "CONTEXTD_"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _setting(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    listen: str = _setting("127.0.0.1:50051", "Address the gRPC server listens on (host:port).")
+    database_url: str = _setting(
+        "sqlite+aiosqlite:///contextd.db",
+        "SQLAlchemy URL of the history store: postgresql+asyncpg://user@host/db in production; "
+        "the default is an SQLite file in the working directory.",
+    )
+    redis_url: str = _setting(
+        "", "Redis URL of the stash, e.g. redis://127.0.0.1:6379/0; empty keeps the stash in process."
+    )
+    migrate_on_start: bool = _setting(
+        True, "Upgrade the database schema when the server starts (one replica at a time on Postgres)."
+    )
+    max_item_bytes: int = _setting(1_048_576, "Largest item accepted, in bytes of text and data.")
+    max_batch_items: int = _setting(1000, "Most items in one AppendItems call.")
+    max_message_bytes: int = _setting(16 * 1_048_576, "Largest gRPC message the server receives or sends, in bytes.")
+    lock_timeout_ms: int = _setting(
+        5000, "Longest wait for a session's lock before the call fails with UNAVAILABLE (SESSION_BUSY)."
+    )
+    db_pool_size: int = _setting(10, "Database connections per server process.")
+    grace_seconds: float = _setting(10.0, "On SIGTERM, how long in-flight calls get to finish.")
+    reflection: bool = _setting(True, "Serve gRPC reflection (for grpcurl and similar tools).")
+    api_keys: str = _setting(
+        "",
+        "Comma-separated tenant:key pairs. When set, every call needs `authorization: Bearer <key>` "
+        "and sees only its tenant's sessions; when empty, auth is off and all calls use tenant 'default'.",
+    )
+    otel_exporter: str = _setting("none", "Where OpenTelemetry spans go.", choices=("none", "console", "otlp"))
+    otel_endpoint: str = _setting(
+        "", "OTLP/gRPC endpoint for otel_exporter=otlp, e.g. http://127.0.0.1:4317 (empty: the exporter's default)."
+    )
+    service_name: str = _setting("contextd", "OpenTelemetry service.name.")
+    log_level: str = _setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str], overrides: Mapping[str, Any] | None = None) -> Settings:
+        """Settings from `environ` (CONTEXTD_* variables) with `overrides` (e.g. CLI flags) on top."""
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = environ.get(env_name(f.name))
+            if raw is not None:
+                values[f.name] = _parse(f, raw, env_name(f.name))
+        for name, value in (overrides or {}).items():
+            if value is not None:
+                values[name] = value
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            choices = f.metadata["choices"]
+            value = getattr(self, f.name)
+            if choices and value not in choices:
+                raise ConfigError(f"{f.name} must be one of {', '.join(choices)}, not {value!r}")
+            if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
+                raise ConfigError(f"{f.name} must be positive, not {value}")
+        if ":" not in self.listen:
+            raise ConfigError(f"listen must be host:port, not {self.listen!r}")
+        self.tenant_keys()
+
+    def tenant_keys(self) -> dict[str, str]:
+        """API key -> tenant, from `api_keys`."""
+        keys: dict[str, str] = {}
+        for pair in filter(None, (p.strip() for p in self.api_keys.split(","))):
+            tenant, sep, key = pair.partition(":")
+            if not sep or not tenant or not key:
+                raise ConfigError(f"api_keys entries are tenant:key, not {pair!r}")
+            keys[key] = tenant
+        return keys
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+
+def env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _parse(f: dataclasses.Field[Any], raw: str, source: str) -> Any:
+    default: Any = f.default
+    kind = type(default)
+    try:
+        if kind is bool:
+            lowered = raw.strip().lower()
+            if lowered not in _TRUE | _FALSE:
+                raise ValueError(f"expected one of {sorted(_TRUE | _FALSE)}")
+            return lowered in _TRUE
+        if kind is int:
+            return int(raw.replace("_", ""))
+        if kind is float:
+            return float(raw)
+        return raw
+    except ValueError as exc:
+        raise ConfigError(f"{source}={raw!r}: {exc}") from None
+
+
+def markdown_table() -> str:
+    """The README's configuration table."""
+    rows = ["| setting | environment variable | default | meaning |", "| --- | --- | --- | --- |"]
+    for f in dataclasses.fields(Settings):
+        default = f.default
+        shown = "(empty)" if default == "" else str(default).lower() if isinstance(default, bool) else str(default)
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata["help"]
+        if f.metadata["choices"]:
+            help_text += " One of: " + ", ".join(f"`{c}`" for c in f.metadata["choices"]) + "."
+        rows.append(f"| `{flag}` | `{env_name(f.name)}` | `{shown}` | {help_text} |")
+    return "\n".join(rows)

@@ -1,0 +1,1 @@
+"""The pure core: domain model, validation, token counting, rendering. No grpc, SQLAlchemy or redis imports."""

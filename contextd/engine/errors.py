@@ -1,0 +1,112 @@
+"""Domain errors. The api layer maps each to a gRPC status (api/errors.py).
+
+Every error has a stable `reason` (documented in docs/errors.md) that
+clients can branch on, a message for humans, and string metadata with the
+facts a client needs to react (the current version, the field at fault).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class FieldViolation:
+    field: str
+    """Path of the bad field in the request, e.g. ``items[3].content[0].text``."""
+    description: str
+
+
+class ContextdError(Exception):
+    reason = "INTERNAL"
+
+    def __init__(self, message: str, metadata: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.metadata: dict[str, str] = dict(metadata or {})
+
+
+class InvalidArgument(ContextdError):
+    reason = "INVALID_ARGUMENT"
+
+    def __init__(self, violations: Sequence[FieldViolation], reason: str | None = None) -> None:
+        if not violations:
+            raise ValueError("InvalidArgument needs at least one violation")
+        self.violations = tuple(violations)
+        first = self.violations[0]
+        more = f" (and {len(self.violations) - 1} more)" if len(self.violations) > 1 else ""
+        super().__init__(f"{first.field}: {first.description}{more}", {"field": first.field})
+        if reason:
+            self.reason = reason
+
+    @classmethod
+    def at(cls, field: str, description: str, reason: str | None = None) -> InvalidArgument:
+        return cls([FieldViolation(field, description)], reason)
+
+
+class LimitExceeded(InvalidArgument):
+    """A request over a configured size limit (still INVALID_ARGUMENT)."""
+
+    reason = "LIMIT_EXCEEDED"
+
+
+class SessionNotFound(ContextdError):
+    reason = "SESSION_NOT_FOUND"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} not found", {"session_id": session_id})
+
+
+class SessionExists(ContextdError):
+    reason = "SESSION_EXISTS"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} already exists", {"session_id": session_id})
+
+
+class VersionConflict(ContextdError):
+    reason = "VERSION_CONFLICT"
+
+    def __init__(self, session_id: str, expected: int, current: int) -> None:
+        super().__init__(
+            f"session {session_id!r} is at version {current}, not the expected {expected}",
+            {"session_id": session_id, "expected_version": str(expected), "current_version": str(current)},
+        )
+        self.expected = expected
+        self.current = current
+
+
+class IdempotencyKeyReused(ContextdError):
+    reason = "IDEMPOTENCY_KEY_REUSED"
+
+    def __init__(self, session_id: str, key: str) -> None:
+        super().__init__(
+            f"idempotency key {key!r} was already used in session {session_id!r} for a different batch",
+            {"session_id": session_id, "idempotency_key": key},
+        )
+
+
+class SessionBusy(ContextdError):
+    """The per-session lock was not acquired within the bounded wait."""
+
+    reason = "SESSION_BUSY"
+
+    def __init__(self, session_id: str, waited_ms: int, retry_after_ms: int) -> None:
+        super().__init__(
+            f"session {session_id!r} is busy: another writer held it for {waited_ms} ms; retry",
+            {"session_id": session_id, "retry_after_ms": str(retry_after_ms)},
+        )
+        self.retry_after_ms = retry_after_ms
+
+
+class StorageUnavailable(ContextdError):
+    reason = "STORAGE_UNAVAILABLE"
+
+
+class NotImplementedYet(ContextdError):
+    reason = "NOT_IMPLEMENTED"
+
+
+class Unauthenticated(ContextdError):
+    reason = "UNAUTHENTICATED"

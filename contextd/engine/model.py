@@ -1,0 +1,167 @@
+"""The domain model: sessions, items and their content blocks (DESIGN section 3).
+
+Plain frozen values. The api layer maps protobuf messages to these, storage
+persists them, and the engine computes views from them; none of the three
+knows the others' types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from types import MappingProxyType
+
+
+class Role(StrEnum):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class ToolEffectKind(StrEnum):
+    READ = "read"
+    WRITE = "write"
+    PURE = "pure"
+    VOLATILE = "volatile"
+
+
+@dataclass(frozen=True, slots=True)
+class TextBlock:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUseBlock:
+    id: str
+    name: str
+    input_json: str
+    """The arguments as JSON object text, kept byte-for-byte."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImageBlock:
+    media_type: str
+    data: bytes | None = None
+    uri: str | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentBlock:
+    media_type: str
+    data: bytes | None = None
+    uri: str | None = None
+    text: str | None = None
+    title: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningBlock:
+    text: str = ""
+    signature: str = ""
+    redacted_data: str = ""
+
+
+ResultPart = TextBlock | ImageBlock | DocumentBlock
+"""What a tool result may contain."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResultBlock:
+    tool_use_id: str
+    content: tuple[ResultPart, ...] = ()
+    is_error: bool = False
+    name: str = ""
+    """The tool's name; filled from the matching tool_use at append."""
+
+
+Block = TextBlock | ToolUseBlock | ToolResultBlock | ImageBlock | DocumentBlock | ReasoningBlock
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """What an observation was of."""
+
+    uri: str
+    version: str = ""
+    observed_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolEffect:
+    kind: ToolEffectKind
+    source_arg: str = ""
+
+
+def _no_metadata() -> Mapping[str, str]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemContent:
+    """An item as a client submits it: everything but what the service assigns."""
+
+    role: Role
+    content: tuple[Block, ...]
+    source: Source | None = None
+    tool_effect: ToolEffect | None = None
+    name: str = ""
+    metadata: Mapping[str, str] = field(default_factory=_no_metadata)
+
+    @property
+    def tool_uses(self) -> tuple[ToolUseBlock, ...]:
+        return tuple(b for b in self.content if isinstance(b, ToolUseBlock))
+
+    @property
+    def tool_result(self) -> ToolResultBlock | None:
+        """The tool result of a TOOL item (which holds exactly one)."""
+        for block in self.content:
+            if isinstance(block, ToolResultBlock):
+                return block
+        return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Item(ItemContent):
+    """One L0 event: immutable once appended."""
+
+    seq: int
+    content_hash: str
+    token_count: int
+    """Tokens of the content, counted once at append."""
+    author: str = ""
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    id: str
+    tenant: str
+    version: int
+    """Items appended so far; the seq of the last one."""
+    token_count: int
+    """Tokens of all items in the history."""
+    created_at: datetime
+    updated_at: datetime
+    metadata: Mapping[str, str] = field(default_factory=_no_metadata)
+    policy: str = ""
+    policy_version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ItemReceipt:
+    seq: int
+    content_hash: str
+    token_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    first_seq: int
+    last_seq: int
+    version: int
+    receipts: tuple[ItemReceipt, ...]
+    replayed: bool = False

@@ -1,0 +1,1 @@
+"""Renderers from items to provider message formats."""

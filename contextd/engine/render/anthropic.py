@@ -1,0 +1,112 @@
+"""Items to Anthropic Messages ``system`` and ``messages``.
+
+Leading system items become the top-level ``system``. The Messages API
+wants user and assistant turns to alternate and carries tool results as
+blocks of a user turn, so consecutive user-side items (user, tool, and any
+later system item) merge into one user message, and consecutive assistant
+items into one assistant message. A message made from a single one-text
+item keeps a plain string content, so text round-trips byte for byte.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Sequence
+
+from contextd.engine.model import (
+    Block,
+    DocumentBlock,
+    ImageBlock,
+    Item,
+    ReasoningBlock,
+    Role,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from contextd.engine.render.base import JsonObject, Rendered
+
+
+def render_anthropic(items: Sequence[Item]) -> Rendered:
+    out = Rendered()
+    system: list[JsonObject] = []
+    leading = True
+    for item in items:
+        if item.role is Role.SYSTEM and leading:
+            system.extend(_block(b) for b in item.content)
+            out.message_index[item.seq] = -1
+            continue
+        leading = False
+        if item.role is Role.SYSTEM:
+            out.warn(
+                "SYSTEM_AS_USER",
+                f"seq {item.seq}: the Messages API takes system text only before the first turn; sent as user text",
+            )
+        role = "assistant" if item.role is Role.ASSISTANT else "user"
+        blocks = [_block(b) for b in item.content]
+        _append(out, item.seq, role, blocks)
+    out.system = _system(system)
+    return out
+
+
+def _append(out: Rendered, seq: int, role: str, blocks: list[JsonObject]) -> None:
+    last = out.messages[-1] if out.messages else None
+    if last is not None and last["role"] == role:
+        if isinstance(last["content"], str):
+            last["content"] = [{"type": "text", "text": last["content"]}]
+        last["content"].extend(blocks)
+    else:
+        lone_text = len(blocks) == 1 and blocks[0]["type"] == "text"
+        out.messages.append({"role": role, "content": blocks[0]["text"] if lone_text else blocks})
+    out.message_index[seq] = len(out.messages) - 1
+
+
+def _system(blocks: list[JsonObject]) -> str | list[JsonObject] | None:
+    if not blocks:
+        return None
+    if len(blocks) == 1:
+        text: str = blocks[0]["text"]
+        return text
+    return blocks
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _block(block: Block) -> JsonObject:
+    match block:
+        case TextBlock(text):
+            return {"type": "text", "text": text}
+        case ToolUseBlock(id, name, input_json):
+            return {"type": "tool_use", "id": id, "name": name, "input": json.loads(input_json)}
+        case ToolResultBlock(tool_use_id, content, is_error):
+            result: JsonObject = {"type": "tool_result", "tool_use_id": tool_use_id}
+            if len(content) == 1 and isinstance(content[0], TextBlock):
+                result["content"] = content[0].text
+            elif content:
+                result["content"] = [_block(p) for p in content]
+            if is_error:
+                result["is_error"] = True
+            return result
+        case ImageBlock(media_type, data, uri):
+            if data is not None:
+                return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": _b64(data)}}
+            return {"type": "image", "source": {"type": "url", "url": uri}}
+        case DocumentBlock(media_type, data, uri, text, title):
+            if data is not None:
+                source: JsonObject = {"type": "base64", "media_type": media_type, "data": _b64(data)}
+            elif text is not None:
+                source = {"type": "text", "media_type": media_type or "text/plain", "data": text}
+            else:
+                source = {"type": "url", "url": uri}
+            document: JsonObject = {"type": "document", "source": source}
+            if title:
+                document["title"] = title
+            return document
+        case ReasoningBlock(text, signature, redacted_data):
+            if redacted_data:
+                return {"type": "redacted_thinking", "data": redacted_data}
+            return {"type": "thinking", "thinking": text, "signature": signature}
+    raise TypeError(f"not a content block: {block!r}")

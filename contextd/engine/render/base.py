@@ -1,0 +1,37 @@
+"""What a renderer returns, shared by the provider formats."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+JsonObject = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ViewWarning:
+    code: str
+    """Stable, e.g. ``REASONING_DROPPED``."""
+    message: str
+
+
+@dataclass(slots=True)
+class Rendered:
+    """Messages in a provider's format, and where each item landed."""
+
+    messages: list[JsonObject] = field(default_factory=list)
+    system: str | list[JsonObject] | None = None
+    """Anthropic's top-level ``system``; always None for OpenAI."""
+    message_index: dict[int, int] = field(default_factory=dict)
+    """seq -> index in ``messages``; -1 for the system field or a left-out item."""
+    omitted: set[int] = field(default_factory=set)
+    """Seqs of items the format could not carry at all (each has a warning)."""
+    warnings: list[ViewWarning] = field(default_factory=list)
+
+    def warn(self, code: str, message: str) -> None:
+        self.warnings.append(ViewWarning(code, message))
+
+
+def data_uri(media_type: str, data: bytes) -> str:
+    return f"data:{media_type};base64,{base64.b64encode(data).decode('ascii')}"

@@ -1,0 +1,113 @@
+"""Items to OpenAI Chat Completions ``messages``.
+
+One item gives one message. A single text block renders as a string
+content, several blocks as a list of parts, so text round-trips byte for
+byte. What Chat Completions cannot carry (reasoning, images inside tool
+results, documents by URL) is left out with a warning in the view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from contextd.engine.model import (
+    DocumentBlock,
+    ImageBlock,
+    Item,
+    ReasoningBlock,
+    Role,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from contextd.engine.render.base import JsonObject, Rendered, data_uri
+
+
+def render_openai(items: Sequence[Item]) -> Rendered:
+    out = Rendered()
+    for item in items:
+        message = _message(item, out)
+        if message is None:
+            out.message_index[item.seq] = -1
+            out.omitted.add(item.seq)
+            continue
+        if item.name and item.role is not Role.TOOL:
+            message["name"] = item.name
+        out.message_index[item.seq] = len(out.messages)
+        out.messages.append(message)
+    return out
+
+
+def _message(item: Item, out: Rendered) -> JsonObject | None:
+    if item.role is Role.TOOL:
+        result = item.tool_result
+        assert result is not None  # validated at append
+        return {"role": "tool", "tool_call_id": result.tool_use_id, "content": _tool_content(item.seq, result, out)}
+    if item.role is Role.ASSISTANT:
+        return _assistant(item, out)
+    parts = [p for p in (_part(item.seq, b, out) for b in item.content) if p is not None]
+    return {"role": item.role.value, "content": _content(parts)} if parts else None
+
+
+def _assistant(item: Item, out: Rendered) -> JsonObject | None:
+    texts = [{"type": "text", "text": b.text} for b in item.content if isinstance(b, TextBlock)]
+    calls = [
+        {"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input_json}}
+        for b in item.content
+        if isinstance(b, ToolUseBlock)
+    ]
+    if any(isinstance(b, ReasoningBlock) for b in item.content):
+        out.warn("REASONING_DROPPED", f"seq {item.seq}: Chat Completions has no field for reasoning; left out")
+    if not texts and not calls:
+        return None
+    message: JsonObject = {"role": "assistant", "content": _content(texts) if texts else None}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _content(parts: list[JsonObject]) -> str | list[JsonObject]:
+    """A lone text part becomes a plain string, the form most clients send."""
+    if len(parts) == 1 and parts[0]["type"] == "text":
+        text: str = parts[0]["text"]
+        return text
+    return parts
+
+
+def _tool_content(seq: int, result: ToolResultBlock, out: Rendered) -> str | list[JsonObject]:
+    texts = [{"type": "text", "text": p.text} for p in result.content if isinstance(p, TextBlock)]
+    if len(texts) < len(result.content):
+        out.warn("TOOL_RESULT_MEDIA_DROPPED", f"seq {seq}: Chat Completions tool messages carry text only")
+    return _content(texts) if texts else ""
+
+
+def _part(seq: int, block: object, out: Rendered) -> JsonObject | None:
+    match block:
+        case TextBlock(text):
+            return {"type": "text", "text": text}
+        case ImageBlock(media_type, data, uri, detail):
+            image: JsonObject = {"url": data_uri(media_type, data) if data is not None else uri}
+            if detail:
+                image["detail"] = detail
+            return {"type": "image_url", "image_url": image}
+        case DocumentBlock(media_type, data, uri, text, title):
+            return _document(seq, media_type, data, uri, text, title, out)
+    raise TypeError(f"cannot render {block!r} in a user or system message")
+
+
+def _document(
+    seq: int, media_type: str, data: bytes | None, uri: str | None, text: str | None, title: str, out: Rendered
+) -> JsonObject | None:
+    if text is not None:
+        return {"type": "text", "text": text}
+    file: JsonObject = {}
+    if data is not None:
+        if title:
+            file["filename"] = title
+        file["file_data"] = data_uri(media_type, data)
+    elif uri and "://" not in uri:
+        file["file_id"] = uri  # an uploaded file's id, as OpenAI clients send it
+    else:
+        out.warn("DOCUMENT_DROPPED", f"seq {seq}: Chat Completions cannot reference a document by URL ({uri})")
+        return None
+    return {"type": "file", "file": file}

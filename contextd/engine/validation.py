@@ -1,0 +1,212 @@
+"""Checks on an append batch. Nothing is written unless every item passes.
+
+Two stages: `check_batch` needs only the batch and runs before any storage
+work; `link_tool_results` needs the session's tool calls, so storage runs
+it inside the append transaction, under the session lock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from contextd.engine.errors import FieldViolation, InvalidArgument, LimitExceeded
+from contextd.engine.model import (
+    Block,
+    DocumentBlock,
+    ImageBlock,
+    ItemContent,
+    ReasoningBlock,
+    Role,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+
+ALLOWED_BLOCKS: Mapping[Role, tuple[type, ...]] = {
+    Role.SYSTEM: (TextBlock,),
+    Role.USER: (TextBlock, ImageBlock, DocumentBlock),
+    Role.ASSISTANT: (TextBlock, ToolUseBlock, ReasoningBlock),
+    Role.TOOL: (ToolResultBlock,),
+}
+
+_BLOCK_NAMES = {
+    TextBlock: "text",
+    ToolUseBlock: "tool_use",
+    ToolResultBlock: "tool_result",
+    ImageBlock: "image",
+    DocumentBlock: "document",
+    ReasoningBlock: "reasoning",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_batch_items: int
+    max_item_bytes: int
+
+
+def item_bytes(item: ItemContent) -> int:
+    """Size of an item's payload in bytes: its text and binary data, UTF-8."""
+    return sum(_block_bytes(b) for b in item.content)
+
+
+def _block_bytes(block: Block) -> int:
+    match block:
+        case TextBlock(text):
+            return len(text.encode())
+        case ToolUseBlock(id, name, input_json):
+            return len(id.encode()) + len(name.encode()) + len(input_json.encode())
+        case ToolResultBlock(tool_use_id, content):
+            return len(tool_use_id.encode()) + sum(_block_bytes(p) for p in content)
+        case ImageBlock(_, data, uri):
+            return len(data or b"") + len((uri or "").encode())
+        case DocumentBlock(_, data, uri, text):
+            return len(data or b"") + len((uri or "").encode()) + len((text or "").encode())
+        case ReasoningBlock(text, signature, redacted):
+            return len(text.encode()) + len(signature.encode()) + len(redacted.encode())
+    raise TypeError(f"not a content block: {block!r}")
+
+
+def check_batch(items: Sequence[ItemContent], limits: Limits) -> None:
+    """Raise InvalidArgument naming every bad field of the batch."""
+    if not items:
+        raise InvalidArgument.at("items", "the batch is empty: append at least one item")
+    if len(items) > limits.max_batch_items:
+        raise LimitExceeded.at(
+            "items", f"{len(items)} items, over the limit of {limits.max_batch_items} per append (max_batch_items)"
+        )
+    violations: list[FieldViolation] = []
+    tool_use_ids: set[str] = set()
+    for i, item in enumerate(items):
+        path = f"items[{i}]"
+        size = item_bytes(item)
+        if size > limits.max_item_bytes:
+            raise LimitExceeded.at(
+                path, f"{size:,} bytes, over the limit of {limits.max_item_bytes:,} bytes per item (max_item_bytes)"
+            )
+        if not item.content:
+            violations.append(FieldViolation(f"{path}.content", "an item needs at least one content block"))
+        if item.role is Role.TOOL and len(item.content) != 1:
+            violations.append(FieldViolation(f"{path}.content", "a tool item holds exactly one tool_result block"))
+        for j, block in enumerate(item.content):
+            violations.extend(_check_block(block, item.role, f"{path}.content[{j}]"))
+            if isinstance(block, ToolUseBlock) and block.id:
+                if block.id in tool_use_ids:
+                    violations.append(
+                        FieldViolation(f"{path}.content[{j}].tool_use.id", f"tool_use id {block.id!r} repeats")
+                    )
+                tool_use_ids.add(block.id)
+    if violations:
+        raise InvalidArgument(violations)
+
+
+def _check_block(block: Block, role: Role, path: str) -> list[FieldViolation]:
+    kind = _BLOCK_NAMES[type(block)]
+    if not isinstance(block, ALLOWED_BLOCKS[role]):
+        allowed = ", ".join(_BLOCK_NAMES[t] for t in ALLOWED_BLOCKS[role])
+        return [FieldViolation(path, f"a {role.value} item cannot hold a {kind} block (allowed: {allowed})")]
+    at = f"{path}.{kind}"
+    match block:
+        case TextBlock(text):
+            return [] if text else [FieldViolation(f"{at}.text", "text is empty")]
+        case ToolUseBlock():
+            return _check_tool_use(block, at)
+        case ToolResultBlock(tool_use_id, content):
+            found = [] if tool_use_id else [FieldViolation(f"{at}.tool_use_id", "tool_use_id is empty")]
+            for k, part in enumerate(content):
+                if not isinstance(part, TextBlock | ImageBlock | DocumentBlock):
+                    found.append(
+                        FieldViolation(f"{at}.content[{k}]", "a tool result holds text, image or document blocks")
+                    )
+                elif not isinstance(part, TextBlock):  # empty text is a valid (empty) output
+                    found.extend(_check_block(part, Role.USER, f"{at}.content[{k}]"))
+            return found
+        case ImageBlock(media_type, data, uri):
+            if data is None and not uri:
+                return [FieldViolation(f"{at}", "an image needs data or a uri")]
+            if data is not None and not media_type.startswith("image/"):
+                return [FieldViolation(f"{at}.media_type", f"{media_type!r} is not an image media type")]
+            return []
+        case DocumentBlock(media_type, data, uri, text):
+            if data is None and not uri and text is None:
+                return [FieldViolation(f"{at}", "a document needs data, a uri or text")]
+            if data is not None and not media_type:
+                return [FieldViolation(f"{at}.media_type", "media_type is required with data")]
+            return []
+        case ReasoningBlock(text, _, redacted):
+            return [] if text or redacted else [FieldViolation(at, "reasoning needs text or redacted_data")]
+    return []
+
+
+def _check_tool_use(block: ToolUseBlock, at: str) -> list[FieldViolation]:
+    found = []
+    if not block.id:
+        found.append(FieldViolation(f"{at}.id", "id is empty"))
+    if not block.name:
+        found.append(FieldViolation(f"{at}.name", "name is empty"))
+    try:
+        arguments = json.loads(block.input_json)
+    except ValueError as exc:
+        found.append(FieldViolation(f"{at}.input_json", f"not valid JSON: {exc}"))
+    else:
+        if not isinstance(arguments, dict):
+            found.append(FieldViolation(f"{at}.input_json", f"must be a JSON object, not {type(arguments).__name__}"))
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool_use already in the session."""
+
+    name: str
+    answered: bool
+
+
+def link_tool_results(
+    items: Sequence[ItemContent], known: Mapping[str, ToolCall]
+) -> tuple[list[ItemContent], list[FieldViolation]]:
+    """Match each tool_result to its tool_use and fill in the tool's name.
+
+    `known` holds the session's tool calls whose ids the batch mentions.
+    Returns the items (tool results carrying the tool name) and the
+    violations: a tool_use id reused, a result without its call, a call
+    answered twice, a name that contradicts the call's.
+    """
+    calls = dict(known)
+    linked: list[ItemContent] = []
+    violations: list[FieldViolation] = []
+    for i, item in enumerate(items):
+        for j, block in enumerate(item.content):
+            if not isinstance(block, ToolUseBlock):
+                continue
+            if block.id in calls:
+                violations.append(
+                    FieldViolation(
+                        f"items[{i}].content[{j}].tool_use.id",
+                        f"tool_use id {block.id!r} is already used in this session",
+                    )
+                )
+            calls[block.id] = ToolCall(block.name, answered=False)
+        result = item.tool_result
+        if result is None:
+            linked.append(item)
+            continue
+        at = f"items[{i}].content[0].tool_result"
+        call = calls.get(result.tool_use_id)
+        if call is None:
+            violations.append(FieldViolation(f"{at}.tool_use_id", f"no earlier tool_use has id {result.tool_use_id!r}"))
+        elif call.answered:
+            violations.append(
+                FieldViolation(f"{at}.tool_use_id", f"tool_use {result.tool_use_id!r} already has a result")
+            )
+        elif result.name and result.name != call.name:
+            violations.append(
+                FieldViolation(f"{at}.name", f"{result.name!r} does not match the call's tool {call.name!r}")
+            )
+        else:
+            calls[result.tool_use_id] = ToolCall(call.name, answered=True)
+            item = replace(item, content=(replace(result, name=call.name),))
+        linked.append(item)
+    return linked, violations

@@ -1,0 +1,135 @@
+"""The application core: what each session operation does, between the api
+layer (protobuf) and the adapters (storage) with the pure engine doing the
+domain work. Nothing here knows about gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+
+from contextd.engine.codec import canonical_json, content_hash, item_to_json
+from contextd.engine.errors import InvalidArgument, LimitExceeded, NotImplementedYet
+from contextd.engine.model import AppendResult, ItemContent, Session
+from contextd.engine.tokens import TokenCounter, item_tokens
+from contextd.engine.validation import Limits, check_batch, item_bytes
+from contextd.engine.view import View, ViewRequest, build_view
+from contextd.storage.history import AppendRequest, HistoryStore, PreparedItem
+from contextd.telemetry import annotate
+
+SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+MAX_KEY_LENGTH = 256
+MAX_METADATA_ENTRIES = 64
+MAX_METADATA_BYTES = 16_384
+MAX_PAGE_SIZE = 1000
+DEFAULT_PAGE_SIZE = 100
+# Above this many bytes a batch is hashed and counted on a worker thread,
+# so one large append does not stall every other call on the event loop.
+_THREAD_THRESHOLD_BYTES = 256 * 1024
+
+
+class SessionService:
+    def __init__(self, store: HistoryStore, counter: TokenCounter, limits: Limits) -> None:
+        self.store = store
+        self.counter = counter
+        self.limits = limits
+
+    async def create_session(self, tenant: str, session_id: str, metadata: Mapping[str, str], policy: str) -> Session:
+        if policy:
+            raise NotImplementedYet(
+                "policy: custom policies are not supported yet; leave it empty to use the default policy"
+            )
+        session_id = session_id or uuid.uuid4().hex
+        _check_session_id(session_id)
+        _check_metadata(metadata, "metadata")
+        annotate(session_id=session_id)
+        return await self.store.create_session(tenant, session_id, dict(metadata))
+
+    async def get_session(self, tenant: str, session_id: str) -> Session:
+        _check_session_id(session_id)
+        annotate(session_id=session_id)
+        return await self.store.get_session(tenant, session_id)
+
+    async def list_sessions(self, tenant: str, page_size: int, page_token: str) -> tuple[list[Session], str]:
+        if page_size > MAX_PAGE_SIZE:
+            raise LimitExceeded.at("page_size", f"{page_size} is over the maximum of {MAX_PAGE_SIZE}")
+        return await self.store.list_sessions(tenant, page_size or DEFAULT_PAGE_SIZE, page_token)
+
+    async def delete_session(self, tenant: str, session_id: str) -> int:
+        _check_session_id(session_id)
+        annotate(session_id=session_id)
+        return await self.store.delete_session(tenant, session_id)
+
+    async def append(
+        self,
+        tenant: str,
+        session_id: str,
+        items: Sequence[ItemContent],
+        *,
+        idempotency_key: str = "",
+        expected_version: int | None = None,
+        author: str = "",
+    ) -> AppendResult:
+        _check_session_id(session_id)
+        _check_length("idempotency_key", idempotency_key)
+        _check_length("author", author)
+        check_batch(items, self.limits)
+        for i, item in enumerate(items):
+            _check_metadata(item.metadata, f"items[{i}].metadata")
+        annotate(session_id=session_id, items=len(items))
+        if sum(item_bytes(i) for i in items) > _THREAD_THRESHOLD_BYTES:
+            prepared, request_hash = await asyncio.to_thread(self._prepare, items, author)
+        else:
+            prepared, request_hash = self._prepare(items, author)
+        annotate(tokens=sum(p.token_count for p in prepared))
+        return await self.store.append(
+            AppendRequest(
+                tenant=tenant,
+                session_id=session_id,
+                items=prepared,
+                request_hash=request_hash,
+                idempotency_key=idempotency_key,
+                expected_version=expected_version,
+                author=author,
+            )
+        )
+
+    def _prepare(self, items: Sequence[ItemContent], author: str) -> tuple[list[PreparedItem], str]:
+        prepared = [PreparedItem(i, content_hash(i), item_tokens(i, self.counter)) for i in items]
+        request_hash = hashlib.sha256(canonical_json([author, [item_to_json(i) for i in items]])).hexdigest()
+        return prepared, request_hash
+
+    async def render(self, tenant: str, session_id: str, request: ViewRequest) -> View:
+        _check_session_id(session_id)
+        session, items = await self.store.load_history(tenant, session_id)
+        view = build_view(session, items, request, self.counter.encoding)
+        annotate(
+            session_id=session_id,
+            items=len(items),
+            tokens=view.total_tokens,
+            budget_tokens=request.budget_tokens,
+            over_budget=view.over_budget,
+        )
+        return view
+
+
+def _check_session_id(session_id: str) -> None:
+    if not SESSION_ID.fullmatch(session_id):
+        shown = session_id if len(session_id) <= 40 else session_id[:40] + "..."
+        raise InvalidArgument.at("session_id", f"{shown!r} is not 1-128 characters of A-Z a-z 0-9 . _ : -")
+
+
+def _check_length(field: str, value: str) -> None:
+    if len(value) > MAX_KEY_LENGTH:
+        raise InvalidArgument.at(field, f"{len(value)} characters, over the maximum of {MAX_KEY_LENGTH}")
+
+
+def _check_metadata(metadata: Mapping[str, str], field: str) -> None:
+    if len(metadata) > MAX_METADATA_ENTRIES:
+        raise LimitExceeded.at(field, f"{len(metadata)} entries, over the maximum of {MAX_METADATA_ENTRIES}")
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items())
+    if size > MAX_METADATA_BYTES:
+        raise LimitExceeded.at(field, f"{size:,} bytes, over the maximum of {MAX_METADATA_BYTES:,}")

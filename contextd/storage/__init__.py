@@ -1,0 +1,1 @@
+"""Storage adapters: schema, database and locks, history store, migrations."""

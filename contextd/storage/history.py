@@ -1,0 +1,360 @@
+"""The L0 history store: sessions and their append-only items.
+
+Appends run in one transaction under the session lock: look up the
+idempotency key, check the expected version, link tool results to their
+calls, allocate dense sequence numbers from the session's version, insert,
+and bump the version. Either all of it commits or none of it does.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from contextd.engine.codec import blocks_from_json, blocks_to_json
+from contextd.engine.errors import (
+    IdempotencyKeyReused,
+    InvalidArgument,
+    SessionExists,
+    SessionNotFound,
+    VersionConflict,
+)
+from contextd.engine.model import (
+    AppendResult,
+    Item,
+    ItemContent,
+    ItemReceipt,
+    Role,
+    Session,
+    Source,
+    ToolEffect,
+    ToolEffectKind,
+    ToolUseBlock,
+)
+from contextd.engine.validation import ToolCall, link_tool_results
+from contextd.storage import schema
+from contextd.storage.database import Database
+from contextd.telemetry import traced
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedItem:
+    """An item ready to write: its hash and token count computed outside the lock."""
+
+    content: ItemContent
+    content_hash: str
+    token_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest:
+    tenant: str
+    session_id: str
+    items: Sequence[PreparedItem]
+    request_hash: str
+    """Identifies the batch, so a reused idempotency key can be told from a retry."""
+    idempotency_key: str = ""
+    expected_version: int | None = None
+    author: str = ""
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _utc(value: datetime) -> datetime:
+    # SQLite hands back naive datetimes; everything stored is UTC.
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+class HistoryStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # ------------------------------------------------------------ sessions
+
+    @traced("storage.create_session")
+    async def create_session(
+        self, tenant: str, session_id: str, metadata: dict[str, str], policy: str = "", policy_version: str = ""
+    ) -> Session:
+        now = _now()
+        row = {
+            "tenant": tenant,
+            "id": session_id,
+            "version": 0,
+            "token_count": 0,
+            "metadata": metadata,
+            "policy": policy,
+            "policy_version": policy_version,
+            "created_at": now,
+            "updated_at": now,
+        }
+        try:
+            async with self.db.write() as conn:
+                await conn.execute(insert(schema.sessions).values(row))
+        except IntegrityError:
+            raise SessionExists(session_id) from None
+        return _session(row)
+
+    @traced("storage.get_session")
+    async def get_session(self, tenant: str, session_id: str) -> Session:
+        async with self.db.read() as conn:
+            return _session(await _session_row(conn, tenant, session_id))
+
+    @traced("storage.list_sessions")
+    async def list_sessions(self, tenant: str, page_size: int, page_token: str) -> tuple[list[Session], str]:
+        after = _decode_page_token(page_token)
+        query = (
+            select(schema.sessions)
+            .where(schema.sessions.c.tenant == tenant, schema.sessions.c.key > after, ~schema.sessions.c.deleting)
+            .order_by(schema.sessions.c.key)
+            .limit(page_size + 1)
+        )
+        async with self.db.read() as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        page = rows[:page_size]
+        next_token = _encode_page_token(page[-1]["key"]) if len(rows) > page_size else ""
+        return [_session(r) for r in page], next_token
+
+    @traced("storage.delete_session")
+    async def delete_session(self, tenant: str, session_id: str) -> int:
+        """Delete a session and its history; returns the number of items deleted."""
+        s = schema.sessions
+        async with self.db.write(tenant, session_id) as conn:
+            key = (await _session_row(conn, tenant, session_id))["key"]
+            # The append-only triggers let history rows go only once their
+            # session is marked as being deleted.
+            await conn.execute(update(s).where(s.c.key == key).values(deleting=True))
+            deleted = (await conn.execute(schema.items.delete().where(schema.items.c.session_key == key))).rowcount
+            await conn.execute(schema.tool_uses.delete().where(schema.tool_uses.c.session_key == key))
+            await conn.execute(schema.appends.delete().where(schema.appends.c.session_key == key))
+            await conn.execute(s.delete().where(s.c.key == key))
+        return int(deleted)
+
+    # -------------------------------------------------------------- items
+
+    @traced("storage.append")
+    async def append(self, request: AppendRequest) -> AppendResult:
+        async with self.db.write(request.tenant, request.session_id) as conn:
+            session = await _session_row(conn, request.tenant, request.session_id)
+            key = session["key"]
+            if request.idempotency_key:
+                earlier = await self._earlier_append(conn, key, request)
+                if earlier is not None:
+                    return earlier
+            if request.expected_version is not None and request.expected_version != session["version"]:
+                raise VersionConflict(request.session_id, request.expected_version, session["version"])
+            contents = await self._linked(conn, key, request.items)
+            return await self._insert(conn, session, request, contents)
+
+    async def _earlier_append(self, conn: AsyncConnection, key: int, request: AppendRequest) -> AppendResult | None:
+        a = schema.appends
+        row = (
+            (
+                await conn.execute(
+                    select(a).where(a.c.session_key == key, a.c.idempotency_key == request.idempotency_key)
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if row is None:
+            return None
+        if row["request_hash"] != request.request_hash:
+            raise IdempotencyKeyReused(request.session_id, request.idempotency_key)
+        i = schema.items
+        receipts = (
+            await conn.execute(
+                select(i.c.seq, i.c.content_hash, i.c.token_count)
+                .where(i.c.session_key == key, i.c.seq.between(row["first_seq"], row["last_seq"]))
+                .order_by(i.c.seq)
+            )
+        ).all()
+        return AppendResult(
+            first_seq=row["first_seq"],
+            last_seq=row["last_seq"],
+            version=row["last_seq"],
+            receipts=tuple(ItemReceipt(r.seq, r.content_hash, r.token_count) for r in receipts),
+            replayed=True,
+        )
+
+    async def _linked(self, conn: AsyncConnection, key: int, items: Sequence[PreparedItem]) -> list[ItemContent]:
+        """The batch with tool results linked to their calls; InvalidArgument if any link is wrong."""
+        contents = [p.content for p in items]
+        ids = {b.id for c in contents for b in c.content if isinstance(b, ToolUseBlock)}
+        ids |= {c.tool_result.tool_use_id for c in contents if c.tool_result is not None}
+        known: dict[str, ToolCall] = {}
+        if ids:
+            u, i = schema.tool_uses, schema.items
+            uses = await conn.execute(
+                select(u.c.tool_use_id, u.c.name).where(u.c.session_key == key, u.c.tool_use_id.in_(ids))
+            )
+            answered = set(
+                (
+                    await conn.execute(select(i.c.tool_use_id).where(i.c.session_key == key, i.c.tool_use_id.in_(ids)))
+                ).scalars()
+            )
+            known = {r.tool_use_id: ToolCall(r.name, r.tool_use_id in answered) for r in uses}
+        linked, violations = link_tool_results(contents, known)
+        if violations:
+            raise InvalidArgument(violations)
+        return linked
+
+    async def _insert(
+        self, conn: AsyncConnection, session: Any, request: AppendRequest, contents: list[ItemContent]
+    ) -> AppendResult:
+        key, first = session["key"], session["version"] + 1
+        now = _now()
+        rows = [
+            _item_row(key, first + n, content, prepared, request.author, now)
+            for n, (content, prepared) in enumerate(zip(contents, request.items, strict=True))
+        ]
+        last = first + len(rows) - 1
+        await conn.execute(insert(schema.items), rows)
+        uses = [
+            {"session_key": key, "tool_use_id": b.id, "seq": row["seq"], "name": b.name}
+            for row, content in zip(rows, contents, strict=True)
+            for b in content.tool_uses
+        ]
+        if uses:
+            await conn.execute(insert(schema.tool_uses), uses)
+        if request.idempotency_key:
+            await conn.execute(
+                insert(schema.appends).values(
+                    session_key=key,
+                    idempotency_key=request.idempotency_key,
+                    request_hash=request.request_hash,
+                    first_seq=first,
+                    last_seq=last,
+                    created_at=now,
+                )
+            )
+        s = schema.sessions
+        await conn.execute(
+            update(s)
+            .where(s.c.key == key)
+            .values(
+                version=last,
+                token_count=s.c.token_count + sum(r["token_count"] for r in rows),
+                updated_at=now,
+            )
+        )
+        return AppendResult(
+            first_seq=first,
+            last_seq=last,
+            version=last,
+            receipts=tuple(ItemReceipt(r["seq"], r["content_hash"], r["token_count"]) for r in rows),
+        )
+
+    @traced("storage.load_history")
+    async def load_history(self, tenant: str, session_id: str) -> tuple[Session, list[Item]]:
+        """The session and all its items up to its current version, in seq order."""
+        i = schema.items
+        async with self.db.read() as conn:
+            session = await _session_row(conn, tenant, session_id)
+            # Items are append-only, so bounding by the version read above
+            # gives a consistent snapshot even while appends commit.
+            rows = (
+                await conn.execute(
+                    select(i).where(i.c.session_key == session["key"], i.c.seq <= session["version"]).order_by(i.c.seq)
+                )
+            ).mappings()
+            items = [_item(r) for r in rows]
+        return _session(session), items
+
+
+async def _session_row(conn: AsyncConnection, tenant: str, session_id: str) -> Any:
+    s = schema.sessions
+    row = (
+        (await conn.execute(select(s).where(s.c.tenant == tenant, s.c.id == session_id, ~s.c.deleting)))
+        .mappings()
+        .first()
+    )
+    if row is None:
+        raise SessionNotFound(session_id)
+    return row
+
+
+def _session(row: Any) -> Session:
+    return Session(
+        id=row["id"],
+        tenant=row["tenant"],
+        version=row["version"],
+        token_count=row["token_count"],
+        created_at=_utc(row["created_at"]),
+        updated_at=_utc(row["updated_at"]),
+        metadata=dict(row["metadata"]),
+        policy=row["policy"],
+        policy_version=row["policy_version"],
+    )
+
+
+def _item_row(
+    key: int, seq: int, content: ItemContent, prepared: PreparedItem, author: str, now: datetime
+) -> dict[str, Any]:
+    source, effect, result = content.source, content.tool_effect, content.tool_result
+    return {
+        "session_key": key,
+        "seq": seq,
+        "role": content.role.value,
+        "content": blocks_to_json(content.content),
+        "name": content.name,
+        "source_uri": source.uri if source else None,
+        "source_version": source.version if source else None,
+        "source_observed_at": source.observed_at if source else None,
+        "tool_effect": effect.kind.value if effect else None,
+        "tool_effect_source_arg": effect.source_arg if effect else None,
+        "tool_use_id": result.tool_use_id if result else None,
+        "tool_name": result.name if result else None,
+        "is_error": result.is_error if result else False,
+        "content_hash": prepared.content_hash,
+        "token_count": prepared.token_count,
+        "author": author,
+        "metadata": dict(content.metadata),
+        "created_at": now,
+    }
+
+
+def _item(row: Any) -> Item:
+    observed = row["source_observed_at"]
+    return Item(
+        seq=row["seq"],
+        role=Role(row["role"]),
+        content=blocks_from_json(row["content"]),
+        source=Source(row["source_uri"], row["source_version"] or "", _utc(observed) if observed else None)
+        if row["source_uri"] is not None
+        else None,
+        tool_effect=ToolEffect(ToolEffectKind(row["tool_effect"]), row["tool_effect_source_arg"] or "")
+        if row["tool_effect"]
+        else None,
+        name=row["name"],
+        metadata=dict(row["metadata"]),
+        content_hash=row["content_hash"],
+        token_count=row["token_count"],
+        author=row["author"],
+        created_at=_utc(row["created_at"]),
+    )
+
+
+def _encode_page_token(key: int) -> str:
+    return base64.urlsafe_b64encode(f"after:{key}".encode()).decode()
+
+
+def _decode_page_token(token: str) -> int:
+    if not token:
+        return 0
+    try:
+        prefix, _, value = base64.urlsafe_b64decode(token.encode()).decode().partition(":")
+        if prefix != "after":
+            raise ValueError(prefix)
+        return int(value)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidArgument.at("page_token", "not a page token this service issued") from None

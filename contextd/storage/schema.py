@@ -1,0 +1,107 @@
+"""The relational schema, one for Postgres and SQLite.
+
+The history tables (items, tool_uses, appends) are append-only; the
+migration installs triggers that refuse UPDATE and DELETE on them. The one
+exception is deleting a whole session: the session row is first marked
+`deleting`, and only rows of a session so marked may be deleted.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    false,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+# SQLite only auto-increments a column declared exactly INTEGER PRIMARY KEY.
+AutoKey = BigInteger().with_variant(Integer(), "sqlite")
+Json = JSON().with_variant(JSONB(), "postgresql")
+UtcTime = DateTime(timezone=True)
+
+APPEND_ONLY_TABLES = ("items", "tool_uses", "appends")
+
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("key", AutoKey, primary_key=True, autoincrement=True),
+    Column("tenant", String(128), nullable=False),
+    Column("id", String(128), nullable=False),
+    Column("version", BigInteger, nullable=False),
+    Column("token_count", BigInteger, nullable=False),
+    Column("metadata", Json, nullable=False),
+    Column("policy", Text, nullable=False),
+    Column("policy_version", String(64), nullable=False),
+    Column("deleting", Boolean, nullable=False, server_default=false()),
+    Column("created_at", UtcTime, nullable=False),
+    Column("updated_at", UtcTime, nullable=False),
+    UniqueConstraint("tenant", "id"),
+)
+
+items = Table(
+    "items",
+    metadata,
+    Column("session_key", BigInteger, ForeignKey("sessions.key"), primary_key=True),
+    Column("seq", BigInteger, primary_key=True),
+    Column("role", String(16), nullable=False),
+    Column("content", Json, nullable=False),
+    Column("name", String(256), nullable=False),
+    Column("source_uri", Text),
+    Column("source_version", Text),
+    Column("source_observed_at", UtcTime),
+    Column("tool_effect", String(16)),
+    Column("tool_effect_source_arg", String(256)),
+    # Tool items only: the call answered and the tool that answered it.
+    Column("tool_use_id", String(256)),
+    Column("tool_name", String(256)),
+    Column("is_error", Boolean, nullable=False),
+    Column("content_hash", String(64), nullable=False),
+    Column("token_count", Integer, nullable=False),
+    Column("author", String(256), nullable=False),
+    Column("metadata", Json, nullable=False),
+    Column("created_at", UtcTime, nullable=False),
+    # A call has at most one result (NULLs, on non-tool items, never collide).
+    Index("uq_items_session_key_tool_use_id", "session_key", "tool_use_id", unique=True),
+)
+
+tool_uses = Table(
+    "tool_uses",
+    metadata,
+    Column("session_key", BigInteger, ForeignKey("sessions.key"), primary_key=True),
+    Column("tool_use_id", String(256), primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+    Column("name", String(256), nullable=False),
+)
+
+appends = Table(
+    "appends",
+    metadata,
+    Column("session_key", BigInteger, ForeignKey("sessions.key"), primary_key=True),
+    Column("idempotency_key", String(256), primary_key=True),
+    Column("request_hash", String(64), nullable=False),
+    Column("first_seq", BigInteger, nullable=False),
+    Column("last_seq", BigInteger, nullable=False),
+    Column("created_at", UtcTime, nullable=False),
+)

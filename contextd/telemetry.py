@@ -1,0 +1,69 @@
+"""OpenTelemetry tracing: one span per RPC (api/interceptors.py) and per
+storage call (`traced`), with session, item and token attributes.
+
+The exporter is chosen by configuration: none (the default: no provider is
+installed and spans cost nothing), console, or OTLP over gRPC.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import ParamSpec, TypeVar
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+from contextd.config import Settings
+
+tracer = trace.get_tracer("contextd")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+AttributeValue = str | int | float | bool
+
+
+def traced(name: str) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """Run an async function inside a span called `name`."""
+
+    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        @functools.wraps(fn)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            with tracer.start_as_current_span(name):
+                return await fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def annotate(**attributes: AttributeValue) -> None:
+    """Set `contextd.<name>` attributes on the current span, if one records."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        for key, value in attributes.items():
+            span.set_attribute(f"contextd.{key}", value)
+
+
+def configure_tracing(settings: Settings) -> TracerProvider | None:
+    """Install the configured exporter; returns the provider to shut down at exit."""
+    exporter = _exporter(settings)
+    if exporter is None:
+        return None
+    provider = TracerProvider(resource=Resource.create({"service.name": settings.service_name}))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return provider
+
+
+def _exporter(settings: Settings) -> SpanExporter | None:
+    if settings.otel_exporter == "console":
+        return ConsoleSpanExporter()
+    if settings.otel_exporter == "otlp":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(endpoint=settings.otel_endpoint or None)
+    return None
