@@ -69,9 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.markdown:
             print(markdown_table())
         else:
-            for f in dataclasses.fields(Settings):
-                value = getattr(settings, f.name)
-                print(f"{f.name} = {'***' if f.name == 'api_keys' and value else value!r}")
+            for name, value in settings.redacted().items():
+                print(f"{name} = {value}")
         return 0
     if args.command == "migrate":
         from contextd.storage import migrate

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 ENV_PREFIX = "CONTEXTD_"
 
@@ -35,7 +36,9 @@ class Settings:
         "the default is an SQLite file in the working directory.",
     )
     redis_url: str = _setting(
-        "", "Redis URL of the stash, e.g. redis://127.0.0.1:6379/0; empty keeps the stash in process."
+        "",
+        "Redis URL for the stash of pruned originals, e.g. redis://127.0.0.1:6379/0. The stash is not built yet: "
+        "for now the server only checks at start that this Redis answers.",
     )
     migrate_on_start: bool = _setting(
         True, "Upgrade the database schema when the server starts (one replica at a time on Postgres)."
@@ -46,7 +49,9 @@ class Settings:
     lock_timeout_ms: int = _setting(
         5000, "Longest wait for a session's lock before the call fails with UNAVAILABLE (SESSION_BUSY)."
     )
-    db_pool_size: int = _setting(10, "Database connections per server process.")
+    db_pool_size: int = _setting(
+        10, "Postgres connections each server process keeps (it may open as many again under bursts)."
+    )
     grace_seconds: float = _setting(10.0, "On SIGTERM, how long in-flight calls get to finish.")
     reflection: bool = _setting(True, "Serve gRPC reflection (for grpcurl and similar tools).")
     api_keys: str = _setting(
@@ -101,6 +106,23 @@ class Settings:
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
+
+    def redacted(self) -> dict[str, Any]:
+        """The settings with secrets (API keys, URL passwords) masked, for display."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if values["api_keys"]:
+            values["api_keys"] = "***"
+        for name in ("database_url", "redis_url"):
+            values[name] = _hide_password(values[name])
+        return values
+
+
+def _hide_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def env_name(field_name: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -49,8 +50,12 @@ class RunningServer:
         await self.db.close()
 
 
-async def start(settings: Settings) -> RunningServer:
-    """Start serving on `settings.listen`; the chosen port is in the result (useful with port 0)."""
+async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> RunningServer:
+    """Start serving on `settings.listen`; the chosen port is in the result (useful with port 0).
+
+    `interceptors` run outside contextd's own (auth, tracing, error mapping),
+    first one outermost.
+    """
     if settings.migrate_on_start:
         await migrate.upgrade(settings.database_url)
     db = Database(settings.database_url, pool_size=settings.db_pool_size, lock_timeout_ms=settings.lock_timeout_ms)
@@ -61,7 +66,10 @@ async def start(settings: Settings) -> RunningServer:
     sessions = SessionService(HistoryStore(db), TiktokenCounter(), limits)
 
     server = grpc.aio.server(
-        interceptors=[ServiceInterceptor(settings.tenant_keys(), max_request_bytes=settings.max_message_bytes)],
+        interceptors=[
+            *interceptors,
+            ServiceInterceptor(settings.tenant_keys(), max_request_bytes=settings.max_message_bytes),
+        ],
         options=[
             # gRPC's own ceiling sits above the configured limit, so a request
             # between the two gets INVALID_ARGUMENT naming the limit rather

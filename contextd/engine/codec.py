@@ -120,17 +120,22 @@ def canonical_json(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def _without_call_ids(obj: JsonObject) -> JsonObject:
-    return {k: v for k, v in obj.items() if k not in ("id", "tool_use_id")}
+def _hashed_fields(obj: JsonObject) -> JsonObject:
+    # A tool result's name is optional on input and filled in by the service
+    # from its call, after the hash is taken at append: hashing it would make
+    # the hash depend on whether the client happened to send it.
+    dropped = ("id", "tool_use_id", "name") if obj["type"] == "tool_result" else ("id",)
+    return {k: v for k, v in obj.items() if k not in dropped}
 
 
 def content_hash(item: ItemContent) -> str:
     """SHA-256 (hex) of the item's role, name and blocks.
 
-    Tool call ids are left out, so byte-identical outputs of two different
-    calls share a hash: that is what exact-duplicate detection compares.
+    Tool call ids (and a tool result's tool name, derived from its call) are
+    left out, so byte-identical outputs of two different calls share a hash:
+    that is what exact-duplicate detection compares.
     """
-    blocks = [_without_call_ids(b) for b in blocks_to_json(item.content)]
+    blocks = [_hashed_fields(b) for b in blocks_to_json(item.content)]
     return hashlib.sha256(canonical_json({"role": item.role.value, "name": item.name, "blocks": blocks})).hexdigest()
 
 

@@ -106,7 +106,7 @@ def _check_block(block: Block, role: Role, path: str) -> list[FieldViolation]:
     kind = _BLOCK_NAMES[type(block)]
     if not isinstance(block, ALLOWED_BLOCKS[role]):
         allowed = ", ".join(_BLOCK_NAMES[t] for t in ALLOWED_BLOCKS[role])
-        return [FieldViolation(path, f"a {role.value} item cannot hold a {kind} block (allowed: {allowed})")]
+        return [FieldViolation(path, f"{_a(role.value)} item cannot hold {_a(kind)} block (allowed: {allowed})")]
     at = f"{path}.{kind}"
     match block:
         case TextBlock(text):
@@ -124,13 +124,13 @@ def _check_block(block: Block, role: Role, path: str) -> list[FieldViolation]:
                     found.extend(_check_block(part, Role.USER, f"{at}.content[{k}]"))
             return found
         case ImageBlock(media_type, data, uri):
-            if data is None and not uri:
+            if not data and not uri:  # empty bytes would render an image no provider accepts
                 return [FieldViolation(f"{at}", "an image needs data or a uri")]
             if data is not None and not media_type.startswith("image/"):
                 return [FieldViolation(f"{at}.media_type", f"{media_type!r} is not an image media type")]
             return []
         case DocumentBlock(media_type, data, uri, text):
-            if data is None and not uri and text is None:
+            if not data and not uri and text is None:  # empty bytes: as for images
                 return [FieldViolation(f"{at}", "a document needs data, a uri or text")]
             if data is not None and not media_type:
                 return [FieldViolation(f"{at}.media_type", "media_type is required with data")]
@@ -140,6 +140,11 @@ def _check_block(block: Block, role: Role, path: str) -> list[FieldViolation]:
     return []
 
 
+def _a(word: str) -> str:
+    # Of the role and block names, these two take "an" ("a user", "an image").
+    return f"{'an' if word in ('assistant', 'image') else 'a'} {word}"
+
+
 def _check_tool_use(block: ToolUseBlock, at: str) -> list[FieldViolation]:
     found = []
     if not block.id:
@@ -147,13 +152,33 @@ def _check_tool_use(block: ToolUseBlock, at: str) -> list[FieldViolation]:
     if not block.name:
         found.append(FieldViolation(f"{at}.name", "name is empty"))
     try:
-        arguments = json.loads(block.input_json)
-    except ValueError as exc:
+        arguments = _parse_arguments(block.input_json)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser goes
         found.append(FieldViolation(f"{at}.input_json", f"not valid JSON: {exc}"))
     else:
         if not isinstance(arguments, dict):
             found.append(FieldViolation(f"{at}.input_json", f"must be a JSON object, not {type(arguments).__name__}"))
     return found
+
+
+def _parse_arguments(input_json: str) -> object:
+    """The arguments as the Anthropic renderer parses and re-serializes them.
+
+    Checked here because history is append-only: text accepted now that a
+    view cannot carry would break every later render of the session.
+    """
+    value = json.loads(input_json, parse_constant=_reject_constant)
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        # An escaped lone surrogate ("\ud800") parses, but no UTF-8 view can carry it.
+        raise ValueError("a \\u escape encodes a lone surrogate, which UTF-8 cannot carry") from None
+    return value
+
+
+def _reject_constant(name: str) -> object:
+    # Python's json accepts NaN and Infinity; JSON does not, and a view must be JSON.
+    raise ValueError(f"{name} is not a JSON value")
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,9 +47,19 @@ class Database:
         self.url = url
         self.lock_timeout_ms = lock_timeout_ms
         self.dialect = "sqlite" if url.startswith("sqlite") else "postgresql"
-        options: dict[str, Any] = {"pool_pre_ping": True}
+        # No pre-ping: it costs a round trip on every checkout. A connection
+        # that died with the server fails its call with STORAGE_UNAVAILABLE
+        # (retryable; SQLAlchemy then replaces the pool's connections).
+        options: dict[str, Any] = {}
         if self.dialect == "postgresql":
-            options |= {"pool_size": pool_size, "max_overflow": pool_size, "pool_timeout": 30}
+            options |= {
+                "pool_size": pool_size,
+                "max_overflow": pool_size,
+                "pool_timeout": 30,
+                # Bounds the advisory-lock wait (and any other lock wait) for
+                # the connection's whole life, saving a statement per append.
+                "connect_args": {"server_settings": {"lock_timeout": str(lock_timeout_ms)}},
+            }
         self.engine: AsyncEngine = create_async_engine(url, **options)
         if self.dialect == "sqlite":
             _configure_sqlite(self.engine)
@@ -90,7 +100,6 @@ class Database:
 
     async def _advisory_lock(self, conn: AsyncConnection, key: int, session_id: str) -> None:
         started = time.monotonic()
-        await conn.execute(text("SELECT set_config('lock_timeout', :t, true)"), {"t": f"{self.lock_timeout_ms}ms"})
         try:
             await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
         except DBAPIError as exc:

@@ -42,7 +42,7 @@ from contextd.engine.model import (
 from contextd.engine.validation import ToolCall, link_tool_results
 from contextd.storage import schema
 from contextd.storage.database import Database
-from contextd.telemetry import traced
+from contextd.telemetry import annotate, traced
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +85,7 @@ class HistoryStore:
     async def create_session(
         self, tenant: str, session_id: str, metadata: dict[str, str], policy: str = "", policy_version: str = ""
     ) -> Session:
+        annotate(session_id=session_id, tenant=tenant)
         now = _now()
         row = {
             "tenant": tenant,
@@ -106,11 +107,13 @@ class HistoryStore:
 
     @traced("storage.get_session")
     async def get_session(self, tenant: str, session_id: str) -> Session:
+        annotate(session_id=session_id, tenant=tenant)
         async with self.db.read() as conn:
             return _session(await _session_row(conn, tenant, session_id))
 
     @traced("storage.list_sessions")
     async def list_sessions(self, tenant: str, page_size: int, page_token: str) -> tuple[list[Session], str]:
+        annotate(tenant=tenant, page_size=page_size)
         after = _decode_page_token(page_token)
         query = (
             select(schema.sessions)
@@ -127,6 +130,7 @@ class HistoryStore:
     @traced("storage.delete_session")
     async def delete_session(self, tenant: str, session_id: str) -> int:
         """Delete a session and its history; returns the number of items deleted."""
+        annotate(session_id=session_id, tenant=tenant)
         s = schema.sessions
         async with self.db.write(tenant, session_id) as conn:
             key = (await _session_row(conn, tenant, session_id))["key"]
@@ -137,51 +141,45 @@ class HistoryStore:
             await conn.execute(schema.tool_uses.delete().where(schema.tool_uses.c.session_key == key))
             await conn.execute(schema.appends.delete().where(schema.appends.c.session_key == key))
             await conn.execute(s.delete().where(s.c.key == key))
+        annotate(items=int(deleted))
         return int(deleted)
 
     # -------------------------------------------------------------- items
 
     @traced("storage.append")
     async def append(self, request: AppendRequest) -> AppendResult:
+        annotate(
+            session_id=request.session_id,
+            tenant=request.tenant,
+            items=len(request.items),
+            tokens=sum(p.token_count for p in request.items),
+        )
         async with self.db.write(request.tenant, request.session_id) as conn:
-            session = await _session_row(conn, request.tenant, request.session_id)
-            key = session["key"]
-            if request.idempotency_key:
-                earlier = await self._earlier_append(conn, key, request)
-                if earlier is not None:
-                    return earlier
+            # The session row and any earlier append with this key, in one query.
+            session = await _session_row(conn, request.tenant, request.session_id, request.idempotency_key)
+            if session.get("request_hash") is not None:
+                return await self._replay(conn, session, request)
             if request.expected_version is not None and request.expected_version != session["version"]:
                 raise VersionConflict(request.session_id, request.expected_version, session["version"])
-            contents = await self._linked(conn, key, request.items)
+            contents = await self._linked(conn, session["key"], request.items)
             return await self._insert(conn, session, request, contents)
 
-    async def _earlier_append(self, conn: AsyncConnection, key: int, request: AppendRequest) -> AppendResult | None:
-        a = schema.appends
-        row = (
-            (
-                await conn.execute(
-                    select(a).where(a.c.session_key == key, a.c.idempotency_key == request.idempotency_key)
-                )
-            )
-            .mappings()
-            .first()
-        )
-        if row is None:
-            return None
-        if row["request_hash"] != request.request_hash:
+    async def _replay(self, conn: AsyncConnection, earlier: Any, request: AppendRequest) -> AppendResult:
+        """The stored result of the earlier append with the request's key (checked to be the same batch)."""
+        if earlier["request_hash"] != request.request_hash:
             raise IdempotencyKeyReused(request.session_id, request.idempotency_key)
         i = schema.items
         receipts = (
             await conn.execute(
                 select(i.c.seq, i.c.content_hash, i.c.token_count)
-                .where(i.c.session_key == key, i.c.seq.between(row["first_seq"], row["last_seq"]))
+                .where(i.c.session_key == earlier["key"], i.c.seq.between(earlier["first_seq"], earlier["last_seq"]))
                 .order_by(i.c.seq)
             )
         ).all()
         return AppendResult(
-            first_seq=row["first_seq"],
-            last_seq=row["last_seq"],
-            version=row["last_seq"],
+            first_seq=earlier["first_seq"],
+            last_seq=earlier["last_seq"],
+            version=earlier["last_seq"],
             receipts=tuple(ItemReceipt(r.seq, r.content_hash, r.token_count) for r in receipts),
             replayed=True,
         )
@@ -268,16 +266,18 @@ class HistoryStore:
                 )
             ).mappings()
             items = [_item(r) for r in rows]
+        annotate(session_id=session_id, tenant=tenant, items=len(items), tokens=session["token_count"])
         return _session(session), items
 
 
-async def _session_row(conn: AsyncConnection, tenant: str, session_id: str) -> Any:
-    s = schema.sessions
-    row = (
-        (await conn.execute(select(s).where(s.c.tenant == tenant, s.c.id == session_id, ~s.c.deleting)))
-        .mappings()
-        .first()
-    )
+async def _session_row(conn: AsyncConnection, tenant: str, session_id: str, idempotency_key: str = "") -> Any:
+    """The live session row; with a key, joined to the append recorded under it (if any)."""
+    s, a = schema.sessions, schema.appends
+    query = select(s).where(s.c.tenant == tenant, s.c.id == session_id, ~s.c.deleting)
+    if idempotency_key:
+        earlier = (a.c.session_key == s.c.key) & (a.c.idempotency_key == idempotency_key)
+        query = query.add_columns(a.c.request_hash, a.c.first_seq, a.c.last_seq).select_from(s.outerjoin(a, earlier))
+    row = (await conn.execute(query)).mappings().first()
     if row is None:
         raise SessionNotFound(session_id)
     return row

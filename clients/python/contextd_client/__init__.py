@@ -1,1 +1,55 @@
-"""Thin Python client for contextd."""
+"""Thin Python client for contextd, the context service for LLM agents.
+
+    from contextd_client import Client
+
+    ctx = Client("127.0.0.1:50051")
+    session = ctx.create_session()
+    ctx.append_openai(session.id, [{"role": "user", "content": "Fix the failing test."}])
+    messages = ctx.render_openai(session.id, budget_tokens=100_000)
+
+Depends on grpcio and protobuf only.
+"""
+
+from contextd_client._aio import AsyncClient
+from contextd_client._client import Client
+from contextd_client._errors import (
+    AlreadyExists,
+    ContextdError,
+    DeadlineExceeded,
+    InvalidArgument,
+    NotFound,
+    Unauthenticated,
+    Unavailable,
+    Unimplemented,
+    VersionConflict,
+)
+from contextd_client._retry import NO_RETRY, RetryPolicy
+from contextd_client._types import AppendResult, ItemReceipt, Session, View, ViewFormat, ViewItem, ViewWarning
+from contextd_client.formats import items_from_anthropic, items_from_openai
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "NO_RETRY",
+    "AlreadyExists",
+    "AppendResult",
+    "AsyncClient",
+    "Client",
+    "ContextdError",
+    "DeadlineExceeded",
+    "InvalidArgument",
+    "ItemReceipt",
+    "NotFound",
+    "RetryPolicy",
+    "Session",
+    "Unauthenticated",
+    "Unavailable",
+    "Unimplemented",
+    "VersionConflict",
+    "View",
+    "ViewFormat",
+    "ViewItem",
+    "ViewWarning",
+    "items_from_anthropic",
+    "items_from_openai",
+]

@@ -44,10 +44,25 @@ def render_anthropic(items: Sequence[Item]) -> Rendered:
                 f"seq {item.seq}: the Messages API takes system text only before the first turn; sent as user text",
             )
         role = "assistant" if item.role is Role.ASSISTANT else "user"
-        blocks = [_block(b) for b in item.content]
+        blocks = [_block(b) for b in item.content if _carried(b, item.seq, out)]
+        if not blocks:
+            out.message_index[item.seq] = -1
+            out.omitted.add(item.seq)
+            continue
         _append(out, item.seq, role, blocks)
     out.system = _system(system)
     return out
+
+
+def _carried(block: Block, seq: int, out: Rendered) -> bool:
+    """Whether the Messages API accepts `block`; when not, say so in the view."""
+    if isinstance(block, ReasoningBlock) and not block.signature and not block.redacted_data:
+        out.warn("REASONING_DROPPED", f"seq {seq}: unsigned reasoning (from another provider) cannot be sent back")
+        return False
+    if isinstance(block, DocumentBlock) and block.uri is not None and "://" not in block.uri:
+        out.warn("DOCUMENT_DROPPED", f"seq {seq}: {block.uri!r} is another provider's file id, not a URL")
+        return False
+    return True
 
 
 def _append(out: Rendered, seq: int, role: str, blocks: list[JsonObject]) -> None:

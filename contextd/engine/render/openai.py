@@ -2,8 +2,9 @@
 
 One item gives one message. A single text block renders as a string
 content, several blocks as a list of parts, so text round-trips byte for
-byte. What Chat Completions cannot carry (reasoning, images inside tool
-results, documents by URL) is left out with a warning in the view.
+byte. What Chat Completions cannot carry (reasoning, a tool result's error
+flag, images inside tool results, documents by URL) is left out with a
+warning in the view.
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ def _tool_content(seq: int, result: ToolResultBlock, out: Rendered) -> str | lis
     texts = [{"type": "text", "text": p.text} for p in result.content if isinstance(p, TextBlock)]
     if len(texts) < len(result.content):
         out.warn("TOOL_RESULT_MEDIA_DROPPED", f"seq {seq}: Chat Completions tool messages carry text only")
+    if result.is_error:
+        # The model sees only the output text; the client should know the flag went missing.
+        out.warn("IS_ERROR_DROPPED", f"seq {seq}: Chat Completions tool messages have no error flag; left out")
     return _content(texts) if texts else ""
 
 

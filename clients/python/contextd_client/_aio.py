@@ -1,0 +1,138 @@
+"""The asyncio client: the same operations as `Client`, awaited."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar, cast
+
+import grpc
+
+from contextd_client._calls import Call
+from contextd_client._calls import append_items as _append_items
+from contextd_client._calls import create_session as _create_session
+from contextd_client._calls import delete_session as _delete_session
+from contextd_client._calls import get_session as _get_session
+from contextd_client._calls import list_sessions as _list_sessions
+from contextd_client._calls import render_view as _render_view
+from contextd_client._channel import ChannelConfig
+from contextd_client._errors import error_from_rpc
+from contextd_client._retry import RetryPolicy
+from contextd_client._types import AppendResult, Session, View, ViewFormat
+from contextd_client.formats import items_from_anthropic, items_from_openai
+from contextd_client.v1 import content_pb2 as pb
+from contextd_client.v1 import contextd_pb2_grpc
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """An asyncio connection to contextd; see `Client` for the behaviour of each call.
+
+    The channel opens on first use, inside the running event loop.
+    """
+
+    def __init__(
+        self,
+        target: str = "127.0.0.1:50051",
+        *,
+        api_key: str | None = None,
+        timeout: float = 10.0,
+        retry: RetryPolicy | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        self._config = ChannelConfig(target, api_key, timeout, retry or RetryPolicy(), credentials, tuple(options))
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: contextd_pb2_grpc.ContextServiceAsyncStub | None = None
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = self._stub = None
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
+    ) -> None:
+        await self.close()
+
+    async def create_session(
+        self, session_id: str | None = None, *, metadata: Mapping[str, str] | None = None
+    ) -> Session:
+        return await self._run(_create_session(session_id, metadata))
+
+    async def get_session(self, session_id: str) -> Session:
+        return await self._run(_get_session(session_id))
+
+    async def list_sessions(self, *, page_size: int = 100) -> AsyncIterator[Session]:
+        token = ""
+        while True:
+            sessions, token = await self._run(_list_sessions(page_size, token))
+            for session in sessions:
+                yield session
+            if not token:
+                return
+
+    async def delete_session(self, session_id: str) -> int:
+        return await self._run(_delete_session(session_id))
+
+    async def append_items(
+        self,
+        session_id: str,
+        items: Sequence[pb.Item],
+        *,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+        author: str = "",
+    ) -> AppendResult:
+        return await self._run(_append_items(session_id, items, idempotency_key, expected_version, author))
+
+    async def append_openai(
+        self, session_id: str, messages: Sequence[Mapping[str, Any]], **kwargs: Any
+    ) -> AppendResult:
+        return await self.append_items(session_id, items_from_openai(messages), **kwargs)
+
+    async def append_anthropic(
+        self,
+        session_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        system: str | Sequence[Mapping[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> AppendResult:
+        return await self.append_items(session_id, items_from_anthropic(messages, system), **kwargs)
+
+    async def render_view(
+        self, session_id: str, format: ViewFormat | str, *, budget_tokens: int = 0, focus: Sequence[str] = ()
+    ) -> View:
+        return await self._run(_render_view(session_id, format, budget_tokens, focus))
+
+    async def render_openai(self, session_id: str, *, budget_tokens: int = 0) -> list[dict[str, Any]]:
+        return (await self.render_view(session_id, ViewFormat.OPENAI_CHAT, budget_tokens=budget_tokens)).messages
+
+    async def render_anthropic(self, session_id: str, *, budget_tokens: int = 0) -> dict[str, Any]:
+        view = await self.render_view(session_id, ViewFormat.ANTHROPIC_MESSAGES, budget_tokens=budget_tokens)
+        return view.anthropic_kwargs()
+
+    async def _run(self, call: Call[T]) -> T:
+        if self._stub is None:
+            self._channel = self._config.aio_channel()
+            self._stub = contextd_pb2_grpc.ContextServiceStub(self._channel)
+        method = getattr(self._stub, call.method)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = await method(call.request, timeout=self._config.timeout, metadata=self._config.metadata)
+                return call.decode(response)
+            except grpc.RpcError as error:
+                if attempt > 1 and call.done_code is not None and error.code() == call.done_code:
+                    return await self._run(call.settle) if call.settle is not None else cast(T, call.settle_value)
+                delay = self._config.retry.delay(attempt, error)
+                if delay is None:
+                    raise error_from_rpc(error) from None
+                await asyncio.sleep(delay)

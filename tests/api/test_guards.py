@@ -1,0 +1,88 @@
+"""Request limits, authentication and tenant isolation, and what a client
+sees when the server itself fails."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from contextd_client import Client, InvalidArgument, NotFound, Unauthenticated, ViewFormat
+from contextd_client.v1 import content_pb2 as pb
+
+from contextd.sessions import SessionService
+from tests.conftest import ServerThread
+
+MakeServer = Callable[..., ServerThread]
+
+
+def user(text: str) -> pb.Item:
+    return pb.Item(role=pb.ROLE_USER, content=[pb.ContentBlock(text=pb.TextBlock(text=text))])
+
+
+def test_configured_limits_are_enforced_naming_the_field(make_server: MakeServer) -> None:
+    server = make_server(max_item_bytes=1000, max_batch_items=3, max_message_bytes=20_000)
+    with Client(server.target) as client:
+        sid = client.create_session().id
+        with pytest.raises(InvalidArgument) as too_many:
+            client.append_items(sid, [user("a")] * 4)
+        assert (too_many.value.reason, too_many.value.field) == ("LIMIT_EXCEEDED", "items")
+        assert "4 items, over the limit of 3 per append (max_batch_items)" in too_many.value.message
+
+        with pytest.raises(InvalidArgument) as too_big:
+            client.append_items(sid, [user("a"), user("é" * 600)])
+        assert (too_big.value.field, too_big.value.reason) == ("items[1]", "LIMIT_EXCEEDED")
+        assert "1,200 bytes, over the limit of 1,000 bytes per item" in too_big.value.message
+
+        # Each item is within its own limits; together they exceed the message limit.
+        big = pb.Item(role=pb.ROLE_USER, content=[pb.ContentBlock(text=pb.TextBlock(text="x" * 900))])
+        big.metadata.update({f"k{i}": "v" * 200 for i in range(60)})
+        with pytest.raises(InvalidArgument) as oversized:
+            client.append_items(sid, [big, big])
+        assert oversized.value.field == "request"
+        assert "over the limit of 20,000 bytes per message (max_message_bytes)" in oversized.value.message
+        assert client.get_session(sid).version == 0
+
+
+def test_an_internal_failure_reaches_the_client_without_details(
+    make_server: MakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("secret: connection string postgres://admin:hunter2@db")
+
+    server = make_server()
+    with Client(server.target) as client:
+        sid = client.create_session().id
+        monkeypatch.setattr(SessionService, "render", broken)
+        with pytest.raises(Exception) as failed:
+            client.render_view(sid, ViewFormat.OPENAI_CHAT)
+    error = failed.value
+    assert getattr(error, "code", None) == "INTERNAL"
+    text = str(error)
+    assert "internal error (reference " in text
+    assert "hunter2" not in text and "Traceback" not in text and "RuntimeError" not in text
+
+
+def test_api_keys_authenticate_and_isolate_tenants(make_server: MakeServer) -> None:
+    server = make_server(api_keys="acme:key-a,globex:key-b")
+    with Client(server.target) as anonymous, pytest.raises(Unauthenticated) as refused:
+        anonymous.create_session()
+    assert "authorization: Bearer" in refused.value.message
+    with Client(server.target, api_key="wrong") as wrong, pytest.raises(Unauthenticated):
+        wrong.create_session()
+
+    with Client(server.target, api_key="key-a") as acme, Client(server.target, api_key="key-b") as globex:
+        session = acme.create_session("shared-name")
+        assert session.tenant == "acme"
+        acme.append_items(session.id, [user("acme's secret plan")])
+        with pytest.raises(NotFound):
+            globex.get_session("shared-name")
+        with pytest.raises(NotFound):
+            globex.render_view("shared-name", ViewFormat.OPENAI_CHAT)
+        with pytest.raises(NotFound):
+            globex.append_items("shared-name", [user("intrusion")])
+        # The same id is an independent session in another tenant.
+        assert globex.create_session("shared-name").tenant == "globex"
+        assert globex.render_openai("shared-name") == []
+        assert [s.id for s in globex.list_sessions()] == ["shared-name"]
+        assert acme.render_openai("shared-name") == [{"role": "user", "content": "acme's secret plan"}]

@@ -1,0 +1,256 @@
+"""The service over gRPC, on both backends: sessions, appends, views, and
+every kind of bad input answered with the right status, a message naming
+the problem, and nothing written."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from contextd_client import (
+    AlreadyExists,
+    Client,
+    ContextdError,
+    InvalidArgument,
+    NotFound,
+    Unimplemented,
+    VersionConflict,
+    ViewFormat,
+)
+from contextd_client.v1 import content_pb2 as pb
+from contextd_client.v1 import contextd_pb2 as api
+from contextd_client.v1 import contextd_pb2_grpc
+from google.rpc import error_details_pb2, status_pb2
+
+from tests.conftest import ServerThread
+
+
+def text(role: int, value: str) -> pb.Item:
+    return pb.Item(role=role, content=[pb.ContentBlock(text=pb.TextBlock(text=value))])
+
+
+def call(call_id: str, name: str, arguments: str) -> pb.ContentBlock:
+    return pb.ContentBlock(tool_use=pb.ToolUseBlock(id=call_id, name=name, input_json=arguments))
+
+
+def result(call_id: str, output: str, is_error: bool = False) -> pb.Item:
+    block = pb.ToolResultBlock(
+        tool_use_id=call_id, content=[pb.ContentBlock(text=pb.TextBlock(text=output))], is_error=is_error
+    )
+    return pb.Item(role=pb.ROLE_TOOL, content=[pb.ContentBlock(tool_result=block)])
+
+
+def test_session_lifecycle(client: Client) -> None:
+    created = client.create_session(metadata={"agent": "test"})
+    assert len(created.id) == 32 and created.version == 0 and created.metadata == {"agent": "test"}
+    assert client.get_session(created.id) == created
+    assert created.id in {s.id for s in client.list_sessions(page_size=2)}
+    client.append_items(created.id, [text(pb.ROLE_USER, "hi")])
+    assert client.delete_session(created.id) == 1
+    with pytest.raises(NotFound) as missing:
+        client.get_session(created.id)
+    assert missing.value.reason == "SESSION_NOT_FOUND"
+    with pytest.raises(AlreadyExists):
+        client.create_session(client.create_session("dup-" + created.id[:8]).id)
+
+
+def test_append_then_render_in_both_formats(client: Client, session_id: str) -> None:
+    assistant = pb.Item(
+        role=pb.ROLE_ASSISTANT,
+        content=[call("c1", "read_file", '{"path": "a.py"}'), call("c2", "read_file", '{"path": "b.py"}')],
+    )
+    appended = client.append_items(
+        session_id,
+        [text(pb.ROLE_SYSTEM, "You fix bugs."), text(pb.ROLE_USER, "Fix it."), assistant, result("c1", "x = 1")],
+    )
+    assert (appended.first_seq, appended.last_seq, appended.version) == (1, 4, 4)
+    client.append_items(session_id, [result("c2", "boom", is_error=True)], expected_version=4)
+
+    openai = client.render_view(session_id, ViewFormat.OPENAI_CHAT)
+    assert openai.version == 5 and openai.encoding == "cl100k_base"
+    assert [m["role"] for m in openai.messages] == ["system", "user", "assistant", "tool", "tool"]
+    assert openai.messages[2]["tool_calls"][1]["function"]["arguments"] == '{"path": "b.py"}'
+    assert [i.tokens for i in openai.items] == [r.token_count for r in appended.receipts] + [openai.items[4].tokens]
+    assert openai.total_tokens == openai.item_tokens + openai.framing_tokens
+
+    anthropic = client.render_view(session_id, ViewFormat.ANTHROPIC_MESSAGES)
+    assert anthropic.system == "You fix bugs."
+    assert [m["role"] for m in anthropic.messages] == ["user", "assistant", "user"]
+    results = anthropic.messages[2]["content"]
+    assert [(b["tool_use_id"], b.get("is_error", False)) for b in results] == [("c1", False), ("c2", True)]
+    assert json.loads(anthropic.messages_json) == anthropic.messages
+
+
+def test_a_view_over_budget_says_so(client: Client, session_id: str) -> None:
+    client.append_items(session_id, [text(pb.ROLE_USER, "word " * 200)])
+    view = client.render_view(session_id, ViewFormat.OPENAI_CHAT, budget_tokens=50)
+    assert view.over_budget and view.total_tokens > 50 and view.budget_tokens == 50
+    warning = next(w for w in view.warnings if w.code == "OVER_BUDGET")
+    assert f"{view.total_tokens - 50:,} over the budget of 50" in warning.message
+    roomy = client.render_view(session_id, ViewFormat.OPENAI_CHAT, budget_tokens=10_000)
+    assert not roomy.over_budget and not roomy.warnings
+
+
+def test_a_retried_append_is_written_once(client: Client, session_id: str) -> None:
+    items = [text(pb.ROLE_USER, "once"), text(pb.ROLE_ASSISTANT, "only once")]
+    first = client.append_items(session_id, items, idempotency_key="retry-1")
+    second = client.append_items(session_id, items, idempotency_key="retry-1")
+    assert second.replayed and (second.first_seq, second.last_seq) == (first.first_seq, first.last_seq)
+    assert client.get_session(session_id).version == 2
+    with pytest.raises(AlreadyExists) as reused:
+        client.append_items(session_id, [text(pb.ROLE_USER, "other")], idempotency_key="retry-1")
+    assert reused.value.reason == "IDEMPOTENCY_KEY_REUSED"
+
+
+def test_an_expected_version_mismatch_is_aborted_with_the_current_version(client: Client, session_id: str) -> None:
+    client.append_items(session_id, [text(pb.ROLE_USER, "a")])
+    with pytest.raises(VersionConflict) as conflict:
+        client.append_items(session_id, [text(pb.ROLE_USER, "b")], expected_version=0)
+    assert conflict.value.code == "ABORTED" and conflict.value.reason == "VERSION_CONFLICT"
+    assert conflict.value.current_version == 1
+    assert client.get_session(session_id).version == 1
+
+
+def _bad_tool_result() -> list[pb.Item]:
+    return [result("never-called", "output")]
+
+
+def _malformed_arguments() -> list[pb.Item]:
+    return [pb.Item(role=pb.ROLE_ASSISTANT, content=[call("c1", "bash", '{"command": "ls"')])]
+
+
+BAD_INPUT = {
+    "oversized item": (
+        lambda: [text(pb.ROLE_USER, "x" * 1_100_000)],
+        "LIMIT_EXCEEDED",
+        "items[0]",
+        "over the limit of 1,048,576 bytes per item",
+    ),
+    "empty batch": (list, "INVALID_ARGUMENT", "items", "the batch is empty"),
+    "unknown role": (lambda: [text(9, "hi")], "INVALID_ARGUMENT", "items[0].role", "unknown role 9"),
+    "unset role": (lambda: [text(0, "hi")], "INVALID_ARGUMENT", "items[0].role", "role is not set"),
+    "tool_result without tool_use": (
+        _bad_tool_result,
+        "INVALID_ARGUMENT",
+        "items[0].content[0].tool_result.tool_use_id",
+        "no earlier tool_use has id 'never-called'",
+    ),
+    "malformed JSON arguments": (
+        _malformed_arguments,
+        "INVALID_ARGUMENT",
+        "items[0].content[0].tool_use.input_json",
+        "not valid JSON",
+    ),
+    "tool_use in a user item": (
+        lambda: [pb.Item(role=pb.ROLE_USER, content=[call("c1", "bash", "{}")])],
+        "INVALID_ARGUMENT",
+        "items[0].content[0]",
+        "a user item cannot hold a tool_use block",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_is_refused_with_the_field_named_and_nothing_written(
+    client: Client, session_id: str, case: str
+) -> None:
+    make_items, reason, field, problem = BAD_INPUT[case]
+    client.append_items(session_id, [text(pb.ROLE_USER, "before")])
+    with pytest.raises(InvalidArgument) as refused:
+        client.append_items(session_id, make_items())
+    error = refused.value
+    assert (error.code, error.reason, error.field) == ("INVALID_ARGUMENT", reason, field)
+    assert field in error.message and problem in error.message
+    assert client.get_session(session_id).version == 1
+    assert len(client.render_openai(session_id)) == 1
+
+
+def test_unknown_session_is_not_found(client: Client) -> None:
+    with pytest.raises(NotFound) as missing:
+        client.append_items("no-such-session", [text(pb.ROLE_USER, "hi")])
+    assert missing.value.reason == "SESSION_NOT_FOUND" and "'no-such-session'" in missing.value.message
+    with pytest.raises(NotFound):
+        client.render_view("no-such-session", ViewFormat.OPENAI_CHAT)
+
+
+@pytest.mark.parametrize("bad_id", ["", "has space", "x" * 129, "slash/es"])
+def test_malformed_session_ids_are_invalid(client: Client, bad_id: str) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        client.get_session(bad_id)
+    assert refused.value.field == "session_id"
+
+
+def test_render_needs_a_format(server: ServerThread, session_id: str) -> None:
+    with grpc.insecure_channel(server.target) as channel:
+        stub = contextd_pb2_grpc.ContextServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.RenderView(api.RenderViewRequest(session_id=session_id))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "format" in refused.value.details()
+
+
+def test_errors_carry_standard_rich_details(server: ServerThread, session_id: str) -> None:
+    with grpc.insecure_channel(server.target) as channel:
+        stub = contextd_pb2_grpc.ContextServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.AppendItems(api.AppendItemsRequest(session_id=session_id, items=[text(0, ""), text(9, "x")]))
+    trailers = dict(refused.value.trailing_metadata())
+    status = status_pb2.Status.FromString(trailers["grpc-status-details-bin"])
+    info, bad_request = error_details_pb2.ErrorInfo(), error_details_pb2.BadRequest()
+    assert status.details[0].Unpack(info) and status.details[1].Unpack(bad_request)
+    assert (info.reason, info.domain) == ("INVALID_ARGUMENT", "contextd.v1")
+    fields = [v.field for v in bad_request.field_violations]
+    assert fields == ["items[0].role", "items[1].role"]
+
+
+UNIMPLEMENTED = {
+    "Retrieve": api.RetrieveRequest(session_id="s", handle="abc"),
+    "Search": api.SearchRequest(session_id="s", query="q"),
+    "Pin": api.PinRequest(session_id="s", seqs=[1]),
+    "Unpin": api.UnpinRequest(session_id="s", seqs=[1]),
+    "ProposePrune": api.ProposePruneRequest(session_id="s", seqs=[1]),
+    "ListCertificates": api.ListCertificatesRequest(session_id="s"),
+    "ExplainItem": api.ExplainItemRequest(session_id="s", seq=1),
+    "ReportUsage": api.ReportUsageRequest(session_id="s"),
+    "GetStatus": api.GetStatusRequest(session_id="s"),
+}
+
+
+@pytest.fixture
+def stub(server: ServerThread) -> Iterator[contextd_pb2_grpc.ContextServiceStub]:
+    with grpc.insecure_channel(server.target) as channel:
+        yield contextd_pb2_grpc.ContextServiceStub(channel)
+
+
+@pytest.mark.parametrize("rpc", list(UNIMPLEMENTED))
+def test_rpcs_not_built_yet_say_what_is_missing(stub: contextd_pb2_grpc.ContextServiceStub, rpc: str) -> None:
+    with pytest.raises(grpc.RpcError) as refused:
+        getattr(stub, rpc)(UNIMPLEMENTED[rpc])
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert refused.value.details().startswith(f"{rpc} is not implemented in this version of contextd: it needs ")
+
+
+def test_the_watch_stream_is_unimplemented_too(stub: contextd_pb2_grpc.ContextServiceStub) -> None:
+    with pytest.raises(grpc.RpcError) as refused:
+        list(stub.WatchSession(api.WatchSessionRequest(session_id="s")))
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "WatchSession" in refused.value.details()
+
+
+def test_custom_policies_are_refused_until_supported(client: Client) -> None:
+    with grpc.insecure_channel(client._config.target) as channel:
+        stub = contextd_pb2_grpc.ContextServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.CreateSession(api.CreateSessionRequest(policy="rules: []"))
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert refused.value.details().startswith("policy:")
+
+
+def test_client_errors_are_contextd_errors(client: Client) -> None:
+    with pytest.raises(ContextdError) as err:
+        client.get_session("missing-one")
+    assert isinstance(err.value, NotFound) and err.value.metadata["session_id"] == "missing-one"
+    with pytest.raises(Unimplemented):
+        raise Unimplemented("UNIMPLEMENTED", "x")

@@ -1,0 +1,149 @@
+"""The thin client against a real server: retries that reuse the
+idempotency key when an answer is lost, deadlines, errors, both flavours."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import pytest
+from contextd_client import (
+    NO_RETRY,
+    AsyncClient,
+    Client,
+    DeadlineExceeded,
+    NotFound,
+    RetryPolicy,
+    Unavailable,
+    ViewFormat,
+)
+
+from tests.conftest import ServerThread
+
+MakeServer = Callable[..., ServerThread]
+FAST_RETRY = RetryPolicy(max_attempts=5, initial_backoff=0.01, max_backoff=0.05)
+
+
+class LoseAnswers(grpc.aio.ServerInterceptor):
+    """Runs each call for real, then reports UNAVAILABLE instead of the answer,
+    the first `times` times a given request arrives: a reply lost on the wire
+    after the work was committed."""
+
+    def __init__(self, methods: set[str], times: int, delay: float = 0) -> None:
+        self.methods, self.times, self.delay = methods, times, delay
+        self.seen: Counter[tuple[str, str]] = Counter()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(details)
+        name = details.method.rsplit("/", 1)[-1]
+        if handler is None or handler.unary_unary is None or name not in self.methods:
+            return handler
+        inner = handler.unary_unary
+
+        async def lossy(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            key = (name, hashlib.sha256(request.SerializeToString(deterministic=True)).hexdigest())
+            self.seen[key] += 1
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            response = await inner(request, context)
+            if self.seen[key] <= self.times:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset (injected by the test)")
+            return response
+
+        return grpc.unary_unary_rpc_method_handler(
+            lossy, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
+
+
+CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "List the files."},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}}],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "a.py\nb.py"},
+]
+
+
+def test_lost_answers_are_retried_with_the_same_key_and_written_once(make_server: MakeServer) -> None:
+    lossy = LoseAnswers({"CreateSession", "AppendItems", "DeleteSession"}, times=2)
+    server = make_server(interceptors=[lossy])
+    with Client(server.target, retry=FAST_RETRY) as client:
+        session = client.create_session("retried")
+        assert session.id == "retried" and session.version == 0
+        result = client.append_openai(session.id, CONVERSATION)
+        assert result.replayed and (result.first_seq, result.last_seq) == (1, 4)
+        assert client.get_session(session.id).version == 4
+        assert client.render_openai(session.id) == CONVERSATION
+        assert client.delete_session(session.id) == 0  # the first, lost, try deleted the 4 items
+        with pytest.raises(NotFound):
+            client.get_session(session.id)
+    # The append was answered from its stored result on the third try; the
+    # create and delete found their own first try's effect on the second.
+    assert {name: count for (name, _), count in lossy.seen.items()} == {
+        "CreateSession": 2,
+        "AppendItems": 3,
+        "DeleteSession": 2,
+    }
+
+
+def test_retries_give_up_after_the_policy_allows(make_server: MakeServer) -> None:
+    lossy = LoseAnswers({"GetSession"}, times=100)
+    server = make_server(interceptors=[lossy])
+    with Client(server.target, retry=RetryPolicy(max_attempts=3, initial_backoff=0.01)) as client:
+        sid = client.create_session().id
+        with pytest.raises(Unavailable) as gave_up:
+            client.get_session(sid)
+    assert "injected" in gave_up.value.message
+    assert sum(lossy.seen.values()) == 3
+    with Client(server.target, retry=NO_RETRY) as client, pytest.raises(Unavailable):
+        client.get_session(sid)
+
+
+def test_calls_have_a_deadline(make_server: MakeServer) -> None:
+    server = make_server(interceptors=[LoseAnswers({"ListSessions"}, times=0, delay=2)])
+    with Client(server.target, timeout=0.3, retry=NO_RETRY) as client:
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            list(client.list_sessions())
+        assert time.monotonic() - started < 1.5
+
+
+def test_a_server_that_is_not_there_is_unavailable_after_retries() -> None:
+    retry = RetryPolicy(max_attempts=2, initial_backoff=0.01)
+    with Client("127.0.0.1:1", timeout=1, retry=retry) as client, pytest.raises(Unavailable):
+        client.create_session()
+
+
+async def test_the_async_client_does_everything_the_sync_one_does(make_server: MakeServer) -> None:
+    lossy = LoseAnswers({"AppendItems"}, times=1)
+    server = make_server(interceptors=[lossy])
+    async with AsyncClient(server.target, retry=FAST_RETRY) as client:
+        session = await client.create_session(metadata={"flavour": "async"})
+        result = await client.append_anthropic(
+            session.id,
+            [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}],
+            system="Be kind.",
+        )
+        assert result.replayed and result.version == 3
+        assert await client.render_anthropic(session.id) == {
+            "system": "Be kind.",
+            "messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}],
+        }
+        view = await client.render_view(session.id, ViewFormat.OPENAI_CHAT)
+        assert view.messages[0] == {"role": "system", "content": "Be kind."}
+        assert [s.id async for s in client.list_sessions(page_size=1)] == [session.id]
+        assert await client.delete_session(session.id) == 3
+        with pytest.raises(NotFound):
+            await client.get_session(session.id)

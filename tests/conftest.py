@@ -1,0 +1,151 @@
+"""Shared fixtures: databases on both backends, servers, clients.
+
+`database_url` is parametrized over the embedded default (SQLite) and
+Postgres, so every test that uses it runs on both; the Postgres half needs
+a real server (tests/backends.py says where it comes from).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+from contextd_client import Client
+
+from contextd.api import server as server_module
+from contextd.config import Settings
+from contextd.storage import migrate
+from tests import backends
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> Iterator[str]:
+    with backends.postgres_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    with backends.redis_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server_url: str) -> Iterator[str]:
+    """A migrated database of its own on the Postgres server, dropped at the end."""
+    url = backends.create_database(postgres_server_url)
+    asyncio.run(migrate.upgrade(url))
+    yield url
+    backends.drop_database(postgres_server_url, url)
+
+
+@pytest.fixture(scope="session")
+def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('sqlite') / 'contextd.db'}"
+    asyncio.run(migrate.upgrade(url))
+    return url
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest) -> str:
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    return url
+
+
+class ServerThread:
+    """A contextd server on its own event loop in a background thread, so
+    tests can call it with the blocking client as well as the asyncio one."""
+
+    def __init__(self, settings: Settings, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> None:
+        self.settings = settings
+        self.interceptors = interceptors
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._running: server_module.RunningServer | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="contextd-test-server", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._running = self._loop.run_until_complete(server_module.start(self.settings, self.interceptors))
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+            self._loop.close()
+            return
+        self._ready.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        self._ready.wait(timeout=30)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    @property
+    def target(self) -> str:
+        assert self._running is not None
+        return f"127.0.0.1:{self._running.port}"
+
+    def stop(self, grace: float = 0) -> None:
+        if self._running is not None:
+            asyncio.run_coroutine_threadsafe(self._running.stop(grace), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+
+
+def test_settings(database_url: str, **overrides: object) -> Settings:
+    base = Settings(listen="127.0.0.1:0", database_url=database_url, migrate_on_start=False)
+    return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def server(database_url: str) -> Iterator[ServerThread]:
+    """A server on each backend, shared by the tests of the session."""
+    running = ServerThread(test_settings(database_url)).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def make_server(tmp_path: Path) -> Iterator[Callable[..., ServerThread]]:
+    """Start servers with custom settings on a fresh SQLite file; stopped after the test."""
+    started: list[ServerThread] = []
+
+    def make(interceptors: Sequence[grpc.aio.ServerInterceptor] = (), **overrides: object) -> ServerThread:
+        url = f"sqlite+aiosqlite:///{tmp_path / f'custom{len(started)}.db'}"
+        settings = test_settings(url, migrate_on_start=True, **overrides)
+        started.append(ServerThread(settings, interceptors).start())
+        return started[-1]
+
+    yield make
+    for running in started:
+        running.stop()
+
+
+@pytest.fixture
+def client(server: ServerThread) -> Iterator[Client]:
+    with Client(server.target, timeout=15) as c:
+        yield c
+
+
+@pytest.fixture
+def session_id(client: Client) -> str:
+    return client.create_session(f"test-{uuid.uuid4().hex[:12]}").id
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent

@@ -1,0 +1,308 @@
+"""The history store on both backends: dense sequence numbers, idempotency,
+expected versions, tool-call linking, the bounded session lock."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import itertools
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import text
+
+from contextd.engine.codec import content_hash
+from contextd.engine.errors import (
+    IdempotencyKeyReused,
+    InvalidArgument,
+    SessionBusy,
+    SessionExists,
+    SessionNotFound,
+    StorageUnavailable,
+    VersionConflict,
+)
+from contextd.engine.model import (
+    DocumentBlock,
+    ImageBlock,
+    ItemContent,
+    ReasoningBlock,
+    Role,
+    Source,
+    TextBlock,
+    ToolEffect,
+    ToolEffectKind,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from contextd.storage.database import Database
+from contextd.storage.history import AppendRequest, HistoryStore, PreparedItem
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[HistoryStore]:
+    db = Database(database_url, lock_timeout_ms=300)
+    yield HistoryStore(db)
+    await db.close()
+
+
+@pytest.fixture
+async def session(store: HistoryStore) -> str:
+    session_id = f"s-{uuid.uuid4().hex[:10]}"
+    await store.create_session("tenant", session_id, {"purpose": "test"})
+    return session_id
+
+
+def text_item(text_: str, role: Role = Role.USER) -> ItemContent:
+    return ItemContent(role=role, content=(TextBlock(text_),))
+
+
+def request(
+    session_id: str, items: list[ItemContent], key: str = "", expected: int | None = None, tenant: str = "tenant"
+) -> AppendRequest:
+    prepared = [PreparedItem(i, content_hash(i), len(i.content)) for i in items]
+    digest = hashlib.sha256("|".join(p.content_hash for p in prepared).encode()).hexdigest()
+    return AppendRequest(
+        tenant, session_id, prepared, request_hash=digest, idempotency_key=key, expected_version=expected
+    )
+
+
+async def test_concurrent_appends_get_dense_contiguous_seqs(store: HistoryStore, session: str) -> None:
+    batches = [[text_item(f"task {t} item {n}") for n in range(1 + t % 4)] for t in range(40)]
+    results = await asyncio.gather(*(store.append(request(session, b, key=f"k{t}")) for t, b in enumerate(batches)))
+    total = sum(len(b) for b in batches)
+    spans = sorted((r.first_seq, r.last_seq) for r in results)
+    assert spans[0][0] == 1 and spans[-1][1] == total
+    for (_, last), (first, _) in itertools.pairwise(spans):
+        assert first == last + 1  # no gap, no overlap
+    for result, batch in zip(results, batches, strict=True):
+        assert result.last_seq - result.first_seq + 1 == len(batch)
+    loaded_session, items = await store.load_history("tenant", session)
+    assert loaded_session.version == total
+    assert [i.seq for i in items] == list(range(1, total + 1))
+    by_seq = {i.seq: i for i in items}
+    for result, batch in zip(results, batches, strict=True):
+        stored = [by_seq[s].content for s in range(result.first_seq, result.last_seq + 1)]
+        assert stored == [b.content for b in batch]  # each batch's own order kept
+
+
+async def test_retried_append_returns_the_first_result_and_writes_nothing(store: HistoryStore, session: str) -> None:
+    first = await store.append(request(session, [text_item("a"), text_item("b")], key="same"))
+    again = await store.append(request(session, [text_item("a"), text_item("b")], key="same"))
+    assert not first.replayed and again.replayed
+    assert (again.first_seq, again.last_seq, again.receipts) == (first.first_seq, first.last_seq, first.receipts)
+    loaded, items = await store.load_history("tenant", session)
+    assert loaded.version == 2 and len(items) == 2
+
+
+async def test_a_retry_is_recognised_even_when_its_expected_version_is_stale(store: HistoryStore, session: str) -> None:
+    first = await store.append(request(session, [text_item("a")], key="cond", expected=0))
+    again = await store.append(request(session, [text_item("a")], key="cond", expected=0))
+    assert again.replayed and again.version == first.version == 1
+
+
+async def test_reusing_a_key_for_another_batch_is_refused(store: HistoryStore, session: str) -> None:
+    await store.append(request(session, [text_item("a")], key="k"))
+    with pytest.raises(IdempotencyKeyReused) as refused:
+        await store.append(request(session, [text_item("different")], key="k"))
+    assert refused.value.metadata["idempotency_key"] == "k"
+    assert (await store.get_session("tenant", session)).version == 1
+
+
+async def test_expected_version_mismatch_is_a_conflict_naming_the_current_version(
+    store: HistoryStore, session: str
+) -> None:
+    await store.append(request(session, [text_item("a"), text_item("b")]))
+    with pytest.raises(VersionConflict) as conflict:
+        await store.append(request(session, [text_item("c")], expected=1))
+    assert (conflict.value.expected, conflict.value.current) == (1, 2)
+    assert conflict.value.metadata["current_version"] == "2"
+    result = await store.append(request(session, [text_item("c")], expected=2))
+    assert result.first_seq == 3
+
+
+async def test_tool_results_link_to_calls_across_batches(store: HistoryStore, session: str) -> None:
+    call = ItemContent(
+        role=Role.ASSISTANT,
+        content=(ToolUseBlock("c1", "read_file", '{"path": "a.py"}'), ToolUseBlock("c2", "bash", '{"cmd": "ls"}')),
+    )
+    await store.append(request(session, [call]))
+    results = [
+        ItemContent(role=Role.TOOL, content=(ToolResultBlock("c2", (TextBlock("a.py"),)),)),
+        ItemContent(role=Role.TOOL, content=(ToolResultBlock("c1", (TextBlock("print(1)"),), is_error=True),)),
+    ]
+    await store.append(request(session, results))
+    _, items = await store.load_history("tenant", session)
+    assert [(i.tool_result.name, i.tool_result.is_error) for i in items[1:] if i.tool_result] == [
+        ("bash", False),
+        ("read_file", True),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("batch", "field", "problem"),
+    [
+        (
+            [ItemContent(role=Role.TOOL, content=(ToolResultBlock("nope", ()),))],
+            "items[0].content[0].tool_result.tool_use_id",
+            "no earlier tool_use has id 'nope'",
+        ),
+        (
+            [ItemContent(role=Role.TOOL, content=(ToolResultBlock("c1", ()),))],
+            "items[0].content[0].tool_result.tool_use_id",
+            "already has a result",
+        ),
+        (
+            [ItemContent(role=Role.ASSISTANT, content=(ToolUseBlock("c1", "ls", "{}"),))],
+            "items[0].content[0].tool_use.id",
+            "already used in this session",
+        ),
+        (
+            [ItemContent(role=Role.TOOL, content=(ToolResultBlock("c3", (), name="rm"),))],
+            "items[0].content[0].tool_result.name",
+            "does not match the call's tool 'ls'",
+        ),
+    ],
+)
+async def test_bad_tool_links_are_refused_and_nothing_is_written(
+    store: HistoryStore, session: str, batch: list[ItemContent], field: str, problem: str
+) -> None:
+    calls = ItemContent(role=Role.ASSISTANT, content=(ToolUseBlock("c1", "ls", "{}"), ToolUseBlock("c3", "ls", "{}")))
+    answer = ItemContent(role=Role.TOOL, content=(ToolResultBlock("c1", ()),))
+    await store.append(request(session, [calls, answer]))
+    with pytest.raises(InvalidArgument) as refused:
+        await store.append(request(session, [text_item("ok"), *batch]))
+    violation = refused.value.violations[0]
+    assert (violation.field.replace("items[1]", "items[0]"), problem in violation.description) == (field, True)
+    assert (await store.get_session("tenant", session)).version == 2
+
+
+async def test_items_come_back_as_they_went_in(store: HistoryStore, session: str) -> None:
+    observed = datetime(2026, 11, 1, 12, 30, tzinfo=UTC)
+    rich = [
+        ItemContent(role=Role.SYSTEM, content=(TextBlock("Be terse."),)),
+        ItemContent(
+            role=Role.USER,
+            content=(
+                TextBlock("look: ünïcode ✓"),
+                ImageBlock("image/png", data=base64.b64decode("iVBORw0KGgo="), detail="low"),
+                DocumentBlock("application/pdf", uri="https://example.com/a.pdf", title="spec"),
+            ),
+            name="alice",
+            metadata={"turn": "1"},
+        ),
+        ItemContent(
+            role=Role.ASSISTANT,
+            content=(ReasoningBlock("thinking", signature="sig"), ToolUseBlock("r1", "read", '{"path": "x"}')),
+        ),
+        ItemContent(
+            role=Role.TOOL,
+            content=(ToolResultBlock("r1", (TextBlock("contents"),), name="read"),),
+            source=Source("file:///x", "v2", observed),
+            tool_effect=ToolEffect(ToolEffectKind.READ, "path"),
+        ),
+    ]
+    await store.append(request(session, rich))
+    _, items = await store.load_history("tenant", session)
+    for stored, sent in zip(items, rich, strict=True):
+        assert (stored.role, stored.content, stored.source, stored.tool_effect, stored.name, dict(stored.metadata)) == (
+            sent.role,
+            sent.content,
+            sent.source,
+            sent.tool_effect,
+            sent.name,
+            dict(sent.metadata),
+        )
+        assert stored.created_at.tzinfo is not None
+
+
+async def test_sessions_are_per_tenant(store: HistoryStore, session: str) -> None:
+    with pytest.raises(SessionNotFound):
+        await store.get_session("other-tenant", session)
+    with pytest.raises(SessionNotFound):
+        await store.append(request(session, [text_item("x")], tenant="other-tenant"))
+    await store.create_session("other-tenant", session, {})  # the same id is free in another tenant
+    with pytest.raises(SessionExists):
+        await store.create_session("tenant", session, {})
+
+
+async def test_list_sessions_pages_through_everything(store: HistoryStore) -> None:
+    tenant = f"lister-{uuid.uuid4().hex[:6]}"
+    for n in range(7):
+        await store.create_session(tenant, f"s{n}", {})
+    seen, token = [], ""
+    while True:
+        page, token = await store.list_sessions(tenant, 3, token)
+        seen.extend(s.id for s in page)
+        assert len(page) <= 3
+        if not token:
+            break
+    assert seen == [f"s{n}" for n in range(7)]
+    with pytest.raises(InvalidArgument, match="page_token"):
+        await store.list_sessions(tenant, 3, "garbage")
+
+
+async def test_a_held_session_lock_makes_others_wait_then_fail_busy(store: HistoryStore, session: str) -> None:
+    db = store.db
+    released = asyncio.Event()
+
+    async def hold() -> None:
+        async with db.write("tenant", session):
+            await released.wait()
+
+    holder = asyncio.create_task(hold())
+    await asyncio.sleep(0.1)
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(SessionBusy) as busy:
+        await store.append(request(session, [text_item("blocked")]))
+    waited = asyncio.get_running_loop().time() - started
+    assert 0.25 <= waited < 5  # the configured 300 ms bound, not forever
+    assert int(busy.value.metadata["retry_after_ms"]) > 0
+    released.set()
+    await holder
+    assert (await store.append(request(session, [text_item("after")]))).first_seq == 1
+
+
+@pytest.fixture
+async def pg_store(postgres_url: str) -> AsyncIterator[HistoryStore]:
+    db = Database(postgres_url, lock_timeout_ms=300)
+    yield HistoryStore(db)
+    await db.close()
+
+
+async def test_on_postgres_other_sessions_are_not_blocked_by_a_held_lock(pg_store: HistoryStore) -> None:
+    # (SQLite has one writer for the whole file, so there all sessions share it.)
+    store = pg_store
+    locked, free = f"locked-{uuid.uuid4().hex[:8]}", f"free-{uuid.uuid4().hex[:8]}"
+    await store.create_session("tenant", locked, {})
+    await store.create_session("tenant", free, {})
+    released = asyncio.Event()
+
+    async def hold() -> None:
+        async with store.db.write("tenant", locked):
+            await released.wait()
+
+    holder = asyncio.create_task(hold())
+    await asyncio.sleep(0.1)
+    assert (await store.append(request(free, [text_item("fine")]))).first_seq == 1
+    released.set()
+    await holder
+
+
+async def test_an_unreachable_database_is_storage_unavailable() -> None:
+    db = Database("postgresql+asyncpg://nobody@127.0.0.1:1/none")
+    try:
+        with pytest.raises(StorageUnavailable):
+            await db.ping()
+    finally:
+        await db.close()
+
+
+async def test_postgres_transactions_run_read_committed(pg_store: HistoryStore) -> None:
+    """Each statement after taking the lock must see the previous holder's commit;
+    REPEATABLE READ would pin the snapshot taken before the lock wait."""
+    async with pg_store.db.read() as conn:
+        level = (await conn.execute(text("SHOW transaction_isolation"))).scalar_one()
+    assert level == "read committed"
