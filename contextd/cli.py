@@ -73,20 +73,44 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{name} = {value}")
         return 0
     if args.command == "migrate":
-        from contextd.storage import migrate
+        return _migrate(settings, args.revision, args.downgrade)
+    from contextd.api.server import StartupError, serve
 
-        if args.downgrade:
-            asyncio.run(migrate.downgrade(settings.database_url, args.downgrade))
-        else:
-            asyncio.run(migrate.upgrade(settings.database_url, args.revision))
-        print(f"database at revision {asyncio.run(migrate.current_revision(settings.database_url)) or 'base'}")
-        return 0
-    from contextd.api.server import serve
+    runner = asyncio.Runner()
+    try:
+        hurried = runner.run(serve(settings))
+    except StartupError as exc:
+        print(f"contextd: cannot start: {exc}", file=sys.stderr)
+        runner.close()
+        return 1
+    except KeyboardInterrupt:  # Ctrl-C before the server was up
+        runner.close()
+        return 130
+    if hurried:
+        # Calls cancelled mid-flight can leave tasks waiting on a blocked
+        # database driver thread (an SQLite busy wait, say); the operator
+        # asked to stop now, so exit without waiting for them.
+        logging.shutdown()
+        os._exit(0)
+    runner.close()
+    return 0
+
+
+def _migrate(settings: Settings, revision: str, downgrade_to: str | None) -> int:
+    from sqlalchemy.exc import DBAPIError
+
+    from contextd.storage import migrate
 
     try:
-        asyncio.run(serve(settings))
-    except KeyboardInterrupt:  # a second Ctrl-C during shutdown
-        return 130
+        if downgrade_to:
+            asyncio.run(migrate.downgrade(settings.database_url, downgrade_to))
+        else:
+            asyncio.run(migrate.upgrade(settings.database_url, revision))
+        current = asyncio.run(migrate.current_revision(settings.database_url))
+    except (OSError, DBAPIError) as exc:
+        print(f"contextd: cannot migrate {settings.redacted()['database_url']}: {exc}", file=sys.stderr)
+        return 1
+    print(f"database at revision {current or 'base'}")
     return 0
 
 

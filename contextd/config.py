@@ -11,6 +11,7 @@ the code reads the environment.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +78,8 @@ class Settings:
         for name, value in (overrides or {}).items():
             if value is not None:
                 values[name] = value
+        if "database_url" in values:
+            values["database_url"] = normalize_database_url(values["database_url"])
         settings = cls(**values)
         settings.validate()
         return settings
@@ -91,6 +94,11 @@ class Settings:
                 raise ConfigError(f"{f.name} must be positive, not {value}")
         if ":" not in self.listen:
             raise ConfigError(f"listen must be host:port, not {self.listen!r}")
+        normalize_database_url(self.database_url)
+        if self.redis_url and urlsplit(self.redis_url).scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError(
+                f"redis_url must be redis://, rediss:// or unix://, not {_hide_password(self.redis_url)!r}"
+            )
         self.tenant_keys()
 
     def tenant_keys(self) -> dict[str, str]:
@@ -99,13 +107,11 @@ class Settings:
         for pair in filter(None, (p.strip() for p in self.api_keys.split(","))):
             tenant, sep, key = pair.partition(":")
             if not sep or not tenant or not key:
-                raise ConfigError(f"api_keys entries are tenant:key, not {pair!r}")
+                raise ConfigError("api_keys entries are tenant:key; one is not")
+            if not TENANT.fullmatch(tenant):
+                raise ConfigError(f"api_keys: tenant {tenant[:40]!r} is not 1-128 characters of A-Z a-z 0-9 . _ -")
             keys[key] = tenant
         return keys
-
-    @property
-    def is_sqlite(self) -> bool:
-        return self.database_url.startswith("sqlite")
 
     def redacted(self) -> dict[str, Any]:
         """The settings with secrets (API keys, URL passwords) masked, for display."""
@@ -115,6 +121,33 @@ class Settings:
         for name in ("database_url", "redis_url"):
             values[name] = _hide_password(values[name])
         return values
+
+
+TENANT = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+_DRIVERS = {
+    "postgresql": "postgresql+asyncpg",
+    "postgres": "postgresql+asyncpg",
+    "postgresql+asyncpg": "postgresql+asyncpg",
+    "sqlite": "sqlite+aiosqlite",
+    "sqlite+aiosqlite": "sqlite+aiosqlite",
+}
+
+
+def normalize_database_url(url: str) -> str:
+    """The URL with contextd's async driver (postgresql:// -> postgresql+asyncpg://); ConfigError if unusable."""
+    scheme, sep, rest = url.partition("://")
+    driver = _DRIVERS.get(scheme.lower())
+    if not sep or driver is None:
+        raise ConfigError(
+            f"database_url must be postgresql://user@host/db or sqlite:///path/file.db, not {_hide_password(url)!r}"
+        )
+    if driver == "sqlite+aiosqlite" and rest.lstrip("/") in ("", ":memory:"):
+        raise ConfigError(
+            "database_url: an in-memory SQLite database cannot be shared by the server's connections; "
+            "give a file path, e.g. sqlite:///contextd.db"
+        )
+    return f"{driver}://{rest}"
 
 
 def _hide_password(url: str) -> str:

@@ -15,13 +15,12 @@ from contextd.engine.codec import canonical_json, content_hash, item_to_json
 from contextd.engine.errors import InvalidArgument, LimitExceeded, NotImplementedYet
 from contextd.engine.model import AppendResult, ItemContent, Session
 from contextd.engine.tokens import TokenCounter, item_tokens
-from contextd.engine.validation import Limits, check_batch, item_bytes
+from contextd.engine.validation import Limits, check_batch, check_name, item_bytes
 from contextd.engine.view import View, ViewRequest, build_view
 from contextd.storage.history import AppendRequest, HistoryStore, PreparedItem
 from contextd.telemetry import annotate
 
 SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-MAX_KEY_LENGTH = 256
 MAX_METADATA_ENTRIES = 64
 MAX_METADATA_BYTES = 16_384
 MAX_PAGE_SIZE = 1000
@@ -74,8 +73,9 @@ class SessionService:
         author: str = "",
     ) -> AppendResult:
         _check_session_id(session_id)
-        _check_length("idempotency_key", idempotency_key)
-        _check_length("author", author)
+        bad_keys = check_name("idempotency_key", idempotency_key) + check_name("author", author)
+        if bad_keys:
+            raise InvalidArgument(bad_keys)
         check_batch(items, self.limits)
         for i, item in enumerate(items):
             _check_metadata(item.metadata, f"items[{i}].metadata")
@@ -105,7 +105,7 @@ class SessionService:
     async def render(self, tenant: str, session_id: str, request: ViewRequest) -> View:
         _check_session_id(session_id)
         session, items = await self.store.load_history(tenant, session_id)
-        view = build_view(session, items, request, self.counter.encoding)
+        view = build_view(session, items, request, self.counter)
         annotate(
             session_id=session_id,
             items=len(items),
@@ -120,11 +120,6 @@ def _check_session_id(session_id: str) -> None:
     if not SESSION_ID.fullmatch(session_id):
         shown = session_id if len(session_id) <= 40 else session_id[:40] + "..."
         raise InvalidArgument.at("session_id", f"{shown!r} is not 1-128 characters of A-Z a-z 0-9 . _ : -")
-
-
-def _check_length(field: str, value: str) -> None:
-    if len(value) > MAX_KEY_LENGTH:
-        raise InvalidArgument.at(field, f"{len(value)} characters, over the maximum of {MAX_KEY_LENGTH}")
 
 
 def _check_metadata(metadata: Mapping[str, str], field: str) -> None:

@@ -68,12 +68,12 @@ def postgres_server() -> Iterator[str]:
 
 def _check_postgres(url: str) -> None:
     try:
-        _admin(url, "SELECT 1")
+        admin(url, "SELECT 1")
     except Exception as exc:
         unavailable("Postgres", f"{POSTGRES_ENV}={url} does not answer ({type(exc).__name__}: {exc})")
 
 
-def _admin(url: str, *statements: str) -> None:
+def admin(url: str, *statements: str) -> None:
     """Run statements outside any transaction (CREATE/DROP DATABASE need that)."""
     dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
@@ -94,12 +94,12 @@ def _admin(url: str, *statements: str) -> None:
 def create_database(server_url: str, prefix: str = "contextd_test") -> str:
     """Create a uniquely named database on the server; returns its URL."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    _admin(server_url, f'CREATE DATABASE "{name}"')
+    admin(server_url, f'CREATE DATABASE "{name}"')
     return make_url(server_url).set(database=name).render_as_string(hide_password=False)
 
 
 def drop_database(server_url: str, database_url: str) -> None:
-    _admin(server_url, f'DROP DATABASE IF EXISTS "{make_url(database_url).database}" WITH (FORCE)')
+    admin(server_url, f'DROP DATABASE IF EXISTS "{make_url(database_url).database}" WITH (FORCE)')
 
 
 @contextlib.contextmanager

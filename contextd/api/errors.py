@@ -28,6 +28,7 @@ from contextd.engine.errors import (
     StorageUnavailable,
     Unauthenticated,
     VersionConflict,
+    ViewTooLarge,
 )
 
 DOMAIN = "contextd.v1"
@@ -44,6 +45,7 @@ _CODES: list[tuple[type[ContextdError], grpc.StatusCode]] = [
     (StorageUnavailable, grpc.StatusCode.UNAVAILABLE),
     (NotImplementedYet, grpc.StatusCode.UNIMPLEMENTED),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (ViewTooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
 ]
 
 
@@ -61,8 +63,9 @@ def _pack(message: object) -> any_pb2.Any:
 
 
 def _ascii(value: str) -> str:
-    # Plain metadata values must be printable ASCII.
-    return value.encode("ascii", "backslashreplace").decode("ascii")
+    """Plain metadata values must be printable ASCII: escape the rest, and keep them short."""
+    escaped = value.encode("unicode_escape").decode("ascii")
+    return escaped if len(escaped) <= 200 else escaped[:200] + "..."
 
 
 def trailing_metadata(error: ContextdError, code: grpc.StatusCode) -> tuple[tuple[str, str | bytes], ...]:

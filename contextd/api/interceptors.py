@@ -13,8 +13,6 @@ Streaming handlers are wrapped as async generators, never in the
 
 from __future__ import annotations
 
-import contextvars
-import hmac
 import logging
 import time
 import uuid
@@ -26,27 +24,19 @@ import grpc
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from contextd.api.auth import ApiKeys
 from contextd.api.errors import status_code, trailing_metadata
-from contextd.engine.errors import ContextdError, LimitExceeded, Unauthenticated
+from contextd.engine.errors import ContextdError, LimitExceeded
 from contextd.telemetry import tracer
 
 log = logging.getLogger("contextd.api")
 
 SERVICE_PREFIX = "/contextd.v1."
-DEFAULT_TENANT = "default"
-
-_tenant: contextvars.ContextVar[str] = contextvars.ContextVar("contextd_tenant", default=DEFAULT_TENANT)
-
-
-def current_tenant() -> str:
-    """The tenant of the RPC being served."""
-    return _tenant.get()
 
 
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, api_keys: Mapping[str, str], max_request_bytes: int) -> None:
-        """`api_keys` maps each key to its tenant; empty turns authentication off."""
-        self._keys = dict(api_keys)
+    def __init__(self, api_keys: ApiKeys, max_request_bytes: int) -> None:
+        self._api_keys = api_keys
         self._max_request_bytes = max_request_bytes
 
     async def intercept_service(
@@ -77,7 +67,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             metadata = _metadata(context)
             with _server_span(method, metadata) as span:
                 try:
-                    with self._tenant(metadata, span):
+                    with self._api_keys.acting_as(metadata) as tenant:
+                        span.set_attribute("contextd.tenant", tenant)
                         self._check_size(request)
                         return await inner(request, context)
                 except grpc.aio.AbortError:
@@ -94,7 +85,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             metadata = _metadata(context)
             with _server_span(method, metadata) as span:
                 try:
-                    with self._tenant(metadata, span):
+                    with self._api_keys.acting_as(metadata) as tenant:
+                        span.set_attribute("contextd.tenant", tenant)
                         self._check_size(request)
                         async for response in inner(request, context):
                             yield response
@@ -112,28 +104,6 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 "request",
                 f"{size:,} bytes, over the limit of {self._max_request_bytes:,} bytes per message (max_message_bytes)",
             )
-
-    @contextmanager
-    def _tenant(self, metadata: Mapping[str, str], span: trace.Span) -> Iterator[None]:
-        """Resolve the caller's tenant and make it current for the handler."""
-        tenant = self._authenticate(metadata)
-        span.set_attribute("contextd.tenant", tenant)
-        token = _tenant.set(tenant)
-        try:
-            yield
-        finally:
-            _tenant.reset(token)
-
-    def _authenticate(self, metadata: Mapping[str, str]) -> str:
-        if not self._keys:
-            return DEFAULT_TENANT
-        scheme, _, key = metadata.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not key:
-            raise Unauthenticated("missing credentials: send `authorization: Bearer <api key>`")
-        for known, tenant in self._keys.items():
-            if hmac.compare_digest(known.encode(), key.encode()):
-                return tenant
-        raise Unauthenticated("the API key is not valid")
 
 
 def _metadata(context: grpc.aio.ServicerContext[Any, Any]) -> dict[str, str]:

@@ -147,7 +147,12 @@ def _source(message: pb.Item, path: str, violations: list[FieldViolation]) -> So
     source = message.source
     if not source.uri:
         violations.append(FieldViolation(f"{path}.source.uri", "a source needs a uri"))
-    observed = source.observed_at.ToDatetime(tzinfo=UTC) if source.HasField("observed_at") else None
+    observed = None
+    if source.HasField("observed_at"):
+        try:
+            observed = source.observed_at.ToDatetime(tzinfo=UTC)
+        except (ValueError, OverflowError) as exc:
+            violations.append(FieldViolation(f"{path}.source.observed_at", f"not a valid time: {exc}"))
     return Source(source.uri, source.version, observed)
 
 

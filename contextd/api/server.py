@@ -20,10 +20,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from sqlalchemy.exc import DBAPIError
 
+from contextd.api.auth import ApiKeys
 from contextd.api.interceptors import ServiceInterceptor
 from contextd.api.servicer import ContextServicer
 from contextd.config import Settings
+from contextd.engine.errors import StorageUnavailable
 from contextd.engine.tokens import TiktokenCounter
 from contextd.engine.validation import Limits
 from contextd.sessions import SessionService
@@ -50,16 +53,18 @@ class RunningServer:
         await self.db.close()
 
 
+class StartupError(Exception):
+    """The server cannot start; the message says why, for the operator."""
+
+
 async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> RunningServer:
     """Start serving on `settings.listen`; the chosen port is in the result (useful with port 0).
 
     `interceptors` run outside contextd's own (auth, tracing, error mapping),
-    first one outermost.
+    first one outermost. Raises StartupError when the database cannot be
+    reached or is not migrated, or the address cannot be bound.
     """
-    if settings.migrate_on_start:
-        await migrate.upgrade(settings.database_url)
-    db = Database(settings.database_url, pool_size=settings.db_pool_size, lock_timeout_ms=settings.lock_timeout_ms)
-    await db.ping()
+    db = await _open_database(settings)
     if settings.redis_url:
         await _check_redis(settings.redis_url)
     limits = Limits(max_batch_items=settings.max_batch_items, max_item_bytes=settings.max_item_bytes)
@@ -68,17 +73,22 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     server = grpc.aio.server(
         interceptors=[
             *interceptors,
-            ServiceInterceptor(settings.tenant_keys(), max_request_bytes=settings.max_message_bytes),
+            ServiceInterceptor(ApiKeys(settings.tenant_keys()), max_request_bytes=settings.max_message_bytes),
         ],
         options=[
-            # gRPC's own ceiling sits above the configured limit, so a request
-            # between the two gets INVALID_ARGUMENT naming the limit rather
-            # than a bare RESOURCE_EXHAUSTED.
+            # gRPC's own receive ceiling sits above the configured limit, so a
+            # request between the two gets INVALID_ARGUMENT naming the limit
+            # rather than a bare RESOURCE_EXHAUSTED. Views are checked against
+            # the limit before they are sent (VIEW_TOO_LARGE).
             ("grpc.max_receive_message_length", 2 * settings.max_message_bytes),
-            ("grpc.max_send_message_length", 2 * settings.max_message_bytes),
+            ("grpc.max_send_message_length", settings.max_message_bytes),
+            # gRPC shares ports by default (SO_REUSEPORT): a second daemon on
+            # the same address would silently take half the calls. Refuse it.
+            ("grpc.so_reuseport", 0),
         ],
     )
-    contextd_pb2_grpc.add_ContextServiceServicer_to_server(ContextServicer(sessions), server)
+    servicer = ContextServicer(sessions, max_response_bytes=settings.max_message_bytes)
+    contextd_pb2_grpc.add_ContextServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if settings.reflection:
@@ -86,9 +96,11 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             server,
         )
-    port = server.add_insecure_port(settings.listen)
-    if port == 0:
-        raise RuntimeError(f"could not listen on {settings.listen}")
+    try:
+        port = server.add_insecure_port(settings.listen)
+    except RuntimeError as exc:  # grpc's way of saying the address is taken or invalid
+        await db.close()
+        raise StartupError(f"cannot listen on {settings.listen}: {exc}") from None
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -97,20 +109,56 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     return RunningServer(server, health_servicer, db, port)
 
 
-async def serve(settings: Settings) -> None:
-    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+async def serve(settings: Settings) -> bool:
+    """Run until SIGTERM or SIGINT, then shut down gracefully; a second signal stops at once.
+
+    Returns whether the stop was hurried: calls were cancelled mid-flight, and
+    driver threads they held may still be blocked (the caller should exit).
+    """
     provider = configure_tracing(settings)
     running = await start(settings)
-    stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
+    stopping, hurry = asyncio.Event(), asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
+        loop.add_signal_handler(sig, lambda: hurry.set() if stopping.is_set() else stopping.set())
     await stopping.wait()
-    log.info("shutting down: draining calls for up to %.1f s", settings.grace_seconds)
-    await running.stop(settings.grace_seconds)
+    log.info("shutting down: draining calls for up to %.1f s (signal again to stop now)", settings.grace_seconds)
+    draining = asyncio.create_task(running.stop(settings.grace_seconds))
+    hurried = asyncio.create_task(hurry.wait())
+    await asyncio.wait({draining, hurried}, return_when=asyncio.FIRST_COMPLETED)
+    hurry_up = not draining.done()
+    if hurry_up:
+        log.warning("second signal: cancelling the calls still in flight")
+        await running.server.stop(None)
+    await draining
+    hurried.cancel()
     if provider is not None:
         provider.shutdown()
     log.info("stopped")
+    return hurry_up
+
+
+async def _open_database(settings: Settings) -> Database:
+    """The database, migrated (or checked to be current), and answering."""
+    where = settings.redacted()["database_url"]
+    try:
+        if settings.migrate_on_start:
+            await migrate.upgrade(settings.database_url)
+        current, head = await migrate.current_revision(settings.database_url), migrate.head_revision()
+    except (OSError, DBAPIError) as exc:
+        raise StartupError(f"cannot reach the database at {where}: {exc}") from None
+    if current != head:
+        raise StartupError(
+            f"the database at {where} has schema revision {current or 'none'}, not {head}: "
+            "run `contextd migrate` or start with --migrate-on-start"
+        )
+    db = Database(settings.database_url, pool_size=settings.db_pool_size, lock_timeout_ms=settings.lock_timeout_ms)
+    try:
+        await db.ping()
+    except StorageUnavailable as exc:
+        await db.close()
+        raise StartupError(f"cannot reach the database at {where}: {exc}") from None
+    return db
 
 
 async def _check_redis(url: str) -> None:

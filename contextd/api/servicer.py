@@ -12,8 +12,8 @@ from contextd_client.v1 import contextd_pb2 as api
 from contextd_client.v1 import contextd_pb2_grpc
 
 from contextd.api import mapping
-from contextd.api.interceptors import current_tenant
-from contextd.engine.errors import NotImplementedYet
+from contextd.api.auth import current_tenant
+from contextd.engine.errors import NotImplementedYet, ViewTooLarge
 from contextd.engine.view import ViewRequest
 from contextd.sessions import SessionService
 
@@ -39,8 +39,9 @@ def _unimplemented(rpc: str) -> NoReturn:
 
 
 class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
-    def __init__(self, sessions: SessionService) -> None:
+    def __init__(self, sessions: SessionService, max_response_bytes: int) -> None:
         self.sessions = sessions
+        self.max_response_bytes = max_response_bytes
 
     async def CreateSession(self, request: api.CreateSessionRequest, context: Context) -> api.CreateSessionResponse:
         session = await self.sessions.create_session(
@@ -78,7 +79,11 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
             focus=tuple(request.focus),
         )
         view = await self.sessions.render(current_tenant(), request.session_id, view_request)
-        return api.RenderViewResponse(view=mapping.view_to_proto(view))
+        response = api.RenderViewResponse(view=mapping.view_to_proto(view))
+        size = response.ByteSize()
+        if size > self.max_response_bytes:
+            raise ViewTooLarge(request.session_id, size, self.max_response_bytes)
+        return response
 
     async def Retrieve(self, request: api.RetrieveRequest, context: Context) -> api.RetrieveResponse:
         _unimplemented("Retrieve")

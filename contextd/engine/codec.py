@@ -28,7 +28,8 @@ from contextd.engine.model import (
 JsonObject = dict[str, Any]
 
 
-def _b64(data: bytes) -> str:
+def b64_text(data: bytes) -> str:
+    """`data` as base64 text, the way JSON documents carry bytes."""
     return base64.b64encode(data).decode("ascii")
 
 
@@ -70,7 +71,7 @@ def block_to_json(block: Block) -> JsonObject:
 
 def _put_source(out: JsonObject, data: bytes | None, uri: str | None, text: str | None) -> None:
     if data is not None:
-        out["data_b64"] = _b64(data)
+        out["data_b64"] = b64_text(data)
     elif uri is not None:
         out["uri"] = uri
     elif text is not None:

@@ -93,11 +93,25 @@ class SessionBusy(ContextdError):
     reason = "SESSION_BUSY"
 
     def __init__(self, session_id: str, waited_ms: int, retry_after_ms: int) -> None:
+        what = f"session {session_id!r}" if session_id else "the database"
         super().__init__(
-            f"session {session_id!r} is busy: another writer held it for {waited_ms} ms; retry",
+            f"{what} is busy: other writers held it for {waited_ms} ms; retry",
             {"session_id": session_id, "retry_after_ms": str(retry_after_ms)},
         )
         self.retry_after_ms = retry_after_ms
+
+
+class ViewTooLarge(ContextdError):
+    """A rendered view over the message size the server may send."""
+
+    reason = "VIEW_TOO_LARGE"
+
+    def __init__(self, session_id: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"the view of session {session_id!r} is {size:,} bytes, over the limit of {limit:,} bytes per message "
+            "(max_message_bytes); render with a budget or raise the limit",
+            {"session_id": session_id, "view_bytes": str(size), "max_message_bytes": str(limit)},
+        )
 
 
 class StorageUnavailable(ContextdError):

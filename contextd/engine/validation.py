@@ -8,6 +8,7 @@ it inside the append transaction, under the session lock.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -39,6 +40,27 @@ _BLOCK_NAMES = {
     DocumentBlock: "document",
     ReasoningBlock: "reasoning",
 }
+
+
+MAX_NAME_LENGTH = 256
+"""Longest id, name, key or author, in characters (the history store keeps them in bounded columns)."""
+
+MAX_ARGUMENT_DEPTH = 64
+"""Deepest nesting of objects and arrays in tool arguments."""
+
+
+def shown(value: str, limit: int = 60) -> str:
+    """`value` quoted for an error message, cut short: messages travel in trailers."""
+    return repr(value) if len(value) <= limit else repr(value[:limit]) + f"... ({len(value):,} characters)"
+
+
+def check_name(field: str, value: str) -> list[FieldViolation]:
+    """An id, name, key or author: bounded, and free of NUL (which no text column stores)."""
+    if len(value) > MAX_NAME_LENGTH:
+        return [FieldViolation(field, f"{len(value):,} characters, over the maximum of {MAX_NAME_LENGTH}")]
+    if "\x00" in value:
+        return [FieldViolation(field, "contains a NUL character")]
+    return []
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +108,7 @@ def check_batch(items: Sequence[ItemContent], limits: Limits) -> None:
             raise LimitExceeded.at(
                 path, f"{size:,} bytes, over the limit of {limits.max_item_bytes:,} bytes per item (max_item_bytes)"
             )
+        violations.extend(_check_item_fields(item, path))
         if not item.content:
             violations.append(FieldViolation(f"{path}.content", "an item needs at least one content block"))
         if item.role is Role.TOOL and len(item.content) != 1:
@@ -95,11 +118,22 @@ def check_batch(items: Sequence[ItemContent], limits: Limits) -> None:
             if isinstance(block, ToolUseBlock) and block.id:
                 if block.id in tool_use_ids:
                     violations.append(
-                        FieldViolation(f"{path}.content[{j}].tool_use.id", f"tool_use id {block.id!r} repeats")
+                        FieldViolation(f"{path}.content[{j}].tool_use.id", f"tool_use id {shown(block.id)} repeats")
                     )
                 tool_use_ids.add(block.id)
     if violations:
         raise InvalidArgument(violations)
+
+
+def _check_item_fields(item: ItemContent, path: str) -> list[FieldViolation]:
+    found = check_name(f"{path}.name", item.name)
+    if item.tool_effect is not None:
+        found += check_name(f"{path}.tool_effect.source_arg", item.tool_effect.source_arg)
+    if item.source is not None:
+        for name, value in (("uri", item.source.uri), ("version", item.source.version)):
+            if "\x00" in value:
+                found.append(FieldViolation(f"{path}.source.{name}", "contains a NUL character"))
+    return found
 
 
 def _check_block(block: Block, role: Role, path: str) -> list[FieldViolation]:
@@ -113,8 +147,10 @@ def _check_block(block: Block, role: Role, path: str) -> list[FieldViolation]:
             return [] if text else [FieldViolation(f"{at}.text", "text is empty")]
         case ToolUseBlock():
             return _check_tool_use(block, at)
-        case ToolResultBlock(tool_use_id, content):
-            found = [] if tool_use_id else [FieldViolation(f"{at}.tool_use_id", "tool_use_id is empty")]
+        case ToolResultBlock(tool_use_id, content, _, name):
+            found = check_name(f"{at}.tool_use_id", tool_use_id) + check_name(f"{at}.name", name)
+            if not tool_use_id:
+                found.append(FieldViolation(f"{at}.tool_use_id", "tool_use_id is empty"))
             for k, part in enumerate(content):
                 if not isinstance(part, TextBlock | ImageBlock | DocumentBlock):
                     found.append(
@@ -127,7 +163,7 @@ def _check_block(block: Block, role: Role, path: str) -> list[FieldViolation]:
             if not data and not uri:  # empty bytes would render an image no provider accepts
                 return [FieldViolation(f"{at}", "an image needs data or a uri")]
             if data is not None and not media_type.startswith("image/"):
-                return [FieldViolation(f"{at}.media_type", f"{media_type!r} is not an image media type")]
+                return [FieldViolation(f"{at}.media_type", f"{shown(media_type)} is not an image media type")]
             return []
         case DocumentBlock(media_type, data, uri, text):
             if not data and not uri and text is None:  # empty bytes: as for images
@@ -146,7 +182,7 @@ def _a(word: str) -> str:
 
 
 def _check_tool_use(block: ToolUseBlock, at: str) -> list[FieldViolation]:
-    found = []
+    found = check_name(f"{at}.id", block.id) + check_name(f"{at}.name", block.name)
     if not block.id:
         found.append(FieldViolation(f"{at}.id", "id is empty"))
     if not block.name:
@@ -167,13 +203,33 @@ def _parse_arguments(input_json: str) -> object:
     Checked here because history is append-only: text accepted now that a
     view cannot carry would break every later render of the session.
     """
-    value = json.loads(input_json, parse_constant=_reject_constant)
+    value = json.loads(input_json, parse_constant=_reject_constant, parse_float=_finite_float)
+    if _depth(value) > MAX_ARGUMENT_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_ARGUMENT_DEPTH} levels")
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         # An escaped lone surrogate ("\ud800") parses, but no UTF-8 view can carry it.
         raise ValueError("a \\u escape encodes a lone surrogate, which UTF-8 cannot carry") from None
     return value
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):  # 1e400 parses to inf, which JSON cannot write back
+        raise ValueError(f"{shown(text)} is too large for a JSON number")
+    return number
+
+
+def _depth(value: object) -> int:
+    """Nesting depth of a parsed JSON value, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
 
 
 def _reject_constant(name: str) -> object:
@@ -210,7 +266,7 @@ def link_tool_results(
                 violations.append(
                     FieldViolation(
                         f"items[{i}].content[{j}].tool_use.id",
-                        f"tool_use id {block.id!r} is already used in this session",
+                        f"tool_use id {shown(block.id)} is already used in this session",
                     )
                 )
             calls[block.id] = ToolCall(block.name, answered=False)
@@ -221,14 +277,16 @@ def link_tool_results(
         at = f"items[{i}].content[0].tool_result"
         call = calls.get(result.tool_use_id)
         if call is None:
-            violations.append(FieldViolation(f"{at}.tool_use_id", f"no earlier tool_use has id {result.tool_use_id!r}"))
+            violations.append(
+                FieldViolation(f"{at}.tool_use_id", f"no earlier tool_use has id {shown(result.tool_use_id)}")
+            )
         elif call.answered:
             violations.append(
-                FieldViolation(f"{at}.tool_use_id", f"tool_use {result.tool_use_id!r} already has a result")
+                FieldViolation(f"{at}.tool_use_id", f"tool_use {shown(result.tool_use_id)} already has a result")
             )
         elif result.name and result.name != call.name:
             violations.append(
-                FieldViolation(f"{at}.name", f"{result.name!r} does not match the call's tool {call.name!r}")
+                FieldViolation(f"{at}.name", f"{shown(result.name)} does not match the call's tool {call.name!r}")
             )
         else:
             calls[result.tool_use_id] = ToolCall(call.name, answered=True)

@@ -17,6 +17,7 @@ from contextd.engine.model import Item, Session
 from contextd.engine.render.anthropic import render_anthropic
 from contextd.engine.render.base import Rendered, ViewWarning
 from contextd.engine.render.openai import render_openai
+from contextd.engine.tokens import TokenCounter, block_tokens
 
 FRAMING_TOKENS_PER_MESSAGE = 3
 """Role and separator tokens a provider wraps each message in (OpenAI's
@@ -80,24 +81,29 @@ _RENDERERS: dict[ViewFormat, Callable[[Sequence[Item]], Rendered]] = {
 }
 
 
+def _view_item(item: Item, rendered: Rendered, counter: TokenCounter) -> ViewItem:
+    """How `item` appears in the view, with the tokens of what the view actually carries."""
+    index = rendered.message_index[item.seq]
+    if item.seq in rendered.omitted:
+        return ViewItem(item.seq, Representation.OMITTED, 0, index)
+    dropped = rendered.dropped.get(item.seq)
+    if not dropped:
+        return ViewItem(item.seq, Representation.FULL, item.token_count, index)
+    # Counting only what was left out keeps the common, complete case free.
+    tokens = max(0, item.token_count - sum(block_tokens(b, counter) for b in dropped))
+    return ViewItem(item.seq, Representation.REDUCED, tokens, index)
+
+
 def to_json(value: Any) -> str:
     """The exact text a view carries: compact, key order as rendered, UTF-8 kept."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def build_view(session: Session, items: Sequence[Item], request: ViewRequest, encoding: str) -> View:
+def build_view(session: Session, items: Sequence[Item], request: ViewRequest, counter: TokenCounter) -> View:
     """Render `items` (the session's history up to `session.version`) as a view."""
     rendered = _RENDERERS[request.format](items)
-    view_items = tuple(
-        ViewItem(
-            seq=item.seq,
-            representation=Representation.OMITTED if item.seq in rendered.omitted else Representation.FULL,
-            tokens=item.token_count,
-            message_index=rendered.message_index[item.seq],
-        )
-        for item in items
-    )
-    item_tokens = sum(v.tokens for v in view_items if v.representation is not Representation.OMITTED)
+    view_items = tuple(_view_item(item, rendered, counter) for item in items)
+    item_tokens = sum(v.tokens for v in view_items)
     frames = len(rendered.messages) + (1 if rendered.system is not None else 0)
     framing = frames * FRAMING_TOKENS_PER_MESSAGE + REPLY_PRIMING_TOKENS if frames else 0
     total = item_tokens + framing
@@ -115,7 +121,7 @@ def build_view(session: Session, items: Sequence[Item], request: ViewRequest, en
         session_id=session.id,
         version=session.version,
         format=request.format,
-        encoding=encoding,
+        encoding=counter.encoding,
         messages_json=to_json(rendered.messages),
         system_json=to_json(rendered.system) if rendered.system is not None else "",
         items=view_items,

@@ -6,12 +6,20 @@ property of the write transaction:
 * Postgres: `pg_advisory_xact_lock` on a 64-bit key derived from the tenant
   and session id, taken first thing in the transaction and released by
   COMMIT or ROLLBACK, so it holds across replicas and cannot leak through
-  the connection pool. The wait is bounded by `lock_timeout`; a timeout
-  raises SessionBusy (retryable). Transactions run at READ COMMITTED, so
-  every statement after the lock sees what the previous holder committed.
-* SQLite (embedded, one process): an in-process lock per session and one
-  writer lock, then BEGIN IMMEDIATE, which also keeps a second process on
-  the same file from interleaving.
+  the connection pool. The wait is bounded by `lock_timeout` (set on every
+  connection); a timeout raises SessionBusy (retryable). Write transactions
+  run at READ COMMITTED, set explicitly: every statement after the lock must
+  see what the previous holder committed, which a server-wide default of
+  REPEATABLE READ would break. Within one replica, writers of a session
+  first queue on an in-process lock, so a busy session holds at most one
+  pooled connection while it waits, not the whole pool.
+* SQLite (embedded, one process): one in-process writer lock, then BEGIN
+  IMMEDIATE, which also keeps a second process on the same file from
+  interleaving; commits are fully synchronous, so an acknowledged append
+  survives a power cut.
+
+Reads run in a REPEATABLE READ snapshot on Postgres (SQLite's reads are
+snapshots already), so a view never mixes two moments of a session.
 """
 
 from __future__ import annotations
@@ -20,12 +28,13 @@ import asyncio
 import hashlib
 import time
 import weakref
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from sqlalchemy import event, text
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
@@ -55,14 +64,15 @@ class Database:
             options |= {
                 "pool_size": pool_size,
                 "max_overflow": pool_size,
-                "pool_timeout": 30,
+                "pool_timeout": max(1.0, lock_timeout_ms / 1000),
+                "isolation_level": "READ COMMITTED",
                 # Bounds the advisory-lock wait (and any other lock wait) for
                 # the connection's whole life, saving a statement per append.
                 "connect_args": {"server_settings": {"lock_timeout": str(lock_timeout_ms)}},
             }
         self.engine: AsyncEngine = create_async_engine(url, **options)
         if self.dialect == "sqlite":
-            _configure_sqlite(self.engine)
+            _configure_sqlite(self.engine, busy_timeout_ms=lock_timeout_ms)
         self._writer = asyncio.Lock()
         self._session_locks: weakref.WeakValueDictionary[int, asyncio.Lock] = weakref.WeakValueDictionary()
 
@@ -79,52 +89,64 @@ class Database:
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
-        """A read-only transaction."""
-        with _unavailable_on_connection_error():
-            async with self.engine.connect() as conn, conn.begin():
-                yield conn
+        """A read-only transaction over one consistent snapshot."""
+        with _unavailable_on_connection_failure():
+            async with self.engine.connect() as conn:
+                if not self.is_sqlite:
+                    conn = await conn.execution_options(isolation_level="REPEATABLE READ")
+                async with conn.begin():
+                    yield conn
 
     @asynccontextmanager
     async def write(self, tenant: str = "", session_id: str | None = None) -> AsyncIterator[AsyncConnection]:
         """A write transaction; with `session_id`, holding that session's lock throughout."""
         key = session_lock_key(tenant, session_id) if session_id is not None else None
-        with _unavailable_on_connection_error():
+        with _unavailable_on_connection_failure():
             if self.is_sqlite:
-                async with self._sqlite_write(key, session_id or "") as conn:
+                async with self._sqlite_write(session_id or "") as conn:
                     yield conn
-            else:
+                return
+            if key is None:
                 async with self.engine.connect() as conn, conn.begin():
-                    if key is not None:
-                        await self._advisory_lock(conn, key, session_id or "")
                     yield conn
+                return
+            started = time.monotonic()
+            async with self._queued(key, session_id or "", started), self.engine.connect() as conn, conn.begin():
+                await self._advisory_lock(conn, key, session_id or "", started)
+                yield conn
 
-    async def _advisory_lock(self, conn: AsyncConnection, key: int, session_id: str) -> None:
-        started = time.monotonic()
+    @asynccontextmanager
+    async def _queued(self, key: int, session_id: str, started: float) -> AsyncIterator[None]:
+        """This replica's queue for a session, bounded by the lock timeout."""
+        lock = self._session_locks.get(key)
+        if lock is None:
+            lock = self._session_locks[key] = asyncio.Lock()
+        await self._acquire(lock, session_id, started)
+        try:
+            yield
+        finally:
+            lock.release()
+
+    async def _acquire(self, lock: asyncio.Lock, session_id: str, started: float) -> None:
+        try:
+            async with asyncio.timeout(self.lock_timeout_ms / 1000):
+                await lock.acquire()
+        except TimeoutError:
+            raise _busy(session_id, started) from None
+
+    async def _advisory_lock(self, conn: AsyncConnection, key: int, session_id: str, started: float) -> None:
         try:
             await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) == _LOCK_NOT_AVAILABLE:
-                waited = int((time.monotonic() - started) * 1000)
-                raise SessionBusy(session_id, waited, _RETRY_AFTER_MS) from None
+                raise _busy(session_id, started) from None
             raise
 
     @asynccontextmanager
-    async def _sqlite_write(self, key: int | None, session_id: str) -> AsyncIterator[AsyncConnection]:
-        started = time.monotonic()
-        timeout = self.lock_timeout_ms / 1000
-        session_lock = self._session_lock(key) if key is not None else None
-        try:
-            async with asyncio.timeout(timeout):
-                if session_lock is not None:
-                    await session_lock.acquire()
-                try:
-                    await self._writer.acquire()
-                except BaseException:
-                    if session_lock is not None:
-                        session_lock.release()
-                    raise
-        except TimeoutError:
-            raise SessionBusy(session_id, int((time.monotonic() - started) * 1000), _RETRY_AFTER_MS) from None
+    async def _sqlite_write(self, session_id: str) -> AsyncIterator[AsyncConnection]:
+        # SQLite has a single writer for the whole file, so one lock serves
+        # every session; its wait is bounded like the session lock's.
+        await self._acquire(self._writer, session_id, time.monotonic())
         try:
             async with self.engine.connect() as conn:
                 conn = await conn.execution_options(**{_WRITE_OPTION: True})
@@ -132,25 +154,21 @@ class Database:
                     yield conn
         finally:
             self._writer.release()
-            if session_lock is not None:
-                session_lock.release()
-
-    def _session_lock(self, key: int) -> asyncio.Lock:
-        lock = self._session_locks.get(key)
-        if lock is None:
-            lock = asyncio.Lock()
-            self._session_locks[key] = lock
-        return lock
 
 
-def _configure_sqlite(engine: AsyncEngine) -> None:
+def _busy(session_id: str, started: float) -> SessionBusy:
+    return SessionBusy(session_id, int((time.monotonic() - started) * 1000), _RETRY_AFTER_MS)
+
+
+def _configure_sqlite(engine: AsyncEngine, busy_timeout_ms: int) -> None:
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
         # Take BEGIN away from the driver (see the `begin` hook below), then
         # set the pragmas every connection needs.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        for pragma in ("journal_mode=WAL", "busy_timeout=5000", "foreign_keys=ON", "synchronous=NORMAL"):
+        pragmas = ("journal_mode=WAL", f"busy_timeout={busy_timeout_ms}", "foreign_keys=ON", "synchronous=FULL")
+        for pragma in pragmas:
             cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
 
@@ -162,16 +180,25 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
-class _unavailable_on_connection_error:
-    """Turn a lost or refused database connection into StorageUnavailable."""
+@contextmanager
+def _unavailable_on_connection_failure() -> Iterator[None]:
+    """Turn a lost, refused or exhausted database connection into StorageUnavailable (retryable).
 
-    def __enter__(self) -> None:
-        return None
+    Anything else (a bug, a schema that is not migrated) stays what it is
+    and surfaces as an internal error with a reference in the log.
+    """
+    try:
+        yield
+    except PoolTimeout as exc:
+        raise StorageUnavailable("every database connection of this server is busy; retry") from exc
+    except DBAPIError as exc:
+        if exc.connection_invalidated or _sqlite_locked(exc):
+            raise StorageUnavailable(f"the database is unavailable ({type(exc.orig).__name__})") from exc
+        raise
+    except OSError as exc:
+        raise StorageUnavailable(f"the database is unavailable ({type(exc).__name__})") from exc
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _tb: object) -> None:
-        if isinstance(exc, OperationalError | InterfaceError) or (
-            isinstance(exc, DBAPIError) and exc.connection_invalidated
-        ):
-            raise StorageUnavailable(f"the database is unavailable: {type(exc.orig).__name__}") from exc
-        if isinstance(exc, OSError):
-            raise StorageUnavailable(f"the database is unavailable: {exc}") from exc
+
+def _sqlite_locked(exc: DBAPIError) -> bool:
+    # Another process holds the file's write lock past busy_timeout.
+    return isinstance(exc, OperationalError) and "database is locked" in str(exc.orig)

@@ -66,6 +66,9 @@ class AppendRequest:
     author: str = ""
 
 
+_IN_CHUNK = 1000
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -117,7 +120,7 @@ class HistoryStore:
         after = _decode_page_token(page_token)
         query = (
             select(schema.sessions)
-            .where(schema.sessions.c.tenant == tenant, schema.sessions.c.key > after, ~schema.sessions.c.deleting)
+            .where(schema.sessions.c.tenant == tenant, schema.sessions.c.key > after)
             .order_by(schema.sessions.c.key)
             .limit(page_size + 1)
         )
@@ -190,17 +193,22 @@ class HistoryStore:
         ids = {b.id for c in contents for b in c.content if isinstance(b, ToolUseBlock)}
         ids |= {c.tool_result.tool_use_id for c in contents if c.tool_result is not None}
         known: dict[str, ToolCall] = {}
-        if ids:
-            u, i = schema.tool_uses, schema.items
+        u, i = schema.tool_uses, schema.items
+        ordered = sorted(ids)
+        # In chunks: drivers cap the parameters of one statement (asyncpg at 32,767).
+        for start in range(0, len(ordered), _IN_CHUNK):
+            chunk = ordered[start : start + _IN_CHUNK]
             uses = await conn.execute(
-                select(u.c.tool_use_id, u.c.name).where(u.c.session_key == key, u.c.tool_use_id.in_(ids))
+                select(u.c.tool_use_id, u.c.name).where(u.c.session_key == key, u.c.tool_use_id.in_(chunk))
             )
             answered = set(
                 (
-                    await conn.execute(select(i.c.tool_use_id).where(i.c.session_key == key, i.c.tool_use_id.in_(ids)))
+                    await conn.execute(
+                        select(i.c.tool_use_id).where(i.c.session_key == key, i.c.tool_use_id.in_(chunk))
+                    )
                 ).scalars()
             )
-            known = {r.tool_use_id: ToolCall(r.name, r.tool_use_id in answered) for r in uses}
+            known |= {r.tool_use_id: ToolCall(r.name, r.tool_use_id in answered) for r in uses}
         linked, violations = link_tool_results(contents, known)
         if violations:
             raise InvalidArgument(violations)
@@ -273,7 +281,7 @@ class HistoryStore:
 async def _session_row(conn: AsyncConnection, tenant: str, session_id: str, idempotency_key: str = "") -> Any:
     """The live session row; with a key, joined to the append recorded under it (if any)."""
     s, a = schema.sessions, schema.appends
-    query = select(s).where(s.c.tenant == tenant, s.c.id == session_id, ~s.c.deleting)
+    query = select(s).where(s.c.tenant == tenant, s.c.id == session_id)
     if idempotency_key:
         earlier = (a.c.session_key == s.c.key) & (a.c.idempotency_key == idempotency_key)
         query = query.add_columns(a.c.request_hash, a.c.first_seq, a.c.last_seq).select_from(s.outerjoin(a, earlier))
@@ -318,7 +326,7 @@ def _item_row(
         "content_hash": prepared.content_hash,
         "token_count": prepared.token_count,
         "author": author,
-        "metadata": dict(content.metadata),
+        "metadata": dict(content.metadata) or None,
         "created_at": now,
     }
 
@@ -336,7 +344,7 @@ def _item(row: Any) -> Item:
         if row["tool_effect"]
         else None,
         name=row["name"],
-        metadata=dict(row["metadata"]),
+        metadata=dict(row["metadata"] or {}),
         content_hash=row["content_hash"],
         token_count=row["token_count"],
         author=row["author"],

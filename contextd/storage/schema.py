@@ -24,7 +24,8 @@ from sqlalchemy import (
     UniqueConstraint,
     false,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+
+from contextd.engine.validation import MAX_NAME_LENGTH
 
 metadata = MetaData(
     naming_convention={
@@ -38,7 +39,9 @@ metadata = MetaData(
 
 # SQLite only auto-increments a column declared exactly INTEGER PRIMARY KEY.
 AutoKey = BigInteger().with_variant(Integer(), "sqlite")
-Json = JSON().with_variant(JSONB(), "postgresql")
+# Postgres `json`, not `jsonb`: tool output may hold NUL characters, which
+# jsonb cannot store; nothing queries inside these documents.
+Json = JSON()
 UtcTime = DateTime(timezone=True)
 
 APPEND_ONLY_TABLES = ("items", "tool_uses", "appends")
@@ -58,6 +61,8 @@ sessions = Table(
     Column("created_at", UtcTime, nullable=False),
     Column("updated_at", UtcTime, nullable=False),
     UniqueConstraint("tenant", "id"),
+    # Keys only grow, even after deletes, so page tokens (the last key seen) stay valid.
+    sqlite_autoincrement=True,
 )
 
 items = Table(
@@ -67,20 +72,21 @@ items = Table(
     Column("seq", BigInteger, primary_key=True),
     Column("role", String(16), nullable=False),
     Column("content", Json, nullable=False),
-    Column("name", String(256), nullable=False),
+    Column("name", String(MAX_NAME_LENGTH), nullable=False),
     Column("source_uri", Text),
     Column("source_version", Text),
     Column("source_observed_at", UtcTime),
     Column("tool_effect", String(16)),
-    Column("tool_effect_source_arg", String(256)),
+    Column("tool_effect_source_arg", String(MAX_NAME_LENGTH)),
     # Tool items only: the call answered and the tool that answered it.
-    Column("tool_use_id", String(256)),
-    Column("tool_name", String(256)),
+    Column("tool_use_id", String(MAX_NAME_LENGTH)),
+    Column("tool_name", String(MAX_NAME_LENGTH)),
     Column("is_error", Boolean, nullable=False),
     Column("content_hash", String(64), nullable=False),
     Column("token_count", Integer, nullable=False),
-    Column("author", String(256), nullable=False),
-    Column("metadata", Json, nullable=False),
+    Column("author", String(MAX_NAME_LENGTH), nullable=False),
+    # NULL when empty, as for most items: one JSON value less to decode per item.
+    Column("metadata", Json),
     Column("created_at", UtcTime, nullable=False),
     # A call has at most one result (NULLs, on non-tool items, never collide).
     Index("uq_items_session_key_tool_use_id", "session_key", "tool_use_id", unique=True),
@@ -90,16 +96,16 @@ tool_uses = Table(
     "tool_uses",
     metadata,
     Column("session_key", BigInteger, ForeignKey("sessions.key"), primary_key=True),
-    Column("tool_use_id", String(256), primary_key=True),
+    Column("tool_use_id", String(MAX_NAME_LENGTH), primary_key=True),
     Column("seq", BigInteger, nullable=False),
-    Column("name", String(256), nullable=False),
+    Column("name", String(MAX_NAME_LENGTH), nullable=False),
 )
 
 appends = Table(
     "appends",
     metadata,
     Column("session_key", BigInteger, ForeignKey("sessions.key"), primary_key=True),
-    Column("idempotency_key", String(256), primary_key=True),
+    Column("idempotency_key", String(MAX_NAME_LENGTH), primary_key=True),
     Column("request_hash", String(64), nullable=False),
     Column("first_seq", BigInteger, nullable=False),
     Column("last_seq", BigInteger, nullable=False),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import postgresql
 
 revision = "0001"
 down_revision = None
@@ -18,7 +17,7 @@ depends_on = None
 
 APPEND_ONLY = ("items", "tool_uses", "appends")
 
-json_type = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+json_type = sa.JSON()  # json, not jsonb: content may hold NUL characters
 key_type = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 utc = sa.DateTime(timezone=True)
 
@@ -39,6 +38,7 @@ def upgrade() -> None:
         sa.Column("updated_at", utc, nullable=False),
         sa.PrimaryKeyConstraint("key", name="pk_sessions"),
         sa.UniqueConstraint("tenant", "id", name="uq_sessions_tenant_id"),
+        sqlite_autoincrement=True,
     )
     op.create_table(
         "items",
@@ -58,7 +58,7 @@ def upgrade() -> None:
         sa.Column("content_hash", sa.String(64), nullable=False),
         sa.Column("token_count", sa.Integer, nullable=False),
         sa.Column("author", sa.String(256), nullable=False),
-        sa.Column("metadata", json_type, nullable=False),
+        sa.Column("metadata", json_type),
         sa.Column("created_at", utc, nullable=False),
         sa.PrimaryKeyConstraint("session_key", "seq", name="pk_items"),
         sa.ForeignKeyConstraint(["session_key"], ["sessions.key"], name="fk_items_session_key_sessions"),

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from contextd_client import Client, InvalidArgument, NotFound, Unauthenticated, ViewFormat
+from contextd_client import Client, ContextdError, InvalidArgument, NotFound, Unauthenticated, ViewFormat
 from contextd_client.v1 import content_pb2 as pb
 
 from contextd.sessions import SessionService
@@ -42,6 +42,20 @@ def test_configured_limits_are_enforced_naming_the_field(make_server: MakeServer
         assert oversized.value.field == "request"
         assert "over the limit of 20,000 bytes per message (max_message_bytes)" in oversized.value.message
         assert client.get_session(sid).version == 0
+
+
+def test_a_view_larger_than_a_message_is_refused_with_the_limit_named(make_server: MakeServer) -> None:
+    server = make_server(max_message_bytes=30_000, max_item_bytes=20_000)
+    with Client(server.target) as client:
+        sid = client.create_session().id
+        client.append_items(sid, [user("a" * 15_000)])
+        client.append_items(sid, [user("b" * 15_000)])
+        with pytest.raises(ContextdError) as refused:
+            client.render_view(sid, ViewFormat.OPENAI_CHAT)
+    error = refused.value
+    assert (error.code, error.reason) == ("RESOURCE_EXHAUSTED", "VIEW_TOO_LARGE")
+    assert int(error.metadata["view_bytes"]) > 30_000 and error.metadata["max_message_bytes"] == "30000"
+    assert "render with a budget or raise the limit" in error.message
 
 
 def test_an_internal_failure_reaches_the_client_without_details(

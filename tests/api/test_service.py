@@ -15,13 +15,13 @@ from contextd_client import (
     ContextdError,
     InvalidArgument,
     NotFound,
-    Unimplemented,
     VersionConflict,
     ViewFormat,
 )
 from contextd_client.v1 import content_pb2 as pb
 from contextd_client.v1 import contextd_pb2 as api
 from contextd_client.v1 import contextd_pb2_grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import error_details_pb2, status_pb2
 
 from tests.conftest import ServerThread
@@ -143,6 +143,36 @@ BAD_INPUT = {
         "items[0].content[0].tool_use.input_json",
         "not valid JSON",
     ),
+    "over-long tool call id": (
+        lambda: [pb.Item(role=pb.ROLE_ASSISTANT, content=[call("c" * 300, "bash", "{}")])],
+        "INVALID_ARGUMENT",
+        "items[0].content[0].tool_use.id",
+        "300 characters, over the maximum of 256",
+    ),
+    "NUL in a source uri": (
+        lambda: [pb.Item(role=pb.ROLE_USER, content=[text(1, "x").content[0]], source=pb.Source(uri="file:///a\x00"))],
+        "INVALID_ARGUMENT",
+        "items[0].source.uri",
+        "contains a NUL character",
+    ),
+    "time out of range": (
+        lambda: [
+            pb.Item(
+                role=pb.ROLE_USER,
+                content=[text(1, "x").content[0]],
+                source=pb.Source(uri="file:///a", observed_at=Timestamp(seconds=-(10**12))),
+            )
+        ],
+        "INVALID_ARGUMENT",
+        "items[0].source.observed_at",
+        "not a valid time",
+    ),
+    "non-finite JSON number": (
+        lambda: [pb.Item(role=pb.ROLE_ASSISTANT, content=[call("c1", "calc", '{"x": 1e400}')])],
+        "INVALID_ARGUMENT",
+        "items[0].content[0].tool_use.input_json",
+        "too large for a JSON number",
+    ),
     "tool_use in a user item": (
         lambda: [pb.Item(role=pb.ROLE_USER, content=[call("c1", "bash", "{}")])],
         "INVALID_ARGUMENT",
@@ -165,6 +195,22 @@ def test_bad_input_is_refused_with_the_field_named_and_nothing_written(
     assert field in error.message and problem in error.message
     assert client.get_session(session_id).version == 1
     assert len(client.render_openai(session_id)) == 1
+
+
+def test_tool_output_with_nul_characters_is_kept_byte_for_byte(client: Client, session_id: str) -> None:
+    output = "\x7fELF\x02\x01\x00\x00 binary junk \x00 end"
+    client.append_items(session_id, [pb.Item(role=pb.ROLE_ASSISTANT, content=[call("c1", "cat", '{"f": "a.out"}')])])
+    client.append_items(session_id, [result("c1", output)])
+    assert client.render_openai(session_id)[1]["content"] == output
+
+
+def test_a_reused_key_with_control_characters_still_gets_a_clean_error(client: Client, session_id: str) -> None:
+    key = "line\nbreak\ttab-é"
+    client.append_items(session_id, [text(pb.ROLE_USER, "a")], idempotency_key=key)
+    with pytest.raises(AlreadyExists) as reused:
+        client.append_items(session_id, [text(pb.ROLE_USER, "b")], idempotency_key=key)
+    assert reused.value.reason == "IDEMPOTENCY_KEY_REUSED"
+    assert reused.value.metadata["idempotency_key"] == "line\\nbreak\\ttab-\\xe9"
 
 
 def test_unknown_session_is_not_found(client: Client) -> None:
@@ -252,5 +298,3 @@ def test_client_errors_are_contextd_errors(client: Client) -> None:
     with pytest.raises(ContextdError) as err:
         client.get_session("missing-one")
     assert isinstance(err.value, NotFound) and err.value.metadata["session_id"] == "missing-one"
-    with pytest.raises(Unimplemented):
-        raise Unimplemented("UNIMPLEMENTED", "x")

@@ -14,6 +14,7 @@ import grpc
 import pytest
 from contextd_client import (
     NO_RETRY,
+    AlreadyExists,
     AsyncClient,
     Client,
     DeadlineExceeded,
@@ -34,8 +35,9 @@ class LoseAnswers(grpc.aio.ServerInterceptor):
     the first `times` times a given request arrives: a reply lost on the wire
     after the work was committed."""
 
-    def __init__(self, methods: set[str], times: int, delay: float = 0) -> None:
-        self.methods, self.times, self.delay = methods, times, delay
+    def __init__(self, methods: set[str], times: int, delay: float = 0, late: bool = False) -> None:
+        """With `late`, the first `times` answers arrive after `delay` instead of being lost."""
+        self.methods, self.times, self.delay, self.late = methods, times, delay, late
         self.seen: Counter[tuple[str, str]] = Counter()
 
     async def intercept_service(
@@ -52,11 +54,14 @@ class LoseAnswers(grpc.aio.ServerInterceptor):
         async def lossy(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             key = (name, hashlib.sha256(request.SerializeToString(deterministic=True)).hexdigest())
             self.seen[key] += 1
-            if self.delay:
+            if self.delay and not self.late:
                 await asyncio.sleep(self.delay)
             response = await inner(request, context)
             if self.seen[key] <= self.times:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset (injected by the test)")
+                if self.late:
+                    await asyncio.sleep(self.delay)  # committed, but the caller has given up waiting
+                else:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset (injected by the test)")
             return response
 
         return grpc.unary_unary_rpc_method_handler(
@@ -80,8 +85,8 @@ def test_lost_answers_are_retried_with_the_same_key_and_written_once(make_server
     lossy = LoseAnswers({"CreateSession", "AppendItems", "DeleteSession"}, times=2)
     server = make_server(interceptors=[lossy])
     with Client(server.target, retry=FAST_RETRY) as client:
-        session = client.create_session("retried")
-        assert session.id == "retried" and session.version == 0
+        session = client.create_session()
+        assert session.version == 0
         result = client.append_openai(session.id, CONVERSATION)
         assert result.replayed and (result.first_seq, result.last_seq) == (1, 4)
         assert client.get_session(session.id).version == 4
@@ -96,6 +101,37 @@ def test_lost_answers_are_retried_with_the_same_key_and_written_once(make_server
         "AppendItems": 3,
         "DeleteSession": 2,
     }
+
+
+def test_a_caller_chosen_id_whose_creation_answer_was_lost_is_reported(make_server: MakeServer) -> None:
+    # Someone else may own that id: the client cannot tell, so it says so.
+    server = make_server(interceptors=[LoseAnswers({"CreateSession"}, times=1)])
+    with Client(server.target, retry=FAST_RETRY) as client:
+        with pytest.raises(AlreadyExists):
+            client.create_session("chosen")
+        assert client.get_session("chosen").id == "chosen"
+
+
+def test_an_append_answered_after_the_deadline_is_retried_and_written_once(make_server: MakeServer) -> None:
+    late = LoseAnswers({"AppendItems"}, times=1, delay=1.0, late=True)
+    server = make_server(interceptors=[late])
+    with Client(server.target, timeout=0.4, retry=FAST_RETRY) as client:
+        session_id = client.create_session().id
+        result = client.append_openai(session_id, CONVERSATION[:2])
+        assert result.replayed and client.get_session(session_id).version == 2
+
+
+def test_a_failed_append_tells_the_key_that_makes_retrying_safe(make_server: MakeServer) -> None:
+    late = LoseAnswers({"AppendItems"}, times=1, delay=1.0, late=True)
+    server = make_server(interceptors=[late])
+    with Client(server.target, timeout=0.4, retry=NO_RETRY) as client:
+        session_id = client.create_session().id
+        with pytest.raises(DeadlineExceeded) as timed_out:
+            client.append_openai(session_id, CONVERSATION[:2])
+        key = timed_out.value.idempotency_key
+        assert key
+        again = client.append_openai(session_id, CONVERSATION[:2], idempotency_key=key)
+        assert again.replayed and client.get_session(session_id).version == 2
 
 
 def test_retries_give_up_after_the_policy_allows(make_server: MakeServer) -> None:

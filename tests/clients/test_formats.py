@@ -27,7 +27,7 @@ from contextd.engine.model import Item, Role
 from contextd.engine.render.base import ViewWarning
 from contextd.engine.render.openai import render_openai
 from contextd.engine.view import ViewFormat, ViewRequest, build_view
-from tests.helpers import items_from_anthropic_messages, items_from_openai_messages, make_session
+from tests.helpers import counter, items_from_anthropic_messages, items_from_openai_messages, make_session
 
 Message = dict[str, Any]
 
@@ -41,7 +41,7 @@ PNG_URI = f"data:image/png;base64,{PNG_B64}"
 
 def openai_view(items: list[Item]) -> list[Message]:
     """The messages an OpenAI view of `items` carries, parsed from its JSON text."""
-    view = build_view(make_session(len(items)), items, ViewRequest(ViewFormat.OPENAI_CHAT), "cl100k_base")
+    view = build_view(make_session(len(items)), items, ViewRequest(ViewFormat.OPENAI_CHAT), counter())
     assert view.system_json == ""
     messages: list[Message] = json.loads(view.messages_json)
     return messages
@@ -49,7 +49,7 @@ def openai_view(items: list[Item]) -> list[Message]:
 
 def anthropic_view(items: list[Item]) -> tuple[Any, list[Message]]:
     """(system, messages) of an Anthropic view of `items`, parsed from its JSON text."""
-    view = build_view(make_session(len(items)), items, ViewRequest(ViewFormat.ANTHROPIC_MESSAGES), "cl100k_base")
+    view = build_view(make_session(len(items)), items, ViewRequest(ViewFormat.ANTHROPIC_MESSAGES), counter())
     system = json.loads(view.system_json) if view.system_json else None
     messages: list[Message] = json.loads(view.messages_json)
     return system, messages
@@ -791,3 +791,30 @@ def test_data_uris_may_carry_parameters_before_base64() -> None:
     )
     image = item.content[0].image
     assert (image.media_type, image.data) == ("image/png", b"\x89PNG\r\n\x1a\n")
+
+
+def test_messages_that_carry_nothing_are_skipped_and_refusals_kept() -> None:
+    items = items_from_openai(
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": ""},
+            {"role": "assistant", "content": None, "refusal": "I can't help with that."},
+            {"role": "user", "content": ""},
+        ]
+    )
+    assert [(i.role, i.content[0].text.text) for i in items] == [
+        (pb.ROLE_USER, "hi"),
+        (pb.ROLE_ASSISTANT, "I can't help with that."),
+    ]
+
+
+def test_empty_arguments_mean_no_arguments() -> None:
+    [item] = items_from_openai(
+        [
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "now", "arguments": ""}}],
+            }
+        ]
+    )
+    assert item.content[0].tool_use.input_json == "{}"

@@ -472,6 +472,21 @@ def test_anthropic_drops_what_it_would_reject_and_says_so() -> None:
     assert rendered.omitted == {3} and rendered.message_index == {1: 0, 2: 1, 3: -1}
 
 
+def test_anthropic_puts_tool_results_first_in_a_user_turn() -> None:
+    # A reminder injected between a call and its result must not precede the result.
+    rendered = render_anthropic(
+        items(
+            (Role.USER, (text("go"),)),
+            (Role.ASSISTANT, (ToolUseBlock("c1", "ls", "{}"),)),
+            (Role.SYSTEM, (text("reminder: be brief"),)),
+            (Role.TOOL, (result("c1", text("a.py")),)),
+            (Role.USER, (text("next"),)),
+        )
+    )
+    assert [b["type"] for b in rendered.messages[2]["content"]] == ["tool_result", "text", "text"]
+    assert [b.get("text") for b in rendered.messages[2]["content"][1:]] == ["reminder: be brief", "next"]
+
+
 def test_anthropic_images_and_documents() -> None:
     rendered = render_anthropic(
         items(

@@ -12,7 +12,10 @@ from contextd.engine.model import (
     ItemContent,
     ReasoningBlock,
     Role,
+    Source,
     TextBlock,
+    ToolEffect,
+    ToolEffectKind,
     ToolResultBlock,
     ToolUseBlock,
 )
@@ -202,6 +205,8 @@ def test_tool_use_without_id_or_name() -> None:
             '{"a": "\\ud800"}',
             "not valid JSON: a \\u escape encodes a lone surrogate, which UTF-8 cannot carry",
         ),
+        ('{"n": 1e400}', "not valid JSON: '1e400' is too large for a JSON number"),
+        ('{"a": ' + "[" * 64 + "]" * 64 + "}", "not valid JSON: nested deeper than 64 levels"),
         ("[1, 2]", "must be a JSON object, not list"),
         ('"a.py"', "must be a JSON object, not str"),
         ("3", "must be a JSON object, not int"),
@@ -225,7 +230,7 @@ def test_deeply_nested_arguments_are_a_violation_not_a_crash() -> None:
 
 @pytest.mark.parametrize(
     "input_json",
-    ["{}", '{"emoji": "\\ud83d\\ude00"}', '{"n": 1e400}', '{"a":1,"b":[true,null,{"c":"é"}]}'],
+    ["{}", '{"emoji": "\\ud83d\\ude00"}', '{"n": 1e300}', '{"a":1,"b":[true,null,{"c":"é"}]}'],
 )
 def test_tool_use_arguments_accepted(input_json: str) -> None:
     check_batch([item(Role.ASSISTANT, call("c1", input_json=input_json))], LIMITS)
@@ -442,3 +447,50 @@ def test_link_reports_every_problem_in_order() -> None:
         FieldViolation("items[2].content[0].tool_result.name", "'cat' does not match the call's tool 'ls'"),
         FieldViolation("items[3].content[0].tool_result.tool_use_id", "tool_use 'old' already has a result"),
     ]
+
+
+# ------------------------------------------------ ids, names and NUL characters
+
+
+LONG = "x" * 257
+
+
+@pytest.mark.parametrize(
+    ("batch_item", "field", "description"),
+    [
+        (
+            item(Role.ASSISTANT, call(LONG)),
+            "items[0].content[0].tool_use.id",
+            "257 characters, over the maximum of 256",
+        ),
+        (item(Role.ASSISTANT, call("c1", name=LONG)), "items[0].content[0].tool_use.name", "257 characters"),
+        (item(Role.ASSISTANT, call("c\x001")), "items[0].content[0].tool_use.id", "contains a NUL character"),
+        (result(LONG), "items[0].content[0].tool_result.tool_use_id", "257 characters"),
+        (ItemContent(role=Role.USER, content=(TextBlock("hi"),), name="al\x00ice"), "items[0].name", "NUL"),
+        (
+            ItemContent(role=Role.USER, content=(TextBlock("hi"),), source=Source("file:///a\x00b")),
+            "items[0].source.uri",
+            "contains a NUL character",
+        ),
+        (
+            ItemContent(role=Role.USER, content=(TextBlock("hi"),), tool_effect=ToolEffect(ToolEffectKind.READ, LONG)),
+            "items[0].tool_effect.source_arg",
+            "257 characters",
+        ),
+    ],
+)
+def test_bounded_fields_are_checked_before_storage(batch_item: ItemContent, field: str, description: str) -> None:
+    found = violations_of([batch_item])
+    assert found[0].field == field and description in found[0].description
+
+
+def test_nul_characters_in_content_are_fine() -> None:
+    check_batch(
+        [user("binary \x00\x01 output"), item(Role.ASSISTANT, call("c1", input_json='{"a": "\\u0000"}'))], LIMITS
+    )
+
+
+def test_echoed_values_are_cut_short() -> None:
+    found = violations_of([item(Role.ASSISTANT, call("c" * 200), call("c" * 200))])
+    assert len(found[0].description) < 150
+    assert "... (200 characters)" in found[0].description

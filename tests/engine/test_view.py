@@ -16,7 +16,7 @@ from contextd.engine.view import (
     build_view,
     to_json,
 )
-from tests.helpers import items_from_openai_messages, make_item, make_session
+from tests.helpers import counter, items_from_openai_messages, make_item, make_session
 
 OPENAI = ViewRequest(ViewFormat.OPENAI_CHAT)
 ANTHROPIC = ViewRequest(ViewFormat.ANTHROPIC_MESSAGES)
@@ -39,7 +39,7 @@ def test_framing_constants() -> None:
 
 
 def test_openai_totals() -> None:
-    view = build_view(make_session(5, policy_version="p7"), conversation(), OPENAI, "cl100k_base")
+    view = build_view(make_session(5, policy_version="p7"), conversation(), OPENAI, counter())
     assert view.item_tokens == 150
     assert view.framing_tokens == 5 * 3 + 3
     assert view.total_tokens == 168
@@ -62,7 +62,7 @@ def test_openai_totals() -> None:
 
 
 def test_anthropic_totals_count_the_system_field_and_merged_messages() -> None:
-    view = build_view(make_session(5), conversation(), ANTHROPIC, "cl100k_base")
+    view = build_view(make_session(5), conversation(), ANTHROPIC, counter())
     # system field + user, assistant, user(tool_result + text) = 4 frames.
     assert view.item_tokens == 150
     assert view.framing_tokens == 4 * 3 + 3
@@ -77,12 +77,12 @@ def test_messages_json_is_compact_utf8_in_rendered_key_order() -> None:
         make_item(Role.USER, TextBlock("héllo ✓"), seq=1, token_count=2),
         make_item(Role.ASSISTANT, ToolUseBlock("c1", "f", '{"b": 1, "a": 2}'), seq=2, token_count=5),
     ]
-    openai = build_view(make_session(2), items, OPENAI, "cl100k_base")
+    openai = build_view(make_session(2), items, OPENAI, counter())
     assert openai.messages_json == (
         '[{"role":"user","content":"héllo ✓"},{"role":"assistant","content":null,"tool_calls":'
         '[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\\"b\\": 1, \\"a\\": 2}"}}]}]'
     )
-    anthropic = build_view(make_session(2), items, ANTHROPIC, "cl100k_base")
+    anthropic = build_view(make_session(2), items, ANTHROPIC, counter())
     assert anthropic.messages_json == (
         '[{"role":"user","content":"héllo ✓"},'
         '{"role":"assistant","content":[{"type":"tool_use","id":"c1","name":"f","input":{"b":1,"a":2}}]}]'
@@ -95,7 +95,9 @@ def test_to_json() -> None:
 
 
 def test_over_budget_warning_names_the_overage() -> None:
-    view = build_view(make_session(5), conversation(), ViewRequest(ViewFormat.OPENAI_CHAT, budget_tokens=160), "e")
+    view = build_view(
+        make_session(5), conversation(), ViewRequest(ViewFormat.OPENAI_CHAT, budget_tokens=160), counter()
+    )
     assert view.total_tokens == 168
     assert view.over_budget is True
     assert view.budget_tokens == 160
@@ -109,7 +111,7 @@ def test_over_budget_warning_names_the_overage() -> None:
 
 def test_over_budget_figures_use_thousands_separators() -> None:
     items = [make_item(Role.USER, TextBlock("big"), seq=1, token_count=1_234_567)]
-    view = build_view(make_session(1), items, ViewRequest(ViewFormat.OPENAI_CHAT, budget_tokens=1_000_000), "e")
+    view = build_view(make_session(1), items, ViewRequest(ViewFormat.OPENAI_CHAT, budget_tokens=1_000_000), counter())
     assert view.total_tokens == 1_234_573
     assert view.warnings[0].message == (
         "the view is 1,234,573 tokens, 234,573 over the budget of 1,000,000; "
@@ -118,14 +120,16 @@ def test_over_budget_figures_use_thousands_separators() -> None:
 
 
 def test_exactly_at_budget_is_not_over() -> None:
-    view = build_view(make_session(5), conversation(), ViewRequest(ViewFormat.OPENAI_CHAT, budget_tokens=168), "e")
+    view = build_view(
+        make_session(5), conversation(), ViewRequest(ViewFormat.OPENAI_CHAT, budget_tokens=168), counter()
+    )
     assert view.over_budget is False
     assert view.warnings == ()
 
 
 def test_no_budget_means_no_warning() -> None:
     items = [make_item(Role.USER, TextBlock("big"), seq=1, token_count=10_000_000)]
-    view = build_view(make_session(1), items, OPENAI, "e")
+    view = build_view(make_session(1), items, OPENAI, counter())
     assert view.over_budget is False
     assert view.warnings == ()
 
@@ -136,8 +140,8 @@ def test_omitted_items_are_not_counted() -> None:
         make_item(Role.ASSISTANT, ReasoningBlock("long thoughts"), seq=2, token_count=500),
         make_item(Role.USER, TextBlock("q2"), seq=3, token_count=7),
     ]
-    view = build_view(make_session(3), items, ViewRequest(ViewFormat.OPENAI_CHAT, budget_tokens=10), "e")
-    assert view.items[1] == ViewItem(2, Representation.OMITTED, 500, -1)
+    view = build_view(make_session(3), items, ViewRequest(ViewFormat.OPENAI_CHAT, budget_tokens=10), counter())
+    assert view.items[1] == ViewItem(2, Representation.OMITTED, 0, -1)  # nothing of it is in the view
     assert view.item_tokens == 12
     assert view.framing_tokens == 2 * 3 + 3
     assert view.total_tokens == 21
@@ -146,8 +150,22 @@ def test_omitted_items_are_not_counted() -> None:
     assert view.warnings[1].message.startswith("the view is 21 tokens, 11 over the budget of 10;")
 
 
+def test_items_the_format_carries_only_in_part_are_reduced_and_counted_as_sent() -> None:
+    thoughts = ReasoningBlock("long thoughts " * 300)
+    items = [
+        make_item(Role.USER, TextBlock("q"), seq=1),
+        make_item(Role.ASSISTANT, thoughts, TextBlock("ok"), seq=2),
+    ]
+    openai = build_view(make_session(2), items, ViewRequest(ViewFormat.OPENAI_CHAT, budget_tokens=50), counter())
+    assert openai.items[1].representation is Representation.REDUCED
+    assert openai.items[1].tokens == items[1].token_count - counter().count(thoughts.text) == 1
+    assert not openai.over_budget
+    anthropic = build_view(make_session(2), items, ViewRequest(ViewFormat.ANTHROPIC_MESSAGES), counter())
+    assert anthropic.items[1].representation is Representation.REDUCED  # unsigned reasoning cannot go back
+
+
 def test_empty_history_has_no_framing() -> None:
-    view = build_view(make_session(0), [], ViewRequest(ViewFormat.ANTHROPIC_MESSAGES, budget_tokens=1), "e")
+    view = build_view(make_session(0), [], ViewRequest(ViewFormat.ANTHROPIC_MESSAGES, budget_tokens=1), counter())
     assert (view.messages_json, view.system_json, view.items) == ("[]", "", ())
     assert (view.item_tokens, view.framing_tokens, view.total_tokens, view.over_budget) == (0, 0, 0, False)
 
@@ -167,8 +185,12 @@ def test_views_are_deterministic() -> None:
     ]
     for request in (OPENAI, ANTHROPIC, ViewRequest(ViewFormat.ANTHROPIC_MESSAGES, budget_tokens=5)):
         # Two independently built histories, as two renders would load them.
-        first = build_view(make_session(4), items_from_openai_messages(json.loads(json.dumps(messages))), request, "e")
-        second = build_view(make_session(4), items_from_openai_messages(json.loads(json.dumps(messages))), request, "e")
+        first = build_view(
+            make_session(4), items_from_openai_messages(json.loads(json.dumps(messages))), request, counter()
+        )
+        second = build_view(
+            make_session(4), items_from_openai_messages(json.loads(json.dumps(messages))), request, counter()
+        )
         assert first.messages_json.encode() == second.messages_json.encode()
         assert first.system_json == second.system_json
         assert first == second

@@ -89,6 +89,68 @@ def test_shutdown_drains_and_loses_nothing_acknowledged(tmp_path: Path) -> None:
     assert len(stored) - len(acked) <= 1  # at most the one whose answer the shutdown cut off
 
 
+def test_a_call_in_flight_at_sigterm_completes_within_the_grace_period(tmp_path: Path) -> None:
+    import sqlite3
+
+    server = ServerProcess("--grace-seconds", "8", cwd=tmp_path).wait_serving()
+    with Client(server.target, timeout=20, retry=RetryPolicy(max_attempts=1)) as client:
+        client.create_session("slow")
+        # Another process holds the database's write lock, so the next append
+        # waits inside the server: it is in flight when the signal arrives.
+        blocker = sqlite3.connect(tmp_path / "contextd.db", isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        outcome: list[object] = []
+        caller = threading.Thread(target=lambda: outcome.append(client.append_items("slow", [user("in flight")])))
+        caller.start()
+        threading.Event().wait(0.5)
+        server.terminate()
+        threading.Event().wait(1.0)
+        assert caller.is_alive() and server.process.poll() is None  # draining, not dead
+        blocker.execute("COMMIT")
+        blocker.close()
+        caller.join(20)
+    assert server.wait() == 0
+    assert len(outcome) == 1 and getattr(outcome[0], "first_seq", None) == 1, outcome
+    again = ServerProcess(cwd=tmp_path).wait_serving()
+    try:
+        with Client(again.target) as client:
+            assert client.render_openai("slow") == [{"role": "user", "content": "in flight"}]
+    finally:
+        again.stop()
+
+
+def test_a_second_signal_stops_without_waiting_for_the_grace_period(tmp_path: Path) -> None:
+    import sqlite3
+
+    server = ServerProcess("--grace-seconds", "60", cwd=tmp_path).wait_serving()
+    with Client(server.target, timeout=30, retry=RetryPolicy(max_attempts=1)) as client:
+        client.create_session("stuck")
+        blocker = sqlite3.connect(tmp_path / "contextd.db", isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # the next append waits inside the server
+        failures: list[ContextdError] = []
+
+        def append() -> None:
+            try:
+                client.append_items("stuck", [user("never")])
+            except ContextdError as error:
+                failures.append(error)
+
+        caller = threading.Thread(target=append)
+        caller.start()
+        threading.Event().wait(0.5)
+        server.terminate()
+        threading.Event().wait(0.5)
+        server.terminate()
+        try:
+            assert server.wait(timeout=10) == 0  # well inside the 60 s grace period
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        caller.join(10)
+    assert [f.code for f in failures] in (["CANCELLED"], ["UNAVAILABLE"])
+    assert any("second signal" in line for line in server.log)
+
+
 def contextd(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     import os
 
@@ -118,6 +180,32 @@ def test_bad_configuration_is_reported_without_a_traceback(tmp_path: Path) -> No
     assert bad_choice.returncode == 2 and "otel_exporter must be one of none, console, otlp" in bad_choice.stderr
     bad_keys = contextd("config", "--api-keys", "no-colon", cwd=tmp_path)
     assert bad_keys.returncode == 2 and "api_keys entries are tenant:key" in bad_keys.stderr
+
+
+def test_startup_problems_are_explained_without_a_traceback(tmp_path: Path) -> None:
+    running = ServerProcess(cwd=tmp_path).wait_serving()
+    try:
+        taken = contextd("serve", "--listen", running.target, "--database-url", "sqlite:///other.db", cwd=tmp_path)
+    finally:
+        running.stop()
+    unreachable = contextd("serve", "--database-url", "postgresql://nobody@127.0.0.1:1/none", cwd=tmp_path)
+    unmigrated = contextd("serve", "--database-url", "sqlite:///fresh.db", "--no-migrate-on-start", cwd=tmp_path)
+    in_memory = contextd("serve", "--database-url", "sqlite://", cwd=tmp_path)
+    unknown = contextd("serve", "--database-url", "mysql://root@db/x", cwd=tmp_path)
+    for result, code, words in [
+        (taken, 1, f"cannot start: cannot listen on {running.target}"),
+        (unreachable, 1, "cannot start: cannot reach the database at postgresql+asyncpg://nobody@127.0.0.1:1/none"),
+        (unmigrated, 1, "has schema revision none, not 0001: run `contextd migrate`"),
+        (in_memory, 2, "an in-memory SQLite database cannot be shared"),
+        (unknown, 2, "database_url must be postgresql://user@host/db or sqlite:///path/file.db"),
+    ]:
+        assert (result.returncode, "Traceback" in result.stderr) == (code, False), result.stderr
+        assert words in result.stderr
+
+
+def test_plain_database_urls_get_the_async_driver(tmp_path: Path) -> None:
+    shown = contextd("config", "--database-url", "postgresql://app@db/contextd", cwd=tmp_path)
+    assert "database_url = postgresql+asyncpg://app@db/contextd" in shown.stdout
 
 
 def test_config_shows_settings_but_hides_secrets(tmp_path: Path) -> None:

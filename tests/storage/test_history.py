@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
 from contextd.engine.codec import content_hash
 from contextd.engine.errors import (
@@ -37,8 +37,10 @@ from contextd.engine.model import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from contextd.storage import migrate
 from contextd.storage.database import Database
 from contextd.storage.history import AppendRequest, HistoryStore, PreparedItem
+from tests import backends
 
 
 @pytest.fixture
@@ -300,9 +302,68 @@ async def test_an_unreachable_database_is_storage_unavailable() -> None:
         await db.close()
 
 
-async def test_postgres_transactions_run_read_committed(pg_store: HistoryStore) -> None:
-    """Each statement after taking the lock must see the previous holder's commit;
-    REPEATABLE READ would pin the snapshot taken before the lock wait."""
-    async with pg_store.db.read() as conn:
-        level = (await conn.execute(text("SHOW transaction_isolation"))).scalar_one()
-    assert level == "read committed"
+async def test_appends_stay_dense_when_the_server_defaults_to_repeatable_read(postgres_server_url: str) -> None:
+    """Writers must see the previous lock holder's commit: under a REPEATABLE READ
+    default (common on managed Postgres) the snapshot would predate the lock wait."""
+    url = backends.create_database(postgres_server_url, "contextd_isolation")
+    try:
+        backends.admin(
+            postgres_server_url,
+            f"ALTER DATABASE \"{make_url(url).database}\" SET default_transaction_isolation = 'repeatable read'",
+        )
+        await migrate.upgrade(url)
+        db = Database(url, lock_timeout_ms=5000)
+        store = HistoryStore(db)
+        await store.create_session("tenant", "s", {})
+        results = await asyncio.gather(*(store.append(request("s", [text_item(f"n{n}")])) for n in range(20)))
+        assert sorted(r.first_seq for r in results) == list(range(1, 21))
+        await db.close()
+    finally:
+        backends.drop_database(postgres_server_url, url)
+
+
+async def test_a_batch_may_mention_more_tool_calls_than_a_statement_takes_parameters(
+    store: HistoryStore, session: str
+) -> None:
+    calls = tuple(ToolUseBlock(f"call-{n}", "ls", "{}") for n in range(2500))
+    await store.append(request(session, [ItemContent(role=Role.ASSISTANT, content=calls)]))
+    answers = [ItemContent(role=Role.TOOL, content=(ToolResultBlock(f"call-{n}", ()),)) for n in range(2500)]
+    result = await store.append(request(session, answers))
+    assert (result.first_seq, result.last_seq) == (2, 2501)
+
+
+async def test_nul_characters_in_content_and_metadata_are_stored(store: HistoryStore, session: str) -> None:
+    binary = ItemContent(role=Role.USER, content=(TextBlock("ELF\x00\x01\x02 tail"),), metadata={"k": "v\x00w"})
+    await store.append(request(session, [binary]))
+    _, items = await store.load_history("tenant", session)
+    assert items[0].content == binary.content and dict(items[0].metadata) == {"k": "v\x00w"}
+
+
+async def test_writers_queued_on_a_busy_session_leave_connections_for_others(postgres_url: str) -> None:
+    """Waiting writers of one session hold one pooled connection between them, not the pool."""
+    holder_db = Database(postgres_url)
+    db = Database(postgres_url, pool_size=1, lock_timeout_ms=3000)  # two connections in all
+    store = HistoryStore(db)
+    busy, other = f"busy-{uuid.uuid4().hex[:8]}", f"other-{uuid.uuid4().hex[:8]}"
+    await store.create_session("tenant", busy, {})
+    await store.create_session("tenant", other, {})
+    released = asyncio.Event()
+
+    async def hold() -> None:  # another replica holding the session's lock
+        async with holder_db.write("tenant", busy):
+            await released.wait()
+
+    holder = asyncio.create_task(hold())
+    await asyncio.sleep(0.1)
+    waiting = [asyncio.create_task(store.append(request(busy, [text_item(f"w{n}")]))) for n in range(10)]
+    await asyncio.sleep(0.2)
+    started = asyncio.get_running_loop().time()
+    assert (await store.get_session("tenant", other)).version == 0
+    assert (await store.append(request(other, [text_item("free")]))).first_seq == 1
+    assert asyncio.get_running_loop().time() - started < 1  # not stuck behind the queue
+    released.set()
+    await holder
+    results = await asyncio.gather(*waiting)
+    assert sorted(r.first_seq for r in results) == list(range(1, 11))
+    await db.close()
+    await holder_db.close()

@@ -9,7 +9,7 @@ from typing import Any, TypeVar, cast
 
 import grpc
 
-from contextd_client._calls import Call
+from contextd_client._calls import Call, after_failure
 from contextd_client._calls import append_items as _append_items
 from contextd_client._calls import create_session as _create_session
 from contextd_client._calls import delete_session as _delete_session
@@ -17,7 +17,6 @@ from contextd_client._calls import get_session as _get_session
 from contextd_client._calls import list_sessions as _list_sessions
 from contextd_client._calls import render_view as _render_view
 from contextd_client._channel import ChannelConfig
-from contextd_client._errors import error_from_rpc
 from contextd_client._retry import RetryPolicy
 from contextd_client._types import AppendResult, Session, View, ViewFormat
 from contextd_client.formats import items_from_anthropic, items_from_openai
@@ -130,9 +129,10 @@ class AsyncClient:
                 response = await method(call.request, timeout=self._config.timeout, metadata=self._config.metadata)
                 return call.decode(response)
             except grpc.RpcError as error:
-                if attempt > 1 and call.done_code is not None and error.code() == call.done_code:
+                outcome = after_failure(call, attempt, error, self._config.retry)
+                if outcome.settled:
                     return await self._run(call.settle) if call.settle is not None else cast(T, call.settle_value)
-                delay = self._config.retry.delay(attempt, error)
-                if delay is None:
-                    raise error_from_rpc(error) from None
-                await asyncio.sleep(delay)
+                if outcome.error is not None:
+                    raise outcome.error from None
+                assert outcome.delay is not None
+                await asyncio.sleep(outcome.delay)

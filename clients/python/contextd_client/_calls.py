@@ -14,6 +14,8 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
+from contextd_client._errors import ContextdError, error_from_rpc
+from contextd_client._retry import RetryPolicy
 from contextd_client._types import AppendResult, Session, View, ViewFormat
 from contextd_client.v1 import content_pb2 as pb
 from contextd_client.v1 import contextd_pb2 as api
@@ -33,23 +35,56 @@ class Call(Generic[T]):
     done_code: grpc.StatusCode | None = None
     settle: Call[T] | None = None
     settle_value: T | None = None
+    writes: bool = False
+    """A mutation made safe to repeat (by key or client-chosen id): retried even
+    after a deadline, when the first try may have been committed unseen."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome(Generic[T]):
+    """What to do after a try failed: wait `delay` and retry, settle, or raise `error`."""
+
+    delay: float | None = None
+    settled: bool = False
+    error: ContextdError | None = None
+
+
+def after_failure(call: Call[T], attempt: int, error: grpc.RpcError, policy: RetryPolicy) -> Outcome[T]:
+    if attempt > 1 and call.done_code is not None and error.code() == call.done_code:
+        return Outcome(settled=True)
+    delay = policy.delay(attempt, error, after_deadline=call.writes)
+    if delay is not None:
+        return Outcome(delay=delay)
+    failure = error_from_rpc(error)
+    if call.method == "AppendItems":
+        failure.idempotency_key = call.request.idempotency_key
+    return Outcome(error=failure)
 
 
 def create_session(session_id: str | None, metadata: Mapping[str, str] | None) -> Call[Session]:
-    # The id is chosen here, so a retry after a lost answer finds the session
-    # its first try created instead of creating a second one.
-    session_id = session_id or uuid.uuid4().hex
+    request = api.CreateSessionRequest(session_id=session_id or uuid.uuid4().hex, metadata=dict(metadata or {}))
+    if session_id:
+        # A caller-chosen id may be taken by someone else: ALREADY_EXISTS on
+        # a retry cannot be told from a real conflict, so it is reported.
+        return Call("CreateSession", request, _session)
+    # An id chosen here is ours alone: ALREADY_EXISTS on a retry means the
+    # first try created it, and the answer was lost.
     return Call(
         "CreateSession",
-        api.CreateSessionRequest(session_id=session_id, metadata=dict(metadata or {})),
-        lambda r: Session.from_proto(r.session),
+        request,
+        _session,
         done_code=grpc.StatusCode.ALREADY_EXISTS,
-        settle=get_session(session_id),
+        settle=get_session(request.session_id),
+        writes=True,
     )
 
 
+def _session(response: Any) -> Session:
+    return Session.from_proto(response.session)
+
+
 def get_session(session_id: str) -> Call[Session]:
-    return Call("GetSession", api.GetSessionRequest(session_id=session_id), lambda r: Session.from_proto(r.session))
+    return Call("GetSession", api.GetSessionRequest(session_id=session_id), _session)
 
 
 def list_sessions(page_size: int, page_token: str) -> Call[tuple[list[Session], str]]:
@@ -67,6 +102,7 @@ def delete_session(session_id: str) -> Call[int]:
         lambda r: int(r.items_deleted),
         done_code=grpc.StatusCode.NOT_FOUND,
         settle_value=0,
+        writes=True,
     )
 
 
@@ -85,7 +121,7 @@ def append_items(
     )
     if expected_version is not None:
         request.expected_version = expected_version
-    return Call("AppendItems", request, AppendResult.from_proto)
+    return Call("AppendItems", request, AppendResult.from_proto, writes=True)
 
 
 def render_view(session_id: str, fmt: ViewFormat | str, budget_tokens: int, focus: Sequence[str]) -> Call[View]:

@@ -25,6 +25,9 @@ class ContextdError(Exception):
         self.message = message
         self.reason = reason
         self.metadata = metadata or {}
+        self.idempotency_key: str | None = None
+        """For a failed append: the key it used. Appending the same items with
+        this key again is safe; it writes them at most once."""
 
 
 class InvalidArgument(ContextdError):

@@ -22,7 +22,8 @@ class RetryPolicy:
     Retrying is safe because every mutating call carries a key that makes a
     repeat harmless (appends reuse their idempotency key, sessions are
     created with a client-chosen id): a retry after a lost answer never
-    writes twice.
+    writes twice. For the same reason those calls are retried after
+    DEADLINE_EXCEEDED as well, the usual face of a lost answer.
     """
 
     max_attempts: int = 5
@@ -30,9 +31,14 @@ class RetryPolicy:
     """Seconds before the first retry; doubles each time up to `max_backoff`."""
     max_backoff: float = 2.0
 
-    def delay(self, attempt: int, error: grpc.RpcError) -> float | None:
-        """Seconds to wait before try `attempt + 1`, or None to give up."""
-        if attempt >= self.max_attempts or error.code() not in RETRYABLE:
+    def delay(self, attempt: int, error: grpc.RpcError, after_deadline: bool = False) -> float | None:
+        """Seconds to wait before try `attempt + 1`, or None to give up.
+
+        `after_deadline`: retry DEADLINE_EXCEEDED too, for calls whose
+        repeat is harmless and whose first try may have committed unseen.
+        """
+        retryable = RETRYABLE | {grpc.StatusCode.DEADLINE_EXCEEDED} if after_deadline else RETRYABLE
+        if attempt >= self.max_attempts or error.code() not in retryable:
             return None
         backoff = min(self.max_backoff, self.initial_backoff * 2 ** (attempt - 1))
         hinted = _retry_after(error)

@@ -10,10 +10,10 @@ item keeps a plain string content, so text round-trips byte for byte.
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Sequence
 
+from contextd.engine.codec import b64_text
 from contextd.engine.model import (
     Block,
     DocumentBlock,
@@ -51,16 +51,22 @@ def render_anthropic(items: Sequence[Item]) -> Rendered:
             continue
         _append(out, item.seq, role, blocks)
     out.system = _system(system)
+    for message in out.messages:
+        if message["role"] == "user" and isinstance(message["content"], list):
+            # The API wants a turn's tool results before anything else in it;
+            # a stable sort keeps each group in history order.
+            message["content"].sort(key=lambda block: block["type"] != "tool_result")
     return out
 
 
 def _carried(block: Block, seq: int, out: Rendered) -> bool:
     """Whether the Messages API accepts `block`; when not, say so in the view."""
     if isinstance(block, ReasoningBlock) and not block.signature and not block.redacted_data:
-        out.warn("REASONING_DROPPED", f"seq {seq}: unsigned reasoning (from another provider) cannot be sent back")
+        message = f"seq {seq}: unsigned reasoning (from another provider) cannot be sent back"
+        out.drop(seq, [block], "REASONING_DROPPED", message)
         return False
     if isinstance(block, DocumentBlock) and block.uri is not None and "://" not in block.uri:
-        out.warn("DOCUMENT_DROPPED", f"seq {seq}: {block.uri!r} is another provider's file id, not a URL")
+        out.drop(seq, [block], "DOCUMENT_DROPPED", f"seq {seq}: {block.uri!r} is another provider's file id, not a URL")
         return False
     return True
 
@@ -86,10 +92,6 @@ def _system(blocks: list[JsonObject]) -> str | list[JsonObject] | None:
     return blocks
 
 
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
 def _block(block: Block) -> JsonObject:
     match block:
         case TextBlock(text):
@@ -107,11 +109,11 @@ def _block(block: Block) -> JsonObject:
             return result
         case ImageBlock(media_type, data, uri):
             if data is not None:
-                return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": _b64(data)}}
+                return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": b64_text(data)}}
             return {"type": "image", "source": {"type": "url", "url": uri}}
         case DocumentBlock(media_type, data, uri, text, title):
             if data is not None:
-                source: JsonObject = {"type": "base64", "media_type": media_type, "data": _b64(data)}
+                source: JsonObject = {"type": "base64", "media_type": media_type, "data": b64_text(data)}
             elif text is not None:
                 source = {"type": "text", "media_type": media_type or "text/plain", "data": text}
             else:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import base64
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from contextd.engine.codec import b64_text
+from contextd.engine.model import Block
 
 JsonObject = dict[str, Any]
 
@@ -27,11 +30,18 @@ class Rendered:
     """seq -> index in ``messages``; -1 for the system field or a left-out item."""
     omitted: set[int] = field(default_factory=set)
     """Seqs of items the format could not carry at all (each has a warning)."""
+    dropped: dict[int, list[Block]] = field(default_factory=dict)
+    """seq -> blocks of that item the format could not carry (the rest of the item is in the view)."""
     warnings: list[ViewWarning] = field(default_factory=list)
 
     def warn(self, code: str, message: str) -> None:
         self.warnings.append(ViewWarning(code, message))
 
+    def drop(self, seq: int, blocks: Sequence[Block], code: str, message: str) -> None:
+        """Leave `blocks` of item `seq` out of the view, and say why."""
+        self.dropped.setdefault(seq, []).extend(blocks)
+        self.warn(code, message)
+
 
 def data_uri(media_type: str, data: bytes) -> str:
-    return f"data:{media_type};base64,{base64.b64encode(data).decode('ascii')}"
+    return f"data:{media_type};base64,{b64_text(data)}"

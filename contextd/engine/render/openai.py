@@ -57,8 +57,14 @@ def _assistant(item: Item, out: Rendered) -> JsonObject | None:
         for b in item.content
         if isinstance(b, ToolUseBlock)
     ]
-    if any(isinstance(b, ReasoningBlock) for b in item.content):
-        out.warn("REASONING_DROPPED", f"seq {item.seq}: Chat Completions has no field for reasoning; left out")
+    reasoning = [b for b in item.content if isinstance(b, ReasoningBlock)]
+    if reasoning:
+        out.drop(
+            item.seq,
+            reasoning,
+            "REASONING_DROPPED",
+            f"seq {item.seq}: Chat Completions has no field for reasoning; left out",
+        )
     if not texts and not calls:
         return None
     message: JsonObject = {"role": "assistant", "content": _content(texts) if texts else None}
@@ -77,8 +83,9 @@ def _content(parts: list[JsonObject]) -> str | list[JsonObject]:
 
 def _tool_content(seq: int, result: ToolResultBlock, out: Rendered) -> str | list[JsonObject]:
     texts = [{"type": "text", "text": p.text} for p in result.content if isinstance(p, TextBlock)]
-    if len(texts) < len(result.content):
-        out.warn("TOOL_RESULT_MEDIA_DROPPED", f"seq {seq}: Chat Completions tool messages carry text only")
+    media = [p for p in result.content if not isinstance(p, TextBlock)]
+    if media:
+        out.drop(seq, media, "TOOL_RESULT_MEDIA_DROPPED", f"seq {seq}: Chat Completions tool messages carry text only")
     if result.is_error:
         # The model sees only the output text; the client should know the flag went missing.
         out.warn("IS_ERROR_DROPPED", f"seq {seq}: Chat Completions tool messages have no error flag; left out")
@@ -94,24 +101,23 @@ def _part(seq: int, block: object, out: Rendered) -> JsonObject | None:
             if detail:
                 image["detail"] = detail
             return {"type": "image_url", "image_url": image}
-        case DocumentBlock(media_type, data, uri, text, title):
-            return _document(seq, media_type, data, uri, text, title, out)
+        case DocumentBlock():
+            return _document(seq, block, out)
     raise TypeError(f"cannot render {block!r} in a user or system message")
 
 
-def _document(
-    seq: int, media_type: str, data: bytes | None, uri: str | None, text: str | None, title: str, out: Rendered
-) -> JsonObject | None:
-    if text is not None:
-        return {"type": "text", "text": text}
+def _document(seq: int, document: DocumentBlock, out: Rendered) -> JsonObject | None:
+    if document.text is not None:
+        return {"type": "text", "text": document.text}
     file: JsonObject = {}
-    if data is not None:
-        if title:
-            file["filename"] = title
-        file["file_data"] = data_uri(media_type, data)
-    elif uri and "://" not in uri:
-        file["file_id"] = uri  # an uploaded file's id, as OpenAI clients send it
+    if document.data is not None:
+        if document.title:
+            file["filename"] = document.title
+        file["file_data"] = data_uri(document.media_type, document.data)
+    elif document.uri and "://" not in document.uri:
+        file["file_id"] = document.uri  # an uploaded file's id, as OpenAI clients send it
     else:
-        out.warn("DOCUMENT_DROPPED", f"seq {seq}: Chat Completions cannot reference a document by URL ({uri})")
+        message = f"seq {seq}: Chat Completions cannot reference a document by URL ({document.uri})"
+        out.drop(seq, [document], "DOCUMENT_DROPPED", message)
         return None
     return {"type": "file", "file": file}

@@ -20,8 +20,13 @@ _ROLES = {"system": pb.ROLE_SYSTEM, "developer": pb.ROLE_SYSTEM, "user": pb.ROLE
 
 
 def items_from_openai(messages: Iterable[Mapping[str, Any]]) -> list[pb.Item]:
-    """Convert Chat Completions messages; raises ValueError naming the first bad field."""
-    return [_item(require_object(message, f"messages[{i}]"), f"messages[{i}]") for i, message in enumerate(messages)]
+    """Convert Chat Completions messages; raises ValueError naming the first bad field.
+
+    A message that carries nothing (an assistant reply with empty content and
+    no tool calls, an empty user message) is skipped: it has no content to keep.
+    """
+    items = [_item(require_object(message, f"messages[{i}]"), f"messages[{i}]") for i, message in enumerate(messages)]
+    return [item for item in items if item.content]
 
 
 def _item(message: Mapping[str, Any], path: str) -> pb.Item:
@@ -45,6 +50,8 @@ def _assistant_blocks(message: Mapping[str, Any], path: str) -> list[pb.ContentB
     if reasoning:
         blocks.append(pb.ContentBlock(reasoning=pb.ReasoningBlock(text=reasoning)))
     blocks.extend(_parts(message.get("content"), f"{path}.content"))
+    if message.get("refusal") and not blocks:
+        blocks.append(pb.ContentBlock(text=pb.TextBlock(text=require_string(message, "refusal", path))))
     for j, call in enumerate(message.get("tool_calls") or ()):
         blocks.append(_tool_use(call, f"{path}.tool_calls[{j}]"))
     return blocks
@@ -53,7 +60,8 @@ def _assistant_blocks(message: Mapping[str, Any], path: str) -> list[pb.ContentB
 def _tool_use(call: Mapping[str, Any], path: str) -> pb.ContentBlock:
     call = require_object(call, path)
     function = require_object(call.get("function", call), f"{path}.function")  # traces put name/arguments at the top
-    arguments = function.get("arguments", "{}")
+    # Some OpenAI-compatible servers send "" for a call without arguments.
+    arguments = function.get("arguments") or "{}"
     if not isinstance(arguments, str):
         # An object has no original text; this is how the OpenAI API writes one.
         arguments = json.dumps(arguments, ensure_ascii=False)
