@@ -60,7 +60,12 @@ class Client:
     # ------------------------------------------------------------ sessions
 
     def create_session(self, session_id: str | None = None, *, metadata: Mapping[str, str] | None = None) -> Session:
-        """Create a session; the id is random unless given."""
+        """Create a session; the id is random unless given.
+
+        With a random id a retry after a lost answer returns the session its
+        first try created. A chosen id may belong to someone else, so there a
+        lost answer surfaces as AlreadyExists: fetch it with `get_session`.
+        """
         return self._run(_create_session(session_id, metadata))
 
     def get_session(self, session_id: str) -> Session:
@@ -76,7 +81,11 @@ class Client:
                 return
 
     def delete_session(self, session_id: str) -> int:
-        """Delete a session and its history; returns the number of items deleted."""
+        """Delete a session and its history; returns the number of items deleted.
+
+        When a retry finds the session already gone (its first try deleted it
+        but the answer was lost), this returns 0 rather than raising NotFound.
+        """
         return self._run(_delete_session(session_id))
 
     # --------------------------------------------------------------- items
