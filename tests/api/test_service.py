@@ -298,3 +298,11 @@ def test_client_errors_are_contextd_errors(client: Client) -> None:
     with pytest.raises(ContextdError) as err:
         client.get_session("missing-one")
     assert isinstance(err.value, NotFound) and err.value.metadata["session_id"] == "missing-one"
+
+
+def test_reflection_lists_the_services(server: ServerThread) -> None:
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    with grpc.insecure_channel(server.target) as channel:
+        services = set(ProtoReflectionDescriptorDatabase(channel).get_services())
+    assert {"contextd.v1.ContextService", "grpc.health.v1.Health"} <= services
