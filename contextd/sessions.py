@@ -12,9 +12,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 from contextd.engine.codec import canonical_json, content_hash, item_to_json
-from contextd.engine.errors import InvalidArgument, LimitExceeded, NotImplementedYet
+from contextd.engine.errors import InvalidArgument, LimitExceeded
 from contextd.engine.model import AppendResult, ItemContent, Session
+from contextd.engine.policy import parse_policy
 from contextd.engine.tokens import TokenCounter, item_tokens
+from contextd.engine.transforms import TransformRegistry
 from contextd.engine.validation import Limits, check_batch, check_name, item_bytes
 from contextd.engine.view import View, ViewRequest, build_view
 from contextd.storage.history import AppendRequest, HistoryStore, PreparedItem
@@ -31,21 +33,29 @@ _THREAD_THRESHOLD_BYTES = 256 * 1024
 
 
 class SessionService:
-    def __init__(self, store: HistoryStore, counter: TokenCounter, limits: Limits) -> None:
+    def __init__(self, store: HistoryStore, counter: TokenCounter, limits: Limits, registry: TransformRegistry) -> None:
         self.store = store
         self.counter = counter
         self.limits = limits
+        self.registry = registry
 
     async def create_session(self, tenant: str, session_id: str, metadata: Mapping[str, str], policy: str) -> Session:
-        if policy:
-            raise NotImplementedYet(
-                "policy: custom policies are not supported yet; leave it empty to use the default policy"
-            )
         session_id = session_id or uuid.uuid4().hex
         _check_session_id(session_id)
         _check_metadata(metadata, "metadata")
+        parsed = parse_policy(policy, self.registry)
+        annotate(session_id=session_id, policy_version=parsed.version)
+        return await self.store.create_session(tenant, session_id, dict(metadata), parsed.document, parsed.version)
+
+    async def update_session(self, tenant: str, session_id: str, policy: str | None) -> Session:
+        """Change what is given (today: the policy); unset fields stay as they are."""
+        _check_session_id(session_id)
         annotate(session_id=session_id)
-        return await self.store.create_session(tenant, session_id, dict(metadata))
+        if policy is None:
+            return await self.store.get_session(tenant, session_id)
+        parsed = parse_policy(policy, self.registry)
+        annotate(policy_version=parsed.version)
+        return await self.store.set_policy(tenant, session_id, parsed.document, parsed.version)
 
     async def get_session(self, tenant: str, session_id: str) -> Session:
         _check_session_id(session_id)

@@ -18,6 +18,7 @@ from contextd.engine.model import (
     Item,
     ItemContent,
     ReasoningBlock,
+    Representation,
     ResultPart,
     Role,
     Session,
@@ -28,7 +29,7 @@ from contextd.engine.model import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from contextd.engine.view import Representation, View, ViewFormat
+from contextd.engine.view import View, ViewFormat
 
 ROLES = {
     pb.ROLE_SYSTEM: Role.SYSTEM,
@@ -196,6 +197,7 @@ def session_to_proto(session: Session) -> api.Session:
         updated_at=timestamp(session.updated_at),
         metadata=dict(session.metadata),
         policy_version=session.policy_version,
+        policy=session.policy,
     )
 
 

@@ -28,6 +28,7 @@ from contextd.api.servicer import ContextServicer
 from contextd.config import Settings
 from contextd.engine.errors import StorageUnavailable
 from contextd.engine.tokens import TiktokenCounter
+from contextd.engine.transforms import TransformRegistry
 from contextd.engine.validation import Limits
 from contextd.sessions import SessionService
 from contextd.storage import migrate
@@ -68,7 +69,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     if settings.redis_url:
         await _check_redis(settings.redis_url)
     limits = Limits(max_batch_items=settings.max_batch_items, max_item_bytes=settings.max_item_bytes)
-    sessions = SessionService(HistoryStore(db), TiktokenCounter(), limits)
+    sessions = SessionService(HistoryStore(db), TiktokenCounter(), limits, TransformRegistry.default())
 
     server = grpc.aio.server(
         interceptors=[

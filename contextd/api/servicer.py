@@ -61,6 +61,11 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
         deleted = await self.sessions.delete_session(current_tenant(), request.session_id)
         return api.DeleteSessionResponse(items_deleted=deleted)
 
+    async def UpdateSession(self, request: api.UpdateSessionRequest, context: Context) -> api.UpdateSessionResponse:
+        policy = request.policy if request.HasField("policy") else None
+        session = await self.sessions.update_session(current_tenant(), request.session_id, policy)
+        return api.UpdateSessionResponse(session=mapping.session_to_proto(session))
+
     async def AppendItems(self, request: api.AppendItemsRequest, context: Context) -> api.AppendItemsResponse:
         result = await self.sessions.append(
             current_tenant(),

@@ -21,6 +21,17 @@ class Role(StrEnum):
     TOOL = "tool"
 
 
+class Representation(StrEnum):
+    """How an item appears in a view."""
+
+    FULL = "full"
+    REDUCED = "reduced"
+    """A smaller form; the original is recoverable."""
+    PLACEHOLDER = "placeholder"
+    """A marker with the item's identity and a handle, no content."""
+    OMITTED = "omitted"
+
+
 class ToolEffectKind(StrEnum):
     READ = "read"
     WRITE = "write"

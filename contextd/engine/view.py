@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from contextd.engine.model import Item, Session
+from contextd.engine.model import Item, Representation, Session
 from contextd.engine.render.anthropic import render_anthropic
 from contextd.engine.render.base import Rendered, ViewWarning
 from contextd.engine.render.openai import render_openai
@@ -30,13 +30,6 @@ REPLY_PRIMING_TOKENS = 3
 class ViewFormat(StrEnum):
     OPENAI_CHAT = "openai_chat"
     ANTHROPIC_MESSAGES = "anthropic_messages"
-
-
-class Representation(StrEnum):
-    FULL = "full"
-    REDUCED = "reduced"
-    PLACEHOLDER = "placeholder"
-    OMITTED = "omitted"
 
 
 @dataclass(frozen=True, slots=True)

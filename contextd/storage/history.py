@@ -108,6 +108,17 @@ class HistoryStore:
             raise SessionExists(session_id) from None
         return _session(row)
 
+    @traced("storage.set_policy")
+    async def set_policy(self, tenant: str, session_id: str, document: str, version: str) -> Session:
+        annotate(session_id=session_id, tenant=tenant, policy_version=version)
+        s = schema.sessions
+        async with self.db.write(tenant, session_id) as conn:
+            key = (await _session_row(conn, tenant, session_id))["key"]
+            await conn.execute(
+                update(s).where(s.c.key == key).values(policy=document, policy_version=version, updated_at=_now())
+            )
+            return _session(await _session_row(conn, tenant, session_id))
+
     @traced("storage.get_session")
     async def get_session(self, tenant: str, session_id: str) -> Session:
         annotate(session_id=session_id, tenant=tenant)

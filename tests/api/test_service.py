@@ -285,13 +285,32 @@ def test_the_watch_stream_is_unimplemented_too(stub: contextd_pb2_grpc.ContextSe
     assert "WatchSession" in refused.value.details()
 
 
-def test_custom_policies_are_refused_until_supported(client: Client) -> None:
-    with grpc.insecure_channel(client._config.target) as channel:
-        stub = contextd_pb2_grpc.ContextServiceStub(channel)
-        with pytest.raises(grpc.RpcError) as refused:
-            stub.CreateSession(api.CreateSessionRequest(policy="rules: []"))
-    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert refused.value.details().startswith("policy:")
+def test_sessions_carry_a_validated_versioned_policy(client: Client) -> None:
+    policy = "protection: {last_turns: 4}\nrules: [{name: old, transform: mask, when: {age_turns: {min: 10}}}]\n"
+    session = client.create_session(policy=policy)
+    assert session.policy == policy and session.policy_version.startswith("sha256:")
+    default = client.create_session()
+    assert default.policy == "" and default.policy_version.startswith("sha256:")
+    assert default.policy_version != session.policy_version
+
+    updated = client.update_session(session.id, policy="evidence: {max_level: 1}")
+    assert updated.policy_version not in (session.policy_version, default.policy_version)
+    assert client.get_session(session.id).policy == "evidence: {max_level: 1}"
+    assert client.update_session(session.id).policy_version == updated.policy_version  # nothing given, nothing changed
+    assert client.update_session(session.id, policy="").policy_version == default.policy_version
+
+
+def test_a_bad_policy_is_refused_naming_the_field_and_nothing_changes(client: Client) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        client.create_session("with-bad-policy", policy="rules: [{name: r, transform: shrink}]")
+    assert refused.value.field == "policy.rules[0].transform" and "unknown transform 'shrink'" in refused.value.message
+    with pytest.raises(NotFound):
+        client.get_session("with-bad-policy")
+    session = client.create_session(policy="evidence: {max_level: 2}")
+    with pytest.raises(InvalidArgument) as again:
+        client.update_session(session.id, policy="protection: {last_turns: many}")
+    assert again.value.field == "policy.protection.last_turns"
+    assert client.get_session(session.id).policy_version == session.policy_version
 
 
 def test_client_errors_are_contextd_errors(client: Client) -> None:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 
-from contextd.engine.model import Item, ReasoningBlock, Role, TextBlock, ToolResultBlock, ToolUseBlock
+from contextd.engine.model import Item, ReasoningBlock, Representation, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.render.base import ViewWarning
 from contextd.engine.view import (
     FRAMING_TOKENS_PER_MESSAGE,
     REPLY_PRIMING_TOKENS,
-    Representation,
     ViewFormat,
     ViewItem,
     ViewRequest,

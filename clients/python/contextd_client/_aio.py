@@ -16,6 +16,7 @@ from contextd_client._calls import delete_session as _delete_session
 from contextd_client._calls import get_session as _get_session
 from contextd_client._calls import list_sessions as _list_sessions
 from contextd_client._calls import render_view as _render_view
+from contextd_client._calls import update_session as _update_session
 from contextd_client._channel import ChannelConfig
 from contextd_client._retry import RetryPolicy
 from contextd_client._types import AppendResult, Session, View, ViewFormat
@@ -60,9 +61,12 @@ class AsyncClient:
         await self.close()
 
     async def create_session(
-        self, session_id: str | None = None, *, metadata: Mapping[str, str] | None = None
+        self, session_id: str | None = None, *, metadata: Mapping[str, str] | None = None, policy: str = ""
     ) -> Session:
-        return await self._run(_create_session(session_id, metadata))
+        return await self._run(_create_session(session_id, metadata, policy))
+
+    async def update_session(self, session_id: str, *, policy: str | None = None) -> Session:
+        return await self._run(_update_session(session_id, policy))
 
     async def get_session(self, session_id: str) -> Session:
         return await self._run(_get_session(session_id))

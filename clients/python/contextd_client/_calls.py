@@ -61,8 +61,10 @@ def after_failure(call: Call[T], attempt: int, error: grpc.RpcError, policy: Ret
     return Outcome(error=failure)
 
 
-def create_session(session_id: str | None, metadata: Mapping[str, str] | None) -> Call[Session]:
-    request = api.CreateSessionRequest(session_id=session_id or uuid.uuid4().hex, metadata=dict(metadata or {}))
+def create_session(session_id: str | None, metadata: Mapping[str, str] | None, policy: str) -> Call[Session]:
+    request = api.CreateSessionRequest(
+        session_id=session_id or uuid.uuid4().hex, metadata=dict(metadata or {}), policy=policy
+    )
     if session_id:
         # A caller-chosen id may be taken by someone else: ALREADY_EXISTS on
         # a retry cannot be told from a real conflict, so it is reported.
@@ -85,6 +87,14 @@ def _session(response: Any) -> Session:
 
 def get_session(session_id: str) -> Call[Session]:
     return Call("GetSession", api.GetSessionRequest(session_id=session_id), _session)
+
+
+def update_session(session_id: str, policy: str | None) -> Call[Session]:
+    request = api.UpdateSessionRequest(session_id=session_id)
+    if policy is not None:
+        request.policy = policy
+    # Setting a policy twice is the same as once: safe to retry.
+    return Call("UpdateSession", request, _session, writes=True)
 
 
 def list_sessions(page_size: int, page_token: str) -> Call[tuple[list[Session], str]]:

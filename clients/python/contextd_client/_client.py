@@ -16,6 +16,7 @@ from contextd_client._calls import delete_session as _delete_session
 from contextd_client._calls import get_session as _get_session
 from contextd_client._calls import list_sessions as _list_sessions
 from contextd_client._calls import render_view as _render_view
+from contextd_client._calls import update_session as _update_session
 from contextd_client._channel import ChannelConfig
 from contextd_client._retry import RetryPolicy
 from contextd_client._types import AppendResult, Session, View, ViewFormat
@@ -59,14 +60,20 @@ class Client:
 
     # ------------------------------------------------------------ sessions
 
-    def create_session(self, session_id: str | None = None, *, metadata: Mapping[str, str] | None = None) -> Session:
+    def create_session(
+        self, session_id: str | None = None, *, metadata: Mapping[str, str] | None = None, policy: str = ""
+    ) -> Session:
         """Create a session; the id is random unless given.
 
         With a random id a retry after a lost answer returns the session its
         first try created. A chosen id may belong to someone else, so there a
         lost answer surfaces as AlreadyExists: fetch it with `get_session`.
         """
-        return self._run(_create_session(session_id, metadata))
+        return self._run(_create_session(session_id, metadata, policy))
+
+    def update_session(self, session_id: str, *, policy: str | None = None) -> Session:
+        """Change the session's policy (a JSON or YAML document; "" for the default)."""
+        return self._run(_update_session(session_id, policy))
 
     def get_session(self, session_id: str) -> Session:
         return self._run(_get_session(session_id))

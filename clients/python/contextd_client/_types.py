@@ -37,6 +37,8 @@ class Session:
     updated_at: datetime
     metadata: dict[str, str]
     policy_version: str
+    policy: str
+    """The policy document; empty for the default policy."""
 
     @classmethod
     def from_proto(cls, message: api.Session) -> Session:
@@ -49,6 +51,7 @@ class Session:
             updated_at=_time(message.updated_at),
             metadata=dict(message.metadata),
             policy_version=message.policy_version,
+            policy=message.policy,
         )
 
 

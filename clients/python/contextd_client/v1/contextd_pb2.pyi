@@ -128,6 +128,10 @@ class _DecisionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Decision.Val
     DECISION_PRUNE: _Decision.ValueType  # 2
     DECISION_DEFER: _Decision.ValueType  # 3
     DECISION_ABSTAIN: _Decision.ValueType  # 4
+    DECISION_APPLY: _Decision.ValueType  # 5
+    """An edit that removes nothing (an insertion, a reordering, a request
+    patch) was applied.
+    """
 
 class Decision(_Decision, metaclass=_DecisionEnumTypeWrapper):
     """------------------------------------------------------------ certificates"""
@@ -137,6 +141,10 @@ DECISION_KEEP: Decision.ValueType  # 1
 DECISION_PRUNE: Decision.ValueType  # 2
 DECISION_DEFER: Decision.ValueType  # 3
 DECISION_ABSTAIN: Decision.ValueType  # 4
+DECISION_APPLY: Decision.ValueType  # 5
+"""An edit that removes nothing (an insertion, a reordering, a request
+patch) was applied.
+"""
 Global___Decision: _TypeAlias = Decision  # noqa: Y015
 
 class _ControlMode:
@@ -220,6 +228,7 @@ class Session(_message.Message):
     UPDATED_AT_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     tenant: _builtins.str
     version: _builtins.int
@@ -227,7 +236,9 @@ class Session(_message.Message):
     token_count: _builtins.int
     """Tokens of all items in the history."""
     policy_version: _builtins.str
-    """Content hash of the session's policy document; empty for the default."""
+    """Content hash of the session's policy document."""
+    policy: _builtins.str
+    """The policy document (JSON or YAML); empty for the default policy."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -245,10 +256,11 @@ class Session(_message.Message):
         updated_at: _timestamp_pb2.Timestamp | None = ...,
         metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         policy_version: _builtins.str = ...,
+        policy: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "id", b"id", "metadata", b"metadata", "policy_version", b"policy_version", "tenant", b"tenant", "token_count", b"token_count", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "id", b"id", "metadata", b"metadata", "policy", b"policy", "policy_version", b"policy_version", "tenant", b"tenant", "token_count", b"token_count", "updated_at", b"updated_at", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -449,6 +461,51 @@ class DeleteSessionResponse(_message.Message):
 Global___DeleteSessionResponse: _TypeAlias = DeleteSessionResponse  # noqa: Y015
 
 @_typing.final
+class UpdateSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    policy: _builtins.str
+    """A new policy document; empty for the default policy. Unset: unchanged."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        policy: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_policy", b"_policy", "policy", b"policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_policy", b"_policy", "policy", b"policy", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__policy: _TypeAlias = _typing.Literal["policy"]  # noqa: Y015
+    _WhichOneofArgType__policy: _TypeAlias = _typing.Literal["_policy", b"_policy"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__policy) -> _WhichOneofReturnType__policy | None: ...
+
+Global___UpdateSessionRequest: _TypeAlias = UpdateSessionRequest  # noqa: Y015
+
+@_typing.final
+class UpdateSessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___Session: ...
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateSessionResponse: _TypeAlias = UpdateSessionResponse  # noqa: Y015
+
+@_typing.final
 class AppendItemsRequest(_message.Message):
     """----------------------------------------------------------------- history"""
 
@@ -566,10 +623,15 @@ class RenderViewRequest(_message.Message):
     FORMAT_FIELD_NUMBER: _builtins.int
     BUDGET_TOKENS_FIELD_NUMBER: _builtins.int
     FOCUS_FIELD_NUMBER: _builtins.int
+    TOOLS_JSON_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     format: Global___ViewFormat.ValueType
     budget_tokens: _builtins.int
     """The most tokens the view may hold; 0 means no budget."""
+    tools_json: _builtins.str
+    """Optional: the provider `tools` array the call will send, as JSON, for
+    transforms that look at it.
+    """
     @_builtins.property
     def focus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Identifiers the next model call is about (from the latest user turn
@@ -583,10 +645,11 @@ class RenderViewRequest(_message.Message):
         format: Global___ViewFormat.ValueType = ...,
         budget_tokens: _builtins.int = ...,
         focus: _abc.Iterable[_builtins.str] | None = ...,
+        tools_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "focus", b"focus", "format", b"format", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "focus", b"focus", "format", b"format", "session_id", b"session_id", "tools_json", b"tools_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -669,6 +732,10 @@ class View(_message.Message):
     OVER_BUDGET_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    REQUEST_PATCH_JSON_FIELD_NUMBER: _builtins.int
+    VIEW_VERSION_FIELD_NUMBER: _builtins.int
+    STABLE_PREFIX_TOKENS_FIELD_NUMBER: _builtins.int
+    CERTIFICATES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     version: _builtins.int
     """The history version the view was rendered from."""
@@ -694,11 +761,27 @@ class View(_message.Message):
     code OVER_BUDGET says by how much.
     """
     policy_version: _builtins.str
-    """The policy version the view was produced with; empty for the default."""
+    """The policy version the view was produced with."""
+    request_patch_json: _builtins.str
+    """Provider request fields the view asks the client to set, as a JSON
+    object ("{}" when none).
+    """
+    view_version: _builtins.int
+    """Counts the renders of this session in this format; certificates name
+    the view version their decision was applied at.
+    """
+    stable_prefix_tokens: _builtins.int
+    """Tokens at the start of this view that are identical to the previous
+    render's: the part a provider's prompt cache can reuse.
+    """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___ViewItem]: ...
     @_builtins.property
     def warnings(self) -> _containers.RepeatedCompositeFieldContainer[Global___ViewWarning]: ...
+    @_builtins.property
+    def certificates(self) -> _containers.RepeatedCompositeFieldContainer[Global___Certificate]:
+        """The decisions this render took (PRUNE, DEFER, ABSTAIN, KEEP, APPLY)."""
+
     def __init__(
         self,
         *,
@@ -716,10 +799,14 @@ class View(_message.Message):
         over_budget: _builtins.bool = ...,
         warnings: _abc.Iterable[Global___ViewWarning] | None = ...,
         policy_version: _builtins.str = ...,
+        request_patch_json: _builtins.str = ...,
+        view_version: _builtins.int = ...,
+        stable_prefix_tokens: _builtins.int = ...,
+        certificates: _abc.Iterable[Global___Certificate] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "encoding", b"encoding", "format", b"format", "framing_tokens", b"framing_tokens", "item_tokens", b"item_tokens", "items", b"items", "messages_json", b"messages_json", "over_budget", b"over_budget", "policy_version", b"policy_version", "session_id", b"session_id", "system_json", b"system_json", "total_tokens", b"total_tokens", "version", b"version", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "certificates", b"certificates", "encoding", b"encoding", "format", b"format", "framing_tokens", b"framing_tokens", "item_tokens", b"item_tokens", "items", b"items", "messages_json", b"messages_json", "over_budget", b"over_budget", "policy_version", b"policy_version", "request_patch_json", b"request_patch_json", "session_id", b"session_id", "stable_prefix_tokens", b"stable_prefix_tokens", "system_json", b"system_json", "total_tokens", b"total_tokens", "version", b"version", "view_version", b"view_version", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

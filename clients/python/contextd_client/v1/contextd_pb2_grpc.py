@@ -55,6 +55,11 @@ class ContextServiceStub:
                 request_serializer=contextd_dot_v1_dot_contextd__pb2.DeleteSessionRequest.SerializeToString,
                 response_deserializer=contextd_dot_v1_dot_contextd__pb2.DeleteSessionResponse.FromString,
                 _registered_method=True)
+        self.UpdateSession = channel.unary_unary(
+                '/contextd.v1.ContextService/UpdateSession',
+                request_serializer=contextd_dot_v1_dot_contextd__pb2.UpdateSessionRequest.SerializeToString,
+                response_deserializer=contextd_dot_v1_dot_contextd__pb2.UpdateSessionResponse.FromString,
+                _registered_method=True)
         self.AppendItems = channel.unary_unary(
                 '/contextd.v1.ContextService/AppendItems',
                 request_serializer=contextd_dot_v1_dot_contextd__pb2.AppendItemsRequest.SerializeToString,
@@ -144,6 +149,14 @@ class ContextServiceServicer:
 
     def DeleteSession(self, request, context):
         """Deletes a session and its whole history.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateSession(self, request, context):
+        """Changes a session's policy; later decisions are made, and certified,
+        under the new version.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -256,6 +269,11 @@ def add_ContextServiceServicer_to_server(servicer, server):
                     servicer.DeleteSession,
                     request_deserializer=contextd_dot_v1_dot_contextd__pb2.DeleteSessionRequest.FromString,
                     response_serializer=contextd_dot_v1_dot_contextd__pb2.DeleteSessionResponse.SerializeToString,
+            ),
+            'UpdateSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateSession,
+                    request_deserializer=contextd_dot_v1_dot_contextd__pb2.UpdateSessionRequest.FromString,
+                    response_serializer=contextd_dot_v1_dot_contextd__pb2.UpdateSessionResponse.SerializeToString,
             ),
             'AppendItems': grpc.unary_unary_rpc_method_handler(
                     servicer.AppendItems,
@@ -427,6 +445,33 @@ class ContextService:
             '/contextd.v1.ContextService/DeleteSession',
             contextd_dot_v1_dot_contextd__pb2.DeleteSessionRequest.SerializeToString,
             contextd_dot_v1_dot_contextd__pb2.DeleteSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextd.v1.ContextService/UpdateSession',
+            contextd_dot_v1_dot_contextd__pb2.UpdateSessionRequest.SerializeToString,
+            contextd_dot_v1_dot_contextd__pb2.UpdateSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

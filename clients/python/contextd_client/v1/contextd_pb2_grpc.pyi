@@ -49,6 +49,10 @@ class ContextServiceStub:
     """Lists the caller's sessions, oldest first, in pages."""
     DeleteSession: _grpc.UnaryUnaryMultiCallable[_contextd_pb2.DeleteSessionRequest, _contextd_pb2.DeleteSessionResponse]
     """Deletes a session and its whole history."""
+    UpdateSession: _grpc.UnaryUnaryMultiCallable[_contextd_pb2.UpdateSessionRequest, _contextd_pb2.UpdateSessionResponse]
+    """Changes a session's policy; later decisions are made, and certified,
+    under the new version.
+    """
     AppendItems: _grpc.UnaryUnaryMultiCallable[_contextd_pb2.AppendItemsRequest, _contextd_pb2.AppendItemsResponse]
     """Appends a batch of items atomically: all are written with consecutive
     sequence numbers, or none is. Idempotent per idempotency key.
@@ -91,6 +95,10 @@ class ContextServiceAsyncStub(ContextServiceStub):
     """Lists the caller's sessions, oldest first, in pages."""
     DeleteSession: _aio.UnaryUnaryMultiCallable[_contextd_pb2.DeleteSessionRequest, _contextd_pb2.DeleteSessionResponse]  # type: ignore[assignment]
     """Deletes a session and its whole history."""
+    UpdateSession: _aio.UnaryUnaryMultiCallable[_contextd_pb2.UpdateSessionRequest, _contextd_pb2.UpdateSessionResponse]  # type: ignore[assignment]
+    """Changes a session's policy; later decisions are made, and certified,
+    under the new version.
+    """
     AppendItems: _aio.UnaryUnaryMultiCallable[_contextd_pb2.AppendItemsRequest, _contextd_pb2.AppendItemsResponse]  # type: ignore[assignment]
     """Appends a batch of items atomically: all are written with consecutive
     sequence numbers, or none is. Idempotent per idempotency key.
@@ -154,6 +162,16 @@ class ContextServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_contextd_pb2.DeleteSessionResponse, _abc.Awaitable[_contextd_pb2.DeleteSessionResponse]]:
         """Deletes a session and its whole history."""
+
+    @_abc_1.abstractmethod
+    def UpdateSession(
+        self,
+        request: _contextd_pb2.UpdateSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_contextd_pb2.UpdateSessionResponse, _abc.Awaitable[_contextd_pb2.UpdateSessionResponse]]:
+        """Changes a session's policy; later decisions are made, and certified,
+        under the new version.
+        """
 
     @_abc_1.abstractmethod
     def AppendItems(

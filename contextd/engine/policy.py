@@ -1,0 +1,273 @@
+"""Policies are data: a JSON or YAML document, validated against a schema,
+versioned by content hash (DESIGN section 4).
+
+A session's policy says what is protected, which rung of the evidence
+ladder a prune may rest on, how the prompt cache is priced, what each tool
+does to the world, and which rules run in which order. Missing fields take
+the default policy's values; unknown fields are errors, reported with the
+path of the field (``rules[1].when.tokenz``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+import jsonschema
+import yaml
+
+from contextd.engine.codec import canonical_json
+from contextd.engine.errors import FieldViolation, InvalidArgument
+from contextd.engine.model import Role, ToolEffectKind
+from contextd.engine.transforms import TransformRegistry, UnknownTransform
+
+MAX_DOCUMENT_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Prices:
+    """Provider prices per million input tokens, and the cache's lifetime."""
+
+    input: float
+    cache_write: float
+    cache_read: float
+    ttl_seconds: float
+
+
+# Published list prices of a mid-tier model of each provider (2025), used
+# when a policy names the provider without its own prices:
+# Anthropic Claude Sonnet 4: $3 input, $3.75 5-minute cache write, $0.30 cache hit,
+#   5-minute TTL refreshed on use (docs.anthropic.com, "Prompt caching").
+# OpenAI GPT-4o: $2.50 input, $1.25 cached input, no write premium; cached
+#   prefixes live 5-10 minutes idle (platform.openai.com, "Prompt caching").
+# Google Gemini 2.5 Pro: $1.25 input, cached input at a 75% discount, 1-hour
+#   default TTL for explicit caches (ai.google.dev, "Context caching").
+PROVIDER_PRICES: Mapping[str, Prices] = {
+    "anthropic": Prices(input=3.00, cache_write=3.75, cache_read=0.30, ttl_seconds=300),
+    "openai": Prices(input=2.50, cache_write=2.50, cache_read=1.25, ttl_seconds=300),
+    "google": Prices(input=1.25, cache_write=1.25, cache_read=0.3125, ttl_seconds=3600),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Protection:
+    last_turns: int = 2
+    user_items: bool = True
+    latest_error_per_tool: bool = True
+    tools: tuple[str, ...] = ()
+    """Glob patterns of tool names."""
+    sources: tuple[str, ...] = ()
+    """Glob patterns of source URIs."""
+
+
+@dataclass(frozen=True, slots=True)
+class CachePolicy:
+    provider: str = "anthropic"
+    prices: Prices = PROVIDER_PRICES["anthropic"]
+    expected_calls: int = 20
+    high_water: float = 0.9
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDeclaration:
+    effect: ToolEffectKind
+    source_arg: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    min: float | None = None
+    max: float | None = None
+
+    def holds(self, value: float) -> bool:
+        return (self.min is None or value >= self.min) and (self.max is None or value <= self.max)
+
+
+@dataclass(frozen=True, slots=True)
+class When:
+    """A rule's conditions on a candidate; all that are set must hold."""
+
+    roles: frozenset[Role] | None = None
+    tools_include: tuple[str, ...] = ()
+    tools_exclude: tuple[str, ...] = ()
+    content_types: frozenset[str] | None = None
+    tokens: Range | None = None
+    age_turns: Range | None = None
+    utilization: Range | None = None
+    regex: re.Pattern[str] | None = None
+    source_glob: str | None = None
+    pinned: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str
+    transform: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    when: When = When()
+    history: bool = False
+    """Applied edits become durable (archived pre-image, mutation appended to the history)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    version: str
+    """Content hash of the document: certificates name the policy they were made under."""
+    document: str
+    """The document as given (empty for the default policy)."""
+    rules: tuple[Rule, ...] = ()
+    protection: Protection = Protection()
+    max_level: int = 3
+    cache: CachePolicy = CachePolicy()
+    tools: Mapping[str, ToolDeclaration] = field(default_factory=dict)
+
+
+@cache
+def schema() -> dict[str, Any]:
+    """The policy JSON Schema (also published for editors)."""
+    loaded: dict[str, Any] = json.loads(files("contextd.engine").joinpath("policy.schema.json").read_text())
+    return loaded
+
+
+def parse_policy(document: str, registry: TransformRegistry, field_name: str = "policy") -> Policy:
+    """Parse and validate a policy document (JSON or YAML); an empty one is the default policy.
+
+    Raises InvalidArgument whose violations name each bad field by path
+    under `field_name`.
+    """
+    if not document.strip():
+        return default_policy()
+    if len(document.encode()) > MAX_DOCUMENT_BYTES:
+        raise InvalidArgument.at(field_name, f"the document is over {MAX_DOCUMENT_BYTES:,} bytes")
+    try:
+        data = yaml.safe_load(document)  # YAML is a superset of JSON: one parser reads both
+    except yaml.YAMLError as exc:
+        raise InvalidArgument.at(field_name, f"not valid JSON or YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument.at(field_name, f"must be a mapping, not {type(data).__name__}")
+    violations = [
+        FieldViolation(_path(field_name, error.absolute_path), error.message)
+        for error in sorted(jsonschema.Draft202012Validator(schema()).iter_errors(data), key=_error_order)
+    ]
+    if violations:
+        raise InvalidArgument(violations)
+    return _build(data, document, registry, field_name)
+
+
+def _error_order(error: jsonschema.ValidationError) -> list[str]:
+    return [str(p) for p in error.absolute_path]
+
+
+def _path(root: str, parts: Any) -> str:
+    path = root
+    for part in parts:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path
+
+
+def version_of(data: Mapping[str, Any]) -> str:
+    return "sha256:" + hashlib.sha256(canonical_json(data)).hexdigest()[:16]
+
+
+def _build(data: dict[str, Any], document: str, registry: TransformRegistry, root: str) -> Policy:
+    violations: list[FieldViolation] = []
+    rules: list[Rule] = []
+    names: set[str] = set()
+    for i, raw in enumerate(data.get("rules", [])):
+        path = f"{root}.rules[{i}]"
+        if raw["name"] in names:
+            violations.append(FieldViolation(f"{path}.name", f"rule name {raw['name']!r} is used twice"))
+        names.add(raw["name"])
+        try:
+            registry.get(raw["transform"])
+        except UnknownTransform:
+            known = ", ".join(registry.names()) or "none"
+            violations.append(FieldViolation(f"{path}.transform", f"unknown transform {raw['transform']!r} ({known})"))
+        when, problems = _when(raw.get("when", {}), f"{path}.when")
+        violations.extend(problems)
+        if raw.get("enabled", True):
+            rules.append(
+                Rule(raw["name"], raw["transform"], raw.get("params", {}), when, bool(raw.get("history", False)))
+            )
+    tools: dict[str, ToolDeclaration] = {}
+    for name, raw in data.get("tools", {}).items():
+        effect = ToolEffectKind(raw["effect"])
+        if effect in (ToolEffectKind.READ, ToolEffectKind.WRITE) and "source_arg" not in raw:
+            violations.append(
+                FieldViolation(f"{root}.tools.{name}.source_arg", f"a {effect.value} tool names its source argument")
+            )
+        tools[name] = ToolDeclaration(effect, raw.get("source_arg", ""))
+    if violations:
+        raise InvalidArgument(violations)
+    default = default_policy()
+    protection = data.get("protection", {})
+    cache_data = data.get("cache", {})
+    provider = cache_data.get("provider", default.cache.provider)
+    prices = Prices(**cache_data["prices"]) if "prices" in cache_data else PROVIDER_PRICES[provider]
+    return Policy(
+        version=version_of(data),
+        document=document,
+        rules=tuple(rules),
+        protection=Protection(
+            last_turns=protection.get("last_turns", default.protection.last_turns),
+            user_items=protection.get("user_items", default.protection.user_items),
+            latest_error_per_tool=protection.get("latest_error_per_tool", default.protection.latest_error_per_tool),
+            tools=tuple(protection.get("tools", ())),
+            sources=tuple(protection.get("sources", ())),
+        ),
+        max_level=data.get("evidence", {}).get("max_level", default.max_level),
+        cache=CachePolicy(
+            provider=provider,
+            prices=prices,
+            expected_calls=cache_data.get("expected_calls", default.cache.expected_calls),
+            high_water=cache_data.get("high_water", default.cache.high_water),
+        ),
+        tools=tools,
+    )
+
+
+def _when(raw: Mapping[str, Any], path: str) -> tuple[When, list[FieldViolation]]:
+    problems: list[FieldViolation] = []
+    pattern = None
+    if "regex" in raw:
+        try:
+            pattern = re.compile(raw["regex"])
+        except re.error as exc:
+            problems.append(FieldViolation(f"{path}.regex", f"not a valid regular expression: {exc}"))
+    ranges = {}
+    for name in ("tokens", "age_turns", "utilization"):
+        if name in raw:
+            low, high = raw[name].get("min"), raw[name].get("max")
+            if low is not None and high is not None and low > high:
+                problems.append(FieldViolation(f"{path}.{name}", f"min {low} is above max {high}"))
+            ranges[name] = Range(low, high)
+    tools = raw.get("tools", {})
+    when = When(
+        roles=frozenset(Role(r) for r in raw["roles"]) if "roles" in raw else None,
+        tools_include=tuple(tools.get("include", ())),
+        tools_exclude=tuple(tools.get("exclude", ())),
+        content_types=frozenset(raw["content_types"]) if "content_types" in raw else None,
+        tokens=ranges.get("tokens"),
+        age_turns=ranges.get("age_turns"),
+        utilization=ranges.get("utilization"),
+        regex=pattern,
+        source_glob=raw.get("source_glob"),
+        pinned=raw.get("pinned"),
+    )
+    return when, problems
+
+
+@cache
+def default_policy() -> Policy:
+    """Protection on, evidence up to level 3, Anthropic prices, no rules.
+
+    The built-in strategies (deduplication, supersession, error purge,
+    compressors) join the default rules as they are built.
+    """
+    return Policy(version=version_of({}), document="")

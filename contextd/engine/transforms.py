@@ -1,0 +1,238 @@
+"""The one transform primitive (DESIGN section 4) and the registry of transforms.
+
+A transform sees the whole request (every item with its current
+representation, the budget, the cache state, the focus, the policy) and
+proposes edits. It decides nothing: each proposal states the evidence it
+rests on, and the engine decides (eligibility, then timing) and writes the
+decision down. Rules are sugar over this: a rule picks candidates with its
+`when` predicates and hands them to one transform with its params.
+
+Third-party transforms register under the entry-point group
+`contextd.transforms` (an object or class with `name`, `version` and
+`propose`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, ClassVar, Protocol
+
+from contextd.engine.model import Block, Item, ItemContent, Representation, Role
+
+ENTRY_POINT_GROUP = "contextd.transforms"
+
+# ------------------------------------------------------------------ edits
+
+
+@dataclass(frozen=True, slots=True)
+class Replace:
+    """Show `content` instead of the item (a reduced form); the original stays retrievable."""
+
+    seq: int
+    content: tuple[Block, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Remove:
+    """Take the item out of the view, leaving a placeholder with its handle (or nothing at all)."""
+
+    seq: int
+    placeholder: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Insert:
+    """Add content that is not in the history, after item `after_seq` (0: before everything)."""
+
+    after_seq: int
+    content: ItemContent
+
+
+@dataclass(frozen=True, slots=True)
+class Reorder:
+    """Show the items in this order of seqs (a permutation of those in the view)."""
+
+    order: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PatchRequest:
+    """Ask the client to set a field of its provider request (returned with the view)."""
+
+    field: str
+    value: Any
+
+
+Edit = Replace | Remove | Insert | Reorder | PatchRequest
+
+
+def target_of(edit: Edit) -> int | None:
+    """The seq of the item an edit reduces, or None for edits that remove nothing."""
+    return edit.seq if isinstance(edit, Replace | Remove) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """An edit and the claim that makes it safe."""
+
+    edit: Edit
+    level: int
+    """Rung of the evidence ladder the claim is on (DESIGN section 5): 0 identical copy,
+    1 same versioned source, 2 superseded, 3 completed work, 4 predicted irrelevant."""
+    reason: str
+    """A stable code, e.g. ``duplicate``, ``superseded``, ``errored_input``."""
+    evidence: str = ""
+    evidence_seqs: tuple[int, ...] = ()
+    """Items the claim rests on (for level 0: items with the identical content)."""
+    abstain: bool = False
+    """The transform looked and could not establish safety: recorded as ABSTAIN."""
+
+
+# ---------------------------------------------------------- what it sees
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One history item as the view currently shows it."""
+
+    item: Item
+    content: tuple[Block, ...]
+    """The current representation (the original blocks when `representation` is full)."""
+    representation: Representation
+    tokens: int
+    """Tokens of the current representation."""
+    turn: int
+    """Index of the turn the item belongs to (a user item, or an assistant item and its tool results)."""
+    pinned: bool = False
+
+    @property
+    def seq(self) -> int:
+        return self.item.seq
+
+    @property
+    def role(self) -> Role:
+        return self.item.role
+
+    @property
+    def tool_name(self) -> str:
+        result = self.item.tool_result
+        if result is not None:
+            return result.name
+        uses = self.item.tool_uses
+        return uses[0].name if len(uses) == 1 else ""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheState:
+    """What the engine knows of the provider's prompt cache for this view."""
+
+    previous_tokens: int
+    """Tokens sent by the previous render (0: no previous render)."""
+    age_seconds: float | None
+    """Seconds since the previous render; None without one."""
+    ttl_seconds: float
+
+    @property
+    def cold(self) -> bool:
+        return self.age_seconds is None or self.age_seconds > self.ttl_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class TransformContext:
+    entries: tuple[Entry, ...]
+    budget_tokens: int
+    """0: no budget."""
+    view_tokens: int
+    """Tokens of the view as it stands before this transform."""
+    cache: CacheState
+    focus: tuple[str, ...]
+    """Identifiers the next call is about (from the request, the latest user turn and tool calls)."""
+    tools: tuple[Mapping[str, Any], ...] = ()
+    """The provider tool schemas sent with the request, when the client gave them."""
+    tool_effects: Mapping[str, Any] = field(default_factory=dict)
+    """The policy's tool declarations by tool name."""
+
+    @property
+    def utilization(self) -> float:
+        return self.view_tokens / self.budget_tokens if self.budget_tokens else 0.0
+
+    @property
+    def turns(self) -> int:
+        return self.entries[-1].turn + 1 if self.entries else 0
+
+    def entry(self, seq: int) -> Entry | None:
+        for entry in self.entries:
+            if entry.seq == seq:
+                return entry
+        return None
+
+
+class Transform(Protocol):
+    name: ClassVar[str]
+    version: ClassVar[str]
+    """Changes whenever the transform's output for the same input may change."""
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterable[Proposal]:
+        """Edits for (some of) `candidates`, each with the claim that makes it safe."""
+        ...
+
+
+# ------------------------------------------------------------- built-ins
+
+
+class Mask:
+    """Observation masking: replace each candidate with a placeholder.
+
+    A heuristic (level 4, off by default): it assumes old outputs are no
+    longer needed without proving it. It is the baseline the evidence-based
+    strategies are measured against.
+    """
+
+    name: ClassVar[str] = "mask"
+    version: ClassVar[str] = "1"
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterator[Proposal]:
+        for entry in candidates:
+            if entry.representation is Representation.FULL:
+                yield Proposal(Remove(entry.seq), level=4, reason="masked", evidence="matched the rule's conditions")
+
+
+BUILT_IN: tuple[Transform, ...] = (Mask(),)
+
+
+class UnknownTransform(KeyError):
+    pass
+
+
+class TransformRegistry:
+    def __init__(self, transforms: Iterable[Transform] = ()) -> None:
+        self._transforms: dict[str, Transform] = {}
+        for transform in transforms:
+            self.register(transform)
+
+    def register(self, transform: Transform) -> None:
+        self._transforms[transform.name] = transform
+
+    def get(self, name: str) -> Transform:
+        try:
+            return self._transforms[name]
+        except KeyError:
+            raise UnknownTransform(name) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._transforms)
+
+    @classmethod
+    def default(cls) -> TransformRegistry:
+        """The built-in transforms and those installed packages register as entry points."""
+        registry = cls(BUILT_IN)
+        for point in entry_points(group=ENTRY_POINT_GROUP):
+            loaded = point.load()
+            registry.register(loaded() if isinstance(loaded, type) else loaded)
+        return registry
