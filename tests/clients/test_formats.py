@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import itertools
 import json
 import re
 from typing import Any
@@ -28,6 +27,7 @@ from contextd.engine.render.base import ViewWarning
 from contextd.engine.render.openai import render_openai
 from contextd.engine.view import ViewFormat, ViewRequest, build_view
 from tests.helpers import counter, items_from_anthropic_messages, items_from_openai_messages, make_session
+from tests.validators import check_anthropic, check_openai
 
 Message = dict[str, Any]
 
@@ -475,20 +475,8 @@ def test_any_openai_conversation_survives_a_trip_through_anthropic(messages: lis
 @given(openai_conversations(names=False))
 def test_anthropic_views_keep_the_messages_api_invariants(messages: list[Message]) -> None:
     system, anthropic = anthropic_view(items_from_openai_messages(messages))
-    assert system is None or isinstance(system, str | list)
-    roles = [m["role"] for m in anthropic]
-    assert roles[0] == "user"
-    assert all(a != b for a, b in itertools.pairwise(roles)), roles  # turns alternate
-    for i, message in enumerate(anthropic):
-        assert message["content"] not in ("", [])
-        blocks = message["content"] if isinstance(message["content"], list) else []
-        calls = [b["id"] for b in blocks if b["type"] == "tool_use"]
-        if calls:
-            # Every call is answered by the next (user) message, tool results first.
-            following = anthropic[i + 1]["content"]
-            results = [b["tool_use_id"] for b in following if b["type"] == "tool_result"]
-            assert results == calls
-            assert [b["type"] for b in following[: len(calls)]] == ["tool_result"] * len(calls)
+    check_anthropic(system, anthropic)
+    check_openai(openai_view(items_from_openai_messages(messages)))
 
 
 # ------------------------------------------------------------ converter input

@@ -313,10 +313,8 @@ def test_anthropic_later_system_item_becomes_user_text() -> None:
     assert rendered.messages == [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "hello"},
-        {
-            "role": "user",
-            "content": [{"type": "text", "text": "Reminder: tests must pass."}, {"type": "text", "text": "go"}],
-        },
+        {"role": "user", "content": "Reminder: tests must pass."},
+        {"role": "user", "content": "go"},  # a string is never merged into (append-stability)
     ]
     assert rendered.warnings == [
         ViewWarning(
@@ -324,7 +322,7 @@ def test_anthropic_later_system_item_becomes_user_text() -> None:
             "seq 4: the Messages API takes system text only before the first turn; sent as user text",
         )
     ]
-    assert rendered.message_index == {1: -1, 2: 0, 3: 1, 4: 2, 5: 2}
+    assert rendered.message_index == {1: -1, 2: 0, 3: 1, 4: 2, 5: 3}
 
 
 def test_anthropic_tool_results_and_following_user_text_merge() -> None:
@@ -361,20 +359,35 @@ def test_anthropic_tool_results_and_following_user_text_merge() -> None:
     assert "is_error" not in rendered.messages[2]["content"][0]
 
 
-def test_anthropic_consecutive_assistant_items_merge() -> None:
+def test_anthropic_consecutive_assistant_items_merge_into_a_list_never_into_a_string() -> None:
     rendered = render_anthropic(
-        items((Role.ASSISTANT, (text("Let me check."),)), (Role.ASSISTANT, (ToolUseBlock("c1", "ls", "{}"),)))
+        items(
+            (Role.ASSISTANT, (text("Let me check."), ToolUseBlock("c0", "ls", "{}"))),
+            (Role.ASSISTANT, (ToolUseBlock("c1", "ls", "{}"),)),
+            (Role.ASSISTANT, (text("Done."),)),
+            (Role.ASSISTANT, (ToolUseBlock("c2", "ls", "{}"),)),
+        )
     )
     assert rendered.messages == [
         {
             "role": "assistant",
             "content": [
                 {"type": "text", "text": "Let me check."},
+                {"type": "tool_use", "id": "c0", "name": "ls", "input": {}},
                 {"type": "tool_use", "id": "c1", "name": "ls", "input": {}},
+                {"type": "text", "text": "Done."},
+                {"type": "tool_use", "id": "c2", "name": "ls", "input": {}},
             ],
-        }
+        },
     ]
-    assert rendered.message_index == {1: 0, 2: 0}
+    assert rendered.message_index == {1: 0, 2: 0, 3: 0, 4: 0}
+    plain_first = render_anthropic(
+        items((Role.ASSISTANT, (text("Hmm."),)), (Role.ASSISTANT, (ToolUseBlock("c1", "ls", "{}"),)))
+    )
+    assert plain_first.messages == [
+        {"role": "assistant", "content": "Hmm."},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "ls", "input": {}}]},
+    ]
 
 
 def test_anthropic_tool_use_input_keeps_key_order() -> None:
@@ -522,11 +535,9 @@ def test_anthropic_images_and_documents() -> None:
     ]
 
 
-def test_anthropic_lone_user_text_stays_a_string_until_merged() -> None:
+def test_anthropic_lone_user_text_stays_a_string_and_is_never_rewritten() -> None:
     rendered = render_anthropic(items((Role.USER, (text("a"),)), (Role.USER, (text("b"),))))
-    assert rendered.messages == [
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
-    ]
+    assert rendered.messages == [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
 
 
 @pytest.mark.parametrize("render", [render_openai, render_anthropic])

@@ -5,7 +5,10 @@ wants user and assistant turns to alternate and carries tool results as
 blocks of a user turn, so consecutive user-side items (user, tool, and any
 later system item) merge into one user message, and consecutive assistant
 items into one assistant message. A message made from a single one-text
-item keeps a plain string content, so text round-trips byte for byte.
+item keeps a plain string content, so text round-trips byte for byte; such
+a message is never merged into afterwards (a following same-role item
+starts a new message, which the API combines), so rendering is append-
+stable: the view of a longer history starts with the view of a shorter one.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ def render_anthropic(items: Sequence[Item]) -> Rendered:
     out = Rendered()
     system: list[JsonObject] = []
     leading = True
+    unanswered: set[str] = set()  # tool_use ids whose results have not been rendered yet
     for item in items:
         if item.role is Role.SYSTEM and leading:
             system.extend(_block(b) for b in item.content)
@@ -49,7 +53,11 @@ def render_anthropic(items: Sequence[Item]) -> Rendered:
             out.message_index[item.seq] = -1
             out.omitted.add(item.seq)
             continue
-        _append(out, item.seq, role, blocks)
+        unanswered |= {b["id"] for b in blocks if b["type"] == "tool_use"}
+        unanswered -= {b["tool_use_id"] for b in blocks if b["type"] == "tool_result"}
+        # Text that arrives while calls await their results must stay open to
+        # them (a list), so the results can merge in and come first.
+        _append(out, item.seq, role, blocks, open_list=role == "user" and bool(unanswered))
     out.system = _system(system)
     for message in out.messages:
         if message["role"] == "user" and isinstance(message["content"], list):
@@ -71,14 +79,15 @@ def _carried(block: Block, seq: int, out: Rendered) -> bool:
     return True
 
 
-def _append(out: Rendered, seq: int, role: str, blocks: list[JsonObject]) -> None:
+def _append(out: Rendered, seq: int, role: str, blocks: list[JsonObject], open_list: bool = False) -> None:
     last = out.messages[-1] if out.messages else None
-    if last is not None and last["role"] == role:
-        if isinstance(last["content"], str):
-            last["content"] = [{"type": "text", "text": last["content"]}]
+    if last is not None and last["role"] == role and isinstance(last["content"], list):
         last["content"].extend(blocks)
     else:
-        lone_text = len(blocks) == 1 and blocks[0]["type"] == "text"
+        # A message whose content is a plain string is never rewritten into a
+        # list: that would change bytes an earlier render already sent (and the
+        # provider cached). The API combines consecutive same-role messages.
+        lone_text = len(blocks) == 1 and blocks[0]["type"] == "text" and not open_list
         out.messages.append({"role": role, "content": blocks[0]["text"] if lone_text else blocks})
     out.message_index[seq] = len(out.messages) - 1
 
