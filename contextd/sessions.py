@@ -14,11 +14,12 @@ from collections.abc import Mapping, Sequence
 from contextd.engine.codec import canonical_json, content_hash, item_to_json
 from contextd.engine.errors import InvalidArgument, LimitExceeded
 from contextd.engine.model import AppendResult, ItemContent, Session
+from contextd.engine.pipeline import identity_view
 from contextd.engine.policy import parse_policy
 from contextd.engine.tokens import TokenCounter, item_tokens
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.validation import Limits, check_batch, check_name, item_bytes
-from contextd.engine.view import View, ViewRequest, build_view
+from contextd.engine.view import View, ViewRequest
 from contextd.storage.history import AppendRequest, HistoryStore, PreparedItem
 from contextd.telemetry import annotate
 
@@ -115,7 +116,7 @@ class SessionService:
     async def render(self, tenant: str, session_id: str, request: ViewRequest) -> View:
         _check_session_id(session_id)
         session, items = await self.store.load_history(tenant, session_id)
-        view = build_view(session, items, request, self.counter)
+        view = identity_view(session, items, request, self.counter)
         annotate(
             session_id=session_id,
             items=len(items),

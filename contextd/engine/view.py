@@ -1,23 +1,27 @@
-"""Views: a session's history rendered for one model call (DESIGN section 4).
+"""Views: a session's history rendered for one model call (DESIGN section 3).
 
-This is the identity pipeline: every item appears in full. The transforms,
-eligibility, cache timing and repair stages slot in between loading the
-items and rendering them, and report through the same View.
+The pipeline (pipeline.py) decides how each item appears; this module turns
+the result into the provider's format and counts it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from contextd.engine.model import Item, Representation, Session
+from contextd.engine.codec import blocks_to_json, canonical_json
+from contextd.engine.model import Block, Item, Representation, Session
+from contextd.engine.placeholders import handle_of
 from contextd.engine.render.anthropic import render_anthropic
 from contextd.engine.render.base import Rendered, ViewWarning
 from contextd.engine.render.openai import render_openai
+from contextd.engine.state import Segment
 from contextd.engine.tokens import TokenCounter, block_tokens
+from contextd.engine.transforms import Entry
 
 FRAMING_TOKENS_PER_MESSAGE = 3
 """Role and separator tokens a provider wraps each message in (OpenAI's
@@ -66,6 +70,11 @@ class View:
     over_budget: bool
     warnings: tuple[ViewWarning, ...]
     policy_version: str = ""
+    request_patch_json: str = "{}"
+    """Provider request fields the view asks the client to set."""
+    view_version: int = 0
+    stable_prefix_tokens: int = 0
+    """Tokens at the start identical to the previous render's (what a prompt cache can reuse)."""
 
 
 _RENDERERS: dict[ViewFormat, Callable[[Sequence[Item]], Rendered]] = {
@@ -74,43 +83,48 @@ _RENDERERS: dict[ViewFormat, Callable[[Sequence[Item]], Rendered]] = {
 }
 
 
-def _view_item(item: Item, rendered: Rendered, counter: TokenCounter) -> ViewItem:
-    """How `item` appears in the view, with the tokens of what the view actually carries."""
-    index = rendered.message_index[item.seq]
-    if item.seq in rendered.omitted:
-        return ViewItem(item.seq, Representation.OMITTED, 0, index)
-    dropped = rendered.dropped.get(item.seq)
-    if not dropped:
-        return ViewItem(item.seq, Representation.FULL, item.token_count, index)
-    # Counting only what was left out keeps the common, complete case free.
-    tokens = max(0, item.token_count - sum(block_tokens(b, counter) for b in dropped))
-    return ViewItem(item.seq, Representation.REDUCED, tokens, index)
-
-
 def to_json(value: Any) -> str:
     """The exact text a view carries: compact, key order as rendered, UTF-8 kept."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def build_view(session: Session, items: Sequence[Item], request: ViewRequest, counter: TokenCounter) -> View:
-    """Render `items` (the session's history up to `session.version`) as a view."""
-    rendered = _RENDERERS[request.format](items)
-    view_items = tuple(_view_item(item, rendered, counter) for item in items)
-    item_tokens = sum(v.tokens for v in view_items)
+def representation_digest(blocks: tuple[Block, ...]) -> str:
+    return hashlib.sha256(canonical_json(blocks_to_json(blocks))).hexdigest()[:16]
+
+
+def assemble_view(
+    session: Session,
+    entries: Sequence[Entry],
+    request: ViewRequest,
+    counter: TokenCounter,
+    warnings: Sequence[ViewWarning] = (),
+    patches: Mapping[str, Any] | None = None,
+) -> tuple[View, tuple[Segment, ...]]:
+    """Render the entries (in view order) and count; also the segments a later render compares against."""
+    shown = [e for e in entries if e.representation is not Representation.OMITTED]
+    rendered = _RENDERERS[request.format]([replace(e.item, content=e.content) for e in shown])
+    view_items = tuple(_view_item(e, rendered, counter) for e in sorted(entries, key=lambda e: e.seq) if e.seq > 0)
+    inserted = sum(e.tokens for e in shown if e.seq < 0)
+    item_tokens = sum(v.tokens for v in view_items) + inserted
     frames = len(rendered.messages) + (1 if rendered.system is not None else 0)
     framing = frames * FRAMING_TOKENS_PER_MESSAGE + REPLY_PRIMING_TOKENS if frames else 0
     total = item_tokens + framing
-    warnings = list(rendered.warnings)
+    notes = [*warnings, *rendered.warnings]
     over = request.budget_tokens > 0 and total > request.budget_tokens
     if over:
-        warnings.append(
+        notes.append(
             ViewWarning(
                 "OVER_BUDGET",
                 f"the view is {total:,} tokens, {total - request.budget_tokens:,} over the budget of "
-                f"{request.budget_tokens:,}; no reducing transform is enabled for this session",
+                f"{request.budget_tokens:,}; the session's rules found nothing more they may remove",
             )
         )
-    return View(
+    segments = tuple(
+        Segment(e.seq, "" if e.representation is Representation.FULL else representation_digest(e.content), e.tokens)
+        for e in shown
+        if e.seq not in rendered.omitted
+    )
+    view = View(
         session_id=session.id,
         version=session.version,
         format=request.format,
@@ -123,6 +137,23 @@ def build_view(session: Session, items: Sequence[Item], request: ViewRequest, co
         total_tokens=total,
         budget_tokens=request.budget_tokens,
         over_budget=over,
-        warnings=tuple(warnings),
+        warnings=tuple(notes),
         policy_version=session.policy_version,
+        request_patch_json=to_json(dict(patches or {})),
     )
+    return view, segments
+
+
+def _view_item(entry: Entry, rendered: Rendered, counter: TokenCounter) -> ViewItem:
+    """How an item appears in the view, with the tokens of what the view actually carries."""
+    index = rendered.message_index.get(entry.seq, -1)
+    handle = "" if entry.representation is Representation.FULL else handle_of(entry.item)
+    if entry.representation is Representation.OMITTED or entry.seq in rendered.omitted:
+        return ViewItem(entry.seq, Representation.OMITTED, 0, -1, handle_of(entry.item))
+    dropped = rendered.dropped.get(entry.seq)
+    if not dropped:
+        return ViewItem(entry.seq, entry.representation, entry.tokens, index, handle)
+    # Counting only what the format left out keeps the common, complete case free.
+    tokens = max(0, entry.tokens - sum(block_tokens(b, counter) for b in dropped))
+    kind = Representation.REDUCED if entry.representation is Representation.FULL else entry.representation
+    return ViewItem(entry.seq, kind, tokens, index, handle_of(entry.item))

@@ -23,9 +23,10 @@ from hypothesis import strategies as st
 
 from contextd.engine.errors import FieldViolation, InvalidArgument
 from contextd.engine.model import Item, Role
+from contextd.engine.pipeline import identity_view as build_view
 from contextd.engine.render.base import ViewWarning
 from contextd.engine.render.openai import render_openai
-from contextd.engine.view import ViewFormat, ViewRequest, build_view
+from contextd.engine.view import ViewFormat, ViewRequest
 from tests.helpers import counter, items_from_anthropic_messages, items_from_openai_messages, make_session
 from tests.validators import check_anthropic, check_openai
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 
 from contextd.engine.model import Item, ReasoningBlock, Representation, Role, TextBlock, ToolResultBlock, ToolUseBlock
+from contextd.engine.pipeline import identity_view as build_view
+from contextd.engine.placeholders import handle_of
+from contextd.engine.policy import default_policy
 from contextd.engine.render.base import ViewWarning
 from contextd.engine.view import (
     FRAMING_TOKENS_PER_MESSAGE,
@@ -12,7 +15,6 @@ from contextd.engine.view import (
     ViewFormat,
     ViewItem,
     ViewRequest,
-    build_view,
     to_json,
 )
 from tests.helpers import counter, items_from_openai_messages, make_item, make_session
@@ -49,7 +51,7 @@ def test_openai_totals() -> None:
     assert view.version == 5
     assert view.format is ViewFormat.OPENAI_CHAT
     assert view.encoding == "cl100k_base"
-    assert view.policy_version == "p7"
+    assert view.policy_version == default_policy().version  # the policy the view was made with
     assert view.system_json == ""
     assert view.items == (
         ViewItem(1, Representation.FULL, 10, 0),
@@ -103,7 +105,7 @@ def test_over_budget_warning_names_the_overage() -> None:
     assert view.warnings == (
         ViewWarning(
             "OVER_BUDGET",
-            "the view is 168 tokens, 8 over the budget of 160; no reducing transform is enabled for this session",
+            "the view is 168 tokens, 8 over the budget of 160; the session's rules found nothing more they may remove",
         ),
     )
 
@@ -114,7 +116,7 @@ def test_over_budget_figures_use_thousands_separators() -> None:
     assert view.total_tokens == 1_234_573
     assert view.warnings[0].message == (
         "the view is 1,234,573 tokens, 234,573 over the budget of 1,000,000; "
-        "no reducing transform is enabled for this session"
+        "the session's rules found nothing more they may remove"
     )
 
 
@@ -140,7 +142,8 @@ def test_omitted_items_are_not_counted() -> None:
         make_item(Role.USER, TextBlock("q2"), seq=3, token_count=7),
     ]
     view = build_view(make_session(3), items, ViewRequest(ViewFormat.OPENAI_CHAT, budget_tokens=10), counter())
-    assert view.items[1] == ViewItem(2, Representation.OMITTED, 0, -1)  # nothing of it is in the view
+    # Nothing of it is in the view; its handle still gets it back.
+    assert view.items[1] == ViewItem(2, Representation.OMITTED, 0, -1, handle_of(items[1]))
     assert view.item_tokens == 12
     assert view.framing_tokens == 2 * 3 + 3
     assert view.total_tokens == 21

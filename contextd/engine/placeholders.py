@@ -1,0 +1,77 @@
+"""Placeholders carry identity, never content (DESIGN principle 8).
+
+A removed item leaves a mechanical marker: what it was (kind, tool, a digest
+of the arguments), why it went (the reason code) and the handle that gets
+it back. No paraphrase of the content is ever generated here.
+
+The marker keeps what the provider's message rules need: a tool result stays
+a tool_result for its call, and an assistant turn keeps its tool calls (and
+the signed reasoning that precedes them), so every call still has its
+answer and every answer its call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from contextd.engine.codec import canonical_json, item_to_json
+from contextd.engine.model import (
+    Block,
+    Item,
+    ReasoningBlock,
+    Role,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+
+PREFIX = "[contextd:"
+
+
+def handle_of(item: Item) -> str:
+    """16 hex characters of the SHA-256 of the item's original content: the key to get it back."""
+    return hashlib.sha256(canonical_json(item_to_json(item))).hexdigest()[:16]
+
+
+def arguments_digest(input_json: str) -> str:
+    return "sha256:" + hashlib.sha256(input_json.encode()).hexdigest()[:8]
+
+
+def describe(item: Item) -> str:
+    """What the item was, by identity only: kind, tool and argument digests."""
+    result = item.tool_result
+    if result is not None:
+        return (
+            f"output of tool call {result.tool_use_id} ({result.name or 'tool'}{', error' if result.is_error else ''})"
+        )
+    calls = item.tool_uses
+    if calls:
+        named = ", ".join(f"{c.name}({arguments_digest(c.input_json)})" for c in calls)
+        return f"{item.role.value} turn calling {named}"
+    return f"{item.role.value} turn"
+
+
+def placeholder_text(item: Item, reason: str, handle: str) -> str:
+    return f"{PREFIX} {describe(item)} removed ({reason}); retrieve with handle {handle}]"
+
+
+def placeholder_blocks(item: Item, reason: str) -> tuple[Block, ...]:
+    """The blocks that stand in for `item` in a view."""
+    text = TextBlock(placeholder_text(item, reason, handle_of(item)))
+    result = item.tool_result
+    if result is not None:
+        return (ToolResultBlock(result.tool_use_id, (text,), result.is_error, result.name),)
+    if item.role is Role.ASSISTANT and item.tool_uses:
+        return with_calls((text,), item.content)
+    return (text,)
+
+
+def with_calls(texts: tuple[Block, ...], original: tuple[Block, ...]) -> tuple[Block, ...]:
+    """`texts` in an assistant turn that keeps its original tool calls and signed reasoning.
+
+    Pairing needs the calls; providers that sign reasoning want it sent back,
+    first in the turn, with the calls it led to.
+    """
+    signed = tuple(b for b in original if isinstance(b, ReasoningBlock) and (b.signature or b.redacted_data))
+    calls = tuple(b for b in original if isinstance(b, ToolUseBlock))
+    return (*signed, *texts, *calls)

@@ -1,0 +1,65 @@
+"""Rules are sugar over the transform primitive: `when` predicates pick the
+candidates a rule's transform sees."""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+from contextd.engine.model import (
+    DocumentBlock,
+    ImageBlock,
+    ReasoningBlock,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from contextd.engine.policy import When
+from contextd.engine.transforms import Entry, TransformContext
+
+_KINDS = {
+    TextBlock: "text",
+    ToolUseBlock: "tool_use",
+    ToolResultBlock: "tool_result",
+    ImageBlock: "image",
+    DocumentBlock: "document",
+    ReasoningBlock: "reasoning",
+}
+
+
+def text_of(entry: Entry) -> str:
+    """The searchable text of an item as shown: texts, tool arguments and outputs."""
+    parts: list[str] = []
+    for block in entry.content:
+        if isinstance(block, TextBlock):
+            parts.append(block.text)
+        elif isinstance(block, ToolUseBlock):
+            parts.append(block.input_json)
+        elif isinstance(block, ToolResultBlock):
+            parts.extend(p.text for p in block.content if isinstance(p, TextBlock))
+    return "\n".join(parts)
+
+
+def matches(when: When, entry: Entry, context: TransformContext) -> bool:
+    """Whether every condition `when` sets holds for `entry`."""
+    item = entry.item
+    if when.roles is not None and item.role not in when.roles:
+        return False
+    if when.tools_include or when.tools_exclude:
+        tools = [item.tool_result.name] if item.tool_result else [u.name for u in item.tool_uses]
+        if when.tools_include and not any(fnmatchcase(t, p) for t in tools for p in when.tools_include):
+            return False
+        if any(fnmatchcase(t, p) for t in tools for p in when.tools_exclude):
+            return False
+    if when.content_types is not None and not {_KINDS[type(b)] for b in item.content} & when.content_types:
+        return False
+    if when.tokens is not None and not when.tokens.holds(entry.tokens):
+        return False
+    if when.age_turns is not None and not when.age_turns.holds(context.turns - 1 - entry.turn):
+        return False
+    if when.utilization is not None and not when.utilization.holds(context.utilization):
+        return False
+    if when.pinned is not None and entry.pinned != when.pinned:
+        return False
+    if when.source_glob is not None and (item.source is None or not fnmatchcase(item.source.uri, when.source_glob)):
+        return False
+    return when.regex is None or when.regex.search(text_of(entry)) is not None

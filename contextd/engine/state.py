@@ -1,0 +1,199 @@
+"""ViewState: what the previous render of a session (in one format) sent,
+and the decisions that stay in force (DESIGN section 3).
+
+Applied edits are sticky: once a render shows an item reduced, every later
+render shows it the same way, so the bytes a provider cached stay valid.
+Deferred edits wait here for a cache-safe point. The state serializes to
+JSON for storage; the view is a pure function of (history, policy, state).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from contextd.engine.codec import blocks_from_json, blocks_to_json
+from contextd.engine.model import Block, ItemContent, Role
+from contextd.engine.transforms import Edit, Insert, PatchRequest, Proposal, Remove, Reorder, Replace
+
+
+class ControlMode(StrEnum):
+    RULE = "rule"
+    AGENT = "agent"
+    OPERATOR = "operator"
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One entry of a rendered view, in order."""
+
+    seq: int
+    """The item's seq; negative for content a transform inserted."""
+    digest: str
+    """Identifies the representation: empty for the full item."""
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedEdit:
+    """An edit in force, with the representation it produced."""
+
+    edit: Edit
+    rule: str
+    reason: str
+    content: tuple[Block, ...] = ()
+    """The item's new blocks (replace, remove with placeholder) or the inserted blocks."""
+    tokens: int = 0
+    """Tokens of `content`."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingEdit:
+    """An eligible edit waiting for a cache-safe point."""
+
+    proposal: Proposal
+    rule: str
+    control: ControlMode
+    since_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class ViewState:
+    view_version: int = 0
+    """Renders so far; 0 before the first."""
+    rendered_at: float | None = None
+    """When the previous render was made (seconds since the epoch)."""
+    segments: tuple[Segment, ...] = ()
+    applied: tuple[AppliedEdit, ...] = ()
+    pending: tuple[PendingEdit, ...] = ()
+    decided: frozenset[str] = field(default_factory=frozenset)
+    """Keys of KEEP and ABSTAIN decisions already certified, so a rule that
+    proposes the same thing on every render is certified once."""
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(s.tokens for s in self.segments)
+
+    def offsets(self) -> dict[int, int]:
+        """seq -> token offset where the item started in the previous render."""
+        offset, found = 0, dict[int, int]()
+        for segment in self.segments:
+            found.setdefault(segment.seq, offset)
+            offset += segment.tokens
+        return found
+
+
+def first_divergence(previous: tuple[Segment, ...], current: tuple[Segment, ...]) -> int:
+    """Tokens at the start of `current` identical to `previous` (where the two first differ)."""
+    offset = 0
+    for old, new in zip(previous, current, strict=False):
+        if (old.seq, old.digest) != (new.seq, new.digest):
+            return offset
+        offset += old.tokens
+    return offset
+
+
+# ---------------------------------------------------------------- to JSON
+
+
+def _edit_to_json(edit: Edit) -> dict[str, Any]:
+    match edit:
+        case Replace(seq, content):
+            return {"kind": "replace", "seq": seq, "content": blocks_to_json(content)}
+        case Remove(seq, placeholder):
+            return {"kind": "remove", "seq": seq, "placeholder": placeholder}
+        case Insert(after_seq, content):
+            return {
+                "kind": "insert",
+                "after_seq": after_seq,
+                "role": content.role.value,
+                "content": blocks_to_json(content.content),
+            }
+        case Reorder(order):
+            return {"kind": "reorder", "order": list(order)}
+        case PatchRequest(name, value):
+            return {"kind": "patch", "field": name, "value": value}
+    raise TypeError(f"not an edit: {edit!r}")
+
+
+def _edit_from_json(data: dict[str, Any]) -> Edit:
+    kind = data["kind"]
+    if kind == "replace":
+        return Replace(data["seq"], blocks_from_json(data["content"]))
+    if kind == "remove":
+        return Remove(data["seq"], data["placeholder"])
+    if kind == "insert":
+        return Insert(
+            data["after_seq"], ItemContent(role=Role(data["role"]), content=blocks_from_json(data["content"]))
+        )
+    if kind == "reorder":
+        return Reorder(tuple(data["order"]))
+    return PatchRequest(data["field"], data["value"])
+
+
+def _proposal_to_json(p: Proposal) -> dict[str, Any]:
+    return {
+        "edit": _edit_to_json(p.edit),
+        "level": p.level,
+        "reason": p.reason,
+        "evidence": p.evidence,
+        "evidence_seqs": list(p.evidence_seqs),
+    }
+
+
+def _proposal_from_json(data: dict[str, Any]) -> Proposal:
+    return Proposal(
+        _edit_from_json(data["edit"]), data["level"], data["reason"], data["evidence"], tuple(data["evidence_seqs"])
+    )
+
+
+def state_to_json(state: ViewState) -> str:
+    return json.dumps(
+        {
+            "view_version": state.view_version,
+            "rendered_at": state.rendered_at,
+            "segments": [[s.seq, s.digest, s.tokens] for s in state.segments],
+            "applied": [
+                {
+                    "edit": _edit_to_json(a.edit),
+                    "rule": a.rule,
+                    "reason": a.reason,
+                    "content": blocks_to_json(a.content),
+                    "tokens": a.tokens,
+                }
+                for a in state.applied
+            ],
+            "pending": [
+                {
+                    "proposal": _proposal_to_json(p.proposal),
+                    "rule": p.rule,
+                    "control": p.control.value,
+                    "since": p.since_version,
+                }
+                for p in state.pending
+            ],
+            "decided": sorted(state.decided),
+        },
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+
+
+def state_from_json(text: str) -> ViewState:
+    data = json.loads(text)
+    return ViewState(
+        view_version=data["view_version"],
+        rendered_at=data["rendered_at"],
+        segments=tuple(Segment(seq, digest, tokens) for seq, digest, tokens in data["segments"]),
+        applied=tuple(
+            AppliedEdit(_edit_from_json(a["edit"]), a["rule"], a["reason"], blocks_from_json(a["content"]), a["tokens"])
+            for a in data["applied"]
+        ),
+        pending=tuple(
+            PendingEdit(_proposal_from_json(p["proposal"]), p["rule"], ControlMode(p["control"]), p["since"])
+            for p in data["pending"]
+        ),
+        decided=frozenset(data["decided"]),
+    )

@@ -1,0 +1,445 @@
+"""The view engine end to end, without I/O: rules propose, protection and the
+evidence ladder decide, the cache prices the timing, repair keeps the
+providers' rules, certificates record every decision."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from contextd.engine.certificates import CertificateBody, Decision
+from contextd.engine.model import Item, ItemContent, Representation, Role, TextBlock, ToolResultBlock, ToolUseBlock
+from contextd.engine.pipeline import AgentProposal, RenderInput, RenderOutput, render
+from contextd.engine.placeholders import PREFIX, handle_of
+from contextd.engine.policy import parse_policy
+from contextd.engine.state import ControlMode, ViewState, state_from_json, state_to_json
+from contextd.engine.view import ViewFormat, ViewRequest
+from tests.engine.conversations import conversations
+from tests.engine.transforms_for_tests import registry
+from tests.helpers import counter, make_session, stored_items
+from tests.validators import check_anthropic, check_openai
+
+REGISTRY = registry()
+OPENAI, ANTHROPIC = ViewFormat.OPENAI_CHAT, ViewFormat.ANTHROPIC_MESSAGES
+
+
+def run(
+    items: Sequence[Item],
+    policy: str = "",
+    state: ViewState | None = None,
+    now: float = 1_000.0,
+    fmt: ViewFormat = OPENAI,
+    pins: frozenset[int] = frozenset(),
+    agent: Sequence[AgentProposal] = (),
+    force: bool = False,
+    budget: int = 0,
+) -> RenderOutput:
+    return render(
+        RenderInput(
+            session=make_session(len(items)),
+            items=items,
+            policy=parse_policy(policy, REGISTRY),
+            request=ViewRequest(fmt, budget),
+            counter=counter(),
+            registry=REGISTRY,
+            state=state or ViewState(),
+            now=now,
+            pins=pins,
+            agent_proposals=agent,
+            force=force,
+        )
+    )
+
+
+def tool_round(call_id: str, tool: str, output: str, is_error: bool = False) -> list[ItemContent]:
+    return [
+        ItemContent(role=Role.ASSISTANT, content=(ToolUseBlock(call_id, tool, json.dumps({"path": call_id})),)),
+        ItemContent(role=Role.TOOL, content=(ToolResultBlock(call_id, (TextBlock(output),), is_error=is_error),)),
+    ]
+
+
+def history(*rounds: list[ItemContent], user: str = "Fix the parser.") -> list[Item]:
+    contents = [
+        ItemContent(role=Role.SYSTEM, content=(TextBlock("You are a coding agent."),)),
+        ItemContent(role=Role.USER, content=(TextBlock(user),)),
+    ]
+    for r in rounds:
+        contents.extend(r)
+    return stored_items(contents)
+
+
+def by_decision(out: RenderOutput, decision: Decision) -> list[CertificateBody]:
+    return [c for c in out.certificates if c.decision is decision]
+
+
+DROP_TOOL_OUTPUTS = """
+protection: {last_turns: 1}
+rules:
+  - name: drop-outputs
+    transform: drop
+    when: {roles: [tool]}
+"""
+
+# ------------------------------------------------------------- prune + certify
+
+
+def test_a_rule_prunes_to_placeholders_that_carry_identity_and_a_handle() -> None:
+    items = history(
+        tool_round("c1", "read_file", "line one\nsecret body of a.py"),
+        tool_round("c2", "bash", "ran the tests: 3 passed"),
+        tool_round("c3", "read_file", "the latest output"),
+    )
+    out = run(items, DROP_TOOL_OUTPUTS)
+    pruned = by_decision(out, Decision.PRUNE)
+    assert [c.seq for c in pruned] == [4, 6]  # seq 8 is in the last turn: protected
+    for cert in pruned:
+        item = items[cert.seq - 1]
+        assert cert.handle == handle_of(item) and len(cert.handle) == 16
+        assert cert.level == 2 and cert.rule == "drop-outputs" and cert.control is ControlMode.RULE
+        assert cert.tokens_removed == item.token_count and cert.placeholder_tokens > 0
+        assert cert.rationale == "the cache is cold: nothing cached to keep"
+    messages = json.loads(out.view.messages_json)
+    assert "secret body" not in out.view.messages_json
+    placeholder = messages[3]["content"]
+    assert placeholder.startswith(PREFIX) and handle_of(items[3]) in placeholder and "read_file" in placeholder
+    assert messages[3]["tool_call_id"] == "c1"  # the pair stays a pair
+    view_items = {v.seq: v for v in out.view.items}
+    assert view_items[4].representation is Representation.PLACEHOLDER and view_items[4].handle == handle_of(items[3])
+    assert view_items[4].tokens == pruned[0].placeholder_tokens  # the marker's tokens count against the saving
+    assert view_items[8].representation is Representation.FULL and not view_items[8].handle
+    check_openai(messages)
+
+
+def test_edits_in_force_stay_in_force_and_are_certified_once() -> None:
+    items = history(tool_round("c1", "bash", "old"), tool_round("c2", "bash", "new"))
+    first = run(items, DROP_TOOL_OUTPUTS)
+    second = run(items, DROP_TOOL_OUTPUTS, state=first.state, now=1_010)
+    assert second.certificates == () and second.view.messages_json == first.view.messages_json
+    assert second.view.stable_prefix_tokens == first.state.total_tokens
+    again = state_from_json(state_to_json(second.state))
+    assert again == second.state
+
+
+# ------------------------------------------------------------------ protection
+
+
+PRUNE_EVERYTHING = """
+evidence: {max_level: 4}
+protection: {last_turns: 0}
+rules: [{name: everything, transform: mask}]
+"""
+
+
+def test_protection_wins_over_any_rule_and_unpinning_restores_eligibility() -> None:
+    items = history(
+        tool_round("c1", "bash", "boom: failure", is_error=True),
+        tool_round("c2", "read_file", "a.py contents"),
+        tool_round("c3", "read_file", "b.py contents"),
+    )
+    out = run(items, PRUNE_EVERYTHING, pins=frozenset({6}))
+    kept = {c.seq: c.protection for c in by_decision(out, Decision.KEEP)}
+    assert kept == {
+        1: "system prompt",
+        2: "user instruction",
+        4: "the latest error of its tool, not yet followed by a success",
+        6: "pinned",
+    }
+    assert {c.seq for c in by_decision(out, Decision.PRUNE)} == {3, 5, 7, 8}
+    unpinned = run(items, PRUNE_EVERYTHING, state=out.state, now=1_000 + 3_600)
+    assert [c.seq for c in by_decision(unpinned, Decision.PRUNE)] == [6]
+
+
+def test_pinning_a_pruned_item_shows_it_in_full_again() -> None:
+    items = history(tool_round("c1", "bash", "out 1"), tool_round("c2", "bash", "out 2"))
+    pruned = run(items, DROP_TOOL_OUTPUTS)
+    assert 4 in {c.seq for c in by_decision(pruned, Decision.PRUNE)}
+    restored = run(items, DROP_TOOL_OUTPUTS, state=pruned.state, pins=frozenset({4}), now=1_010)
+    assert [(c.seq, c.rationale) for c in by_decision(restored, Decision.KEEP)] == [(4, "pinned: shown in full again")]
+    assert "out 1" in restored.view.messages_json
+
+
+def test_a_later_success_lifts_the_latest_error_protection() -> None:
+    failing = history(tool_round("c1", "bash", "E1", is_error=True), tool_round("c2", "grep", "x"))
+    policy = (
+        "evidence: {max_level: 4}\nprotection: {last_turns: 0, user_items: false}\n"
+        "rules: [{name: m, transform: mask, when: {roles: [tool]}}]"
+    )
+    assert 4 not in {c.seq for c in by_decision(run(failing, policy), Decision.PRUNE)}
+    fixed = history(
+        tool_round("c1", "bash", "E1", is_error=True), tool_round("c2", "grep", "x"), tool_round("c3", "bash", "ok")
+    )
+    assert 4 in {c.seq for c in by_decision(run(fixed, policy), Decision.PRUNE)}
+
+
+# ------------------------------------------------------------ evidence ladder
+
+
+def test_heuristics_abstain_unless_the_policy_allows_level_4() -> None:
+    items = history(tool_round("c1", "bash", "a"), tool_round("c2", "bash", "b"))
+    policy = "protection: {last_turns: 0}\nrules: [{name: mask-all, transform: mask, when: {roles: [tool]}}]"
+    out = run(items, policy)
+    abstained = by_decision(out, Decision.ABSTAIN)
+    assert [c.seq for c in abstained] == [4, 6] and not by_decision(out, Decision.PRUNE)
+    assert "level 4 (predicted irrelevant) is above the policy's maximum of 3" in abstained[0].rationale
+    assert run(items, policy, state=out.state, now=1_005).certificates == ()  # certified once, not every render
+
+
+def test_an_identical_copy_is_checked_not_trusted() -> None:
+    items = history(tool_round("c1", "read_file", "same bytes"), tool_round("c2", "read_file", "same bytes"))
+    honest = run(items, "protection: {last_turns: 0}\nrules: [{name: d, transform: dedupe, when: {roles: [tool]}}]")
+    [cert] = by_decision(honest, Decision.PRUNE)
+    assert (cert.seq, cert.level, cert.evidence) == (6, 0, "identical to seq 4")
+    liar = run(
+        items,
+        "protection: {last_turns: 0}\n"
+        "rules: [{name: d, transform: dedupe, params: {lie: true}, when: {roles: [tool]}}]",
+    )
+    assert [c.seq for c in by_decision(liar, Decision.ABSTAIN)] == [4]
+    assert "claimed identical to items whose content differs" in by_decision(liar, Decision.ABSTAIN)[0].rationale
+
+
+def test_what_a_transform_cannot_establish_is_recorded_as_abstain() -> None:
+    items = history(tool_round("c1", "read_file", "x"), tool_round("c2", "bash", "y"))
+    out = run(items, "protection: {last_turns: 0}\nrules: [{name: u, transform: unsure, when: {roles: [tool]}}]")
+    assert [(c.seq, c.rationale) for c in by_decision(out, Decision.ABSTAIN)] == [
+        (4, "could not tell which read is newer"),
+        (6, "could not tell which read is newer"),
+    ]
+
+
+# --------------------------------------------------------- cache economics
+
+
+def big_history(sizes: Sequence[int], marked: set[int]) -> list[Item]:
+    """Tool rounds whose outputs have the given token counts; outputs of rounds in `marked` say PRUNE-ME."""
+    rounds = [
+        tool_round(f"c{n}", "read_file", f"out {n}" + (" PRUNE-ME" if n in marked else "")) for n in range(len(sizes))
+    ]
+    items = history(*rounds)
+    sized = list(items)
+    for n, tokens in enumerate(sizes):
+        index = 2 + 2 * n + 1
+        sized[index] = _with_tokens(items[index], tokens)
+    return sized
+
+
+def _with_tokens(item: Item, tokens: int) -> Item:
+    from dataclasses import replace
+
+    return replace(item, token_count=tokens)
+
+
+PRUNE_MARKED = """
+protection: {last_turns: 0}
+cache: {expected_calls: 20}
+rules: [{name: marked, transform: drop, when: {regex: PRUNE-ME}}]
+"""
+
+
+def test_a_prune_that_would_invalidate_a_large_cached_prefix_is_deferred_until_the_cache_is_cold() -> None:
+    # A 2,000-token output early (seq 4, "position 5" of the view) ahead of ~100,000 cached tokens.
+    sizes = [2_000] + [9_800] * 10
+    items = big_history(sizes, marked={0})
+    warm = run(items, "protection: {last_turns: 0}", now=0)  # the previous render, now in the provider's cache
+    assert warm.state.total_tokens > 100_000
+
+    deferred = run(items, PRUNE_MARKED, state=warm.state, now=60)
+    [cert] = deferred.certificates
+    assert (cert.decision, cert.seq) == (Decision.DEFER, 4)
+    offset = warm.state.offsets()[4]
+    assert cert.first_divergence_tokens == offset
+    assert cert.mutation_radius_tokens == warm.state.total_tokens - offset > 98_000
+    assert cert.cost_effect < 0 and "more than it saves over 20 calls" in cert.rationale
+    assert cert.handle == handle_of(items[3]) and cert.tokens_removed == 2_000
+    assert deferred.view.messages_json == warm.view.messages_json  # the cached bytes are untouched
+    assert [p.proposal.edit for p in deferred.state.pending] == [by_seq_edit(deferred, 4)]
+
+    still_warm = run(items, PRUNE_MARKED, state=deferred.state, now=200)
+    assert still_warm.certificates == ()  # deferred once, certified once
+    cold = run(items, PRUNE_MARKED, state=still_warm.state, now=200 + 301)  # past the 300 s TTL
+    [applied] = cold.certificates
+    assert (applied.decision, applied.seq) == (Decision.PRUNE, 4)
+    assert applied.rationale == "the cache is cold: nothing cached to keep"
+    assert cold.state.pending == () and "PRUNE-ME" not in cold.view.messages_json
+
+
+def by_seq_edit(out: RenderOutput, seq: int) -> object:
+    return next(p.proposal.edit for p in out.state.pending if getattr(p.proposal.edit, "seq", None) == seq)
+
+
+def test_deferred_edits_are_applied_together_in_one_invalidation() -> None:
+    sizes = [2_000, 9_800, 2_000, 9_800, 2_000] + [9_800] * 6
+    items = big_history(sizes, marked={0, 2, 4})
+    warm = run(items, "protection: {last_turns: 0}", now=0)
+    deferred = run(items, PRUNE_MARKED, state=warm.state, now=60)
+    assert [c.decision for c in deferred.certificates] == [Decision.DEFER] * 3
+    cold = run(items, PRUNE_MARKED, state=deferred.state, now=400)
+    assert [(c.decision, c.seq) for c in cold.certificates] == [(Decision.PRUNE, s) for s in (4, 8, 12)]
+    # One invalidation: the new view differs from the old from the first prune on, once.
+    assert cold.view.stable_prefix_tokens == warm.state.offsets()[4]
+
+
+def test_a_batch_that_pays_for_one_invalidation_applies_while_the_cache_is_warm() -> None:
+    # Three 2,000-token edits near the front of ~100,000 cached tokens: at 300
+    # expected calls none pays for its own invalidation; together they do.
+    items = big_history([2_000] * 3 + [9_800] * 10, marked={0, 1, 2})
+    warm = run(items, "protection: {last_turns: 0}", now=0)
+    alone = run(
+        big_history([2_000] * 3 + [9_800] * 10, marked={0}), PRUNE_MARKED.replace("20", "300"), state=warm.state, now=60
+    )
+    assert [c.decision for c in alone.certificates] == [Decision.DEFER]
+    together = run(items, PRUNE_MARKED.replace("20", "300"), state=warm.state, now=60)
+    assert [c.decision for c in together.certificates] == [Decision.PRUNE] * 3
+    assert "pay for one invalidation" in together.certificates[0].rationale
+    assert together.certificates[1].rationale == f"rides on the rewrite from token {warm.state.offsets()[4]}"
+    assert together.view.stable_prefix_tokens == warm.state.offsets()[4]
+
+
+def test_edits_to_the_uncached_tail_are_free() -> None:
+    sizes = [9_800] * 10
+    items = big_history(sizes, marked=set())
+    warm = run(items, "protection: {last_turns: 0}", now=0)
+    longer = stored_items(
+        [ItemContent(role=i.role, content=i.content) for i in items]
+        + tool_round("tail", "read_file", "fresh PRUNE-ME")
+        + tool_round("tail2", "bash", "latest")
+    )
+    out = run(longer, PRUNE_MARKED, state=warm.state, now=30)
+    [cert] = out.certificates
+    assert (cert.decision, cert.mutation_radius_tokens) == (Decision.PRUNE, 0)
+    assert cert.rationale == "it touches only the tail the cache has not seen"
+    assert out.view.stable_prefix_tokens == warm.state.total_tokens
+
+
+def test_the_high_water_mark_applies_deferred_edits() -> None:
+    sizes = [2_000] + [9_800] * 10
+    items = big_history(sizes, marked={0})
+    warm = run(items, "protection: {last_turns: 0}", now=0)
+    full = warm.view.total_tokens
+    out = run(items, PRUNE_MARKED, state=warm.state, now=60, budget=int(full / 0.95))
+    assert [c.decision for c in out.certificates] == [Decision.PRUNE]
+    assert "high water" in out.certificates[0].rationale
+
+
+# --------------------------------------------------------- prefix stability
+
+
+def stream(out: RenderOutput) -> str:
+    """A render's bytes as a provider reads them: system, then messages up to the last one's end."""
+    return out.view.system_json + "\n" + out.view.messages_json.rstrip("]}")
+
+
+@pytest.mark.parametrize("fmt", [OPENAI, ANTHROPIC])
+def test_renders_after_appends_keep_the_previous_bytes_as_an_exact_prefix(fmt: ViewFormat) -> None:
+    contents: list[ItemContent] = [
+        ItemContent(role=Role.SYSTEM, content=(TextBlock("system"),)),
+        ItemContent(role=Role.USER, content=(TextBlock("task"),)),
+    ]
+    n = 0
+    while len(contents) < 52:
+        n += 1
+        if n % 5 == 0:
+            contents.append(ItemContent(role=Role.USER, content=(TextBlock(f"user note {n}"),)))
+        elif n % 7 == 0:
+            contents.append(ItemContent(role=Role.ASSISTANT, content=(TextBlock(f"thinking aloud {n}"),)))
+        else:
+            calls = [f"c{n}a", f"c{n}b"] if n % 3 == 0 else [f"c{n}"]
+            uses = tuple(ToolUseBlock(c, "read_file", json.dumps({"path": c})) for c in calls)
+            contents.append(ItemContent(role=Role.ASSISTANT, content=(TextBlock(f"step {n}"), *uses)))
+            contents.extend(
+                ItemContent(role=Role.TOOL, content=(ToolResultBlock(c, (TextBlock(f"output {c}"),)),)) for c in calls
+            )
+    items = stored_items(contents[:52])
+    previous: RenderOutput | None = None
+    for count in range(3, 53):
+        prefix = items[:count]
+        if prefix[-1].role is Role.ASSISTANT and prefix[-1].tool_uses:
+            continue  # a call without its result is not a state an agent renders in
+        out = run(prefix, "", state=previous.state if previous else None, fmt=fmt, now=float(count))
+        if previous is not None:
+            assert stream(out).startswith(stream(previous)), count
+            assert out.view.stable_prefix_tokens == previous.state.total_tokens
+        previous = out
+
+
+# ------------------------------------------------------------------ other edits
+
+
+def test_inserts_patches_and_reorders_are_applied_certified_and_repaired() -> None:
+    items = history(tool_round("c1", "bash", "one"), tool_round("c2", "bash", "two"))
+    annotated = run(
+        items, "rules: [{name: note, transform: annotate, params: {note: 'remember X'}, when: {roles: [user]}}]"
+    )
+    assert {c.decision for c in annotated.certificates} == {Decision.APPLY}
+    messages = json.loads(annotated.view.messages_json)
+    assert messages[2] == {"role": "user", "content": "remember X"}
+    assert json.loads(annotated.view.request_patch_json) == {"temperature": 0}
+    reversed_view = run(items, "rules: [{name: r, transform: reverse}]")
+    roles = [m["role"] for m in json.loads(reversed_view.view.messages_json)]
+    check_openai(json.loads(reversed_view.view.messages_json))  # results still follow their calls
+    assert roles[0] == "assistant"
+
+
+def test_agent_proposals_are_decided_and_certified_as_the_agents() -> None:
+    items = history(tool_round("c1", "bash", "noise"), tool_round("c2", "bash", "more"), tool_round("c3", "bash", "x"))
+    out = run(
+        items,
+        "protection: {last_turns: 1}",
+        agent=[AgentProposal(11, 4, "I have what I need from it"), AgentProposal(12, 2, "drop the task")],
+    )
+    pruned = by_decision(out, Decision.PRUNE)
+    assert [(c.seq, c.control, c.reason, c.evidence) for c in pruned] == [
+        (4, ControlMode.AGENT, "agent", "I have what I need from it")
+    ]
+    assert [(c.seq, c.protection) for c in by_decision(out, Decision.KEEP)] == [(2, "user instruction")]
+    assert sorted(out.decided_proposals) == [11, 12]
+
+
+def test_history_mode_rules_hand_back_their_edits_to_be_made_durable() -> None:
+    items = history(tool_round("c1", "bash", "a"), tool_round("c2", "bash", "b"))
+    out = run(items, DROP_TOOL_OUTPUTS.replace("when: {roles: [tool]}", "when: {roles: [tool]}\n    history: true"))
+    assert [a.edit for a in out.durable] == [a.edit for a in out.state.applied]
+
+
+# ------------------------------------------------------------ property tests
+
+
+SCRIPTED = """
+evidence: {max_level: 4}
+protection: {last_turns: 0, user_items: false, latest_error_per_tool: false}
+rules:
+  - {name: drop-some, transform: drop, params: {placeholder: %s}, when: {regex: "%s"}}
+  - {name: shorten, transform: first_line, when: {regex: "%s"}}
+"""
+
+
+@pytest.mark.parametrize("fmt", [OPENAI, ANTHROPIC])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations(), st.sampled_from("abcdefghij"), st.sampled_from("klmnop"), st.booleans())
+def test_any_edits_leave_views_the_providers_accept(
+    fmt: ViewFormat, items: list[Item], drop: str, shorten: str, placeholder: bool
+) -> None:
+    policy = SCRIPTED % ("true" if placeholder else "false", drop, shorten)
+    out = run(items, policy, fmt=fmt, force=True)
+    messages = json.loads(out.view.messages_json)
+    if fmt is OPENAI:
+        check_openai(messages)
+    else:
+        check_anthropic(json.loads(out.view.system_json) if out.view.system_json else None, messages)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations(), st.sampled_from("abcdefghij"), st.floats(0, 10_000), st.sampled_from([OPENAI, ANTHROPIC]))
+def test_the_same_inputs_give_byte_identical_views(
+    items: list[Item], marker: str, clock: float, fmt: ViewFormat
+) -> None:
+    policy = SCRIPTED % ("true", marker, "k")
+    first = run(items, policy, fmt=fmt, now=0)
+    again = [run(items, policy, state=first.state, fmt=fmt, now=clock) for _ in range(2)]
+    assert again[0] == again[1]
+    replayed = run(items, policy, state=state_from_json(state_to_json(first.state)), fmt=fmt, now=clock)
+    assert replayed == again[0]

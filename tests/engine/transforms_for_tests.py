@@ -1,0 +1,121 @@
+"""Small transforms that exercise the engine's machinery (the real strategies
+are their own issue). Each proposes what its params say, on every candidate."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+from contextd.engine.model import ItemContent, Representation, Role, TextBlock
+from contextd.engine.transforms import (
+    Entry,
+    Insert,
+    PatchRequest,
+    Proposal,
+    Remove,
+    Reorder,
+    Replace,
+    TransformContext,
+    TransformRegistry,
+)
+
+
+class Drop:
+    """Remove every candidate, claiming `level` (default 2) and citing `evidence_seqs`."""
+
+    name: ClassVar[str] = "drop"
+    version: ClassVar[str] = "1"
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterator[Proposal]:
+        for entry in candidates:
+            if entry.representation is Representation.FULL:
+                yield Proposal(
+                    Remove(entry.seq, placeholder=params.get("placeholder", True)),
+                    level=params.get("level", 2),
+                    reason=params.get("reason", "superseded"),
+                    evidence=f"test evidence for {entry.seq}",
+                    evidence_seqs=tuple(params.get("evidence_seqs", ())),
+                )
+
+
+class FirstLine:
+    """Replace every candidate's text with its first line."""
+
+    name: ClassVar[str] = "first_line"
+    version: ClassVar[str] = "1"
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterator[Proposal]:
+        for entry in candidates:
+            texts = [b.text for b in entry.content if isinstance(b, TextBlock)]
+            if entry.item.tool_result is not None:
+                texts = [p.text for p in entry.item.tool_result.content if isinstance(p, TextBlock)]
+            if texts:
+                first = texts[0].split("\n", 1)[0] or "(empty)"
+                yield Proposal(Replace(entry.seq, (TextBlock(first),)), level=params.get("level", 2), reason="reduced")
+
+
+class Dedupe:
+    """Level 0: an item whose content hash an earlier item shares is a copy of it."""
+
+    name: ClassVar[str] = "dedupe"
+    version: ClassVar[str] = "1"
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterator[Proposal]:
+        first: dict[str, int] = {}
+        for entry in context.entries:
+            first.setdefault(entry.item.content_hash, entry.seq)
+        for entry in candidates:
+            original = first[entry.item.content_hash]
+            if original != entry.seq:
+                yield Proposal(Remove(entry.seq), 0, "duplicate", f"identical to seq {original}", (original,))
+            elif params.get("lie"):  # claims a copy where there is none
+                yield Proposal(Remove(entry.seq), 0, "duplicate", "not really", (context.entries[0].seq,))
+
+
+class Unsure:
+    name: ClassVar[str] = "unsure"
+    version: ClassVar[str] = "1"
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterator[Proposal]:
+        for entry in candidates:
+            yield Proposal(Remove(entry.seq), 2, "superseded", "could not tell which read is newer", abstain=True)
+
+
+class Annotate:
+    """Insert a note after the first candidate, and patch the request."""
+
+    name: ClassVar[str] = "annotate"
+    version: ClassVar[str] = "1"
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterator[Proposal]:
+        if candidates:
+            note = ItemContent(role=Role.USER, content=(TextBlock(params.get("note", "note")),))
+            yield Proposal(Insert(candidates[0].seq, note), 0, "note")
+        yield Proposal(PatchRequest("temperature", 0), 0, "patch")
+
+
+class Reverse:
+    name: ClassVar[str] = "reverse"
+    version: ClassVar[str] = "1"
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterator[Proposal]:
+        yield Proposal(Reorder(tuple(reversed([e.seq for e in context.entries if e.seq > 0]))), 0, "reorder")
+
+
+def registry() -> TransformRegistry:
+    registry = TransformRegistry.default()
+    for transform in (Drop(), FirstLine(), Dedupe(), Unsure(), Annotate(), Reverse()):
+        registry.register(transform)
+    return registry
