@@ -1,7 +1,9 @@
-"""The `contextd` command: serve, migrate, config.
+"""The `contextd` command: serve, migrate, prune, certificates, config.
 
     contextd serve [--listen HOST:PORT] [--database-url URL] [--redis-url URL] ...
     contextd migrate [--revision REV | --downgrade REV]
+    contextd prune --session ID [--tenant T] [--format F] [--budget N] [--apply]
+    contextd certificates verify --session ID [--tenant T]
     contextd config [--markdown]
 
 Every setting has a flag here and an environment variable (contextd/config.py).
@@ -41,10 +43,26 @@ def _parser() -> argparse.ArgumentParser:
     _add_setting_flags(migrate)
     migrate.add_argument("--revision", default="head", help="upgrade to this revision (default: head)")
     migrate.add_argument("--downgrade", metavar="REVISION", help="downgrade to this revision instead ('base': empty)")
+    prune = commands.add_parser("prune", help="show (and with --apply, take) what the session's rules would prune")
+    _add_setting_flags(prune)
+    _add_session_flags(prune)
+    prune.add_argument("--format", default="openai_chat", choices=["openai_chat", "anthropic_messages"])
+    prune.add_argument("--budget", type=int, default=0, help="the view's budget in tokens (default: none)")
+    prune.add_argument("--apply", action="store_true", help="apply every eligible edit now and certify it")
+    certificates = commands.add_parser("certificates", help="the certificate log")
+    certificate_commands = certificates.add_subparsers(dest="certificates_command", required=True)
+    verify = certificate_commands.add_parser("verify", help="check a session's certificate hash chain")
+    _add_setting_flags(verify)
+    _add_session_flags(verify)
     config = commands.add_parser("config", help="print the effective configuration")
     _add_setting_flags(config)
     config.add_argument("--markdown", action="store_true", help="print the settings table for the README")
     return parser
+
+
+def _add_session_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--session", required=True, help="the session id")
+    parser.add_argument("--tenant", default="default", help="the session's tenant (default: default)")
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -74,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "migrate":
         return _migrate(settings, args.revision, args.downgrade)
+    if args.command in ("prune", "certificates"):
+        return _operate(settings, args)
     from contextd.api.server import StartupError, serve
 
     runner = asyncio.Runner()
@@ -94,6 +114,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         os._exit(0)
     runner.close()
     return 0
+
+
+def _operate(settings: Settings, args: argparse.Namespace) -> int:
+    from contextd import admin
+    from contextd.engine.errors import ContextdError
+
+    try:
+        if args.command == "prune":
+            return admin.prune(settings, args.tenant, args.session, args.format, args.budget, args.apply)
+        return admin.verify(settings, args.tenant, args.session)
+    except ContextdError as exc:
+        print(f"contextd: {exc.message}", file=sys.stderr)
+        return 1
 
 
 def _migrate(settings: Settings, revision: str, downgrade_to: str | None) -> int:

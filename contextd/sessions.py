@@ -14,12 +14,10 @@ from collections.abc import Mapping, Sequence
 from contextd.engine.codec import canonical_json, content_hash, item_to_json
 from contextd.engine.errors import InvalidArgument, LimitExceeded
 from contextd.engine.model import AppendResult, ItemContent, Session
-from contextd.engine.pipeline import identity_view
 from contextd.engine.policy import parse_policy
 from contextd.engine.tokens import TokenCounter, item_tokens
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.validation import Limits, check_batch, check_name, item_bytes
-from contextd.engine.view import View, ViewRequest
 from contextd.storage.history import AppendRequest, HistoryStore, PreparedItem
 from contextd.telemetry import annotate
 
@@ -42,7 +40,7 @@ class SessionService:
 
     async def create_session(self, tenant: str, session_id: str, metadata: Mapping[str, str], policy: str) -> Session:
         session_id = session_id or uuid.uuid4().hex
-        _check_session_id(session_id)
+        check_session_id(session_id)
         _check_metadata(metadata, "metadata")
         parsed = parse_policy(policy, self.registry)
         annotate(session_id=session_id, policy_version=parsed.version)
@@ -50,7 +48,7 @@ class SessionService:
 
     async def update_session(self, tenant: str, session_id: str, policy: str | None) -> Session:
         """Change what is given (today: the policy); unset fields stay as they are."""
-        _check_session_id(session_id)
+        check_session_id(session_id)
         annotate(session_id=session_id)
         if policy is None:
             return await self.store.get_session(tenant, session_id)
@@ -59,7 +57,7 @@ class SessionService:
         return await self.store.set_policy(tenant, session_id, parsed.document, parsed.version)
 
     async def get_session(self, tenant: str, session_id: str) -> Session:
-        _check_session_id(session_id)
+        check_session_id(session_id)
         annotate(session_id=session_id)
         return await self.store.get_session(tenant, session_id)
 
@@ -69,7 +67,7 @@ class SessionService:
         return await self.store.list_sessions(tenant, page_size or DEFAULT_PAGE_SIZE, page_token)
 
     async def delete_session(self, tenant: str, session_id: str) -> int:
-        _check_session_id(session_id)
+        check_session_id(session_id)
         annotate(session_id=session_id)
         return await self.store.delete_session(tenant, session_id)
 
@@ -83,7 +81,7 @@ class SessionService:
         expected_version: int | None = None,
         author: str = "",
     ) -> AppendResult:
-        _check_session_id(session_id)
+        check_session_id(session_id)
         bad_keys = check_name("idempotency_key", idempotency_key) + check_name("author", author)
         if bad_keys:
             raise InvalidArgument(bad_keys)
@@ -113,21 +111,8 @@ class SessionService:
         request_hash = hashlib.sha256(canonical_json([author, [item_to_json(i) for i in items]])).hexdigest()
         return prepared, request_hash
 
-    async def render(self, tenant: str, session_id: str, request: ViewRequest) -> View:
-        _check_session_id(session_id)
-        session, items = await self.store.load_history(tenant, session_id)
-        view = identity_view(session, items, request, self.counter)
-        annotate(
-            session_id=session_id,
-            items=len(items),
-            tokens=view.total_tokens,
-            budget_tokens=request.budget_tokens,
-            over_budget=view.over_budget,
-        )
-        return view
 
-
-def _check_session_id(session_id: str) -> None:
+def check_session_id(session_id: str) -> None:
     if not SESSION_ID.fullmatch(session_id):
         shown = session_id if len(session_id) <= 40 else session_id[:40] + "..."
         raise InvalidArgument.at("session_id", f"{shown!r} is not 1-128 characters of A-Z a-z 0-9 . _ : -")

@@ -9,6 +9,7 @@ from contextd_client.v1 import content_pb2 as pb
 from contextd_client.v1 import contextd_pb2 as api
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from contextd.engine.certificates import Certificate, Decision
 from contextd.engine.errors import FieldViolation, InvalidArgument
 from contextd.engine.model import (
     AppendResult,
@@ -29,6 +30,7 @@ from contextd.engine.model import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from contextd.engine.state import ControlMode
 from contextd.engine.view import View, ViewFormat
 
 ROLES = {
@@ -213,7 +215,7 @@ def append_result_to_proto(result: AppendResult) -> api.AppendItemsResponse:
     )
 
 
-def view_to_proto(view: View) -> api.View:
+def view_to_proto(view: View, certificates: Sequence[Certificate] = ()) -> api.View:
     return api.View(
         session_id=view.session_id,
         version=view.version,
@@ -238,7 +240,59 @@ def view_to_proto(view: View) -> api.View:
         over_budget=view.over_budget,
         warnings=[api.ViewWarning(code=w.code, message=w.message) for w in view.warnings],
         policy_version=view.policy_version,
+        request_patch_json=view.request_patch_json,
+        view_version=view.view_version,
+        stable_prefix_tokens=view.stable_prefix_tokens,
+        certificates=[certificate_to_proto(c, view.session_id, view.format) for c in certificates],
     )
+
+
+DECISIONS = {
+    Decision.KEEP: api.DECISION_KEEP,
+    Decision.PRUNE: api.DECISION_PRUNE,
+    Decision.DEFER: api.DECISION_DEFER,
+    Decision.ABSTAIN: api.DECISION_ABSTAIN,
+    Decision.APPLY: api.DECISION_APPLY,
+}
+DECISIONS_FROM_PROTO: dict[int, Decision] = {v: k for k, v in DECISIONS.items()}
+CONTROLS = {
+    ControlMode.RULE: api.CONTROL_MODE_RULE,
+    ControlMode.AGENT: api.CONTROL_MODE_AGENT,
+    ControlMode.OPERATOR: api.CONTROL_MODE_OPERATOR,
+}
+
+
+def certificate_to_proto(
+    cert: Certificate, session_id: str, view_format: ViewFormat, created_at: datetime | None = None
+) -> api.Certificate:
+    body = cert.body
+    message = api.Certificate(
+        id=str(cert.number) if cert.number else "",
+        session_id=session_id,
+        seq=body.seq,
+        decision=DECISIONS[body.decision],
+        level=body.level,
+        rule=body.rule,
+        reason=body.reason,
+        evidence=body.evidence,
+        handle=body.handle,
+        protection=body.protection,
+        tokens_removed=body.tokens_removed,
+        placeholder_tokens=body.placeholder_tokens,
+        first_divergence_tokens=body.first_divergence_tokens,
+        mutation_radius_tokens=body.mutation_radius_tokens,
+        estimated_cost_effect=body.cost_effect,
+        applied_at_view_version=cert.view_version,
+        policy_version=cert.policy_version,
+        control_mode=CONTROLS[body.control],
+        previous_hash=cert.previous_hash,
+        hash=cert.hash,
+        rationale=body.rationale,
+        view_format=FORMAT_TO_PROTO[view_format],
+    )
+    if created_at is not None:
+        message.created_at.CopyFrom(timestamp(created_at))
+    return message
 
 
 def item_to_proto(item: Item) -> pb.Item:

@@ -35,6 +35,7 @@ from contextd.storage import migrate
 from contextd.storage.database import Database
 from contextd.storage.history import HistoryStore
 from contextd.telemetry import configure_tracing
+from contextd.view_service import ViewService
 
 log = logging.getLogger("contextd")
 
@@ -69,7 +70,9 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     if settings.redis_url:
         await _check_redis(settings.redis_url)
     limits = Limits(max_batch_items=settings.max_batch_items, max_item_bytes=settings.max_item_bytes)
-    sessions = SessionService(HistoryStore(db), TiktokenCounter(), limits, TransformRegistry.default())
+    store, counter, registry = HistoryStore(db), TiktokenCounter(), TransformRegistry.default()
+    sessions = SessionService(store, counter, limits, registry)
+    views = ViewService(store, counter, registry)
 
     server = grpc.aio.server(
         interceptors=[
@@ -88,7 +91,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
             ("grpc.so_reuseport", 0),
         ],
     )
-    servicer = ContextServicer(sessions, max_response_bytes=settings.max_message_bytes)
+    servicer = ContextServicer(sessions, views, max_response_bytes=settings.max_message_bytes)
     contextd_pb2_grpc.add_ContextServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

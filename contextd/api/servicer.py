@@ -14,8 +14,10 @@ from contextd_client.v1 import contextd_pb2_grpc
 from contextd.api import mapping
 from contextd.api.auth import current_tenant
 from contextd.engine.errors import NotImplementedYet, ViewTooLarge
-from contextd.engine.view import ViewRequest
+from contextd.engine.view import ViewFormat, ViewRequest
 from contextd.sessions import SessionService
+from contextd.storage.views import CertificateFilter, StoredCertificate
+from contextd.view_service import ViewService
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
@@ -23,11 +25,6 @@ Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 _MISSING = {
     "Retrieve": "the stash and recovery layer (handles, paging, grep)",
     "Search": "the session search index",
-    "Pin": "the view engine's protection state",
-    "Unpin": "the view engine's protection state",
-    "ProposePrune": "the view engine's agent-requested pruning",
-    "ListCertificates": "the view engine's certificate log",
-    "ExplainItem": "the view engine's certificate log",
     "ReportUsage": "the cache-economics model that compares predicted and reported usage",
     "GetStatus": "the stash and the view engine's status report",
     "WatchSession": "session event streaming",
@@ -38,9 +35,16 @@ def _unimplemented(rpc: str) -> NoReturn:
     raise NotImplementedYet(f"{rpc} is not implemented in this version of contextd: it needs {_MISSING[rpc]}")
 
 
+def _certificate(session_id: str, stored: StoredCertificate) -> api.Certificate:
+    return mapping.certificate_to_proto(
+        stored.certificate, session_id, ViewFormat(stored.view_format), stored.created_at
+    )
+
+
 class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
-    def __init__(self, sessions: SessionService, max_response_bytes: int) -> None:
+    def __init__(self, sessions: SessionService, views: ViewService, max_response_bytes: int) -> None:
         self.sessions = sessions
+        self.views = views
         self.max_response_bytes = max_response_bytes
 
     async def CreateSession(self, request: api.CreateSessionRequest, context: Context) -> api.CreateSessionResponse:
@@ -83,8 +87,10 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
             budget_tokens=request.budget_tokens,
             focus=tuple(request.focus),
         )
-        view = await self.sessions.render(current_tenant(), request.session_id, view_request)
-        response = api.RenderViewResponse(view=mapping.view_to_proto(view))
+        result = await self.views.render(
+            current_tenant(), request.session_id, view_request, tools_json=request.tools_json
+        )
+        response = api.RenderViewResponse(view=mapping.view_to_proto(result.view, result.certificates))
         size = response.ByteSize()
         if size > self.max_response_bytes:
             raise ViewTooLarge(request.session_id, size, self.max_response_bytes)
@@ -97,21 +103,46 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
         _unimplemented("Search")
 
     async def Pin(self, request: api.PinRequest, context: Context) -> api.PinResponse:
-        _unimplemented("Pin")
+        pinned = await self.views.pin(current_tenant(), request.session_id, list(request.seqs))
+        return api.PinResponse(pinned=pinned)
 
     async def Unpin(self, request: api.UnpinRequest, context: Context) -> api.UnpinResponse:
-        _unimplemented("Unpin")
+        unpinned = await self.views.pin(current_tenant(), request.session_id, list(request.seqs), pinning=False)
+        return api.UnpinResponse(unpinned=unpinned)
 
     async def ProposePrune(self, request: api.ProposePruneRequest, context: Context) -> api.ProposePruneResponse:
-        _unimplemented("ProposePrune")
+        outcomes = await self.views.propose_prune(
+            current_tenant(), request.session_id, list(request.seqs), request.reason
+        )
+        return api.ProposePruneResponse(
+            outcomes=[api.PruneProposalOutcome(seq=o.seq, accepted=o.accepted, reason=o.reason) for o in outcomes]
+        )
 
     async def ListCertificates(
         self, request: api.ListCertificatesRequest, context: Context
     ) -> api.ListCertificatesResponse:
-        _unimplemented("ListCertificates")
+        where = CertificateFilter(
+            decision=mapping.DECISIONS_FROM_PROTO.get(request.decision),
+            level=request.level if request.HasField("level") else None,
+            seq=request.seq if request.HasField("seq") else None,
+            view_version=request.view_version if request.HasField("view_version") else None,
+        )
+        page, token = await self.views.list_certificates(
+            current_tenant(), request.session_id, where, request.page_size, request.page_token
+        )
+        return api.ListCertificatesResponse(
+            certificates=[_certificate(request.session_id, c) for c in page], next_page_token=token
+        )
 
     async def ExplainItem(self, request: api.ExplainItemRequest, context: Context) -> api.ExplainItemResponse:
-        _unimplemented("ExplainItem")
+        found = await self.views.explain(current_tenant(), request.session_id, request.seq)
+        return api.ExplainItemResponse(
+            item=mapping.item_to_proto(found.item),
+            representation=mapping.REPRESENTATION_TO_PROTO[found.representation],
+            pinned=found.pinned,
+            protection=found.protection,
+            certificates=[_certificate(request.session_id, c) for c in found.certificates],
+        )
 
     async def ReportUsage(self, request: api.ReportUsageRequest, context: Context) -> api.ReportUsageResponse:
         _unimplemented("ReportUsage")

@@ -80,6 +80,8 @@ class RenderInput:
     force: bool = False
     """Operator mode: apply every eligible edit now, whatever the cache."""
     tools: tuple[Mapping[str, Any], ...] = ()
+    durable: tuple[AppliedEdit, ...] = ()
+    """Edits made durable in history mode (mutation events in the history): always in force."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,10 +217,16 @@ def render(inp: RenderInput) -> RenderOutput:
     certificates: list[CertificateBody] = []
     decided = set(state.decided)
 
-    # 1. Edits in force stay in force, except on items pinned since.
+    # 1. Durable edits are part of the history; other edits in force stay in
+    #    force, except on items pinned since.
+    for applied in inp.durable:
+        view.apply(applied)
+    durable_targets = {target_of(a.edit) for a in inp.durable} - {None}
     in_force: list[AppliedEdit] = []
     for applied in state.applied:
         seq = target_of(applied.edit)
+        if seq in durable_targets:
+            continue
         if seq is not None and seq in inp.pins:
             certificates.append(
                 _body(view.entries[seq], Decision.KEEP, applied.rule, applied.reason, "pinned: shown in full again")
@@ -227,7 +235,7 @@ def render(inp: RenderInput) -> RenderOutput:
             continue
         in_force.append(applied)
         view.apply(applied)
-    taken = {target_of(a.edit) for a in in_force} - {None}
+    taken = ({target_of(a.edit) for a in in_force} - {None}) | durable_targets
 
     context = TransformContext(
         entries=tuple(view.ordered()),
@@ -318,6 +326,8 @@ def render(inp: RenderInput) -> RenderOutput:
                     )
                 )
             still_pending.append(PendingEdit(proposal, candidate.rule, candidate.control, state.view_version + 1))
+            if candidate.agent_id is not None:
+                decided_proposals.append(candidate.agent_id)  # it waits in this view's state from now on
             continue
         applied = AppliedEdit(proposal.edit, candidate.rule, proposal.reason, content, tokens)
         in_force.append(applied)
@@ -334,7 +344,7 @@ def render(inp: RenderInput) -> RenderOutput:
                 proposal.reason,
                 timing.why,
                 proposal=proposal,
-                control=candidate.control,
+                control=ControlMode.OPERATOR if inp.force else candidate.control,
                 new_tokens=tokens,
                 position=cost.position,
                 radius=timing.radius,
@@ -452,6 +462,11 @@ def _body(
         cost_effect=round(value, 9),
         control=control,
     )
+
+
+def protection_map(items: Sequence[Item], policy: Policy, pins: frozenset[int]) -> dict[int, str]:
+    """seq -> why it is protected, for the protected items of a history."""
+    return protections(_View(items, pins).ordered(), policy)
 
 
 def identity_view(session: Session, items: Sequence[Item], request: ViewRequest, counter: TokenCounter) -> View:

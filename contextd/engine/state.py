@@ -155,16 +155,7 @@ def state_to_json(state: ViewState) -> str:
             "view_version": state.view_version,
             "rendered_at": state.rendered_at,
             "segments": [[s.seq, s.digest, s.tokens] for s in state.segments],
-            "applied": [
-                {
-                    "edit": _edit_to_json(a.edit),
-                    "rule": a.rule,
-                    "reason": a.reason,
-                    "content": blocks_to_json(a.content),
-                    "tokens": a.tokens,
-                }
-                for a in state.applied
-            ],
+            "applied": [applied_to_json(a) for a in state.applied],
             "pending": [
                 {
                     "proposal": _proposal_to_json(p.proposal),
@@ -196,4 +187,20 @@ def state_from_json(text: str) -> ViewState:
             for p in data["pending"]
         ),
         decided=frozenset(data["decided"]),
+    )
+
+
+def applied_to_json(applied: AppliedEdit) -> dict[str, Any]:
+    return {
+        "edit": _edit_to_json(applied.edit),
+        "rule": applied.rule,
+        "reason": applied.reason,
+        "content": blocks_to_json(applied.content),
+        "tokens": applied.tokens,
+    }
+
+
+def applied_from_json(data: dict[str, Any]) -> AppliedEdit:
+    return AppliedEdit(
+        _edit_from_json(data["edit"]), data["rule"], data["reason"], blocks_from_json(data["content"]), data["tokens"]
     )

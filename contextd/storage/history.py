@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -68,6 +69,17 @@ class AppendRequest:
 
 _IN_CHUNK = 1000
 
+# Rows a session owns besides its items, deleted with it.
+_SESSION_CHILDREN = (
+    schema.tool_uses,
+    schema.appends,
+    schema.view_states,
+    schema.pins,
+    schema.prune_proposals,
+    schema.certificates,
+    schema.mutations,
+)
+
 
 def _now() -> datetime:
     return datetime.now(UTC)
@@ -79,8 +91,9 @@ def _utc(value: datetime) -> datetime:
 
 
 class HistoryStore:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, cache: ItemCache | None = None) -> None:
         self.db = db
+        self._cache = cache or ItemCache()
 
     # ------------------------------------------------------------ sessions
 
@@ -152,9 +165,10 @@ class HistoryStore:
             # session is marked as being deleted.
             await conn.execute(update(s).where(s.c.key == key).values(deleting=True))
             deleted = (await conn.execute(schema.items.delete().where(schema.items.c.session_key == key))).rowcount
-            await conn.execute(schema.tool_uses.delete().where(schema.tool_uses.c.session_key == key))
-            await conn.execute(schema.appends.delete().where(schema.appends.c.session_key == key))
+            for table in _SESSION_CHILDREN:
+                await conn.execute(table.delete().where(table.c.session_key == key))
             await conn.execute(s.delete().where(s.c.key == key))
+        self._cache.discard(key)
         annotate(items=int(deleted))
         return int(deleted)
 
@@ -271,22 +285,65 @@ class HistoryStore:
             receipts=tuple(ItemReceipt(r["seq"], r["content_hash"], r["token_count"]) for r in rows),
         )
 
-    @traced("storage.load_history")
     async def load_history(self, tenant: str, session_id: str) -> tuple[Session, list[Item]]:
         """The session and all its items up to its current version, in seq order."""
-        i = schema.items
         async with self.db.read() as conn:
-            session = await _session_row(conn, tenant, session_id)
-            # Items are append-only, so bounding by the version read above
-            # gives a consistent snapshot even while appends commit.
+            _, session, items = await self.history_in(conn, tenant, session_id)
+        return session, items
+
+    @traced("storage.load_history")
+    async def history_in(self, conn: AsyncConnection, tenant: str, session_id: str) -> tuple[Any, Session, list[Item]]:
+        """Like `load_history`, inside the caller's transaction; also the session row."""
+        row = await _session_row(conn, tenant, session_id)
+        key, version = row["key"], row["version"]
+        cached = self._cache.get(key, [])
+        if len(cached) < version:
+            # Items are immutable and seqs dense, so only the new ones are read;
+            # bounding by the version read above gives a consistent snapshot.
+            i = schema.items
             rows = (
                 await conn.execute(
-                    select(i).where(i.c.session_key == session["key"], i.c.seq <= session["version"]).order_by(i.c.seq)
+                    select(i).where(i.c.session_key == key, i.c.seq > len(cached), i.c.seq <= version).order_by(i.c.seq)
                 )
             ).mappings()
-            items = [_item(r) for r in rows]
-        annotate(session_id=session_id, tenant=tenant, items=len(items), tokens=session["token_count"])
-        return _session(session), items
+            cached = [*cached, *(_item(r) for r in rows)]
+            self._cache.put(key, cached)
+        items = cached[:version]
+        annotate(session_id=session_id, tenant=tenant, items=len(items), tokens=row["token_count"])
+        return row, _session(row), items
+
+
+class ItemCache:
+    """Decoded items of recently used sessions, bounded by the number of items held.
+
+    Safe across replicas: items never change, and a session key is never
+    reused (deleted sessions' keys are not handed out again).
+    """
+
+    def __init__(self, max_items: int = 200_000) -> None:
+        self.max_items = max_items
+        self._entries: OrderedDict[int, list[Item]] = OrderedDict()
+        self._held = 0
+
+    def get(self, key: int, default: list[Item]) -> list[Item]:
+        found = self._entries.get(key)
+        if found is None:
+            return default
+        self._entries.move_to_end(key)
+        return found
+
+    def put(self, key: int, items: list[Item]) -> None:
+        self.discard(key)
+        self._entries[key] = items
+        self._held += len(items)
+        while self._held > self.max_items and len(self._entries) > 1:
+            _, evicted = self._entries.popitem(last=False)
+            self._held -= len(evicted)
+
+    def discard(self, key: int) -> None:
+        evicted = self._entries.pop(key, None)
+        if evicted is not None:
+            self._held -= len(evicted)
 
 
 async def _session_row(conn: AsyncConnection, tenant: str, session_id: str, idempotency_key: str = "") -> Any:

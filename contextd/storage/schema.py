@@ -14,6 +14,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -44,7 +45,7 @@ AutoKey = BigInteger().with_variant(Integer(), "sqlite")
 Json = JSON()
 UtcTime = DateTime(timezone=True)
 
-APPEND_ONLY_TABLES = ("items", "tool_uses", "appends")
+APPEND_ONLY_TABLES = ("items", "tool_uses", "appends", "certificates", "mutations")
 
 sessions = Table(
     "sessions",
@@ -109,5 +110,82 @@ appends = Table(
     Column("request_hash", String(64), nullable=False),
     Column("first_seq", BigInteger, nullable=False),
     Column("last_seq", BigInteger, nullable=False),
+    Column("created_at", UtcTime, nullable=False),
+)
+
+# ------------------------------------------------------------- view engine
+
+# What the previous render of a session sent, per format, and the edits in
+# force (contextd.engine.state.ViewState as JSON). Rewritten by every render.
+view_states = Table(
+    "view_states",
+    metadata,
+    Column("session_key", BigInteger, ForeignKey("sessions.key"), primary_key=True),
+    Column("format", String(32), primary_key=True),
+    Column("view_version", BigInteger, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("updated_at", UtcTime, nullable=False),
+)
+
+pins = Table(
+    "pins",
+    metadata,
+    Column("session_key", BigInteger, ForeignKey("sessions.key"), primary_key=True),
+    Column("seq", BigInteger, primary_key=True),
+    Column("created_at", UtcTime, nullable=False),
+)
+
+# Prunes the agent asked for, until a render decides them.
+prune_proposals = Table(
+    "prune_proposals",
+    metadata,
+    Column("id", AutoKey, primary_key=True, autoincrement=True),
+    Column("session_key", BigInteger, ForeignKey("sessions.key"), nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("created_at", UtcTime, nullable=False),
+    Index("ix_prune_proposals_session_key", "session_key"),
+    sqlite_autoincrement=True,
+)
+
+# One row per decision, append-only and hash-chained per session.
+certificates = Table(
+    "certificates",
+    metadata,
+    Column("session_key", BigInteger, ForeignKey("sessions.key"), primary_key=True),
+    Column("number", BigInteger, primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+    Column("decision", String(16), nullable=False),
+    Column("level", Integer, nullable=False),
+    Column("rule", String(MAX_NAME_LENGTH), nullable=False),
+    Column("reason", String(MAX_NAME_LENGTH), nullable=False),
+    Column("evidence", Text, nullable=False),
+    Column("rationale", Text, nullable=False),
+    Column("handle", String(32), nullable=False),
+    Column("protection", Text, nullable=False),
+    Column("tokens_removed", BigInteger, nullable=False),
+    Column("placeholder_tokens", BigInteger, nullable=False),
+    Column("first_divergence_tokens", BigInteger, nullable=False),
+    Column("mutation_radius_tokens", BigInteger, nullable=False),
+    Column("cost_effect", Float, nullable=False),
+    Column("control", String(16), nullable=False),
+    Column("view_format", String(32), nullable=False),
+    Column("view_version", BigInteger, nullable=False),
+    Column("policy_version", String(64), nullable=False),
+    Column("previous_hash", String(64), nullable=False),
+    Column("hash", String(64), nullable=False),
+    Column("created_at", UtcTime, nullable=False),
+    Index("ix_certificates_session_key_seq", "session_key", "seq"),
+)
+
+# History mode: durable edits, appended as events; the item rows they change
+# are never touched, so the pre-image stays in the history.
+mutations = Table(
+    "mutations",
+    metadata,
+    Column("session_key", BigInteger, ForeignKey("sessions.key"), primary_key=True),
+    Column("number", BigInteger, primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+    Column("edit", Json, nullable=False),
     Column("created_at", UtcTime, nullable=False),
 )

@@ -10,7 +10,7 @@ import pytest
 from contextd_client import Client, ContextdError, InvalidArgument, NotFound, Unauthenticated, ViewFormat
 from contextd_client.v1 import content_pb2 as pb
 
-from contextd.sessions import SessionService
+from contextd.view_service import ViewService
 from tests.conftest import ServerThread
 
 MakeServer = Callable[..., ServerThread]
@@ -67,7 +67,7 @@ def test_an_internal_failure_reaches_the_client_without_details(
     server = make_server()
     with Client(server.target) as client:
         sid = client.create_session().id
-        monkeypatch.setattr(SessionService, "render", broken)
+        monkeypatch.setattr(ViewService, "render", broken)
         with pytest.raises(Exception) as failed:
             client.render_view(sid, ViewFormat.OPENAI_CHAT)
     error = failed.value

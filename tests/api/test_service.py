@@ -254,11 +254,6 @@ def test_errors_carry_standard_rich_details(server: ServerThread, session_id: st
 UNIMPLEMENTED = {
     "Retrieve": api.RetrieveRequest(session_id="s", handle="abc"),
     "Search": api.SearchRequest(session_id="s", query="q"),
-    "Pin": api.PinRequest(session_id="s", seqs=[1]),
-    "Unpin": api.UnpinRequest(session_id="s", seqs=[1]),
-    "ProposePrune": api.ProposePruneRequest(session_id="s", seqs=[1]),
-    "ListCertificates": api.ListCertificatesRequest(session_id="s"),
-    "ExplainItem": api.ExplainItemRequest(session_id="s", seq=1),
     "ReportUsage": api.ReportUsageRequest(session_id="s"),
     "GetStatus": api.GetStatusRequest(session_id="s"),
 }

@@ -20,7 +20,17 @@ from contextd.storage.history import AppendRequest, HistoryStore, PreparedItem
 from contextd.storage.schema import APPEND_ONLY_TABLES, metadata
 from tests import backends
 
-TABLES = {"sessions", "items", "tool_uses", "appends"}
+TABLES = {
+    "sessions",
+    "items",
+    "tool_uses",
+    "appends",
+    "view_states",
+    "pins",
+    "prune_proposals",
+    "certificates",
+    "mutations",
+}
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

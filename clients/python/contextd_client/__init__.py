@@ -24,7 +24,18 @@ from contextd_client._errors import (
     VersionConflict,
 )
 from contextd_client._retry import NO_RETRY, RetryPolicy
-from contextd_client._types import AppendResult, ItemReceipt, Session, View, ViewFormat, ViewItem, ViewWarning
+from contextd_client._types import (
+    AppendResult,
+    Certificate,
+    Explanation,
+    ItemReceipt,
+    PruneOutcome,
+    Session,
+    View,
+    ViewFormat,
+    ViewItem,
+    ViewWarning,
+)
 from contextd_client.formats import items_from_anthropic, items_from_openai
 
 __version__ = "0.1.0"
@@ -34,12 +45,15 @@ __all__ = [
     "AlreadyExists",
     "AppendResult",
     "AsyncClient",
+    "Certificate",
     "Client",
     "ContextdError",
     "DeadlineExceeded",
+    "Explanation",
     "InvalidArgument",
     "ItemReceipt",
     "NotFound",
+    "PruneOutcome",
     "RetryPolicy",
     "Session",
     "Unauthenticated",

@@ -7,6 +7,7 @@ that call reuses.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,7 +17,15 @@ import grpc
 
 from contextd_client._errors import ContextdError, error_from_rpc
 from contextd_client._retry import RetryPolicy
-from contextd_client._types import AppendResult, Session, View, ViewFormat
+from contextd_client._types import (
+    AppendResult,
+    Certificate,
+    Explanation,
+    PruneOutcome,
+    Session,
+    View,
+    ViewFormat,
+)
 from contextd_client.v1 import content_pb2 as pb
 from contextd_client.v1 import contextd_pb2 as api
 
@@ -134,7 +143,9 @@ def append_items(
     return Call("AppendItems", request, AppendResult.from_proto, writes=True)
 
 
-def render_view(session_id: str, fmt: ViewFormat | str, budget_tokens: int, focus: Sequence[str]) -> Call[View]:
+def render_view(
+    session_id: str, fmt: ViewFormat | str, budget_tokens: int, focus: Sequence[str], tools: Sequence[Any] | None
+) -> Call[View]:
     return Call(
         "RenderView",
         api.RenderViewRequest(
@@ -142,6 +153,45 @@ def render_view(session_id: str, fmt: ViewFormat | str, budget_tokens: int, focu
             format=ViewFormat(fmt).to_proto(),
             budget_tokens=budget_tokens,
             focus=list(focus),
+            tools_json=json.dumps(list(tools)) if tools else "",
         ),
         lambda r: View.from_proto(r.view),
     )
+
+
+def pin(session_id: str, seqs: Sequence[int], pinning: bool) -> Call[list[int]]:
+    # Pinning twice is pinning once: safe to retry.
+    if pinning:
+        return Call(
+            "Pin", api.PinRequest(session_id=session_id, seqs=list(seqs)), lambda r: list(r.pinned), writes=True
+        )
+    request = api.UnpinRequest(session_id=session_id, seqs=list(seqs))
+    return Call("Unpin", request, lambda r: list(r.unpinned), writes=True)
+
+
+def propose_prune(session_id: str, seqs: Sequence[int], reason: str) -> Call[list[PruneOutcome]]:
+    return Call(
+        "ProposePrune",
+        api.ProposePruneRequest(session_id=session_id, seqs=list(seqs), reason=reason),
+        lambda r: [PruneOutcome(o.seq, o.accepted, o.reason) for o in r.outcomes],
+    )
+
+
+def list_certificates(
+    session_id: str, page_size: int, page_token: str, **where: Any
+) -> Call[tuple[list[Certificate], str]]:
+    request = api.ListCertificatesRequest(session_id=session_id, page_size=page_size, page_token=page_token)
+    if where.get("decision"):
+        request.decision = api.Decision.Value("DECISION_" + where["decision"].upper())
+    for name in ("level", "seq", "view_version"):
+        if where.get(name) is not None:
+            setattr(request, name, where[name])
+    return Call(
+        "ListCertificates",
+        request,
+        lambda r: ([Certificate.from_proto(c) for c in r.certificates], r.next_page_token),
+    )
+
+
+def explain_item(session_id: str, seq: int) -> Call[Explanation]:
+    return Call("ExplainItem", api.ExplainItemRequest(session_id=session_id, seq=seq), Explanation.from_proto)

@@ -13,13 +13,17 @@ from contextd_client._calls import Call, after_failure
 from contextd_client._calls import append_items as _append_items
 from contextd_client._calls import create_session as _create_session
 from contextd_client._calls import delete_session as _delete_session
+from contextd_client._calls import explain_item as _explain_item
 from contextd_client._calls import get_session as _get_session
+from contextd_client._calls import list_certificates as _list_certificates
 from contextd_client._calls import list_sessions as _list_sessions
+from contextd_client._calls import pin as _pin
+from contextd_client._calls import propose_prune as _propose_prune
 from contextd_client._calls import render_view as _render_view
 from contextd_client._calls import update_session as _update_session
 from contextd_client._channel import ChannelConfig
 from contextd_client._retry import RetryPolicy
-from contextd_client._types import AppendResult, Session, View, ViewFormat
+from contextd_client._types import AppendResult, Certificate, Explanation, PruneOutcome, Session, View, ViewFormat
 from contextd_client.formats import items_from_anthropic, items_from_openai
 from contextd_client.v1 import content_pb2 as pb
 from contextd_client.v1 import contextd_pb2_grpc
@@ -127,9 +131,16 @@ class Client:
     # --------------------------------------------------------------- views
 
     def render_view(
-        self, session_id: str, format: ViewFormat | str, *, budget_tokens: int = 0, focus: Sequence[str] = ()
+        self,
+        session_id: str,
+        format: ViewFormat | str,
+        *,
+        budget_tokens: int = 0,
+        focus: Sequence[str] = (),
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> View:
-        return self._run(_render_view(session_id, format, budget_tokens, focus))
+        """Render the session; `tools` (the provider tools array) lets transforms see the request's tools."""
+        return self._run(_render_view(session_id, format, budget_tokens, focus, tools))
 
     def render_openai(self, session_id: str, *, budget_tokens: int = 0) -> list[dict[str, Any]]:
         """The view as Chat Completions ``messages``."""
@@ -139,6 +150,44 @@ class Client:
         """The view as ``messages.create`` keywords: ``messages`` and, when present, ``system``."""
         view = self.render_view(session_id, ViewFormat.ANTHROPIC_MESSAGES, budget_tokens=budget_tokens)
         return view.anthropic_kwargs()
+
+    # ------------------------------------------------------------ controls
+
+    def pin(self, session_id: str, seqs: Sequence[int]) -> list[int]:
+        """Pin items: never pruned, and shown in full again if they were."""
+        return self._run(_pin(session_id, seqs, pinning=True))
+
+    def unpin(self, session_id: str, seqs: Sequence[int]) -> list[int]:
+        return self._run(_pin(session_id, seqs, pinning=False))
+
+    def propose_prune(self, session_id: str, seqs: Sequence[int], reason: str = "") -> list[PruneOutcome]:
+        """Ask for items to be pruned (protected ones are refused); applied at a cache-safe point."""
+        return self._run(_propose_prune(session_id, seqs, reason))
+
+    def list_certificates(
+        self,
+        session_id: str,
+        *,
+        decision: str | None = None,
+        level: int | None = None,
+        seq: int | None = None,
+        view_version: int | None = None,
+        page_size: int = 100,
+    ) -> Iterator[Certificate]:
+        """The session's certificates, oldest first, optionally filtered, a page at a time."""
+        token = ""
+        while True:
+            call = _list_certificates(
+                session_id, page_size, token, decision=decision, level=level, seq=seq, view_version=view_version
+            )
+            page, token = self._run(call)
+            yield from page
+            if not token:
+                return
+
+    def explain_item(self, session_id: str, seq: int) -> Explanation:
+        """How item `seq` is shown now, whether it is pinned or protected, and its certificates."""
+        return self._run(_explain_item(session_id, seq))
 
     # ------------------------------------------------------------ plumbing
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -118,6 +118,13 @@ class View:
     warnings: tuple[ViewWarning, ...]
     messages_json: str
     """The exact bytes the service rendered, for callers that forward JSON untouched."""
+    view_version: int = 0
+    stable_prefix_tokens: int = 0
+    """Tokens at the start identical to the previous render (what a prompt cache can reuse)."""
+    request_patch: dict[str, Any] = field(default_factory=dict)
+    """Provider request fields the view asks to set."""
+    certificates: tuple[Certificate, ...] = ()
+    """The decisions this render took."""
 
     def anthropic_kwargs(self) -> dict[str, Any]:
         """``messages`` and, when present, ``system``, to splat into ``messages.create``."""
@@ -139,7 +146,7 @@ class View:
             items=tuple(
                 ViewItem(
                     seq=i.seq,
-                    representation=api.Representation.Name(i.representation).removeprefix("REPRESENTATION_").lower(),
+                    representation=_representation(i.representation),
                     tokens=i.tokens,
                     message_index=i.message_index,
                     handle=i.handle,
@@ -153,4 +160,104 @@ class View:
             over_budget=message.over_budget,
             warnings=tuple(ViewWarning(w.code, w.message) for w in message.warnings),
             messages_json=message.messages_json,
+            view_version=message.view_version,
+            stable_prefix_tokens=message.stable_prefix_tokens,
+            request_patch=json.loads(message.request_patch_json or "{}"),
+            certificates=tuple(Certificate.from_proto(c) for c in message.certificates),
         )
+
+
+_DECISIONS = {
+    api.DECISION_KEEP: "keep",
+    api.DECISION_PRUNE: "prune",
+    api.DECISION_DEFER: "defer",
+    api.DECISION_ABSTAIN: "abstain",
+    api.DECISION_APPLY: "apply",
+}
+_CONTROLS = {api.CONTROL_MODE_RULE: "rule", api.CONTROL_MODE_AGENT: "agent", api.CONTROL_MODE_OPERATOR: "operator"}
+
+
+@dataclass(frozen=True, slots=True)
+class Certificate:
+    """One decision of the view engine and why it was taken."""
+
+    number: int
+    """1, 2, 3 ... within the session (0 in a dry run)."""
+    seq: int
+    decision: str
+    """"keep", "prune", "defer", "abstain" or "apply"."""
+    level: int
+    rule: str
+    reason: str
+    evidence: str
+    rationale: str
+    handle: str
+    protection: str
+    tokens_removed: int
+    placeholder_tokens: int
+    first_divergence_tokens: int
+    mutation_radius_tokens: int
+    estimated_cost_effect: float
+    view_version: int
+    policy_version: str
+    control: str
+    """"rule", "agent" or "operator"."""
+    previous_hash: str
+    hash: str
+
+    @classmethod
+    def from_proto(cls, message: api.Certificate) -> Certificate:
+        return cls(
+            number=int(message.id or 0),
+            seq=message.seq,
+            decision=_DECISIONS.get(message.decision, ""),
+            level=message.level,
+            rule=message.rule,
+            reason=message.reason,
+            evidence=message.evidence,
+            rationale=message.rationale,
+            handle=message.handle,
+            protection=message.protection,
+            tokens_removed=message.tokens_removed,
+            placeholder_tokens=message.placeholder_tokens,
+            first_divergence_tokens=message.first_divergence_tokens,
+            mutation_radius_tokens=message.mutation_radius_tokens,
+            estimated_cost_effect=message.estimated_cost_effect,
+            view_version=message.applied_at_view_version,
+            policy_version=message.policy_version,
+            control=_CONTROLS.get(message.control_mode, ""),
+            previous_hash=message.previous_hash,
+            hash=message.hash,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PruneOutcome:
+    seq: int
+    accepted: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Why an item is shown the way it is now."""
+
+    seq: int
+    representation: str
+    pinned: bool
+    protection: str
+    certificates: tuple[Certificate, ...]
+
+    @classmethod
+    def from_proto(cls, message: api.ExplainItemResponse) -> Explanation:
+        return cls(
+            seq=message.item.seq,
+            representation=_representation(message.representation),
+            pinned=message.pinned,
+            protection=message.protection,
+            certificates=tuple(Certificate.from_proto(c) for c in message.certificates),
+        )
+
+
+def _representation(value: int) -> str:
+    return api.Representation.Name(value).removeprefix("REPRESENTATION_").lower()  # type: ignore[arg-type]

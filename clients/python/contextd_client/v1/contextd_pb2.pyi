@@ -1217,6 +1217,8 @@ class Certificate(_message.Message):
     CREATED_AT_FIELD_NUMBER: _builtins.int
     PREVIOUS_HASH_FIELD_NUMBER: _builtins.int
     HASH_FIELD_NUMBER: _builtins.int
+    RATIONALE_FIELD_NUMBER: _builtins.int
+    VIEW_FORMAT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     session_id: _builtins.str
     seq: _builtins.int
@@ -1238,6 +1240,12 @@ class Certificate(_message.Message):
     control_mode: Global___ControlMode.ValueType
     previous_hash: _builtins.str
     hash: _builtins.str
+    rationale: _builtins.str
+    """Why this decision: the protection, the missing evidence, or the cache
+    arithmetic.
+    """
+    view_format: Global___ViewFormat.ValueType
+    """The view format whose render made the decision."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -1264,10 +1272,12 @@ class Certificate(_message.Message):
         created_at: _timestamp_pb2.Timestamp | None = ...,
         previous_hash: _builtins.str = ...,
         hash: _builtins.str = ...,
+        rationale: _builtins.str = ...,
+        view_format: Global___ViewFormat.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_at_view_version", b"applied_at_view_version", "control_mode", b"control_mode", "created_at", b"created_at", "decision", b"decision", "estimated_cost_effect", b"estimated_cost_effect", "evidence", b"evidence", "first_divergence_tokens", b"first_divergence_tokens", "handle", b"handle", "hash", b"hash", "id", b"id", "level", b"level", "mutation_radius_tokens", b"mutation_radius_tokens", "placeholder_tokens", b"placeholder_tokens", "policy_version", b"policy_version", "previous_hash", b"previous_hash", "protection", b"protection", "reason", b"reason", "rule", b"rule", "seq", b"seq", "session_id", b"session_id", "tokens_removed", b"tokens_removed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_at_view_version", b"applied_at_view_version", "control_mode", b"control_mode", "created_at", b"created_at", "decision", b"decision", "estimated_cost_effect", b"estimated_cost_effect", "evidence", b"evidence", "first_divergence_tokens", b"first_divergence_tokens", "handle", b"handle", "hash", b"hash", "id", b"id", "level", b"level", "mutation_radius_tokens", b"mutation_radius_tokens", "placeholder_tokens", b"placeholder_tokens", "policy_version", b"policy_version", "previous_hash", b"previous_hash", "protection", b"protection", "rationale", b"rationale", "reason", b"reason", "rule", b"rule", "seq", b"seq", "session_id", b"session_id", "tokens_removed", b"tokens_removed", "view_format", b"view_format"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,287 @@
+"""The view engine's records: view states, pins, prune proposals, the
+certificate log and history-mode mutations.
+
+Functions that take a connection run inside the caller's transaction (a
+render holds the session lock for all of them); the others open their own.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from contextd.engine.certificates import GENESIS, Certificate, CertificateBody, Decision, chain
+from contextd.engine.errors import InvalidArgument
+from contextd.engine.pipeline import AgentProposal
+from contextd.engine.state import (
+    AppliedEdit,
+    ControlMode,
+    ViewState,
+    applied_from_json,
+    applied_to_json,
+    state_from_json,
+    state_to_json,
+)
+from contextd.engine.transforms import target_of
+from contextd.storage import schema
+from contextd.telemetry import traced
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+# ------------------------------------------------------------------ state
+
+
+async def load_state(conn: AsyncConnection, key: int, view_format: str) -> ViewState:
+    v = schema.view_states
+    text = (
+        await conn.execute(select(v.c.state).where(v.c.session_key == key, v.c.format == view_format))
+    ).scalar_one_or_none()
+    return ViewState() if text is None else state_from_json(text)
+
+
+async def latest_state(conn: AsyncConnection, key: int) -> tuple[str, ViewState] | None:
+    """The most recently rendered format of a session and its state."""
+    v = schema.view_states
+    row = (
+        await conn.execute(
+            select(v.c.format, v.c.state).where(v.c.session_key == key).order_by(v.c.updated_at.desc()).limit(1)
+        )
+    ).first()
+    return None if row is None else (row.format, state_from_json(row.state))
+
+
+@traced("storage.save_view_state")
+async def save_state(conn: AsyncConnection, key: int, view_format: str, state: ViewState) -> None:
+    v = schema.view_states
+    values = {"view_version": state.view_version, "state": state_to_json(state), "updated_at": _now()}
+    changed = await conn.execute(update(v).where(v.c.session_key == key, v.c.format == view_format).values(**values))
+    if changed.rowcount == 0:
+        await conn.execute(insert(v).values(session_key=key, format=view_format, **values))
+
+
+# ------------------------------------------------------------------- pins
+
+
+async def pinned(conn: AsyncConnection, key: int) -> frozenset[int]:
+    p = schema.pins
+    return frozenset((await conn.execute(select(p.c.seq).where(p.c.session_key == key))).scalars())
+
+
+async def pin(conn: AsyncConnection, key: int, seqs: Sequence[int]) -> None:
+    p = schema.pins
+    have = await pinned(conn, key)
+    new = sorted(set(seqs) - have)
+    if new:
+        await conn.execute(insert(p), [{"session_key": key, "seq": s, "created_at": _now()} for s in new])
+
+
+async def unpin(conn: AsyncConnection, key: int, seqs: Sequence[int]) -> None:
+    p = schema.pins
+    await conn.execute(delete(p).where(p.c.session_key == key, p.c.seq.in_(sorted(set(seqs)))))
+
+
+# -------------------------------------------------------------- proposals
+
+
+async def propose(conn: AsyncConnection, key: int, seqs: Sequence[int], reason: str) -> None:
+    await conn.execute(
+        insert(schema.prune_proposals),
+        [{"session_key": key, "seq": s, "reason": reason, "created_at": _now()} for s in seqs],
+    )
+
+
+async def proposals(conn: AsyncConnection, key: int) -> list[AgentProposal]:
+    p = schema.prune_proposals
+    rows = await conn.execute(select(p.c.id, p.c.seq, p.c.reason).where(p.c.session_key == key).order_by(p.c.id))
+    return [AgentProposal(r.id, r.seq, r.reason) for r in rows]
+
+
+async def forget_proposals(conn: AsyncConnection, ids: Sequence[int]) -> None:
+    if ids:
+        p = schema.prune_proposals
+        await conn.execute(delete(p).where(p.c.id.in_(sorted(ids))))
+
+
+# ----------------------------------------------------------- certificates
+
+
+@traced("storage.append_certificates")
+async def append_certificates(
+    conn: AsyncConnection,
+    key: int,
+    bodies: Sequence[CertificateBody],
+    view_format: str,
+    view_version: int,
+    policy_version: str,
+) -> list[Certificate]:
+    """Number, chain and store `bodies` after the session's last certificate."""
+    if not bodies:
+        return []
+    c = schema.certificates
+    last = (
+        await conn.execute(
+            select(c.c.number, c.c.hash).where(c.c.session_key == key).order_by(c.c.number.desc()).limit(1)
+        )
+    ).first()
+    chained = chain(
+        bodies, (last.number + 1) if last else 1, last.hash if last else GENESIS, view_version, policy_version
+    )
+    now = _now()
+    await conn.execute(
+        insert(c),
+        [
+            {
+                "session_key": key,
+                "number": cert.number,
+                "seq": cert.body.seq,
+                "decision": cert.body.decision.value,
+                "level": cert.body.level,
+                "rule": cert.body.rule,
+                "reason": cert.body.reason,
+                "evidence": cert.body.evidence,
+                "rationale": cert.body.rationale,
+                "handle": cert.body.handle,
+                "protection": cert.body.protection,
+                "tokens_removed": cert.body.tokens_removed,
+                "placeholder_tokens": cert.body.placeholder_tokens,
+                "first_divergence_tokens": cert.body.first_divergence_tokens,
+                "mutation_radius_tokens": cert.body.mutation_radius_tokens,
+                "cost_effect": cert.body.cost_effect,
+                "control": cert.body.control.value,
+                "view_format": view_format,
+                "view_version": cert.view_version,
+                "policy_version": cert.policy_version,
+                "previous_hash": cert.previous_hash,
+                "hash": cert.hash,
+                "created_at": now,
+            }
+            for cert in chained
+        ],
+    )
+    return chained
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCertificate:
+    certificate: Certificate
+    view_format: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class CertificateFilter:
+    decision: Decision | None = None
+    level: int | None = None
+    seq: int | None = None
+    view_version: int | None = None
+
+
+def _stored(row: Any) -> StoredCertificate:
+    body = CertificateBody(
+        seq=row.seq,
+        decision=Decision(row.decision),
+        level=row.level,
+        rule=row.rule,
+        reason=row.reason,
+        evidence=row.evidence,
+        rationale=row.rationale,
+        handle=row.handle,
+        protection=row.protection,
+        tokens_removed=row.tokens_removed,
+        placeholder_tokens=row.placeholder_tokens,
+        first_divergence_tokens=row.first_divergence_tokens,
+        mutation_radius_tokens=row.mutation_radius_tokens,
+        cost_effect=row.cost_effect,
+        control=ControlMode(row.control),
+    )
+    created = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=UTC)
+    cert = Certificate(row.number, body, row.view_version, row.policy_version, row.previous_hash, row.hash)
+    return StoredCertificate(cert, row.view_format, created)
+
+
+@traced("storage.list_certificates")
+async def list_certificates(
+    conn: AsyncConnection, key: int, where: CertificateFilter, page_size: int, page_token: str
+) -> tuple[list[StoredCertificate], str]:
+    c = schema.certificates
+    after = _decode_token(page_token)
+    query = select(c).where(c.c.session_key == key, c.c.number > after)
+    if where.decision is not None:
+        query = query.where(c.c.decision == where.decision.value)
+    if where.level is not None:
+        query = query.where(c.c.level == where.level)
+    if where.seq is not None:
+        query = query.where(c.c.seq == where.seq)
+    if where.view_version is not None:
+        query = query.where(c.c.view_version == where.view_version)
+    rows = (await conn.execute(query.order_by(c.c.number).limit(page_size + 1))).all()
+    page = [_stored(r) for r in rows[:page_size]]
+    more = len(rows) > page_size
+    return page, _encode_token(page[-1].certificate.number) if more else ""
+
+
+async def all_certificates(conn: AsyncConnection, key: int) -> list[Certificate]:
+    c = schema.certificates
+    rows = await conn.execute(select(c).where(c.c.session_key == key).order_by(c.c.number))
+    return [_stored(r).certificate for r in rows]
+
+
+async def count_certificates(conn: AsyncConnection, key: int) -> int:
+    c = schema.certificates
+    return int((await conn.execute(select(func.count()).where(c.c.session_key == key))).scalar_one())
+
+
+def _encode_token(number: int) -> str:
+    return base64.urlsafe_b64encode(f"certificate:{number}".encode()).decode()
+
+
+def _decode_token(token: str) -> int:
+    if not token:
+        return 0
+    try:
+        prefix, _, value = base64.urlsafe_b64decode(token.encode()).decode().partition(":")
+        if prefix != "certificate":
+            raise ValueError(prefix)
+        return int(value)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidArgument.at("page_token", "not a page token this service issued") from None
+
+
+# -------------------------------------------------------------- mutations
+
+
+async def append_mutations(conn: AsyncConnection, key: int, edits: Sequence[AppliedEdit]) -> None:
+    if not edits:
+        return
+    m = schema.mutations
+    last = (await conn.execute(select(func.max(m.c.number)).where(m.c.session_key == key))).scalar_one() or 0
+    now = _now()
+    await conn.execute(
+        insert(m),
+        [
+            {
+                "session_key": key,
+                "number": last + n,
+                "seq": target_of(e.edit) or 0,
+                "edit": applied_to_json(e),
+                "created_at": now,
+            }
+            for n, e in enumerate(edits, start=1)
+        ],
+    )
+
+
+async def load_mutations(conn: AsyncConnection, key: int) -> tuple[AppliedEdit, ...]:
+    m = schema.mutations
+    rows = await conn.execute(select(m.c.edit).where(m.c.session_key == key).order_by(m.c.number))
+    return tuple(applied_from_json(r.edit) for r in rows)
