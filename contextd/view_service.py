@@ -65,6 +65,7 @@ class ViewService:
         self.registry = registry
         self.clock = clock
         self._policies: dict[str, Policy] = {}
+        self._states = views.StateCache()
 
     def policy_of(self, session: Session) -> Policy:
         """The session's parsed policy, parsed once per version."""
@@ -102,7 +103,7 @@ class ViewService:
                     request=request,
                     counter=self.counter,
                     registry=self.registry,
-                    state=await views.load_state(conn, key, fmt),
+                    state=await views.load_state(conn, key, fmt, self._states),
                     now=self.clock(),
                     pins=await views.pinned(conn, key),
                     agent_proposals=await views.proposals(conn, key),
@@ -123,6 +124,8 @@ class ViewService:
                 certificates = [
                     Certificate(0, body, out.state.view_version, policy.version, "", "") for body in out.certificates
                 ]
+        if not dry_run:
+            self._states.put(key, fmt, out.state)  # committed now
         view = out.view
         annotate(
             session_id=session_id,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 
 from contextd.engine.model import Role
 from contextd.engine.policy import Policy
@@ -22,21 +21,38 @@ LEVELS = {
 }
 
 
+class Protections:
+    """Why each item is protected ("" when it is not), worked out on first asking:
+    a render asks only about the items something proposes to change."""
+
+    def __init__(self, entries: Sequence[Entry], policy: Policy) -> None:
+        self._entries = {e.seq: e for e in entries}
+        self._policy = policy
+        self._turns = entries[-1].turn + 1 if entries else 0
+        latest_result: dict[str, Entry] = {}
+        for entry in entries:
+            result = entry.item.tool_result
+            if result is not None:
+                latest_result[result.name] = entry
+        self._latest_errors = {
+            e.seq for e in latest_result.values() if e.item.tool_result and e.item.tool_result.is_error
+        }
+        self._known: dict[int, str] = {}
+
+    def of(self, seq: int) -> str:
+        if seq not in self._known:
+            entry = self._entries.get(seq)
+            self._known[seq] = _protection(entry, self._policy, self._turns, self._latest_errors) if entry else ""
+        return self._known[seq]
+
+    def all(self) -> dict[int, str]:
+        """seq -> reason, for every protected item."""
+        return {seq: reason for seq in self._entries if (reason := self.of(seq))}
+
+
 def protections(entries: Sequence[Entry], policy: Policy) -> dict[int, str]:
     """seq -> why the item is protected, for every protected item."""
-    turns = entries[-1].turn + 1 if entries else 0
-    latest_result: dict[str, Entry] = {}
-    for entry in entries:
-        result = entry.item.tool_result
-        if result is not None:
-            latest_result[result.name] = entry
-    latest_errors = {e.seq for e in latest_result.values() if e.item.tool_result and e.item.tool_result.is_error}
-    found: dict[int, str] = {}
-    for entry in entries:
-        reason = _protection(entry, policy, turns, latest_errors)
-        if reason:
-            found[entry.seq] = reason
-    return found
+    return Protections(entries, policy).all()
 
 
 def _protection(entry: Entry, policy: Policy, turns: int, latest_errors: set[int]) -> str:
@@ -52,14 +68,15 @@ def _protection(entry: Entry, policy: Policy, turns: int, latest_errors: set[int
         return f"within the last {rules.last_turns} turns"
     if rules.latest_error_per_tool and entry.seq in latest_errors:
         return "the latest error of its tool, not yet followed by a success"
-    tools = [item.tool_result.name] if item.tool_result else [u.name for u in item.tool_uses]
-    for pattern in rules.tools:
-        if any(fnmatchcase(t, pattern) for t in tools):
-            return f"protected tool ({pattern})"
-    if item.source is not None:
-        for pattern in rules.sources:
-            if fnmatchcase(item.source.uri, pattern):
-                return f"protected source ({pattern})"
+    if rules.tools:
+        for tool in [item.tool_result.name] if item.tool_result else [u.name for u in item.tool_uses]:
+            pattern = rules.tools.match(tool)
+            if pattern:
+                return f"protected tool ({pattern})"
+    if item.source is not None and rules.sources:
+        pattern = rules.sources.match(item.source.uri)
+        if pattern:
+            return f"protected source ({pattern})"
     return ""
 
 
@@ -76,7 +93,7 @@ def judge(
     proposal: Proposal,
     control: ControlMode,
     entries: Mapping[int, Entry],
-    protected: Mapping[int, str],
+    protected: Protections,
     policy: Policy,
 ) -> Verdict:
     """The eligibility of one proposal; an ineligible one says KEEP or ABSTAIN and why."""
@@ -84,8 +101,9 @@ def judge(
     if seq is not None:
         if seq not in entries:
             return Verdict(False, "ABSTAIN", f"item {seq} is not in the history")
-        if seq in protected:
-            return Verdict(False, "KEEP", f"protected: {protected[seq]}", protected[seq])
+        reason = protected.of(seq)
+        if reason:
+            return Verdict(False, "KEEP", f"protected: {reason}", reason)
     if proposal.abstain:
         return Verdict(False, "ABSTAIN", proposal.evidence or "the transform could not establish that it is safe")
     if not 0 <= proposal.level <= 4:

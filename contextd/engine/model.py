@@ -128,10 +128,11 @@ class ItemContent:
 
     @property
     def tool_result(self) -> ToolResultBlock | None:
-        """The tool result of a TOOL item (which holds exactly one)."""
-        for block in self.content:
-            if isinstance(block, ToolResultBlock):
-                return block
+        """The tool result of a TOOL item (which holds exactly one, validated at append)."""
+        if self.role is Role.TOOL:
+            for block in self.content:
+                if isinstance(block, ToolResultBlock):
+                    return block
         return None
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.codec import content_hash
-from contextd.engine.eligibility import judge, protections
+from contextd.engine.eligibility import Protections, judge, protections
 from contextd.engine.model import (
     Block,
     Item,
@@ -181,7 +181,8 @@ class _View:
                 self.patches[name] = value
 
     def _set(self, seq: int, content: tuple[Block, ...], kind: Representation, tokens: int) -> None:
-        self.entries[seq] = replace(self.entries[seq], content=content, representation=kind, tokens=tokens)
+        old = self.entries[seq]
+        self.entries[seq] = Entry(old.item, content, kind, tokens, old.turn, old.pinned)
 
     def ordered(self) -> list[Entry]:
         return [self.entries[s] for s in self.order]
@@ -256,7 +257,7 @@ def render(inp: RenderInput) -> RenderOutput:
     decided_proposals: list[int] = []
 
     # 3. Eligibility.
-    protected = protections(context.entries, policy)
+    protected = Protections(context.entries, policy)
     eligible: list[tuple[_Candidate, tuple[Block, ...], int]] = []
     still_pending: list[PendingEdit] = []
     for candidate in candidates:
@@ -388,9 +389,10 @@ def _candidates(inp: RenderInput, context: TransformContext, taken: set[int | No
                 agent_id=proposal.id,
             )
         )
+    open_entries = [e for e in context.entries if e.seq not in taken]
     for rule in inp.policy.rules:
         transform = inp.registry.get(rule.transform)
-        picked = [e for e in context.entries if e.seq not in taken and matches(rule.when, e, context)]
+        picked = [e for e in open_entries if matches(rule.when, e, context)]
         out.extend(_Candidate(p, rule.name, ControlMode.RULE) for p in transform.propose(context, picked, rule.params))
     # One decision per item: the first proposal for it wins (policy order).
     seen: set[int] = set()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 
 from contextd.engine.codec import canonical_json, item_to_json
+from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import (
     Block,
     Item,
@@ -28,9 +29,13 @@ from contextd.engine.model import (
 PREFIX = "[contextd:"
 
 
+_handles: IdentityMemo[str] = IdentityMemo(100_000)
+
+
 def handle_of(item: Item) -> str:
     """16 hex characters of the SHA-256 of the item's original content: the key to get it back."""
-    return hashlib.sha256(canonical_json(item_to_json(item))).hexdigest()[:16]
+    # Every render shows the handles of all the items edits keep out of it.
+    return _handles.get((item,), lambda: hashlib.sha256(canonical_json(item_to_json(item))).hexdigest()[:16])
 
 
 def arguments_digest(input_json: str) -> str:

@@ -10,10 +10,11 @@ path of the field (``rules[1].when.tokenz``).
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.resources import files
@@ -56,14 +57,40 @@ PROVIDER_PRICES: Mapping[str, Prices] = {
 
 
 @dataclass(frozen=True, slots=True)
+class Globs:
+    """Glob patterns (``memory_*``, ``file:///repo/*.md``), compiled once into one expression."""
+
+    patterns: tuple[str, ...] = ()
+    _compiled: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.patterns:
+            expression = "|".join(f"(?:{fnmatch.translate(p)})" for p in self.patterns)
+            object.__setattr__(self, "_compiled", re.compile(expression))
+
+    def __bool__(self) -> bool:
+        return bool(self.patterns)
+
+    def match(self, text: str) -> str | None:
+        """The first pattern `text` matches, or None."""
+        if self._compiled is None or not self._compiled.match(text):
+            return None
+        return next(p for p in self.patterns if fnmatch.fnmatchcase(text, p))
+
+    def matches_any(self, texts: Sequence[str]) -> bool:
+        compiled = self._compiled
+        return compiled is not None and any(compiled.match(t) for t in texts)
+
+
+@dataclass(frozen=True, slots=True)
 class Protection:
     last_turns: int = 2
     user_items: bool = True
     latest_error_per_tool: bool = True
-    tools: tuple[str, ...] = ()
-    """Glob patterns of tool names."""
-    sources: tuple[str, ...] = ()
-    """Glob patterns of source URIs."""
+    tools: Globs = Globs()
+    """Tool names."""
+    sources: Globs = Globs()
+    """Source URIs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,14 +121,14 @@ class When:
     """A rule's conditions on a candidate; all that are set must hold."""
 
     roles: frozenset[Role] | None = None
-    tools_include: tuple[str, ...] = ()
-    tools_exclude: tuple[str, ...] = ()
+    tools_include: Globs = Globs()
+    tools_exclude: Globs = Globs()
     content_types: frozenset[str] | None = None
     tokens: Range | None = None
     age_turns: Range | None = None
     utilization: Range | None = None
     regex: re.Pattern[str] | None = None
-    source_glob: str | None = None
+    source_glob: Globs = Globs()
     pinned: bool | None = None
 
 
@@ -218,8 +245,8 @@ def _build(data: dict[str, Any], document: str, registry: TransformRegistry, roo
             last_turns=protection.get("last_turns", default.protection.last_turns),
             user_items=protection.get("user_items", default.protection.user_items),
             latest_error_per_tool=protection.get("latest_error_per_tool", default.protection.latest_error_per_tool),
-            tools=tuple(protection.get("tools", ())),
-            sources=tuple(protection.get("sources", ())),
+            tools=Globs(tuple(protection.get("tools", ()))),
+            sources=Globs(tuple(protection.get("sources", ()))),
         ),
         max_level=data.get("evidence", {}).get("max_level", default.max_level),
         cache=CachePolicy(
@@ -250,14 +277,14 @@ def _when(raw: Mapping[str, Any], path: str) -> tuple[When, list[FieldViolation]
     tools = raw.get("tools", {})
     when = When(
         roles=frozenset(Role(r) for r in raw["roles"]) if "roles" in raw else None,
-        tools_include=tuple(tools.get("include", ())),
-        tools_exclude=tuple(tools.get("exclude", ())),
+        tools_include=Globs(tuple(tools.get("include", ()))),
+        tools_exclude=Globs(tuple(tools.get("exclude", ()))),
         content_types=frozenset(raw["content_types"]) if "content_types" in raw else None,
         tokens=ranges.get("tokens"),
         age_turns=ranges.get("age_turns"),
         utilization=ranges.get("utilization"),
         regex=pattern,
-        source_glob=raw.get("source_glob"),
+        source_glob=Globs((raw["source_glob"],)) if "source_glob" in raw else Globs(),
         pinned=raw.get("pinned"),
     )
     return when, problems

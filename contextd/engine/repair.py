@@ -18,7 +18,6 @@ are applied (placeholders.kept_for_calls), not here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from contextd.engine.model import Representation, Role, ToolUseBlock
 from contextd.engine.placeholders import placeholder_blocks
@@ -34,11 +33,16 @@ def repair(entries: Sequence[Entry], counter: TokenCounter) -> tuple[list[Entry]
     _open_with_user(shown, warnings, counter)
 
     # Each tool call's result entry, wherever history put it.
-    results = {e.item.tool_result.tool_use_id: e for e in shown if e.item.tool_result is not None}
+    results: dict[str, Entry] = {}
+    for entry in shown:
+        result = entry.item.tool_result
+        if result is not None:
+            results[result.tool_use_id] = entry
+    answers = {id(e) for e in results.values()}
     placed: set[int] = set()
     ordered: list[Entry] = []
     for entry in shown:
-        if entry.item.tool_result is not None:
+        if id(entry) in answers:
             continue  # placed right after its call, below
         ordered.append(entry)
         if entry.representation is Representation.OMITTED:
@@ -58,7 +62,7 @@ def repair(entries: Sequence[Entry], counter: TokenCounter) -> tuple[list[Entry]
             ordered.append(answer)
             placed.add(answer.seq)
     for entry in shown:
-        if entry.item.tool_result is not None and entry.seq not in placed:
+        if id(entry) in answers and entry.seq not in placed:
             if entry.representation is not Representation.OMITTED:
                 warnings.append(ViewWarning("REPAIR_RESULT_DROPPED", f"seq {entry.seq}: its call is not in the view"))
             ordered.append(_omit(entry))
@@ -85,8 +89,8 @@ def _open_with_user(entries: list[Entry], warnings: list[ViewWarning], counter: 
 def _as_placeholder(entry: Entry, reason: str, counter: TokenCounter) -> Entry:
     blocks = placeholder_blocks(entry.item, reason)
     tokens = sum(block_tokens(b, counter) for b in blocks)
-    return replace(entry, content=blocks, representation=Representation.PLACEHOLDER, tokens=tokens)
+    return entry._replace(content=blocks, representation=Representation.PLACEHOLDER, tokens=tokens)
 
 
 def _omit(entry: Entry) -> Entry:
-    return replace(entry, content=(), representation=Representation.OMITTED, tokens=0)
+    return entry._replace(content=(), representation=Representation.OMITTED, tokens=0)

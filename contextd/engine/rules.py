@@ -3,8 +3,7 @@ candidates a rule's transform sees."""
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
-
+from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import (
     DocumentBlock,
     ImageBlock,
@@ -26,8 +25,15 @@ _KINDS = {
 }
 
 
+_texts: IdentityMemo[str] = IdentityMemo(100_000)
+
+
 def text_of(entry: Entry) -> str:
     """The searchable text of an item as shown: texts, tool arguments and outputs."""
+    return _texts.get((entry.content,), lambda: _text(entry))
+
+
+def _text(entry: Entry) -> str:
     parts: list[str] = []
     for block in entry.content:
         if isinstance(block, TextBlock):
@@ -40,17 +46,11 @@ def text_of(entry: Entry) -> str:
 
 
 def matches(when: When, entry: Entry, context: TransformContext) -> bool:
-    """Whether every condition `when` sets holds for `entry`."""
+    """Whether every condition `when` sets holds for `entry` (the cheap ones first)."""
     item = entry.item
     if when.roles is not None and item.role not in when.roles:
         return False
-    if when.tools_include or when.tools_exclude:
-        tools = [item.tool_result.name] if item.tool_result else [u.name for u in item.tool_uses]
-        if when.tools_include and not any(fnmatchcase(t, p) for t in tools for p in when.tools_include):
-            return False
-        if any(fnmatchcase(t, p) for t in tools for p in when.tools_exclude):
-            return False
-    if when.content_types is not None and not {_KINDS[type(b)] for b in item.content} & when.content_types:
+    if when.pinned is not None and entry.pinned != when.pinned:
         return False
     if when.tokens is not None and not when.tokens.holds(entry.tokens):
         return False
@@ -58,8 +58,15 @@ def matches(when: When, entry: Entry, context: TransformContext) -> bool:
         return False
     if when.utilization is not None and not when.utilization.holds(context.utilization):
         return False
-    if when.pinned is not None and entry.pinned != when.pinned:
+    if when.tools_include or when.tools_exclude:
+        result = item.tool_result
+        tools = [result.name] if result else [u.name for u in item.tool_uses]
+        if when.tools_include and not when.tools_include.matches_any(tools):
+            return False
+        if when.tools_exclude.matches_any(tools):
+            return False
+    if when.content_types is not None and not {_KINDS[type(b)] for b in item.content} & when.content_types:
         return False
-    if when.source_glob is not None and (item.source is None or not fnmatchcase(item.source.uri, when.source_glob)):
+    if when.source_glob and (item.source is None or not when.source_glob.matches_any([item.source.uri])):
         return False
     return when.regex is None or when.regex.search(text_of(entry)) is not None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from contextd.engine.codec import blocks_from_json, blocks_to_json
 from contextd.engine.model import Block, ItemContent, Role
@@ -25,8 +25,7 @@ class ControlMode(StrEnum):
     OPERATOR = "operator"
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
+class Segment(NamedTuple):
     """One entry of a rendered view, in order."""
 
     seq: int

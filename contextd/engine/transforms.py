@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
-from contextd.engine.model import Block, Item, ItemContent, Representation, Role
+from contextd.engine.model import Block, Item, ItemContent, Representation, Role, ToolResultBlock, ToolUseBlock
 
 ENTRY_POINT_GROUP = "contextd.transforms"
 
@@ -93,9 +93,12 @@ class Proposal:
 # ---------------------------------------------------------- what it sees
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One history item as the view currently shows it."""
+class Entry(NamedTuple):
+    """One history item as the view currently shows it.
+
+    A NamedTuple rather than a frozen dataclass: every render builds one
+    per item, and tuples are several times cheaper to make.
+    """
 
     item: Item
     content: tuple[Block, ...]
@@ -114,6 +117,23 @@ class Entry:
     @property
     def role(self) -> Role:
         return self.item.role
+
+    @property
+    def name(self) -> str:
+        return self.item.name
+
+    @property
+    def tool_result(self) -> ToolResultBlock | None:
+        """The tool result as shown (for the original, see ``item.tool_result``)."""
+        if self.item.role is Role.TOOL:
+            for block in self.content:
+                if isinstance(block, ToolResultBlock):
+                    return block
+        return None
+
+    @property
+    def tool_uses(self) -> tuple[ToolUseBlock, ...]:
+        return tuple(b for b in self.content if isinstance(b, ToolUseBlock))
 
     @property
     def tool_name(self) -> str:

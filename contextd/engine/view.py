@@ -7,17 +7,18 @@ the result into the provider's format and counts it.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 from contextd.engine.codec import blocks_to_json, canonical_json
-from contextd.engine.model import Block, Item, Representation, Session
+from contextd.engine.memo import IdentityMemo
+from contextd.engine.model import Block, Representation, Session
 from contextd.engine.placeholders import handle_of
 from contextd.engine.render.anthropic import render_anthropic
-from contextd.engine.render.base import Rendered, ViewWarning
+from contextd.engine.render.base import Renderable, Rendered, ViewWarning, to_json
 from contextd.engine.render.openai import render_openai
 from contextd.engine.state import Segment
 from contextd.engine.tokens import TokenCounter, block_tokens
@@ -44,8 +45,7 @@ class ViewRequest:
     focus: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class ViewItem:
+class ViewItem(NamedTuple):
     seq: int
     representation: Representation
     tokens: int
@@ -77,19 +77,18 @@ class View:
     """Tokens at the start identical to the previous render's (what a prompt cache can reuse)."""
 
 
-_RENDERERS: dict[ViewFormat, Callable[[Sequence[Item]], Rendered]] = {
+_RENDERERS: dict[ViewFormat, Callable[[Sequence[Renderable]], Rendered]] = {
     ViewFormat.OPENAI_CHAT: render_openai,
     ViewFormat.ANTHROPIC_MESSAGES: render_anthropic,
 }
 
 
-def to_json(value: Any) -> str:
-    """The exact text a view carries: compact, key order as rendered, UTF-8 kept."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_digests: IdentityMemo[str] = IdentityMemo(100_000)
 
 
 def representation_digest(blocks: tuple[Block, ...]) -> str:
-    return hashlib.sha256(canonical_json(blocks_to_json(blocks))).hexdigest()[:16]
+    """Identifies a representation; remembered, as edits in force come back on every render."""
+    return _digests.get((blocks,), lambda: hashlib.sha256(canonical_json(blocks_to_json(blocks))).hexdigest()[:16])
 
 
 def assemble_view(
@@ -102,8 +101,8 @@ def assemble_view(
 ) -> tuple[View, tuple[Segment, ...]]:
     """Render the entries (in view order) and count; also the segments a later render compares against."""
     shown = [e for e in entries if e.representation is not Representation.OMITTED]
-    rendered = _RENDERERS[request.format]([replace(e.item, content=e.content) for e in shown])
-    view_items = tuple(_view_item(e, rendered, counter) for e in sorted(entries, key=lambda e: e.seq) if e.seq > 0)
+    rendered = _RENDERERS[request.format](shown)
+    view_items, segments = _itemize(entries, rendered, counter)
     inserted = sum(e.tokens for e in shown if e.seq < 0)
     item_tokens = sum(v.tokens for v in view_items) + inserted
     frames = len(rendered.messages) + (1 if rendered.system is not None else 0)
@@ -119,17 +118,14 @@ def assemble_view(
                 f"{request.budget_tokens:,}; the session's rules found nothing more they may remove",
             )
         )
-    segments = tuple(
-        Segment(e.seq, "" if e.representation is Representation.FULL else representation_digest(e.content), e.tokens)
-        for e in shown
-        if e.seq not in rendered.omitted
-    )
     view = View(
         session_id=session.id,
         version=session.version,
         format=request.format,
         encoding=counter.encoding,
-        messages_json=to_json(rendered.messages),
+        messages_json=to_json(rendered.messages)
+        if rendered.messages_json is None
+        else "[" + ",".join(rendered.messages_json) + "]",
         system_json=to_json(rendered.system) if rendered.system is not None else "",
         items=view_items,
         item_tokens=item_tokens,
@@ -144,10 +140,44 @@ def assemble_view(
     return view, segments
 
 
+def _itemize(
+    entries: Sequence[Entry], rendered: Rendered, counter: TokenCounter
+) -> tuple[tuple[ViewItem, ...], tuple[Segment, ...]]:
+    """The view items (in seq order) and the segments (in view order), in one pass.
+
+    This runs over every item on every render: a plain loop, the common case
+    (an item shown in full) first and inline.
+    """
+    full, omitted, index_of, dropped = Representation.FULL, rendered.omitted, rendered.message_index, rendered.dropped
+    items: list[ViewItem] = []
+    segments: list[Segment] = []
+    in_order, last = True, 0
+    for entry in entries:
+        seq = entry.item.seq
+        kind = entry.representation
+        if kind is full:
+            if seq not in omitted:
+                segments.append(Segment(seq, "", entry.tokens))
+        elif kind is not Representation.OMITTED and seq not in omitted:
+            segments.append(Segment(seq, representation_digest(entry.content), entry.tokens))
+        if seq <= 0:
+            continue
+        in_order, last = in_order and seq > last, seq
+        index = index_of.get(seq, -1)
+        if kind is full and index >= 0 and seq not in dropped:
+            items.append(ViewItem(seq, full, entry.tokens, index))
+        else:
+            items.append(_view_item(entry, rendered, counter))
+    if not in_order:
+        items.sort(key=attrgetter("seq"))
+    return tuple(items), tuple(segments)
+
+
 def _view_item(entry: Entry, rendered: Rendered, counter: TokenCounter) -> ViewItem:
     """How an item appears in the view, with the tokens of what the view actually carries."""
     index = rendered.message_index.get(entry.seq, -1)
-    handle = "" if entry.representation is Representation.FULL else handle_of(entry.item)
+    full = entry.representation is Representation.FULL
+    handle = "" if full else handle_of(entry.item)
     if entry.representation is Representation.OMITTED or entry.seq in rendered.omitted:
         return ViewItem(entry.seq, Representation.OMITTED, 0, -1, handle_of(entry.item))
     dropped = rendered.dropped.get(entry.seq)

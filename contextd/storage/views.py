@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -41,11 +42,46 @@ def _now() -> datetime:
 # ------------------------------------------------------------------ state
 
 
-async def load_state(conn: AsyncConnection, key: int, view_format: str) -> ViewState:
+class StateCache:
+    """The view states this process saved last, by session and format.
+
+    A render reads only the stored version number when it holds the state of
+    that version already: no JSON to parse, and the same objects as before,
+    which keeps the engine's memos (rendered messages, handles) warm. Another
+    replica's render changes the version, and the state is read again.
+    """
+
+    def __init__(self, max_states: int = 4096) -> None:
+        self.max_states = max_states
+        self._states: OrderedDict[tuple[int, str], ViewState] = OrderedDict()
+
+    def get(self, key: int, view_format: str, version: int) -> ViewState | None:
+        state = self._states.get((key, view_format))
+        if state is None or state.view_version != version:
+            return None
+        self._states.move_to_end((key, view_format))
+        return state
+
+    def put(self, key: int, view_format: str, state: ViewState) -> None:
+        """Remember a state once its transaction has committed (never before: a rolled-back
+        version number could be committed later, by another render, with other content)."""
+        self._states[(key, view_format)] = state
+        self._states.move_to_end((key, view_format))
+        if len(self._states) > self.max_states:
+            self._states.popitem(last=False)
+
+
+async def load_state(conn: AsyncConnection, key: int, view_format: str, cache: StateCache | None = None) -> ViewState:
     v = schema.view_states
-    text = (
-        await conn.execute(select(v.c.state).where(v.c.session_key == key, v.c.format == view_format))
-    ).scalar_one_or_none()
+    where = (v.c.session_key == key) & (v.c.format == view_format)
+    if cache is not None:
+        version = (await conn.execute(select(v.c.view_version).where(where))).scalar_one_or_none()
+        if version is None:
+            return ViewState()
+        cached = cache.get(key, view_format, version)
+        if cached is not None:
+            return cached
+    text = (await conn.execute(select(v.c.state).where(where))).scalar_one_or_none()
     return ViewState() if text is None else state_from_json(text)
 
 

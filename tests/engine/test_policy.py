@@ -71,7 +71,8 @@ def test_an_empty_document_is_the_default_policy() -> None:
 def test_every_field_is_read() -> None:
     policy = parse_policy(FULL_YAML, REGISTRY)
     assert policy.protection.last_turns == 4 and not policy.protection.user_items
-    assert policy.protection.tools == ("memory_*",) and policy.protection.sources == ("file:///repo/SPEC.md",)
+    assert policy.protection.tools.patterns == ("memory_*",)
+    assert policy.protection.sources.patterns == ("file:///repo/SPEC.md",)
     assert policy.max_level == 2
     assert (policy.cache.provider, policy.cache.expected_calls, policy.cache.high_water) == ("openai", 5, 0.8)
     assert policy.cache.prices == PROVIDER_PRICES["openai"]
@@ -80,12 +81,12 @@ def test_every_field_is_read() -> None:
     rule = policy.rules[0]
     assert rule.history and rule.transform == "mask"
     when = rule.when
-    assert when.roles == frozenset({Role.TOOL}) and when.tools_include == ("bash",)
-    assert when.tools_exclude == ("bash_safe",) and when.content_types == frozenset({"tool_result"})
+    assert when.roles == frozenset({Role.TOOL}) and when.tools_include.patterns == ("bash",)
+    assert when.tools_exclude.patterns == ("bash_safe",) and when.content_types == frozenset({"tool_result"})
     assert when.tokens is not None and when.tokens.holds(200) and not when.tokens.holds(199)
     assert when.age_turns is not None and when.age_turns.holds(100) and not when.age_turns.holds(101)
     assert when.regex is not None and when.regex.search("a Traceback")
-    assert (when.source_glob, when.pinned) == ("file:///*.py", False)
+    assert (when.source_glob.patterns, when.pinned) == (("file:///*.py",), False)
     assert policy.document == FULL_YAML
 
 

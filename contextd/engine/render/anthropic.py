@@ -15,23 +15,40 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from contextd.engine.codec import b64_text
+from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import (
     Block,
     DocumentBlock,
     ImageBlock,
-    Item,
     ReasoningBlock,
     Role,
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
-from contextd.engine.render.base import JsonObject, Rendered
+from contextd.engine.render.base import JsonObject, Renderable, Rendered, sources
 
 
-def render_anthropic(items: Sequence[Item]) -> Rendered:
+@dataclass(frozen=True, slots=True)
+class _Blocks:
+    """One item's blocks in the Messages format, with what the format could not carry."""
+
+    blocks: tuple[JsonObject, ...]
+    notes: Rendered
+
+
+_converted: IdentityMemo[_Blocks] = IdentityMemo(200_000)
+
+
+def _convert(item: Renderable) -> _Blocks:
+    notes = Rendered()
+    return _Blocks(tuple(_block(b) for b in item.content if _carried(b, item.seq, notes)), notes)
+
+
+def render_anthropic(items: Sequence[Renderable]) -> Rendered:
     out = Rendered()
     system: list[JsonObject] = []
     leading = True
@@ -48,7 +65,11 @@ def render_anthropic(items: Sequence[Item]) -> Rendered:
                 f"seq {item.seq}: the Messages API takes system text only before the first turn; sent as user text",
             )
         role = "assistant" if item.role is Role.ASSISTANT else "user"
-        blocks = [_block(b) for b in item.content if _carried(b, item.seq, out)]
+        converted = _converted.get(sources(item), lambda item=item: _convert(item))  # type: ignore[misc]
+        out.warnings.extend(converted.notes.warnings)
+        for seq, dropped in converted.notes.dropped.items():
+            out.dropped.setdefault(seq, []).extend(dropped)
+        blocks = list(converted.blocks)  # a message's list is its own: merging extends it
         if not blocks:
             out.message_index[item.seq] = -1
             out.omitted.add(item.seq)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from contextd.engine.codec import b64_text
-from contextd.engine.model import Block
+from contextd.engine.model import Block, Role, ToolResultBlock
 
 JsonObject = dict[str, Any]
 
@@ -17,6 +18,26 @@ class ViewWarning:
     code: str
     """Stable, e.g. ``REASONING_DROPPED``."""
     message: str
+
+
+class Renderable(Protocol):
+    """What a renderer reads: an Item, or an Entry (an item as a view shows it)."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def role(self) -> Role: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def content(self) -> tuple[Block, ...]: ...
+    @property
+    def tool_result(self) -> ToolResultBlock | None: ...
+
+
+def sources(shown: Renderable) -> tuple[object, ...]:
+    """The objects a rendering of `shown` is computed from (for IdentityMemo)."""
+    return (getattr(shown, "item", shown), shown.content)
 
 
 @dataclass(slots=True)
@@ -33,6 +54,8 @@ class Rendered:
     dropped: dict[int, list[Block]] = field(default_factory=dict)
     """seq -> blocks of that item the format could not carry (the rest of the item is in the view)."""
     warnings: list[ViewWarning] = field(default_factory=list)
+    messages_json: list[str] | None = None
+    """Each message already serialized, when the renderer had them (the view's JSON is their join)."""
 
     def warn(self, code: str, message: str) -> None:
         self.warnings.append(ViewWarning(code, message))
@@ -41,6 +64,11 @@ class Rendered:
         """Leave `blocks` of item `seq` out of the view, and say why."""
         self.dropped.setdefault(seq, []).extend(blocks)
         self.warn(code, message)
+
+
+def to_json(value: Any) -> str:
+    """The exact text a view carries: compact, key order as rendered, UTF-8 kept."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def data_uri(media_type: str, data: bytes) -> str:

@@ -10,36 +10,61 @@ warning in the view.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import (
     DocumentBlock,
     ImageBlock,
-    Item,
     ReasoningBlock,
     Role,
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
-from contextd.engine.render.base import JsonObject, Rendered, data_uri
+from contextd.engine.render.base import JsonObject, Renderable, Rendered, data_uri, sources, to_json
 
 
-def render_openai(items: Sequence[Item]) -> Rendered:
-    out = Rendered()
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """One item's message, serialized, with what the format could not carry."""
+
+    message: JsonObject | None
+    text: str
+    notes: Rendered
+
+
+_pieces: IdentityMemo[_Piece] = IdentityMemo(200_000)
+
+
+def render_openai(items: Sequence[Renderable]) -> Rendered:
+    out = Rendered(messages_json=[])
+    assert out.messages_json is not None
     for item in items:
-        message = _message(item, out)
-        if message is None:
+        piece = _pieces.get(sources(item), lambda item=item: _piece(item))  # type: ignore[misc]
+        if piece.notes.warnings:
+            out.warnings.extend(piece.notes.warnings)
+            for seq, blocks in piece.notes.dropped.items():
+                out.dropped.setdefault(seq, []).extend(blocks)
+        if piece.message is None:
             out.message_index[item.seq] = -1
             out.omitted.add(item.seq)
             continue
-        if item.name and item.role is not Role.TOOL:
-            message["name"] = item.name
         out.message_index[item.seq] = len(out.messages)
-        out.messages.append(message)
+        out.messages.append(piece.message)
+        out.messages_json.append(piece.text)
     return out
 
 
-def _message(item: Item, out: Rendered) -> JsonObject | None:
+def _piece(item: Renderable) -> _Piece:
+    notes = Rendered()
+    message = _message(item, notes)
+    if message is not None and item.name and item.role is not Role.TOOL:
+        message["name"] = item.name
+    return _Piece(message, to_json(message) if message is not None else "", notes)
+
+
+def _message(item: Renderable, out: Rendered) -> JsonObject | None:
     if item.role is Role.TOOL:
         result = item.tool_result
         assert result is not None  # validated at append
@@ -50,7 +75,7 @@ def _message(item: Item, out: Rendered) -> JsonObject | None:
     return {"role": item.role.value, "content": _content(parts)} if parts else None
 
 
-def _assistant(item: Item, out: Rendered) -> JsonObject | None:
+def _assistant(item: Renderable, out: Rendered) -> JsonObject | None:
     texts = [{"type": "text", "text": b.text} for b in item.content if isinstance(b, TextBlock)]
     calls = [
         {"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input_json}}

@@ -1,0 +1,136 @@
+"""Engine time of a render: cold (no previous render) and incremental (the
+previous render's state, one item appended since), with a policy of 5 rules.
+
+    python bench/engine.py [--items 1000] [--repeat 50]
+
+Runs the pure engine in-process (contextd.engine.pipeline.render): no gRPC,
+no database, so the figures are the engine's own work. Prints a Markdown
+table and the command that produced it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from contextd.engine.codec import content_hash  # noqa: E402
+from contextd.engine.model import Item, ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock  # noqa: E402
+from contextd.engine.pipeline import RenderInput, render  # noqa: E402
+from contextd.engine.policy import parse_policy  # noqa: E402
+from contextd.engine.state import ViewState  # noqa: E402
+from contextd.engine.tokens import TiktokenCounter, item_tokens  # noqa: E402
+from contextd.engine.transforms import TransformRegistry  # noqa: E402
+from contextd.engine.view import ViewFormat, ViewRequest  # noqa: E402
+from tests.helpers import CREATED_AT, make_session  # noqa: E402
+
+POLICY = """
+evidence: {max_level: 4}
+protection: {last_turns: 3, tools: ["memory_*"], sources: ["file:///repo/SPEC.md"]}
+tools:
+  read_file: {effect: read, source_arg: path}
+  bash: {effect: volatile}
+rules:
+  - {name: old-bash, transform: mask, when: {roles: [tool], tools: {include: [bash]}, age_turns: {min: 40}}}
+  - name: big-reads
+    transform: mask
+    when: {roles: [tool], tools: {include: [read_file]}, tokens: {min: 400}, age_turns: {min: 60}}
+  - {name: tracebacks, transform: mask, when: {regex: "Traceback", age_turns: {min: 80}}}
+  - {name: pressure, transform: mask, when: {roles: [tool], utilization: {min: 0.95}}}
+  - {name: sources, transform: mask, when: {source_glob: "file:///tmp/*", age_turns: {min: 20}}}
+"""
+
+OUTPUT = (
+    'Traceback (most recent call last):\n  File "src/app/parse.py", line 41, in parse_header\n'
+    "    key, value = line.split(':', 1)\nValueError: not enough values to unpack (expected 2, got 1)\n"
+)
+
+
+def history(n: int) -> list[ItemContent]:
+    contents = [
+        ItemContent(role=Role.SYSTEM, content=(TextBlock("You are a coding agent."),)),
+        ItemContent(role=Role.USER, content=(TextBlock("Fix the parser."),)),
+    ]
+    call = 0
+    while len(contents) < n:
+        call += 1
+        tool = "bash" if call % 2 else "read_file"
+        arguments = json.dumps({"command": f"sed -n {call},{call + 40}p src/app/parse.py"})
+        contents.append(ItemContent(role=Role.ASSISTANT, content=(ToolUseBlock(f"c{call}", tool, arguments),)))
+        output = (TextBlock(OUTPUT * (1 + call % 4)),)
+        result = ToolResultBlock(f"c{call}", output, name=tool)
+        contents.append(ItemContent(role=Role.TOOL, content=(result,)))
+    return contents[:n]
+
+
+def stored(contents: list[ItemContent], counter: TiktokenCounter) -> list[Item]:
+    """The items as an append would store them (the history is built valid, so not re-checked)."""
+    return [
+        Item(
+            role=c.role,
+            content=c.content,
+            seq=seq,
+            content_hash=content_hash(c),
+            token_count=item_tokens(c, counter),
+            created_at=CREATED_AT,
+        )
+        for seq, c in enumerate(contents, start=1)
+    ]
+
+
+def percentile(samples: list[float], p: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--items", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=50)
+    args = parser.parse_args()
+
+    counter, registry = TiktokenCounter(), TransformRegistry.default()
+    policy = parse_policy(POLICY, registry)
+    assert len(policy.rules) == 5
+    contents = history(args.items + 1)
+    items = stored(contents, counter)
+    request = ViewRequest(ViewFormat.OPENAI_CHAT, budget_tokens=0)
+
+    def run(n: int, state: ViewState, now: float) -> tuple[float, ViewState]:
+        started = time.perf_counter()
+        out = render(RenderInput(make_session(n), items[:n], policy, request, counter, registry, state, now))
+        return (time.perf_counter() - started) * 1000, out.state
+
+    # Cold: no previous render. Incremental: the state of the render of
+    # `items` items, one more item appended, 60 s later (the cache still warm).
+    cold = [run(args.items, ViewState(), 0.0)[0] for _ in range(max(5, args.repeat // 5))]
+    _, state = run(args.items, ViewState(), 0.0)
+    incremental = [run(args.items + 1, state, 60.0)[0] for _ in range(args.repeat)]
+
+    print(f"command: python bench/engine.py {' '.join(sys.argv[1:])}".rstrip())
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    print(f"machine: {machine}, {time.strftime('%Y-%m-%d')}")
+    print()
+    print("| render | items | p50 | p99 | mean |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, samples, size in (
+        ("cold (no previous render), 5 rules", cold, args.items),
+        ("incremental (previous state, 1 item appended since), 5 rules", incremental, args.items),
+    ):
+        print(
+            f"| {name} | {size:,} | {percentile(samples, 50):.2f} ms | {percentile(samples, 99):.2f} ms "
+            f"| {statistics.mean(samples):.2f} ms |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
