@@ -443,3 +443,49 @@ def test_the_same_inputs_give_byte_identical_views(
     assert again[0] == again[1]
     replayed = run(items, policy, state=state_from_json(state_to_json(first.state)), fmt=fmt, now=clock)
     assert replayed == again[0]
+
+
+def assert_complete(cert: CertificateBody) -> None:
+    """What every decision must say about itself (DESIGN principle 3)."""
+    assert cert.rule and cert.reason and cert.rationale, cert
+    assert 0 <= cert.level <= 4
+    if cert.decision in (Decision.PRUNE, Decision.DEFER):
+        assert cert.seq > 0 and len(cert.handle) == 16 and cert.tokens_removed > 0, cert
+        assert cert.first_divergence_tokens >= 0 and cert.mutation_radius_tokens >= 0
+    if cert.decision is Decision.DEFER:
+        assert cert.mutation_radius_tokens > 0 and cert.cost_effect < 0, cert
+    if cert.decision is Decision.KEEP:
+        assert cert.protection or cert.rationale.startswith("pinned"), cert
+    if cert.decision is Decision.ABSTAIN:
+        assert not cert.handle and cert.tokens_removed == 0, cert
+
+
+COMPLETENESS = """
+evidence: {max_level: %d}
+protection: {last_turns: %d}
+rules:
+  - {name: drop-some, transform: drop, params: {level: %d}, when: {regex: "%s"}}
+  - {name: unsure, transform: unsure, when: {regex: "%s"}}
+  - {name: mask-all, transform: mask, when: {roles: [tool]}}
+"""
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    conversations(),
+    st.integers(0, 4),
+    st.integers(0, 3),
+    st.integers(0, 4),
+    st.sampled_from("abcdefghij"),
+    st.sampled_from("klmnop"),
+    st.floats(0, 600),
+)
+def test_every_decision_has_a_complete_certificate(
+    items: list[Item], max_level: int, last_turns: int, level: int, drop: str, unsure: str, later: float
+) -> None:
+    first = run(items, COMPLETENESS % (max_level, last_turns, level, drop, unsure), now=0)
+    # Later, with new rules proposing on a warm cache: deferrals, prunes, refusals.
+    policy = COMPLETENESS % (4, last_turns, level, unsure, drop)
+    second = run(items, policy, state=first.state, now=later, pins=frozenset({items[-1].seq}))
+    for cert in (*first.certificates, *second.certificates):
+        assert_complete(cert)
