@@ -9,7 +9,7 @@ import pytest
 from contextd.engine.policy import parse_policy
 from contextd.engine.transforms import ENTRY_POINT_GROUP, Mask, TransformRegistry, UnknownTransform
 
-PLUGIN = '''
+PLUGIN = """
 from contextd.engine.transforms import Proposal, Remove
 
 
@@ -20,7 +20,7 @@ class Squash:
     def propose(self, context, candidates, params):
         for entry in candidates:
             yield Proposal(Remove(entry.seq), level=1, reason="squashed")
-'''
+"""
 
 
 @pytest.fixture
