@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from contextd.engine.certificates import Certificate, verify_chain
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from contextd.engine.certificates import Certificate, Stamp, verify_chain
 from contextd.engine.errors import InvalidArgument, LimitExceeded
 from contextd.engine.model import Item, Representation, Session
 from contextd.engine.pipeline import RenderInput, protection_map, render
@@ -86,11 +88,15 @@ class ViewService:
         tools_json: str = "",
         force: bool = False,
         dry_run: bool = False,
+        check: Callable[[RenderResult], None] | None = None,
     ) -> RenderResult:
-        """Render a view; the decisions and the new view state are stored unless `dry_run`."""
+        """Render a view; the decisions and the new view state are stored unless `dry_run`.
+
+        `check` sees the result before the transaction commits; if it raises
+        (the response would be too large to send), nothing is stored.
+        """
         check_session_id(session_id)
         tools = _tools(tools_json)
-        fmt = request.format.value
         async with self.store.db.write(tenant, session_id) as conn:
             row, session, items = await self.store.history_in(conn, tenant, session_id)
             key = row["key"]
@@ -103,7 +109,7 @@ class ViewService:
                     request=request,
                     counter=self.counter,
                     registry=self.registry,
-                    state=await views.load_state(conn, key, fmt, self._states),
+                    state=await views.load_state(conn, key, self._states),
                     now=self.clock(),
                     pins=await views.pinned(conn, key),
                     agent_proposals=await views.proposals(conn, key),
@@ -112,20 +118,19 @@ class ViewService:
                     durable=await views.load_mutations(conn, key),
                 )
             )
-            certificates: list[Certificate] = []
-            if not dry_run:
-                await views.save_state(conn, key, fmt, out.state)
-                certificates = await views.append_certificates(
-                    conn, key, out.certificates, fmt, out.state.view_version, policy.version
-                )
+            stamp = Stamp(out.state.view_version, request.format.value, policy.version)
+            if dry_run:
+                certificates = [Certificate(0, body, stamp, "", "") for body in out.certificates]
+            else:
+                await views.save_state(conn, key, out.state)
+                certificates = await views.append_certificates(conn, key, out.certificates, stamp)
                 await views.forget_proposals(conn, out.decided_proposals)
                 await views.append_mutations(conn, key, out.durable)
-            else:
-                certificates = [
-                    Certificate(0, body, out.state.view_version, policy.version, "", "") for body in out.certificates
-                ]
+            result = RenderResult(out.view, certificates)
+            if check is not None:
+                check(result)
         if not dry_run:
-            self._states.put(key, fmt, out.state)  # committed now
+            self._states.put(key, out.state)  # committed now
         view = out.view
         annotate(
             session_id=session_id,
@@ -136,39 +141,51 @@ class ViewService:
             decisions=len(certificates),
             view_version=view.view_version,
         )
-        return RenderResult(view, certificates)
+        return result
 
-    async def pin(self, tenant: str, session_id: str, seqs: Sequence[int], *, pinning: bool = True) -> list[int]:
-        """Pin (or unpin) items; returns the seqs that were asked for."""
+    async def pin(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[int]:
+        """Pin items: never pruned, and shown in full again from the next render. Returns the seqs."""
+        return await self._pins(tenant, session_id, seqs, views.pin)
+
+    async def unpin(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[int]:
+        """Unpin items: eligible again for the session's rules. Returns the seqs."""
+        return await self._pins(tenant, session_id, seqs, views.unpin)
+
+    async def _pins(
+        self,
+        tenant: str,
+        session_id: str,
+        seqs: Sequence[int],
+        change: Callable[[AsyncConnection, int, Sequence[int]], Awaitable[None]],
+    ) -> list[int]:
         check_session_id(session_id)
         async with self.store.db.write(tenant, session_id) as conn:
             row, _, _ = await self.store.history_in(conn, tenant, session_id)
             _check_seqs(seqs, row["version"])
-            if pinning:
-                await views.pin(conn, row["key"], seqs)
-            else:
-                await views.unpin(conn, row["key"], seqs)
+            await change(conn, row["key"], seqs)
         annotate(session_id=session_id, items=len(seqs))
         return sorted(set(seqs))
 
     async def propose_prune(
         self, tenant: str, session_id: str, seqs: Sequence[int], reason: str
     ) -> list[ProposalOutcome]:
-        """Queue the agent's prunes for the next render; protected items are refused now."""
+        """Queue the agent's prunes for the next render. Refused now: protected items, items
+        already pruned and items already queued."""
         check_session_id(session_id)
         if len(reason) > MAX_PROPOSAL_REASON:
             raise LimitExceeded.at("reason", f"{len(reason):,} characters, over the maximum of {MAX_PROPOSAL_REASON}")
         async with self.store.db.write(tenant, session_id) as conn:
             row, session, items = await self.store.history_in(conn, tenant, session_id)
             _check_seqs(seqs, row["version"])
-            protected = protection_map(items, self.policy_of(session), await views.pinned(conn, row["key"]))
-            outcomes = [
-                ProposalOutcome(s, False, f"protected: {protected[s]}")
-                if s in protected
-                else ProposalOutcome(s, True, "queued: decided at the next render, applied at a cache-safe point")
-                for s in dict.fromkeys(seqs)
-            ]
-            await views.propose(conn, row["key"], [o.seq for o in outcomes if o.accepted], reason)
+            key = row["key"]
+            protected = protection_map(items, self.policy_of(session), await views.pinned(conn, key))
+            state = await views.load_state(conn, key, self._states)
+            pruned = {target_of(a.edit) for a in (*await views.load_mutations(conn, key), *state.applied)}
+            queued = {p.seq for p in await views.proposals(conn, key)} | {
+                target_of(p.proposal.edit) for p in state.pending
+            }
+            outcomes = [_outcome(s, protected, pruned, queued) for s in dict.fromkeys(seqs)]
+            await views.propose(conn, key, [o.seq for o in outcomes if o.accepted], reason)
         annotate(session_id=session_id, items=len(outcomes))
         return outcomes
 
@@ -178,6 +195,13 @@ class ViewService:
         check_session_id(session_id)
         if page_size > 1000:
             raise LimitExceeded.at("page_size", f"{page_size} is over the maximum of 1000")
+        if page_size < 0:
+            raise InvalidArgument.at("page_size", f"{page_size} is negative")
+        for name, value in (("seq", where.seq), ("view_version", where.view_version)):
+            if value is not None and value < 1:
+                raise InvalidArgument.at(name, f"{value} is not a {name.replace('_', ' ')} (they start at 1)")
+        if where.level is not None and not 0 <= where.level <= 4:
+            raise InvalidArgument.at("level", f"{where.level} is not on the evidence ladder (0-4)")
         async with self.store.db.read() as conn:
             row, _, _ = await self.store.history_in(conn, tenant, session_id)
             return await views.list_certificates(conn, row["key"], where, page_size or 100, page_token)
@@ -190,13 +214,12 @@ class ViewService:
             _check_seqs([seq], row["version"], field="seq")
             key = row["key"]
             pins = await views.pinned(conn, key)
-            latest = await views.latest_state(conn, key)
+            state = await views.load_state(conn, key, self._states)
             durable = await views.load_mutations(conn, key)
             history, _ = await views.list_certificates(conn, key, views.CertificateFilter(seq=seq), 1000, "")
-        in_force = [*durable, *(latest[1].applied if latest else ())]
         return Explanation(
             item=items[seq - 1],
-            representation=_representation(seq, in_force, pins),
+            representation=_representation(seq, durable, state.applied, pins),
             pinned=seq in pins,
             protection=protection_map(items, self.policy_of(session), pins).get(seq, ""),
             certificates=history,
@@ -211,14 +234,28 @@ class ViewService:
         return len(chain), verify_chain(chain)
 
 
-def _representation(seq: int, in_force: Sequence[AppliedEdit], pins: frozenset[int]) -> Representation:
-    for applied in in_force:
-        if target_of(applied.edit) != seq or seq in pins:
+def _outcome(seq: int, protected: dict[int, str], pruned: set[int | None], queued: set[int | None]) -> ProposalOutcome:
+    if seq in protected:
+        return ProposalOutcome(seq, False, f"protected: {protected[seq]}")
+    if seq in pruned:
+        return ProposalOutcome(seq, False, "already pruned")
+    if seq in queued:
+        return ProposalOutcome(seq, False, "already queued")
+    return ProposalOutcome(seq, True, "queued: decided at the next render, applied at a cache-safe point")
+
+
+def _representation(
+    seq: int, durable: Sequence[AppliedEdit], applied: Sequence[AppliedEdit], pins: frozenset[int]
+) -> Representation:
+    """How the next render shows item `seq`: durable edits are history, whatever the pins;
+    the other edits in force give way to a pin."""
+    for edit in (*durable, *(() if seq in pins else applied)):
+        if target_of(edit.edit) != seq:
             continue
-        if isinstance(applied.edit, Replace):
+        if isinstance(edit.edit, Replace):
             return Representation.REDUCED
-        if isinstance(applied.edit, Remove):
-            return Representation.PLACEHOLDER if applied.edit.placeholder else Representation.OMITTED
+        if isinstance(edit.edit, Remove):
+            return Representation.PLACEHOLDER if edit.edit.placeholder else Representation.OMITTED
     return Representation.FULL
 
 

@@ -13,11 +13,11 @@ from contextd_client.v1 import contextd_pb2_grpc
 
 from contextd.api import mapping
 from contextd.api.auth import current_tenant
-from contextd.engine.errors import NotImplementedYet, ViewTooLarge
+from contextd.engine.errors import InvalidArgument, NotImplementedYet, ViewTooLarge
 from contextd.engine.view import ViewFormat, ViewRequest
 from contextd.sessions import SessionService
 from contextd.storage.views import CertificateFilter, StoredCertificate
-from contextd.view_service import ViewService
+from contextd.view_service import RenderResult, ViewService
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
@@ -37,7 +37,7 @@ def _unimplemented(rpc: str) -> NoReturn:
 
 def _certificate(session_id: str, stored: StoredCertificate) -> api.Certificate:
     return mapping.certificate_to_proto(
-        stored.certificate, session_id, ViewFormat(stored.view_format), stored.created_at
+        stored.certificate, session_id, ViewFormat(stored.certificate.view_format), stored.created_at
     )
 
 
@@ -87,14 +87,20 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
             budget_tokens=request.budget_tokens,
             focus=tuple(request.focus),
         )
-        result = await self.views.render(
-            current_tenant(), request.session_id, view_request, tools_json=request.tools_json
+        responses: list[api.RenderViewResponse] = []
+
+        def fits(result: RenderResult) -> None:
+            # Inside the render's transaction: a view too large to send stores nothing.
+            response = api.RenderViewResponse(view=mapping.view_to_proto(result.view, result.certificates))
+            size = response.ByteSize()
+            if size > self.max_response_bytes:
+                raise ViewTooLarge(request.session_id, size, self.max_response_bytes)
+            responses.append(response)
+
+        await self.views.render(
+            current_tenant(), request.session_id, view_request, tools_json=request.tools_json, check=fits
         )
-        response = api.RenderViewResponse(view=mapping.view_to_proto(result.view, result.certificates))
-        size = response.ByteSize()
-        if size > self.max_response_bytes:
-            raise ViewTooLarge(request.session_id, size, self.max_response_bytes)
-        return response
+        return responses[0]
 
     async def Retrieve(self, request: api.RetrieveRequest, context: Context) -> api.RetrieveResponse:
         _unimplemented("Retrieve")
@@ -107,7 +113,7 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
         return api.PinResponse(pinned=pinned)
 
     async def Unpin(self, request: api.UnpinRequest, context: Context) -> api.UnpinResponse:
-        unpinned = await self.views.pin(current_tenant(), request.session_id, list(request.seqs), pinning=False)
+        unpinned = await self.views.unpin(current_tenant(), request.session_id, list(request.seqs))
         return api.UnpinResponse(unpinned=unpinned)
 
     async def ProposePrune(self, request: api.ProposePruneRequest, context: Context) -> api.ProposePruneResponse:
@@ -121,8 +127,11 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
     async def ListCertificates(
         self, request: api.ListCertificatesRequest, context: Context
     ) -> api.ListCertificatesResponse:
+        if request.decision and request.decision not in mapping.DECISIONS_FROM_PROTO:
+            raise InvalidArgument.at("decision", f"{request.decision} is not a decision this service knows")
         where = CertificateFilter(
             decision=mapping.DECISIONS_FROM_PROTO.get(request.decision),
+            view_format=mapping.view_format(request.format).value if request.format else None,
             level=request.level if request.HasField("level") else None,
             seq=request.seq if request.HasField("seq") else None,
             view_version=request.view_version if request.HasField("view_version") else None,

@@ -61,25 +61,43 @@ class Certificate:
     number: int
     """1, 2, 3 ... within the session."""
     body: CertificateBody
-    view_version: int
-    policy_version: str
+    stamp: Stamp
     previous_hash: str
     hash: str
 
+    @property
+    def view_version(self) -> int:
+        return self.stamp.view_version
 
-def _hashed(number: int, body: CertificateBody, view_version: int, policy_version: str, previous: str) -> str:
-    fields = asdict(body) | {"number": number, "view_version": view_version, "policy_version": policy_version}
+    @property
+    def policy_version(self) -> str:
+        return self.stamp.policy_version
+
+    @property
+    def view_format(self) -> str:
+        return self.stamp.view_format
+
+
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """Where a decision was made: the render (its view version and format) and the policy."""
+
+    view_version: int
+    view_format: str
+    policy_version: str
+
+
+def _hashed(number: int, body: CertificateBody, stamp: Stamp, previous: str) -> str:
+    fields = asdict(body) | asdict(stamp) | {"number": number}
     return hashlib.sha256(previous.encode() + canonical_json(fields)).hexdigest()
 
 
-def chain(
-    bodies: Iterable[CertificateBody], first_number: int, previous_hash: str, view_version: int, policy_version: str
-) -> list[Certificate]:
+def chain(bodies: Iterable[CertificateBody], first_number: int, previous_hash: str, stamp: Stamp) -> list[Certificate]:
     """Number and link `bodies` after the certificate with `previous_hash`."""
     out = []
     for number, body in enumerate(bodies, start=first_number):
-        digest = _hashed(number, body, view_version, policy_version, previous_hash)
-        out.append(Certificate(number, body, view_version, policy_version, previous_hash, digest))
+        digest = _hashed(number, body, stamp, previous_hash)
+        out.append(Certificate(number, body, stamp, previous_hash, digest))
         previous_hash = digest
     return out
 
@@ -88,7 +106,7 @@ def verify_chain(certificates: Iterable[Certificate]) -> int | None:
     """The number of the first certificate whose link is broken, or None when the chain is whole."""
     previous, expected = GENESIS, 1
     for cert in certificates:
-        recomputed = _hashed(cert.number, cert.body, cert.view_version, cert.policy_version, previous)
+        recomputed = _hashed(cert.number, cert.body, cert.stamp, previous)
         if cert.number != expected or cert.previous_hash != previous or cert.hash != recomputed:
             return cert.number
         previous, expected = cert.hash, expected + 1

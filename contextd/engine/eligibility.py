@@ -7,10 +7,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from contextd.engine.model import Role
+from contextd.engine.model import (
+    DocumentBlock,
+    ImageBlock,
+    ReasoningBlock,
+    Representation,
+    Role,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from contextd.engine.policy import Policy
 from contextd.engine.state import ControlMode
-from contextd.engine.transforms import Entry, Proposal, target_of
+from contextd.engine.transforms import Edit, Entry, Insert, Proposal, Reorder, Replace, target_of
 
 LEVELS = {
     0: "identical copy",
@@ -89,37 +98,120 @@ class Verdict:
     protection: str = ""
 
 
-def judge(
-    proposal: Proposal,
-    control: ControlMode,
-    entries: Mapping[int, Entry],
-    protected: Protections,
-    policy: Policy,
-) -> Verdict:
-    """The eligibility of one proposal; an ineligible one says KEEP or ABSTAIN and why."""
-    seq = target_of(proposal.edit)
-    if seq is not None:
-        if seq not in entries:
-            return Verdict(False, "ABSTAIN", f"item {seq} is not in the history")
-        reason = protected.of(seq)
-        if reason:
-            return Verdict(False, "KEEP", f"protected: {reason}", reason)
-    if proposal.abstain:
-        return Verdict(False, "ABSTAIN", proposal.evidence or "the transform could not establish that it is safe")
-    if not 0 <= proposal.level <= 4:
-        return Verdict(False, "ABSTAIN", f"level {proposal.level} is not on the evidence ladder (0-4)")
-    if control is ControlMode.RULE and proposal.level > policy.max_level:
-        return Verdict(
-            False,
-            "ABSTAIN",
-            f"level {proposal.level} ({LEVELS[proposal.level]}) is above the policy's maximum of {policy.max_level}",
-        )
-    missing = [s for s in proposal.evidence_seqs if s not in entries]
-    if missing:
-        return Verdict(False, "ABSTAIN", f"the evidence names items not in the history: {missing}")
-    if proposal.level == 0 and seq is not None:
-        # An identical copy is checked, not taken on trust.
-        target = entries[seq].item.content_hash
-        if not proposal.evidence_seqs or any(entries[s].item.content_hash != target for s in proposal.evidence_seqs):
-            return Verdict(False, "ABSTAIN", "claimed identical to items whose content differs (or none named)")
-    return Verdict(True, "", "")
+ELIGIBLE = Verdict(True, "", "")
+
+
+def _abstain(why: str) -> Verdict:
+    return Verdict(False, "ABSTAIN", why)
+
+
+_NEVER_REPLACED_WITH = (ToolUseBlock, ReasoningBlock)
+_INSERTABLE = (TextBlock, ImageBlock, DocumentBlock)
+
+
+class Judge:
+    """Decides the eligibility of the proposals of one render, in order.
+
+    Evidence is kept whole: an item a decision rests on (in force, or
+    accepted earlier in this render) is not itself reduced, and evidence
+    must be an item shown in full that this render does not reduce.
+    """
+
+    def __init__(
+        self,
+        entries: Mapping[int, Entry],
+        order: Sequence[int],
+        protected: Protections,
+        policy: Policy,
+        relied_on: Mapping[int, int],
+    ) -> None:
+        self._entries = entries
+        self._order = tuple(order)
+        """The history's seqs in their natural order."""
+        self._protected = protected
+        self._policy = policy
+        self._relied_on = dict(relied_on)
+        """evidence seq -> the seq whose reduction rests on it."""
+        self._reduced: set[int] = set()
+
+    def accept(self, proposal: Proposal) -> None:
+        """Record an eligible proposal: its target and its evidence are spoken for."""
+        seq = target_of(proposal.edit)
+        if seq is not None:
+            self._reduced.add(seq)
+            for s in proposal.evidence_seqs:
+                self._relied_on.setdefault(s, seq)
+
+    def judge(self, proposal: Proposal, control: ControlMode) -> Verdict:
+        """The eligibility of one proposal; an ineligible one says KEEP or ABSTAIN and why."""
+        edit = proposal.edit
+        seq = target_of(edit)
+        if seq is not None:
+            if seq not in self._entries or seq <= 0:
+                return _abstain(f"item {seq} is not in the history")
+            reason = self._protected.of(seq)
+            if reason:
+                return Verdict(False, "KEEP", f"protected: {reason}", reason)
+        if proposal.abstain:
+            return _abstain(proposal.evidence or "the transform could not establish that it is safe")
+        if not 0 <= proposal.level <= 4:
+            return _abstain(f"level {proposal.level} is not on the evidence ladder (0-4)")
+        if control is ControlMode.RULE and proposal.level > self._policy.max_level:
+            return _abstain(
+                f"level {proposal.level} ({LEVELS[proposal.level]}) is above the policy's maximum "
+                f"of {self._policy.max_level}"
+            )
+        malformed = self._malformed(edit)
+        if malformed:
+            return _abstain(malformed)
+        return self._evidence(proposal, seq)
+
+    def _evidence(self, proposal: Proposal, seq: int | None) -> Verdict:
+        if seq is not None and seq in self._relied_on:
+            return _abstain(f"item {seq} is the evidence for the reduction of item {self._relied_on[seq]}")
+        for s in proposal.evidence_seqs:
+            entry = self._entries.get(s)
+            if s <= 0 or entry is None:
+                return _abstain(f"the evidence names item {s}, which is not in the history")
+            if s == seq:
+                return _abstain("an item cannot be the evidence for its own reduction")
+            if entry.representation is not Representation.FULL or s in self._reduced:
+                return _abstain(f"the evidence, item {s}, is not shown in full")
+        if proposal.level == 0 and seq is not None:
+            # An identical copy is checked, not taken on trust.
+            target = self._entries[seq].item.content_hash
+            named = proposal.evidence_seqs
+            if not named or any(self._entries[s].item.content_hash != target for s in named):
+                return _abstain("claimed identical to items whose content differs (or none named)")
+        return ELIGIBLE
+
+    def _malformed(self, edit: Edit) -> str:
+        """Why the edit cannot be applied as it stands ("" when it can)."""
+        match edit:
+            case Replace(seq, content):
+                role = self._entries[seq].role
+                bad = [
+                    type(b).__name__
+                    for b in content
+                    if isinstance(b, _NEVER_REPLACED_WITH) or (isinstance(b, ToolResultBlock) and role is not Role.TOOL)
+                ]
+                if not content or bad:
+                    return f"the replacement for a {role.value} item must not be empty or hold {', '.join(bad)}"
+            case Insert(after_seq, content):
+                if after_seq != 0 and (after_seq <= 0 or after_seq not in self._entries):
+                    return f"inserts after item {after_seq}, which is not in the history"
+                if content.role not in (Role.USER, Role.ASSISTANT):
+                    return f"inserts a {content.role.value} item: only user and assistant content may be inserted"
+                if not content.content or not all(isinstance(b, _INSERTABLE) for b in content.content):
+                    return "inserted content must be text, images or documents, and not empty"
+            case Reorder(order):
+                if sorted(order) != sorted(self._order) or len(set(order)) != len(order):
+                    return "the new order is not a permutation of the history's items"
+                moved = [
+                    s
+                    for s, o in zip(order, self._order, strict=True)
+                    if s != o and self._entries[o].role is Role.SYSTEM
+                ]
+                if moved:
+                    return "the new order moves a system prompt"
+        return ""

@@ -12,11 +12,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.codec import content_hash
-from contextd.engine.eligibility import Protections, judge, protections
+from contextd.engine.eligibility import Judge, Protections, protections
 from contextd.engine.model import (
     Block,
     Item,
@@ -31,7 +32,15 @@ from contextd.engine.placeholders import handle_of, placeholder_blocks, with_cal
 from contextd.engine.policy import Policy, default_policy
 from contextd.engine.repair import repair
 from contextd.engine.rules import matches
-from contextd.engine.state import AppliedEdit, ControlMode, PendingEdit, ViewState, first_divergence
+from contextd.engine.state import (
+    AppliedEdit,
+    ControlMode,
+    PendingEdit,
+    PreviousRender,
+    ViewState,
+    edit_key,
+    first_divergence,
+)
 from contextd.engine.timing import Costed, schedule
 from contextd.engine.tokens import TokenCounter, block_tokens
 from contextd.engine.transforms import (
@@ -50,6 +59,9 @@ from contextd.engine.transforms import (
 )
 from contextd.engine.view import View, ViewRequest, assemble_view
 
+AGENT_LEVEL = 3
+"""The agent asking to prune an item is a claim of completed work (DESIGN section 5)."""
+_INSERTED_AT = datetime(1970, 1, 1, tzinfo=UTC)  # content a transform inserted has no time of its own
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_./:-]{2,}")
 MAX_FOCUS_TERMS = 32
 
@@ -140,7 +152,7 @@ def _tokens(blocks: Iterable[Block], counter: TokenCounter) -> int:
     return sum(block_tokens(b, counter) for b in blocks)
 
 
-class _View:
+class _Draft:
     """The entries of one render as edits are applied to them."""
 
     def __init__(self, items: Sequence[Item], pins: frozenset[int]) -> None:
@@ -149,7 +161,11 @@ class _View:
             item.seq: Entry(item, item.content, Representation.FULL, item.token_count, turn, item.seq in pins)
             for item, turn in zip(items, turns, strict=True)
         }
-        self.order: list[int] = [item.seq for item in items]
+        self.natural: tuple[int, ...] = tuple(item.seq for item in items)
+        self.order: list[int] = list(self.natural)
+        """History items in the order shown."""
+        self.inserted: list[tuple[int, int]] = []
+        """(after_seq, seq) of inserted entries, in the order they were inserted."""
         self.patches: dict[str, Any] = {}
 
     def apply(self, applied: AppliedEdit) -> None:
@@ -161,22 +177,22 @@ class _View:
                 kind = Representation.PLACEHOLDER if placeholder else Representation.OMITTED
                 self._set(seq, applied.content, kind, applied.tokens)
             case Insert(after_seq, content):
-                seq = -(sum(1 for s in self.order if s < 0) + 1)
-                turn = self.entries[after_seq].turn if after_seq in self.entries else 0
+                seq = -(len(self.inserted) + 1)
+                anchor = self.entries.get(after_seq)
                 item = Item(
                     role=content.role,
                     content=content.content,
                     seq=seq,
                     content_hash=content_hash(content),
                     token_count=applied.tokens,
-                    created_at=next(iter(self.entries.values())).item.created_at,
+                    created_at=_INSERTED_AT,
                 )
-                self.entries[seq] = Entry(item, content.content, Representation.FULL, applied.tokens, turn)
-                at = self.order.index(after_seq) + 1 if after_seq in self.order else 0
-                self.order.insert(at, seq)
-            case Reorder(order):
-                inserted = [s for s in self.order if s < 0]
-                self.order = [s for s in order if s in self.entries] + inserted
+                self.entries[seq] = Entry(
+                    item, content.content, Representation.FULL, applied.tokens, anchor.turn if anchor else 0
+                )
+                self.inserted.append((after_seq, seq))
+            case Reorder():
+                self.order = _reordered(edit, self.order)
             case PatchRequest(name, value):
                 self.patches[name] = value
 
@@ -185,7 +201,17 @@ class _View:
         self.entries[seq] = Entry(old.item, content, kind, tokens, old.turn, old.pinned)
 
     def ordered(self) -> list[Entry]:
-        return [self.entries[s] for s in self.order]
+        entries = self.entries
+        if not self.inserted:
+            return [entries[s] for s in self.order]
+        after: dict[int, list[int]] = {}
+        for anchor, seq in self.inserted:
+            after.setdefault(anchor, []).append(seq)
+        out = [entries[s] for s in after.get(0, ())]
+        for s in self.order:
+            out.append(entries[s])
+            out.extend(entries[i] for i in after.get(s, ()))
+        return out
 
 
 def new_representation(entry: Entry, edit: Edit, reason: str) -> tuple[Block, ...]:
@@ -212,199 +238,278 @@ def new_representation(entry: Entry, edit: Edit, reason: str) -> tuple[Block, ..
     return edit.content
 
 
+def _normalized(edit: Edit, entries: Mapping[int, Entry]) -> Edit:
+    """A removal that must leave something behind says so: a tool call and its result
+    always go as a pair of placeholders (repair would put one back anyway)."""
+    if isinstance(edit, Remove) and not edit.placeholder and edit.seq in entries:
+        item = entries[edit.seq].item
+        if item.role is Role.TOOL or item.tool_uses:
+            return Remove(edit.seq, placeholder=True)
+    return edit
+
+
+def slot_of(edit: Edit) -> str:
+    """What an edit occupies: at most one edit per item, one reorder, one patch per
+    request field; inserts are told apart by what they insert."""
+    match edit:
+        case Replace(seq) | Remove(seq):
+            return f"item:{seq}"
+        case Reorder():
+            return "reorder"
+        case PatchRequest(name):
+            return f"patch:{name}"
+    return edit_key(edit)
+
+
+class _Log:
+    """The certificates of one render, and the KEEP and ABSTAIN decisions certified so far."""
+
+    def __init__(self, decided: frozenset[str]) -> None:
+        self.certificates: list[CertificateBody] = []
+        self.decided = set(decided)
+
+    def add(self, body: CertificateBody) -> None:
+        self.certificates.append(body)
+
+    def once(self, edit: Edit | None, rule: str, reason: str, body: CertificateBody) -> None:
+        """Certify a refusal the first time it is made (a rule proposes the same thing on every render)."""
+        key = _decided_key(body.decision.value, edit, rule, reason)
+        if key not in self.decided:
+            self.decided.add(key)
+            self.certificates.append(body)
+
+    def mark(self, decision: Decision, edit: Edit, rule: str, reason: str) -> None:
+        """Count a refusal as certified already (its certificate was written another way)."""
+        self.decided.add(_decided_key(decision.value, edit, rule, reason))
+
+
+def _decided_key(decision: str, edit: Edit | None, rule: str, reason: str) -> str:
+    return f"{decision}:{slot_of(edit) if edit is not None else ''}:{rule}:{reason}"
+
+
+@dataclass(slots=True)
+class _Eligible:
+    candidate: _Candidate
+    edit: Edit
+    content: tuple[Block, ...]
+    tokens: int
+    saving: int
+
+
 def render(inp: RenderInput) -> RenderOutput:
-    policy, counter, state = inp.policy, inp.counter, inp.state
-    view = _View(inp.items, inp.pins)
-    certificates: list[CertificateBody] = []
-    decided = set(state.decided)
+    policy, state = inp.policy, inp.state
+    previous = state.renders.get(inp.request.format.value)
+    draft = _Draft(inp.items, inp.pins)
+    protected = Protections(draft.ordered(), policy)
+    log = _Log(state.decided)
 
-    # 1. Durable edits are part of the history; other edits in force stay in
-    #    force, except on items pinned since.
-    for applied in inp.durable:
-        view.apply(applied)
-    durable_targets = {target_of(a.edit) for a in inp.durable} - {None}
+    for edit in inp.durable:
+        draft.apply(edit)
+    in_force = _carry_over(inp, draft, protected, log)
+    context = _context(inp, draft, previous)
+    judge = Judge(draft.entries, draft.natural, protected, policy, _relied_on([*inp.durable, *in_force]))
+    taken = {slot_of(a.edit) for a in (*inp.durable, *in_force)}
+    eligible = _eligible(_candidates(inp, context, draft, taken, log), draft, judge, taken, inp.counter, log)
+    applied_now, pending, durable = _time(eligible, inp, context, previous, draft, log)
+
+    ordered, repair_warnings = repair(draft.ordered(), inp.counter)
+    view, segments = assemble_view(inp.session, ordered, inp.request, inp.counter, repair_warnings, draft.patches)
+    new_state = ViewState(
+        view_version=state.view_version + 1,
+        policy_version=policy.version,
+        renders={**state.renders, inp.request.format.value: PreviousRender(inp.now, segments)},
+        applied=(*in_force, *applied_now),
+        pending=tuple(pending),
+        decided=frozenset(log.decided),
+    )
+    view = replace(
+        view,
+        view_version=new_state.view_version,
+        stable_prefix_tokens=first_divergence(previous.segments, segments) if previous else 0,
+        policy_version=policy.version,
+    )
+    agent_ids = tuple(p.id for p in inp.agent_proposals)  # every one is decided now, or waits in the state
+    return RenderOutput(view, tuple(log.certificates), new_state, agent_ids, tuple(durable))
+
+
+def _carry_over(inp: RenderInput, draft: _Draft, protected: Protections, log: _Log) -> list[AppliedEdit]:
+    """Apply the edits in force after the durable ones (history, whatever pins and policy
+    say). They stay, except on items protected since (pinned, or protected by a changed
+    policy): those are shown in full again."""
     in_force: list[AppliedEdit] = []
-    for applied in state.applied:
+    durable_slots = {slot_of(a.edit) for a in inp.durable}
+    for applied in inp.state.applied:
+        if slot_of(applied.edit) in durable_slots:
+            continue
         seq = target_of(applied.edit)
-        if seq in durable_targets:
+        protection = protected.of(seq) if seq is not None else ""
+        if protection:
+            entry = draft.entries[seq] if seq is not None else None
+            why = f"protected: {protection}; shown in full again"
+            log.add(_body(entry, Decision.KEEP, applied.rule, applied.reason, why, protection=protection))
+            log.mark(Decision.KEEP, applied.edit, applied.rule, applied.reason)
             continue
-        if seq is not None and seq in inp.pins:
-            certificates.append(
-                _body(view.entries[seq], Decision.KEEP, applied.rule, applied.reason, "pinned: shown in full again")
-            )
-            decided.add(_key("KEEP", seq, applied.rule, applied.reason))  # the rule's next proposal is this one
-            continue
+        draft.apply(applied)
         in_force.append(applied)
-        view.apply(applied)
-    taken = ({target_of(a.edit) for a in in_force} - {None}) | durable_targets
+    return in_force
 
-    context = TransformContext(
-        entries=tuple(view.ordered()),
+
+def _relied_on(in_force: Iterable[AppliedEdit]) -> dict[int, int]:
+    relied: dict[int, int] = {}
+    for applied in in_force:
+        seq = target_of(applied.edit)
+        for s in applied.evidence_seqs:
+            if seq is not None:
+                relied.setdefault(s, seq)
+    return relied
+
+
+def _context(inp: RenderInput, draft: _Draft, previous: PreviousRender | None) -> TransformContext:
+    entries = tuple(draft.ordered())
+    return TransformContext(
+        entries=entries,
         budget_tokens=inp.request.budget_tokens,
-        view_tokens=sum(e.tokens for e in view.entries.values()),
+        view_tokens=sum(e.tokens for e in entries if e.representation is not Representation.OMITTED),
         cache=CacheState(
-            previous_tokens=state.total_tokens,
-            age_seconds=None if state.rendered_at is None else inp.now - state.rendered_at,
-            ttl_seconds=policy.cache.prices.ttl_seconds,
+            previous_tokens=previous.total_tokens if previous else 0,
+            age_seconds=None if previous is None else inp.now - previous.rendered_at,
+            ttl_seconds=inp.policy.cache.prices.ttl_seconds,
         ),
         focus=focus_terms(inp.items, inp.request.focus),
         tools=inp.tools,
-        tool_effects=policy.tools,
+        tool_effects=inp.policy.tools,
     )
 
-    # 2. Proposals: deferred ones first, then the agent's, then each rule's in policy order.
-    candidates = _candidates(inp, context, taken)
-    decided_proposals: list[int] = []
 
-    # 3. Eligibility.
-    protected = Protections(context.entries, policy)
-    eligible: list[tuple[_Candidate, tuple[Block, ...], int]] = []
-    still_pending: list[PendingEdit] = []
-    for candidate in candidates:
-        proposal = candidate.proposal
-        seq = target_of(proposal.edit)
-        verdict = judge(proposal, candidate.control, view.entries, protected, policy)
-        content: tuple[Block, ...] = ()
-        tokens = 0
-        if verdict.eligible:
-            content = _content_of(proposal.edit, view.entries, proposal.reason)
-            tokens = _tokens(content, counter)
-            if seq is not None and tokens >= view.entries[seq].tokens and isinstance(proposal.edit, Replace):
-                verdict = replace(verdict, eligible=False, decision="ABSTAIN", why="the replacement is not smaller")
-        if candidate.agent_id is not None and not verdict.eligible:
-            decided_proposals.append(candidate.agent_id)
-        if not verdict.eligible:
-            key = _key(verdict.decision, seq, candidate.rule, proposal.reason)
-            if key not in decided:
-                decided.add(key)
-                entry = view.entries.get(seq) if seq is not None else None
-                certificates.append(
-                    _body(
-                        entry,
-                        Decision(verdict.decision.lower()),
-                        candidate.rule,
-                        proposal.reason,
-                        verdict.why,
-                        proposal=proposal,
-                        control=candidate.control,
-                        protection=verdict.protection,
-                    )
-                )
+def _candidates(
+    inp: RenderInput, context: TransformContext, draft: _Draft, taken: set[str], log: _Log
+) -> list[_Candidate]:
+    """Deferred edits first, then the agent's proposals, then each rule's in policy order."""
+    rules = {r.name for r in inp.policy.rules}
+    out: list[_Candidate] = []
+    for p in inp.state.pending:
+        if p.control is ControlMode.RULE and p.rule not in rules:
+            seq = target_of(p.proposal.edit)
+            entry = draft.entries.get(seq) if seq is not None else None
+            why = f"dropped: its rule is not in the session's policy (version {inp.policy.version}) any more"
+            log.add(_body(entry, Decision.ABSTAIN, p.rule, p.proposal.reason, why, proposal=p.proposal))
             continue
-        eligible.append((candidate, content, tokens))
-
-    # 4. Timing against the cache.
-    offsets, previous_total = state.offsets(), state.total_tokens
-    costed = [
-        Costed(
-            position=_position(c.proposal.edit, offsets, previous_total),
-            saving=(view.entries[s].tokens - tokens) if (s := target_of(c.proposal.edit)) is not None else -tokens,
-        )
-        for c, _, tokens in eligible
-    ]
-    utilization = context.utilization
-    timings = schedule(costed, context.cache, policy.cache, utilization, force=inp.force)
-    durable: list[AppliedEdit] = []
-    for (candidate, content, tokens), cost, timing in zip(eligible, costed, timings, strict=True):
-        proposal = candidate.proposal
-        seq = target_of(proposal.edit)
-        entry = view.entries.get(seq) if seq is not None else None
-        if not timing.apply:
-            if not candidate.pending:
-                certificates.append(
-                    _body(
-                        entry,
-                        Decision.DEFER,
-                        candidate.rule,
-                        proposal.reason,
-                        timing.why,
-                        proposal=proposal,
-                        control=candidate.control,
-                        new_tokens=tokens,
-                        position=cost.position,
-                        radius=timing.radius,
-                        value=timing.value,
-                    )
-                )
-            still_pending.append(PendingEdit(proposal, candidate.rule, candidate.control, state.view_version + 1))
-            if candidate.agent_id is not None:
-                decided_proposals.append(candidate.agent_id)  # it waits in this view's state from now on
-            continue
-        applied = AppliedEdit(proposal.edit, candidate.rule, proposal.reason, content, tokens)
-        in_force.append(applied)
-        view.apply(applied)
-        if candidate.agent_id is not None:
-            decided_proposals.append(candidate.agent_id)
-        if candidate.rule in {r.name for r in policy.rules if r.history}:
-            durable.append(applied)
-        certificates.append(
-            _body(
-                entry,
-                Decision.PRUNE if seq is not None else Decision.APPLY,
-                candidate.rule,
-                proposal.reason,
-                timing.why,
-                proposal=proposal,
-                control=ControlMode.OPERATOR if inp.force else candidate.control,
-                new_tokens=tokens,
-                position=cost.position,
-                radius=timing.radius,
-                value=timing.value,
-            )
-        )
-
-    # 5. Repair, then render and count.
-    ordered, repair_warnings = repair(view.ordered(), counter)
-    view_out, segments = assemble_view(inp.session, ordered, inp.request, counter, repair_warnings, view.patches)
-    stable = first_divergence(state.segments, segments) if state.segments else 0
-    new_state = ViewState(
-        view_version=state.view_version + 1,
-        rendered_at=inp.now,
-        segments=segments,
-        applied=tuple(in_force),
-        pending=tuple(still_pending),
-        decided=frozenset(decided),
-    )
-    view_out = replace(
-        view_out, view_version=new_state.view_version, stable_prefix_tokens=stable, policy_version=policy.version
-    )
-    return RenderOutput(view_out, tuple(certificates), new_state, tuple(decided_proposals), tuple(durable))
-
-
-def _key(decision: str, seq: int | None, rule: str, reason: str) -> str:
-    """Identifies a KEEP or ABSTAIN decision, so a rule proposing it on every render is certified once."""
-    return f"{decision}:{seq}:{rule}:{reason}"
-
-
-def _candidates(inp: RenderInput, context: TransformContext, taken: set[int | None]) -> list[_Candidate]:
-    out: list[_Candidate] = [_Candidate(p.proposal, p.rule, p.control, pending=True) for p in inp.state.pending]
+        out.append(_Candidate(p.proposal, p.rule, p.control, pending=True))
     for proposal in inp.agent_proposals:
+        evidence = proposal.reason or "asked by the agent"
         out.append(
             _Candidate(
-                Proposal(
-                    Remove(proposal.seq), level=3, reason="agent", evidence=proposal.reason or "asked by the agent"
-                ),
+                Proposal(Remove(proposal.seq), level=AGENT_LEVEL, reason="agent", evidence=evidence),
                 "agent",
                 ControlMode.AGENT,
                 agent_id=proposal.id,
             )
         )
-    open_entries = [e for e in context.entries if e.seq not in taken]
+    open_entries = [e for e in context.entries if e.seq > 0 and f"item:{e.seq}" not in taken]
     for rule in inp.policy.rules:
         transform = inp.registry.get(rule.transform)
         picked = [e for e in open_entries if matches(rule.when, e, context)]
         out.extend(_Candidate(p, rule.name, ControlMode.RULE) for p in transform.propose(context, picked, rule.params))
-    # One decision per item: the first proposal for it wins (policy order).
-    seen: set[int] = set()
-    kept: list[_Candidate] = []
-    for candidate in out:
-        seq = target_of(candidate.proposal.edit)
-        if seq is not None:
-            if seq in seen or seq in taken:
-                continue
-            seen.add(seq)
-        kept.append(candidate)
-    return kept
+    return out
+
+
+def _eligible(
+    candidates: Sequence[_Candidate],
+    draft: _Draft,
+    judge: Judge,
+    taken: set[str],
+    counter: TokenCounter,
+    log: _Log,
+) -> list[_Eligible]:
+    """The candidates that may happen, at most one per slot: the first eligible one wins.
+    Refusals are certified (once); proposals for a taken slot are dropped unseen."""
+    out: list[_Eligible] = []
+    for candidate in candidates:
+        proposal = candidate.proposal
+        edit = _normalized(proposal.edit, draft.entries)
+        slot = slot_of(edit)
+        if slot in taken:
+            continue
+        seq = target_of(edit)
+        entry = draft.entries.get(seq) if seq is not None else None
+        verdict = judge.judge(proposal, candidate.control)
+        content: tuple[Block, ...] = ()
+        tokens = saving = 0
+        if verdict.eligible:
+            content = _content_of(edit, draft.entries, proposal.reason)
+            tokens = _tokens(content, counter)
+            saving = entry.tokens - tokens if entry is not None else -tokens if isinstance(edit, Insert) else 0
+            if entry is not None and saving <= 0:
+                verdict = replace(
+                    verdict, eligible=False, decision="ABSTAIN", why="what would replace it is not smaller"
+                )
+        if not verdict.eligible:
+            body = _body(
+                entry,
+                Decision(verdict.decision.lower()),
+                candidate.rule,
+                proposal.reason,
+                verdict.why,
+                proposal=proposal,
+                control=candidate.control,
+                protection=verdict.protection,
+            )
+            log.once(edit, candidate.rule, proposal.reason, body)
+            continue
+        taken.add(slot)
+        judge.accept(proposal)
+        out.append(_Eligible(candidate, edit, content, tokens, saving))
+    return out
+
+
+def _time(
+    eligible: Sequence[_Eligible],
+    inp: RenderInput,
+    context: TransformContext,
+    previous: PreviousRender | None,
+    draft: _Draft,
+    log: _Log,
+) -> tuple[list[AppliedEdit], list[PendingEdit], list[AppliedEdit]]:
+    """Apply what pays now (or is free, or rides on a paid invalidation); defer the rest.
+    Returns (applied, still pending, applied in history mode: durable from now on)."""
+    history_rules = {r.name for r in inp.policy.rules if r.history}
+    costed = [Costed(_position(e.edit, draft, previous), e.saving) for e in eligible]
+    timings = schedule(costed, context.cache, inp.policy.cache, context.utilization, force=inp.force)
+    applied: list[AppliedEdit] = []
+    pending: list[PendingEdit] = []
+    durable: list[AppliedEdit] = []
+    for e, cost, timing in zip(eligible, costed, timings, strict=True):
+        candidate, proposal = e.candidate, e.candidate.proposal
+        seq = target_of(e.edit)
+        entry = draft.entries.get(seq) if seq is not None else None
+        decision = Decision.DEFER if not timing.apply else Decision.PRUNE if seq is not None else Decision.APPLY
+        control = ControlMode.OPERATOR if inp.force and timing.apply else candidate.control
+        if timing.apply or not candidate.pending:  # a waiting edit's DEFER is certified once
+            log.add(
+                _body(
+                    entry,
+                    decision,
+                    candidate.rule,
+                    proposal.reason,
+                    timing.why,
+                    proposal=proposal,
+                    control=control,
+                    new_tokens=e.tokens,
+                    position=cost.position,
+                    radius=timing.radius,
+                    value=timing.value,
+                )
+            )
+        if not timing.apply:
+            pending.append(PendingEdit(replace(proposal, edit=e.edit), candidate.rule, candidate.control))
+            continue
+        done = AppliedEdit(
+            e.edit, candidate.rule, proposal.reason, e.content, e.tokens, proposal.evidence_seqs, control
+        )
+        draft.apply(done)
+        durable_now = candidate.control is ControlMode.RULE and candidate.rule in history_rules
+        (durable if durable_now else applied).append(done)
+    return applied, pending, durable
 
 
 def _content_of(edit: Edit, entries: Mapping[int, Entry], reason: str) -> tuple[Block, ...]:
@@ -416,18 +521,39 @@ def _content_of(edit: Edit, entries: Mapping[int, Entry], reason: str) -> tuple[
     return ()
 
 
-def _position(edit: Edit, offsets: Mapping[int, int], previous_total: int) -> int:
+def _position(edit: Edit, draft: _Draft, previous: PreviousRender | None) -> int:
     """Where an edit changes the previous render, in tokens from its start."""
+    if previous is None:
+        return 0
+    segments = previous.segments
     match edit:
         case Replace(seq) | Remove(seq):
-            return offsets.get(seq, previous_total)
+            return previous.offsets().get(seq, previous.total_tokens)
         case Insert(after_seq):
-            later = [o for s, o in offsets.items() if s > after_seq]
-            return min(later, default=previous_total)
-        case Reorder(order):
-            moved = [offsets[s] for s, o in zip(order, sorted(order), strict=False) if s != o and s in offsets]
-            return min(moved, default=previous_total)
-    return previous_total  # a request patch changes no prompt bytes
+            # Before the first history item shown after the anchor (and after what was inserted there before).
+            offset = 0
+            for segment in segments:
+                if segment.seq > after_seq:
+                    return offset
+                offset += segment.tokens
+            return offset
+        case Reorder():
+            sent = {s.seq for s in segments}
+            shown = iter([s for s in _reordered(edit, draft.order) if s in sent])
+            offset = 0
+            for segment in segments:
+                if segment.seq > 0 and segment.seq != next(shown, None):
+                    return offset
+                offset += segment.tokens
+            return offset
+    return previous.total_tokens  # a request patch changes no prompt bytes
+
+
+def _reordered(edit: Reorder, order: Sequence[int]) -> list[int]:
+    """The history's seqs in `edit`'s order; those appended since it was decided follow, in `order`."""
+    listed = list(edit.order)
+    known = set(listed)
+    return listed + [s for s in order if s not in known]
 
 
 def _body(
@@ -445,8 +571,7 @@ def _body(
     radius: int = 0,
     value: float = 0.0,
 ) -> CertificateBody:
-    removes = decision in (Decision.PRUNE, Decision.DEFER) and entry is not None
-    placeholder = isinstance(proposal.edit, Remove) and proposal.edit.placeholder if proposal else False
+    reduces = decision in (Decision.PRUNE, Decision.DEFER) and entry is not None
     return CertificateBody(
         seq=entry.seq if entry is not None else 0,
         decision=decision,
@@ -455,10 +580,10 @@ def _body(
         reason=reason,
         evidence=proposal.evidence if proposal else "",
         rationale=why,
-        handle=handle_of(entry.item) if removes and entry is not None else "",
+        handle=handle_of(entry.item) if reduces and entry is not None else "",
         protection=protection,
-        tokens_removed=entry.tokens if removes and entry is not None else 0,
-        placeholder_tokens=new_tokens if removes and placeholder else 0,
+        tokens_removed=entry.tokens if reduces and entry is not None else 0,
+        placeholder_tokens=new_tokens if reduces else 0,
         first_divergence_tokens=position,
         mutation_radius_tokens=radius,
         cost_effect=round(value, 9),
@@ -468,7 +593,7 @@ def _body(
 
 def protection_map(items: Sequence[Item], policy: Policy, pins: frozenset[int]) -> dict[int, str]:
     """seq -> why it is protected, for the protected items of a history."""
-    return protections(_View(items, pins).ordered(), policy)
+    return protections(_Draft(items, pins).ordered(), policy)
 
 
 def identity_view(session: Session, items: Sequence[Item], request: ViewRequest, counter: TokenCounter) -> View:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.resources import files
-from typing import Any
+from typing import Any, ClassVar
 
 import jsonschema
 import yaml
@@ -173,11 +173,12 @@ def parse_policy(document: str, registry: TransformRegistry, field_name: str = "
     if len(document.encode()) > MAX_DOCUMENT_BYTES:
         raise InvalidArgument.at(field_name, f"the document is over {MAX_DOCUMENT_BYTES:,} bytes")
     try:
-        data = yaml.safe_load(document)  # YAML is a superset of JSON: one parser reads both
+        data = yaml.load(document, Loader=_PolicyLoader)  # YAML is a superset of JSON: one parser reads both
     except yaml.YAMLError as exc:
         raise InvalidArgument.at(field_name, f"not valid JSON or YAML: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidArgument.at(field_name, f"must be a mapping, not {type(data).__name__}")
+    _check_keys(data, field_name)
     violations = [
         FieldViolation(_path(field_name, error.absolute_path), error.message)
         for error in sorted(jsonschema.Draft202012Validator(schema()).iter_errors(data), key=_error_order)
@@ -185,6 +186,34 @@ def parse_policy(document: str, registry: TransformRegistry, field_name: str = "
     if violations:
         raise InvalidArgument(violations)
     return _build(data, document, registry, field_name)
+
+
+class _PolicyLoader(yaml.SafeLoader):
+    """Plain data only: no aliases (a few bytes of them expand to gigabytes) and no
+    timestamps (what looks like a date stays the string it was written as)."""
+
+    yaml_implicit_resolvers: ClassVar[dict[Any, list[tuple[str, Any]]]] = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(None, None, "aliases are not allowed in a policy", mark)
+        return super().compose_node(parent, index)
+
+
+def _check_keys(data: Any, path: str) -> None:
+    """Every mapping key is a string (YAML allows numbers, booleans and null as keys)."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if not isinstance(key, str):
+                raise InvalidArgument.at(path, f"the key {key!r} is not a string")
+            _check_keys(value, f"{path}.{key}")
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            _check_keys(value, f"{path}[{i}]")
 
 
 def _error_order(error: jsonschema.ValidationError) -> list[str]:

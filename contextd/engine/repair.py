@@ -12,7 +12,7 @@ Whatever the edits did, the view keeps the providers' message rules:
   as a placeholder.
 
 Reasoning the provider needs back with a turn's calls is kept when edits
-are applied (placeholders.kept_for_calls), not here.
+are applied (placeholders.with_calls), not here.
 """
 
 from __future__ import annotations

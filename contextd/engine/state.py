@@ -1,5 +1,5 @@
-"""ViewState: what the previous render of a session (in one format) sent,
-and the decisions that stay in force (DESIGN section 3).
+"""ViewState: the decisions that stay in force for a session, and what its
+previous render in each format sent (DESIGN section 3).
 
 Applied edits are sticky: once a render shows an item reduced, every later
 render shows it the same way, so the bytes a provider cached stay valid.
@@ -10,11 +10,12 @@ JSON for storage; the view is a pure function of (history, policy, state).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-from contextd.engine.codec import blocks_from_json, blocks_to_json
+from contextd.engine.codec import blocks_from_json, blocks_to_json, canonical_json
 from contextd.engine.model import Block, ItemContent, Role
 from contextd.engine.transforms import Edit, Insert, PatchRequest, Proposal, Remove, Reorder, Replace
 
@@ -46,6 +47,9 @@ class AppliedEdit:
     """The item's new blocks (replace, remove with placeholder) or the inserted blocks."""
     tokens: int = 0
     """Tokens of `content`."""
+    evidence_seqs: tuple[int, ...] = ()
+    """Items the decision rested on: they stay in full while this edit is in force."""
+    control: ControlMode = ControlMode.RULE
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,33 +59,49 @@ class PendingEdit:
     proposal: Proposal
     rule: str
     control: ControlMode
-    since_version: int
 
 
 @dataclass(frozen=True, slots=True)
-class ViewState:
-    view_version: int = 0
-    """Renders so far; 0 before the first."""
-    rendered_at: float | None = None
-    """When the previous render was made (seconds since the epoch)."""
-    segments: tuple[Segment, ...] = ()
-    applied: tuple[AppliedEdit, ...] = ()
-    pending: tuple[PendingEdit, ...] = ()
-    decided: frozenset[str] = field(default_factory=frozenset)
-    """Keys of KEEP and ABSTAIN decisions already certified, so a rule that
-    proposes the same thing on every render is certified once."""
+class PreviousRender:
+    """What the latest render in one format sent: the prompt a provider may have cached."""
+
+    rendered_at: float
+    """Seconds since the epoch."""
+    segments: tuple[Segment, ...]
 
     @property
     def total_tokens(self) -> int:
         return sum(s.tokens for s in self.segments)
 
     def offsets(self) -> dict[int, int]:
-        """seq -> token offset where the item started in the previous render."""
+        """seq -> token offset where the item started."""
         offset, found = 0, dict[int, int]()
         for segment in self.segments:
             found.setdefault(segment.seq, offset)
             offset += segment.tokens
         return found
+
+
+def _no_renders() -> Mapping[str, PreviousRender]:
+    return {}
+
+
+@dataclass(frozen=True, slots=True)
+class ViewState:
+    """The view state of a session: one set of decisions for every format, and
+    per format what its latest render sent (each format is its own cache)."""
+
+    view_version: int = 0
+    """Renders of the session so far, in any format; 0 before the first."""
+    policy_version: str = ""
+    """The policy the decisions in force were made under."""
+    renders: Mapping[str, PreviousRender] = field(default_factory=_no_renders)
+    """By view format."""
+    applied: tuple[AppliedEdit, ...] = ()
+    pending: tuple[PendingEdit, ...] = ()
+    decided: frozenset[str] = field(default_factory=frozenset)
+    """Keys of KEEP and ABSTAIN decisions already certified, so a rule that
+    proposes the same thing on every render is certified once."""
 
 
 def first_divergence(previous: tuple[Segment, ...], current: tuple[Segment, ...]) -> int:
@@ -97,7 +117,7 @@ def first_divergence(previous: tuple[Segment, ...], current: tuple[Segment, ...]
 # ---------------------------------------------------------------- to JSON
 
 
-def _edit_to_json(edit: Edit) -> dict[str, Any]:
+def edit_to_json(edit: Edit) -> dict[str, Any]:
     match edit:
         case Replace(seq, content):
             return {"kind": "replace", "seq": seq, "content": blocks_to_json(content)}
@@ -117,6 +137,11 @@ def _edit_to_json(edit: Edit) -> dict[str, Any]:
     raise TypeError(f"not an edit: {edit!r}")
 
 
+def edit_key(edit: Edit) -> str:
+    """The edit's identity: equal edits have equal keys."""
+    return canonical_json(edit_to_json(edit)).decode()
+
+
 def _edit_from_json(data: dict[str, Any]) -> Edit:
     kind = data["kind"]
     if kind == "replace":
@@ -133,8 +158,9 @@ def _edit_from_json(data: dict[str, Any]) -> Edit:
 
 
 def _proposal_to_json(p: Proposal) -> dict[str, Any]:
+    # Only eligible proposals wait, so `abstain` is always false here.
     return {
-        "edit": _edit_to_json(p.edit),
+        "edit": edit_to_json(p.edit),
         "level": p.level,
         "reason": p.reason,
         "evidence": p.evidence,
@@ -148,20 +174,42 @@ def _proposal_from_json(data: dict[str, Any]) -> Proposal:
     )
 
 
+def applied_to_json(applied: AppliedEdit) -> dict[str, Any]:
+    return {
+        "edit": edit_to_json(applied.edit),
+        "rule": applied.rule,
+        "reason": applied.reason,
+        "content": blocks_to_json(applied.content),
+        "tokens": applied.tokens,
+        "evidence_seqs": list(applied.evidence_seqs),
+        "control": applied.control.value,
+    }
+
+
+def applied_from_json(data: dict[str, Any]) -> AppliedEdit:
+    return AppliedEdit(
+        _edit_from_json(data["edit"]),
+        data["rule"],
+        data["reason"],
+        blocks_from_json(data["content"]),
+        data["tokens"],
+        tuple(data["evidence_seqs"]),
+        ControlMode(data["control"]),
+    )
+
+
 def state_to_json(state: ViewState) -> str:
     return json.dumps(
         {
             "view_version": state.view_version,
-            "rendered_at": state.rendered_at,
-            "segments": [[s.seq, s.digest, s.tokens] for s in state.segments],
+            "policy_version": state.policy_version,
+            "renders": {
+                name: {"rendered_at": r.rendered_at, "segments": [[s.seq, s.digest, s.tokens] for s in r.segments]}
+                for name, r in sorted(state.renders.items())
+            },
             "applied": [applied_to_json(a) for a in state.applied],
             "pending": [
-                {
-                    "proposal": _proposal_to_json(p.proposal),
-                    "rule": p.rule,
-                    "control": p.control.value,
-                    "since": p.since_version,
-                }
+                {"proposal": _proposal_to_json(p.proposal), "rule": p.rule, "control": p.control.value}
                 for p in state.pending
             ],
             "decided": sorted(state.decided),
@@ -175,31 +223,15 @@ def state_from_json(text: str) -> ViewState:
     data = json.loads(text)
     return ViewState(
         view_version=data["view_version"],
-        rendered_at=data["rendered_at"],
-        segments=tuple(Segment(seq, digest, tokens) for seq, digest, tokens in data["segments"]),
-        applied=tuple(
-            AppliedEdit(_edit_from_json(a["edit"]), a["rule"], a["reason"], blocks_from_json(a["content"]), a["tokens"])
-            for a in data["applied"]
-        ),
+        policy_version=data["policy_version"],
+        renders={
+            name: PreviousRender(r["rendered_at"], tuple(Segment(*s) for s in r["segments"]))
+            for name, r in data["renders"].items()
+        },
+        applied=tuple(applied_from_json(a) for a in data["applied"]),
         pending=tuple(
-            PendingEdit(_proposal_from_json(p["proposal"]), p["rule"], ControlMode(p["control"]), p["since"])
+            PendingEdit(_proposal_from_json(p["proposal"]), p["rule"], ControlMode(p["control"]))
             for p in data["pending"]
         ),
         decided=frozenset(data["decided"]),
-    )
-
-
-def applied_to_json(applied: AppliedEdit) -> dict[str, Any]:
-    return {
-        "edit": _edit_to_json(applied.edit),
-        "rule": applied.rule,
-        "reason": applied.reason,
-        "content": blocks_to_json(applied.content),
-        "tokens": applied.tokens,
-    }
-
-
-def applied_from_json(data: dict[str, Any]) -> AppliedEdit:
-    return AppliedEdit(
-        _edit_from_json(data["edit"]), data["rule"], data["reason"], blocks_from_json(data["content"]), data["tokens"]
     )

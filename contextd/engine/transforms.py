@@ -182,12 +182,6 @@ class TransformContext:
     def turns(self) -> int:
         return self.entries[-1].turn + 1 if self.entries else 0
 
-    def entry(self, seq: int) -> Entry | None:
-        for entry in self.entries:
-            if entry.seq == seq:
-                return entry
-        return None
-
 
 class Transform(Protocol):
     name: ClassVar[str]

@@ -157,7 +157,8 @@ def _itemize(
         kind = entry.representation
         if kind is full:
             if seq not in omitted:
-                segments.append(Segment(seq, "", entry.tokens))
+                # Inserted content has no history of its own to compare: its digest tells it apart.
+                segments.append(Segment(seq, "" if seq > 0 else representation_digest(entry.content), entry.tokens))
         elif kind is not Representation.OMITTED and seq not in omitted:
             segments.append(Segment(seq, representation_digest(entry.content), entry.tokens))
         if seq <= 0:

@@ -121,7 +121,6 @@ view_states = Table(
     "view_states",
     metadata,
     Column("session_key", BigInteger, ForeignKey("sessions.key"), primary_key=True),
-    Column("format", String(32), primary_key=True),
     Column("view_version", BigInteger, nullable=False),
     Column("state", Text, nullable=False),
     Column("updated_at", UtcTime, nullable=False),

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from contextd.engine.certificates import GENESIS, Certificate, CertificateBody, Decision, chain
+from contextd.engine.certificates import GENESIS, Certificate, CertificateBody, Decision, Stamp, chain
 from contextd.engine.errors import InvalidArgument
 from contextd.engine.pipeline import AgentProposal
 from contextd.engine.state import (
@@ -43,7 +43,7 @@ def _now() -> datetime:
 
 
 class StateCache:
-    """The view states this process saved last, by session and format.
+    """The view states this process saved last, by session.
 
     A render reads only the stored version number when it holds the state of
     that version already: no JSON to parse, and the same objects as before,
@@ -53,56 +53,44 @@ class StateCache:
 
     def __init__(self, max_states: int = 4096) -> None:
         self.max_states = max_states
-        self._states: OrderedDict[tuple[int, str], ViewState] = OrderedDict()
+        self._states: OrderedDict[int, ViewState] = OrderedDict()
 
-    def get(self, key: int, view_format: str, version: int) -> ViewState | None:
-        state = self._states.get((key, view_format))
+    def get(self, key: int, version: int) -> ViewState | None:
+        state = self._states.get(key)
         if state is None or state.view_version != version:
             return None
-        self._states.move_to_end((key, view_format))
+        self._states.move_to_end(key)
         return state
 
-    def put(self, key: int, view_format: str, state: ViewState) -> None:
+    def put(self, key: int, state: ViewState) -> None:
         """Remember a state once its transaction has committed (never before: a rolled-back
         version number could be committed later, by another render, with other content)."""
-        self._states[(key, view_format)] = state
-        self._states.move_to_end((key, view_format))
+        self._states[key] = state
+        self._states.move_to_end(key)
         if len(self._states) > self.max_states:
             self._states.popitem(last=False)
 
 
-async def load_state(conn: AsyncConnection, key: int, view_format: str, cache: StateCache | None = None) -> ViewState:
+async def load_state(conn: AsyncConnection, key: int, cache: StateCache | None = None) -> ViewState:
     v = schema.view_states
-    where = (v.c.session_key == key) & (v.c.format == view_format)
     if cache is not None:
-        version = (await conn.execute(select(v.c.view_version).where(where))).scalar_one_or_none()
+        version = (await conn.execute(select(v.c.view_version).where(v.c.session_key == key))).scalar_one_or_none()
         if version is None:
             return ViewState()
-        cached = cache.get(key, view_format, version)
+        cached = cache.get(key, version)
         if cached is not None:
             return cached
-    text = (await conn.execute(select(v.c.state).where(where))).scalar_one_or_none()
+    text = (await conn.execute(select(v.c.state).where(v.c.session_key == key))).scalar_one_or_none()
     return ViewState() if text is None else state_from_json(text)
 
 
-async def latest_state(conn: AsyncConnection, key: int) -> tuple[str, ViewState] | None:
-    """The most recently rendered format of a session and its state."""
-    v = schema.view_states
-    row = (
-        await conn.execute(
-            select(v.c.format, v.c.state).where(v.c.session_key == key).order_by(v.c.updated_at.desc()).limit(1)
-        )
-    ).first()
-    return None if row is None else (row.format, state_from_json(row.state))
-
-
 @traced("storage.save_view_state")
-async def save_state(conn: AsyncConnection, key: int, view_format: str, state: ViewState) -> None:
+async def save_state(conn: AsyncConnection, key: int, state: ViewState) -> None:
     v = schema.view_states
     values = {"view_version": state.view_version, "state": state_to_json(state), "updated_at": _now()}
-    changed = await conn.execute(update(v).where(v.c.session_key == key, v.c.format == view_format).values(**values))
+    changed = await conn.execute(update(v).where(v.c.session_key == key).values(**values))
     if changed.rowcount == 0:
-        await conn.execute(insert(v).values(session_key=key, format=view_format, **values))
+        await conn.execute(insert(v).values(session_key=key, **values))
 
 
 # ------------------------------------------------------------------- pins
@@ -156,9 +144,7 @@ async def append_certificates(
     conn: AsyncConnection,
     key: int,
     bodies: Sequence[CertificateBody],
-    view_format: str,
-    view_version: int,
-    policy_version: str,
+    stamp: Stamp,
 ) -> list[Certificate]:
     """Number, chain and store `bodies` after the session's last certificate."""
     if not bodies:
@@ -169,9 +155,7 @@ async def append_certificates(
             select(c.c.number, c.c.hash).where(c.c.session_key == key).order_by(c.c.number.desc()).limit(1)
         )
     ).first()
-    chained = chain(
-        bodies, (last.number + 1) if last else 1, last.hash if last else GENESIS, view_version, policy_version
-    )
+    chained = chain(bodies, (last.number + 1) if last else 1, last.hash if last else GENESIS, stamp)
     now = _now()
     await conn.execute(
         insert(c),
@@ -194,7 +178,7 @@ async def append_certificates(
                 "mutation_radius_tokens": cert.body.mutation_radius_tokens,
                 "cost_effect": cert.body.cost_effect,
                 "control": cert.body.control.value,
-                "view_format": view_format,
+                "view_format": cert.view_format,
                 "view_version": cert.view_version,
                 "policy_version": cert.policy_version,
                 "previous_hash": cert.previous_hash,
@@ -210,7 +194,6 @@ async def append_certificates(
 @dataclass(frozen=True, slots=True)
 class StoredCertificate:
     certificate: Certificate
-    view_format: str
     created_at: datetime
 
 
@@ -220,6 +203,7 @@ class CertificateFilter:
     level: int | None = None
     seq: int | None = None
     view_version: int | None = None
+    view_format: str | None = None
 
 
 def _stored(row: Any) -> StoredCertificate:
@@ -241,8 +225,8 @@ def _stored(row: Any) -> StoredCertificate:
         control=ControlMode(row.control),
     )
     created = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=UTC)
-    cert = Certificate(row.number, body, row.view_version, row.policy_version, row.previous_hash, row.hash)
-    return StoredCertificate(cert, row.view_format, created)
+    stamp = Stamp(row.view_version, row.view_format, row.policy_version)
+    return StoredCertificate(Certificate(row.number, body, stamp, row.previous_hash, row.hash), created)
 
 
 @traced("storage.list_certificates")
@@ -260,6 +244,8 @@ async def list_certificates(
         query = query.where(c.c.seq == where.seq)
     if where.view_version is not None:
         query = query.where(c.c.view_version == where.view_version)
+    if where.view_format is not None:
+        query = query.where(c.c.view_format == where.view_format)
     rows = (await conn.execute(query.order_by(c.c.number).limit(page_size + 1))).all()
     page = [_stored(r) for r in rows[:page_size]]
     more = len(rows) > page_size
@@ -270,11 +256,6 @@ async def all_certificates(conn: AsyncConnection, key: int) -> list[Certificate]
     c = schema.certificates
     rows = await conn.execute(select(c).where(c.c.session_key == key).order_by(c.c.number))
     return [_stored(r).certificate for r in rows]
-
-
-async def count_certificates(conn: AsyncConnection, key: int) -> int:
-    c = schema.certificates
-    return int((await conn.execute(select(func.count()).where(c.c.session_key == key))).scalar_one())
 
 
 def _encode_token(number: int) -> str:

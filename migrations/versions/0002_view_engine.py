@@ -29,11 +29,10 @@ def upgrade() -> None:
     op.create_table(
         "view_states",
         sa.Column("session_key", sa.BigInteger, nullable=False),
-        sa.Column("format", sa.String(32), nullable=False),
         sa.Column("view_version", sa.BigInteger, nullable=False),
         sa.Column("state", sa.Text, nullable=False),
         sa.Column("updated_at", utc, nullable=False),
-        sa.PrimaryKeyConstraint("session_key", "format", name="pk_view_states"),
+        sa.PrimaryKeyConstraint("session_key", name="pk_view_states"),
         sa.ForeignKeyConstraint(["session_key"], ["sessions.key"], name="fk_view_states_session_key_sessions"),
     )
     op.create_table(

@@ -47,7 +47,8 @@ def conversations(draw: st.DrawFn, max_turns: int = 12) -> list[Item]:
                 blocks.append(ToolUseBlock(f"c{call}", name, json.dumps({"arg": draw(words)})))
         contents.append(ItemContent(role=Role.ASSISTANT, content=tuple(blocks)))
         for call_id in ids:
-            output = (TextBlock(draw(words)),)
+            # Outputs from one line to dozens: some are worth a placeholder, some are not.
+            output = (TextBlock((draw(words) + "\n") * draw(st.integers(1, 40))),)
             contents.append(
                 ItemContent(role=Role.TOOL, content=(ToolResultBlock(call_id, output, is_error=draw(st.booleans())),))
             )

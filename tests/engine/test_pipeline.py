@@ -16,7 +16,8 @@ from contextd.engine.model import Item, ItemContent, Representation, Role, TextB
 from contextd.engine.pipeline import AgentProposal, RenderInput, RenderOutput, render
 from contextd.engine.placeholders import PREFIX, handle_of
 from contextd.engine.policy import parse_policy
-from contextd.engine.state import ControlMode, ViewState, state_from_json, state_to_json
+from contextd.engine.state import ControlMode, PreviousRender, ViewState, state_from_json, state_to_json
+from contextd.engine.transforms import Remove
 from contextd.engine.view import ViewFormat, ViewRequest
 from tests.engine.conversations import conversations
 from tests.engine.transforms_for_tests import registry
@@ -55,11 +56,21 @@ def run(
     )
 
 
+FILLER = "\n" + "\n".join(f"detail line {n} of the output" for n in range(12))
+"""Makes an output worth pruning: larger than the placeholder that would stand in for it."""
+
+
 def tool_round(call_id: str, tool: str, output: str, is_error: bool = False) -> list[ItemContent]:
+    text = TextBlock(output + FILLER)
     return [
         ItemContent(role=Role.ASSISTANT, content=(ToolUseBlock(call_id, tool, json.dumps({"path": call_id})),)),
-        ItemContent(role=Role.TOOL, content=(ToolResultBlock(call_id, (TextBlock(output),), is_error=is_error),)),
+        ItemContent(role=Role.TOOL, content=(ToolResultBlock(call_id, (text,), is_error=is_error),)),
     ]
+
+
+def sent(out: RenderOutput, fmt: ViewFormat = OPENAI) -> PreviousRender:
+    """What a render sent, as the next render compares against."""
+    return out.state.renders[fmt.value]
 
 
 def history(*rounds: list[ItemContent], user: str = "Fix the parser.") -> list[Item]:
@@ -119,7 +130,7 @@ def test_edits_in_force_stay_in_force_and_are_certified_once() -> None:
     first = run(items, DROP_TOOL_OUTPUTS)
     second = run(items, DROP_TOOL_OUTPUTS, state=first.state, now=1_010)
     assert second.certificates == () and second.view.messages_json == first.view.messages_json
-    assert second.view.stable_prefix_tokens == first.state.total_tokens
+    assert second.view.stable_prefix_tokens == sent(first).total_tokens
     again = state_from_json(state_to_json(second.state))
     assert again == second.state
 
@@ -148,7 +159,11 @@ def test_protection_wins_over_any_rule_and_unpinning_restores_eligibility() -> N
         4: "the latest error of its tool, not yet followed by a success",
         6: "pinned",
     }
-    assert {c.seq for c in by_decision(out, Decision.PRUNE)} == {3, 5, 7, 8}
+    assert {c.seq for c in by_decision(out, Decision.PRUNE)} == {8}
+    # The calls alone are smaller than a placeholder would be: nothing to gain.
+    assert {c.seq: c.rationale for c in by_decision(out, Decision.ABSTAIN)} == dict.fromkeys(
+        (3, 5, 7), "what would replace it is not smaller"
+    )
     unpinned = run(items, PRUNE_EVERYTHING, state=out.state, now=1_000 + 3_600)
     assert [c.seq for c in by_decision(unpinned, Decision.PRUNE)] == [6]
 
@@ -158,7 +173,9 @@ def test_pinning_a_pruned_item_shows_it_in_full_again() -> None:
     pruned = run(items, DROP_TOOL_OUTPUTS)
     assert 4 in {c.seq for c in by_decision(pruned, Decision.PRUNE)}
     restored = run(items, DROP_TOOL_OUTPUTS, state=pruned.state, pins=frozenset({4}), now=1_010)
-    assert [(c.seq, c.rationale) for c in by_decision(restored, Decision.KEEP)] == [(4, "pinned: shown in full again")]
+    assert [(c.seq, c.rationale) for c in by_decision(restored, Decision.KEEP)] == [
+        (4, "protected: pinned; shown in full again")
+    ]
     assert "out 1" in restored.view.messages_json
 
 
@@ -245,14 +262,14 @@ def test_a_prune_that_would_invalidate_a_large_cached_prefix_is_deferred_until_t
     sizes = [2_000] + [9_800] * 10
     items = big_history(sizes, marked={0})
     warm = run(items, "protection: {last_turns: 0}", now=0)  # the previous render, now in the provider's cache
-    assert warm.state.total_tokens > 100_000
+    assert sent(warm).total_tokens > 100_000
 
     deferred = run(items, PRUNE_MARKED, state=warm.state, now=60)
     [cert] = deferred.certificates
     assert (cert.decision, cert.seq) == (Decision.DEFER, 4)
-    offset = warm.state.offsets()[4]
+    offset = sent(warm).offsets()[4]
     assert cert.first_divergence_tokens == offset
-    assert cert.mutation_radius_tokens == warm.state.total_tokens - offset > 98_000
+    assert cert.mutation_radius_tokens == sent(warm).total_tokens - offset > 98_000
     assert cert.cost_effect < 0 and "more than it saves over 20 calls" in cert.rationale
     assert cert.handle == handle_of(items[3]) and cert.tokens_removed == 2_000
     assert deferred.view.messages_json == warm.view.messages_json  # the cached bytes are untouched
@@ -280,7 +297,7 @@ def test_deferred_edits_are_applied_together_in_one_invalidation() -> None:
     cold = run(items, PRUNE_MARKED, state=deferred.state, now=400)
     assert [(c.decision, c.seq) for c in cold.certificates] == [(Decision.PRUNE, s) for s in (4, 8, 12)]
     # One invalidation: the new view differs from the old from the first prune on, once.
-    assert cold.view.stable_prefix_tokens == warm.state.offsets()[4]
+    assert cold.view.stable_prefix_tokens == sent(warm).offsets()[4]
 
 
 def test_a_batch_that_pays_for_one_invalidation_applies_while_the_cache_is_warm() -> None:
@@ -295,8 +312,8 @@ def test_a_batch_that_pays_for_one_invalidation_applies_while_the_cache_is_warm(
     together = run(items, PRUNE_MARKED.replace("20", "300"), state=warm.state, now=60)
     assert [c.decision for c in together.certificates] == [Decision.PRUNE] * 3
     assert "pay for one invalidation" in together.certificates[0].rationale
-    assert together.certificates[1].rationale == f"rides on the rewrite from token {warm.state.offsets()[4]}"
-    assert together.view.stable_prefix_tokens == warm.state.offsets()[4]
+    assert together.certificates[1].rationale == f"rides on the rewrite from token {sent(warm).offsets()[4]}"
+    assert together.view.stable_prefix_tokens == sent(warm).offsets()[4]
 
 
 def test_edits_to_the_uncached_tail_are_free() -> None:
@@ -312,7 +329,7 @@ def test_edits_to_the_uncached_tail_are_free() -> None:
     [cert] = out.certificates
     assert (cert.decision, cert.mutation_radius_tokens) == (Decision.PRUNE, 0)
     assert cert.rationale == "it touches only the tail the cache has not seen"
-    assert out.view.stable_prefix_tokens == warm.state.total_tokens
+    assert out.view.stable_prefix_tokens == sent(warm).total_tokens
 
 
 def test_the_high_water_mark_applies_deferred_edits() -> None:
@@ -362,7 +379,7 @@ def test_renders_after_appends_keep_the_previous_bytes_as_an_exact_prefix(fmt: V
         out = run(prefix, "", state=previous.state if previous else None, fmt=fmt, now=float(count))
         if previous is not None:
             assert stream(out).startswith(stream(previous)), count
-            assert out.view.stable_prefix_tokens == previous.state.total_tokens
+            assert out.view.stable_prefix_tokens == sent(previous, fmt).total_tokens
         previous = out
 
 
@@ -381,7 +398,7 @@ def test_inserts_patches_and_reorders_are_applied_certified_and_repaired() -> No
     reversed_view = run(items, "rules: [{name: r, transform: reverse}]")
     roles = [m["role"] for m in json.loads(reversed_view.view.messages_json)]
     check_openai(json.loads(reversed_view.view.messages_json))  # results still follow their calls
-    assert roles[0] == "assistant"
+    assert roles[:3] == ["system", "assistant", "tool"]  # the system prompt keeps its place
 
 
 def test_agent_proposals_are_decided_and_certified_as_the_agents() -> None:
@@ -402,7 +419,8 @@ def test_agent_proposals_are_decided_and_certified_as_the_agents() -> None:
 def test_history_mode_rules_hand_back_their_edits_to_be_made_durable() -> None:
     items = history(tool_round("c1", "bash", "a"), tool_round("c2", "bash", "b"))
     out = run(items, DROP_TOOL_OUTPUTS.replace("when: {roles: [tool]}", "when: {roles: [tool]}\n    history: true"))
-    assert [a.edit for a in out.durable] == [a.edit for a in out.state.applied]
+    assert [a.edit for a in out.durable] == [Remove(4)]  # seq 6 is in the last turn
+    assert out.state.applied == ()  # durable from now on: history, not view state
 
 
 # ------------------------------------------------------------ property tests

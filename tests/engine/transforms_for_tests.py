@@ -105,13 +105,19 @@ class Annotate:
 
 
 class Reverse:
+    """Show the history backwards (system prompts first, unless `keep_system` is false)."""
+
     name: ClassVar[str] = "reverse"
     version: ClassVar[str] = "1"
 
     def propose(
         self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
     ) -> Iterator[Proposal]:
-        yield Proposal(Reorder(tuple(reversed([e.seq for e in context.entries if e.seq > 0]))), 0, "reorder")
+        history = [e for e in context.entries if e.seq > 0]
+        systems = [e.seq for e in history if e.role is Role.SYSTEM]
+        others = [e.seq for e in history if e.role is not Role.SYSTEM]
+        order = systems + others[::-1] if params.get("keep_system", True) else [e.seq for e in history][::-1]
+        yield Proposal(Reorder(tuple(order)), 0, "reorder")
 
 
 def registry() -> TransformRegistry:

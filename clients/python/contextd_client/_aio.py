@@ -152,13 +152,21 @@ class AsyncClient:
         level: int | None = None,
         seq: int | None = None,
         view_version: int | None = None,
+        view_format: ViewFormat | str | None = None,
         page_size: int = 100,
     ) -> AsyncIterator[Certificate]:
         """The session's certificates, oldest first, optionally filtered, a page at a time."""
         token = ""
         while True:
             call = _list_certificates(
-                session_id, page_size, token, decision=decision, level=level, seq=seq, view_version=view_version
+                session_id,
+                page_size,
+                token,
+                decision=decision,
+                level=level,
+                seq=seq,
+                view_version=view_version,
+                view_format=view_format,
             )
             page, token = await self._run(call)
             for certificate in page:

@@ -186,6 +186,8 @@ def list_certificates(
     for name in ("level", "seq", "view_version"):
         if where.get(name) is not None:
             setattr(request, name, where[name])
+    if where.get("view_format"):
+        request.format = ViewFormat(where["view_format"]).to_proto()
     return Call(
         "ListCertificates",
         request,

@@ -172,13 +172,21 @@ class Client:
         level: int | None = None,
         seq: int | None = None,
         view_version: int | None = None,
+        view_format: ViewFormat | str | None = None,
         page_size: int = 100,
     ) -> Iterator[Certificate]:
         """The session's certificates, oldest first, optionally filtered, a page at a time."""
         token = ""
         while True:
             call = _list_certificates(
-                session_id, page_size, token, decision=decision, level=level, seq=seq, view_version=view_version
+                session_id,
+                page_size,
+                token,
+                decision=decision,
+                level=level,
+                seq=seq,
+                view_version=view_version,
+                view_format=view_format,
             )
             page, token = self._run(call)
             yield from page

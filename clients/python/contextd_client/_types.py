@@ -21,6 +21,12 @@ class ViewFormat(StrEnum):
         return api.VIEW_FORMAT_ANTHROPIC_MESSAGES
 
 
+_FORMATS = {
+    api.VIEW_FORMAT_OPENAI_CHAT: ViewFormat.OPENAI_CHAT.value,
+    api.VIEW_FORMAT_ANTHROPIC_MESSAGES: ViewFormat.ANTHROPIC_MESSAGES.value,
+}
+
+
 def _time(ts: Any) -> datetime:
     dt: datetime = ts.ToDatetime(tzinfo=UTC)
     return dt
@@ -204,6 +210,10 @@ class Certificate:
     """"rule", "agent" or "operator"."""
     previous_hash: str
     hash: str
+    view_format: str
+    """The format of the render that made the decision ("openai_chat", "anthropic_messages")."""
+    created_at: datetime | None
+    """When it was stored (None in a dry run)."""
 
     @classmethod
     def from_proto(cls, message: api.Certificate) -> Certificate:
@@ -228,6 +238,8 @@ class Certificate:
             control=_CONTROLS.get(message.control_mode, ""),
             previous_hash=message.previous_hash,
             hash=message.hash,
+            view_format=_FORMATS.get(message.view_format, ""),
+            created_at=_time(message.created_at) if message.HasField("created_at") else None,
         )
 
 

@@ -1294,6 +1294,7 @@ class ListCertificatesRequest(_message.Message):
     VIEW_VERSION_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    FORMAT_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     decision: Global___Decision.ValueType
     level: _builtins.int
@@ -1301,6 +1302,8 @@ class ListCertificatesRequest(_message.Message):
     view_version: _builtins.int
     page_size: _builtins.int
     page_token: _builtins.str
+    format: Global___ViewFormat.ValueType
+    """Only the decisions of renders in this format (unspecified: every format)."""
     def __init__(
         self,
         *,
@@ -1311,10 +1314,11 @@ class ListCertificatesRequest(_message.Message):
         view_version: _builtins.int | None = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        format: Global___ViewFormat.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_level", b"_level", "_seq", b"_seq", "_view_version", b"_view_version", "level", b"level", "seq", b"seq", "view_version", b"view_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_level", b"_level", "_seq", b"_seq", "_view_version", b"_view_version", "decision", b"decision", "level", b"level", "page_size", b"page_size", "page_token", b"page_token", "seq", b"seq", "session_id", b"session_id", "view_version", b"view_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_level", b"_level", "_seq", b"_seq", "_view_version", b"_view_version", "decision", b"decision", "format", b"format", "level", b"level", "page_size", b"page_size", "page_token", b"page_token", "seq", b"seq", "session_id", b"session_id", "view_version", b"view_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__level: _TypeAlias = _typing.Literal["level"]  # noqa: Y015
     _WhichOneofArgType__level: _TypeAlias = _typing.Literal["_level", b"_level"]  # noqa: Y015
