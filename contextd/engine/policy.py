@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.resources import files
-from typing import Any, ClassVar
+from typing import Any
 
 import jsonschema
 import yaml
@@ -192,16 +192,17 @@ class _PolicyLoader(yaml.SafeLoader):
     """Plain data only: no aliases (a few bytes of them expand to gigabytes) and no
     timestamps (what looks like a date stays the string it was written as)."""
 
-    yaml_implicit_resolvers: ClassVar[dict[Any, list[tuple[str, Any]]]] = {
-        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
-
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
             raise yaml.composer.ComposerError(None, None, "aliases are not allowed in a policy", mark)
         return super().compose_node(parent, index)
+
+
+_PolicyLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 
 
 def _check_keys(data: Any, path: str) -> None:
