@@ -214,4 +214,9 @@ class Judge:
                 ]
                 if moved:
                     return "the new order moves a system prompt"
+                opening = next((s for s in self._order if self._entries[s].role is not Role.SYSTEM), None)
+                if opening is not None and opening != next(
+                    s for s in order if self._entries[s].role is not Role.SYSTEM
+                ):
+                    return "the new order moves the opening turn (a conversation starts where it started)"
         return ""

@@ -118,6 +118,8 @@ async def unpin(conn: AsyncConnection, key: int, seqs: Sequence[int]) -> None:
 
 
 async def propose(conn: AsyncConnection, key: int, seqs: Sequence[int], reason: str) -> None:
+    if not seqs:
+        return
     await conn.execute(
         insert(schema.prune_proposals),
         [{"session_key": key, "seq": s, "reason": reason, "created_at": _now()} for s in seqs],

@@ -3,6 +3,7 @@ sees when the server itself fails."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +57,12 @@ def test_a_view_larger_than_a_message_is_refused_with_the_limit_named(make_serve
     assert (error.code, error.reason) == ("RESOURCE_EXHAUSTED", "VIEW_TOO_LARGE")
     assert int(error.metadata["view_bytes"]) > 30_000 and error.metadata["max_message_bytes"] == "30000"
     assert "render with a budget or raise the limit" in error.message
+    # Refused inside the render's transaction: no view state, no certificates.
+    conn = sqlite3.connect(server.settings.database_url.removeprefix("sqlite+aiosqlite:///"))
+    try:
+        assert conn.execute("SELECT count(*) FROM view_states").fetchone() == (0,)
+    finally:
+        conn.close()
 
 
 def test_an_internal_failure_reaches_the_client_without_details(

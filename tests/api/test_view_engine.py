@@ -10,8 +10,11 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+import grpc
 import pytest
 from contextd_client import Client, InvalidArgument, ViewFormat
+from contextd_client.v1 import contextd_pb2 as api
+from contextd_client.v1 import contextd_pb2_grpc
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
@@ -102,6 +105,54 @@ def test_the_agents_proposals_are_checked_queued_and_applied_as_the_agents(clien
     assert client.render_view(session, ViewFormat.ANTHROPIC_MESSAGES).certificates == ()  # decided once
 
 
+def test_the_agent_cannot_queue_an_item_twice_or_one_already_pruned(client: Client, masked_session: str) -> None:
+    client.render_view(masked_session, ViewFormat.OPENAI_CHAT)  # 4, 6 and 8 pruned by the policy
+    first = client.propose_prune(masked_session, [4, 3], reason="done")
+    assert [(o.seq, o.accepted, o.reason) for o in first] == [
+        (4, False, "already pruned"),
+        (3, True, "queued: decided at the next render, applied at a cache-safe point"),
+    ]
+    again = client.propose_prune(masked_session, [3])
+    assert [(o.seq, o.accepted, o.reason) for o in again] == [(3, False, "already queued")]
+
+
+def test_decisions_hold_in_every_format_and_list_by_format(client: Client, masked_session: str) -> None:
+    openai = client.render_view(masked_session, ViewFormat.OPENAI_CHAT)
+    anthropic = client.render_view(masked_session, ViewFormat.ANTHROPIC_MESSAGES)
+    assert anthropic.certificates == () and anthropic.view_version == 2  # decided once, for the session
+    assert "output number 0" not in anthropic.messages_json
+    listed = list(client.list_certificates(masked_session, view_format=ViewFormat.OPENAI_CHAT))
+    assert [c.number for c in listed] == [c.number for c in openai.certificates]
+    assert {c.view_format for c in listed} == {"openai_chat"} and all(c.created_at for c in listed)
+    assert list(client.list_certificates(masked_session, view_format=ViewFormat.ANTHROPIC_MESSAGES)) == []
+
+
+def test_a_policy_change_reaches_the_next_decisions(client: Client, session_id: str) -> None:
+    conversation(client, session_id)
+    before = client.render_view(session_id, ViewFormat.OPENAI_CHAT)
+    assert before.certificates == ()
+    session = client.update_session(session_id, policy=DROP_OLD_OUTPUTS)
+    after = client.render_view(session_id, ViewFormat.OPENAI_CHAT)
+    assert after.policy_version == session.policy_version != before.policy_version
+    assert {c.policy_version for c in after.certificates} == {session.policy_version}
+    assert [c.seq for c in after.certificates if c.decision == "prune"] == [4, 6, 8]
+
+
+def test_list_certificates_refuses_what_it_cannot_mean(server: ServerThread, masked_session: str) -> None:
+    with grpc.insecure_channel(server.target) as channel:
+        stub = contextd_pb2_grpc.ContextServiceStub(channel)
+        for request, field in [
+            (api.ListCertificatesRequest(session_id=masked_session, decision=42), "decision"),  # type: ignore[arg-type]
+            (api.ListCertificatesRequest(session_id=masked_session, seq=0), "seq"),
+            (api.ListCertificatesRequest(session_id=masked_session, level=7), "level"),
+            (api.ListCertificatesRequest(session_id=masked_session, format=9), "format"),  # type: ignore[arg-type]
+        ]:
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ListCertificates(request)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field
+            assert field in refused.value.details()
+
+
 def test_bad_control_requests_name_the_field(client: Client, session_id: str) -> None:
     conversation(client, session_id, rounds=1)
     with pytest.raises(InvalidArgument) as missing:
@@ -144,6 +195,9 @@ def test_history_mode_makes_an_edit_durable_without_touching_the_item(client: Cl
     assert not [c for c in anthropic.certificates if c.seq == 4]  # nothing left to decide
     assert client.explain_item(session, 4).representation == "placeholder"
     assert "output number 0" in stored_content(database_url, session, 4)  # the original, untouched
+    client.pin(session, [4])  # history is history: a pin does not undo it
+    assert "output number 0" not in client.render_view(session, ViewFormat.OPENAI_CHAT).messages_json
+    assert client.explain_item(session, 4).representation == "placeholder"
 
 
 def test_the_database_refuses_to_alter_certificates(database_url: str, client: Client, masked_session: str) -> None:
@@ -157,7 +211,12 @@ def test_the_database_refuses_to_alter_certificates(database_url: str, client: C
         finally:
             await db.close()
 
-    for statement in ("UPDATE certificates SET rationale = 'nothing to see'", "DELETE FROM certificates"):
+    for statement in (
+        "UPDATE certificates SET rationale = 'nothing to see'",
+        "DELETE FROM certificates",
+        "UPDATE mutations SET seq = 0",
+        "DELETE FROM mutations",
+    ):
         with pytest.raises(DBAPIError, match="append-only"):
             asyncio.run(tamper(statement))
 

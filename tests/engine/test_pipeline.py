@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,9 +15,9 @@ from hypothesis import strategies as st
 from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.model import Item, ItemContent, Representation, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.pipeline import AgentProposal, RenderInput, RenderOutput, render
-from contextd.engine.placeholders import PREFIX, handle_of
+from contextd.engine.placeholders import PREFIX, handle_of, placeholder_blocks
 from contextd.engine.policy import parse_policy
-from contextd.engine.state import ControlMode, PreviousRender, ViewState, state_from_json, state_to_json
+from contextd.engine.state import AppliedEdit, ControlMode, PreviousRender, ViewState, state_from_json, state_to_json
 from contextd.engine.transforms import Remove
 from contextd.engine.view import ViewFormat, ViewRequest
 from tests.engine.conversations import conversations
@@ -38,6 +39,7 @@ def run(
     agent: Sequence[AgentProposal] = (),
     force: bool = False,
     budget: int = 0,
+    durable: Sequence[AppliedEdit] = (),
 ) -> RenderOutput:
     return render(
         RenderInput(
@@ -52,6 +54,7 @@ def run(
             pins=pins,
             agent_proposals=agent,
             force=force,
+            durable=tuple(durable),
         )
     )
 
@@ -240,14 +243,8 @@ def big_history(sizes: Sequence[int], marked: set[int]) -> list[Item]:
     sized = list(items)
     for n, tokens in enumerate(sizes):
         index = 2 + 2 * n + 1
-        sized[index] = _with_tokens(items[index], tokens)
+        sized[index] = replace(items[index], token_count=tokens)
     return sized
-
-
-def _with_tokens(item: Item, tokens: int) -> Item:
-    from dataclasses import replace
-
-    return replace(item, token_count=tokens)
 
 
 PRUNE_MARKED = """
@@ -398,7 +395,9 @@ def test_inserts_patches_and_reorders_are_applied_certified_and_repaired() -> No
     reversed_view = run(items, "rules: [{name: r, transform: reverse}]")
     roles = [m["role"] for m in json.loads(reversed_view.view.messages_json)]
     check_openai(json.loads(reversed_view.view.messages_json))  # results still follow their calls
-    assert roles[:3] == ["system", "assistant", "tool"]  # the system prompt keeps its place
+    assert roles[:2] == ["system", "user"]  # the system prompt and the opening turn keep their place
+    calls = [m["tool_calls"][0]["id"] for m in json.loads(reversed_view.view.messages_json) if m.get("tool_calls")]
+    assert calls == ["c2", "c1"]
 
 
 def test_agent_proposals_are_decided_and_certified_as_the_agents() -> None:
@@ -423,6 +422,148 @@ def test_history_mode_rules_hand_back_their_edits_to_be_made_durable() -> None:
     assert out.state.applied == ()  # durable from now on: history, not view state
 
 
+# ------------------------------------------------------- one decision, kept
+
+
+def test_inserts_and_patches_in_force_are_not_proposed_again() -> None:
+    items = history(tool_round("c1", "bash", "one"), tool_round("c2", "bash", "two"))
+    policy = "rules: [{name: note, transform: annotate, params: {note: 'remember X'}, when: {roles: [user]}}]"
+    first = run(items, policy)
+    second = run(items, policy, state=first.state, now=1_010)
+    assert second.certificates == () and len(second.state.applied) == 2
+    assert second.view.messages_json == first.view.messages_json
+    assert second.view.messages_json.count("remember X") == 1
+
+
+def test_a_reorder_stays_in_force_after_appends_and_one_that_moves_the_system_prompt_abstains() -> None:
+    rounds = [tool_round("c1", "bash", "one"), tool_round("c2", "bash", "two")]
+    items = history(*rounds)
+    first = run(items, "rules: [{name: r, transform: reverse}]")
+    assert [c.decision for c in first.certificates] == [Decision.APPLY]
+    longer = history(*rounds, tool_round("c3", "bash", "three"))
+    later = run(longer, "rules: [{name: r, transform: reverse}]", state=first.state, now=1_010)
+    assert later.certificates == ()  # the order in force is kept, not decided again
+    messages = json.loads(later.view.messages_json)
+    assert stream(later).startswith(stream(first)) and messages[-2]["tool_calls"][0]["id"] == "c3"
+    check_openai(messages)
+
+    moved = run(items, "rules: [{name: r, transform: reverse, params: {keep: false}}]")
+    assert [(c.decision, c.rationale) for c in moved.certificates] == [
+        (Decision.ABSTAIN, "the new order moves a system prompt")
+    ]
+
+
+def test_decisions_are_the_sessions_whatever_the_format() -> None:
+    items = history(tool_round("c1", "bash", "one"), tool_round("c2", "bash", "two"))
+    openai = run(items, DROP_TOOL_OUTPUTS, fmt=OPENAI)
+    anthropic = run(items, DROP_TOOL_OUTPUTS, state=openai.state, fmt=ANTHROPIC, now=1_010)
+    assert anthropic.certificates == ()  # decided once, for the session
+    assert handle_of(items[3]) in anthropic.view.messages_json and "one" not in anthropic.view.messages_json
+    assert anthropic.state.view_version == 2 and set(anthropic.state.renders) == {OPENAI.value, ANTHROPIC.value}
+    assert anthropic.view.stable_prefix_tokens == 0  # the first render in this format: nothing of its own cached
+
+
+def test_every_agent_proposal_is_consumed_and_the_first_eligible_proposal_wins() -> None:
+    items = history(tool_round("c1", "bash", "a"), tool_round("c2", "bash", "b"), tool_round("c3", "bash", "c"))
+    policy = (
+        "protection: {last_turns: 1}\n"
+        "rules: [{name: heuristic, transform: mask, when: {roles: [tool]}},"
+        " {name: drop, transform: drop, when: {roles: [tool]}}]"
+    )
+    out = run(items, policy, agent=[AgentProposal(1, 4, "done"), AgentProposal(2, 4, "done, again")])
+    assert out.decided_proposals == (1, 2)
+    assert [(c.seq, c.rule) for c in by_decision(out, Decision.PRUNE)] == [(4, "agent"), (6, "drop")]
+    # The heuristic was refused for seq 6 (level 4); the next proposal for it was eligible.
+    assert [(c.seq, c.rule) for c in by_decision(out, Decision.ABSTAIN)] == [(6, "heuristic")]
+
+
+EVIDENCE = """
+protection: {last_turns: 1}
+rules:
+  - {name: first, transform: drop, params: {evidence_seqs: %s}, when: {regex: "%s"}}
+  - {name: second, transform: drop, params: {evidence_seqs: %s}, when: {regex: "%s"}}
+"""
+
+
+def test_the_evidence_for_a_decision_stays_in_full() -> None:
+    items = history(tool_round("c1", "bash", "alpha"), tool_round("c2", "bash", "beta"), tool_round("c3", "bash", "z"))
+    # 6 goes, citing 4; then 4 may not go: it is what 6's removal rests on.
+    cited = run(items, EVIDENCE % ([4], "beta", [], "alpha"))
+    assert [c.seq for c in by_decision(cited, Decision.PRUNE)] == [6]
+    [refused] = by_decision(cited, Decision.ABSTAIN)
+    assert (refused.seq, refused.rationale) == (4, "item 4 is the evidence for the reduction of item 6")
+    later = run(items, EVIDENCE % ([4], "beta", [], "alpha"), state=cited.state, now=1_010)
+    assert later.certificates == () and "alpha" in later.view.messages_json  # still relied on, certified once
+    # 4 goes first; then it cannot be the evidence for 6.
+    gone = run(items, EVIDENCE % ([], "alpha", [4], "beta"))
+    assert [(c.seq, c.rationale) for c in by_decision(gone, Decision.ABSTAIN)] == [
+        (6, "the evidence, item 4, is not shown in full")
+    ]
+    itself = run(items, EVIDENCE % ([4], "alpha", [], "nothing"))
+    assert [c.rationale for c in by_decision(itself, Decision.ABSTAIN)] == [
+        "an item cannot be the evidence for its own reduction"
+    ]
+
+
+def test_a_policy_change_restores_what_it_protects_and_drops_the_waiting_edits_of_removed_rules() -> None:
+    items = history(tool_round("c1", "read_file", "a.py"), tool_round("c2", "bash", "x"))
+    pruned = run(items, DROP_TOOL_OUTPUTS)
+    assert [c.seq for c in by_decision(pruned, Decision.PRUNE)] == [4]
+    protecting = DROP_TOOL_OUTPUTS.replace("{last_turns: 1}", "{last_turns: 1, tools: [read_file]}")
+    restored = run(items, protecting, state=pruned.state, now=1_010)
+    assert [(c.seq, c.rationale) for c in restored.certificates] == [
+        (4, "protected: protected tool (read_file); shown in full again")
+    ]
+    assert "a.py" in restored.view.messages_json and restored.state.policy_version != pruned.state.policy_version
+
+    items = big_history([2_000] + [9_800] * 10, marked={0})
+    warm = run(items, "protection: {last_turns: 0}", now=0)
+    deferred = run(items, PRUNE_MARKED, state=warm.state, now=60)
+    assert len(deferred.state.pending) == 1
+    without = run(items, "protection: {last_turns: 0}", state=deferred.state, now=400)
+    [dropped] = without.certificates
+    assert dropped.decision is Decision.ABSTAIN and "its rule is not in the session's policy" in dropped.rationale
+    assert without.state.pending == () and "PRUNE-ME" in without.view.messages_json
+
+
+def test_certificates_count_what_stands_in_for_the_item() -> None:
+    items = history(tool_round("c1", "bash", "first line"), tool_round("c2", "bash", "z"))
+    shortened = run(
+        items, "protection: {last_turns: 1}\nrules: [{name: s, transform: first_line, when: {roles: [tool]}}]"
+    )
+    [cert] = by_decision(shortened, Decision.PRUNE)
+    shown = {v.seq: v for v in shortened.view.items}[4]
+    assert (cert.tokens_removed, cert.placeholder_tokens) == (items[3].token_count, shown.tokens)
+    assert shown.representation is Representation.REDUCED and 0 < shown.tokens < items[3].token_count
+    # A tool result cannot vanish: its call needs an answer. The removal leaves a placeholder, and says so.
+    dropped = run(
+        items, DROP_TOOL_OUTPUTS.replace("transform: drop", "transform: drop\n    params: {placeholder: false}")
+    )
+    [removal] = by_decision(dropped, Decision.PRUNE)
+    assert removal.placeholder_tokens == {v.seq: v for v in dropped.view.items}[4].tokens > 0
+
+
+def test_a_prune_that_saves_nothing_and_an_insert_that_cannot_be_placed_abstain() -> None:
+    items = history(tool_round("c1", "bash", "x"), tool_round("c2", "bash", "y"))
+    small = [*items[:3], replace(items[3], token_count=5), *items[4:]]
+    [cert] = run(small, DROP_TOOL_OUTPUTS).certificates[:1]
+    assert (cert.seq, cert.decision, cert.rationale) == (4, Decision.ABSTAIN, "what would replace it is not smaller")
+    for params, why in [
+        ("{after: 99}", "inserts after item 99, which is not in the history"),
+        ("{role: tool}", "inserts a tool item: only user and assistant content may be inserted"),
+    ]:
+        out = run(items, f"rules: [{{name: n, transform: annotate, params: {params}, when: {{roles: [user]}}}}]")
+        assert [(c.decision, c.rationale) for c in out.certificates if c.reason == "note"] == [(Decision.ABSTAIN, why)]
+
+
+def test_durable_edits_are_history_whatever_the_pins() -> None:
+    items = history(tool_round("c1", "bash", "old"), tool_round("c2", "bash", "new"))
+    edit = AppliedEdit(Remove(4), "compact", "superseded", placeholder_blocks(items[3], "superseded"), 40)
+    out = run(items, DROP_TOOL_OUTPUTS, pins=frozenset({4}), durable=[edit])
+    assert "old" not in out.view.messages_json and handle_of(items[3]) in out.view.messages_json
+    assert [c.seq for c in out.certificates] == [6] and out.state.applied == ()  # 4 is not the rules' to decide
+
+
 # ------------------------------------------------------------ property tests
 
 
@@ -442,12 +583,7 @@ def test_any_edits_leave_views_the_providers_accept(
     fmt: ViewFormat, items: list[Item], drop: str, shorten: str, placeholder: bool
 ) -> None:
     policy = SCRIPTED % ("true" if placeholder else "false", drop, shorten)
-    out = run(items, policy, fmt=fmt, force=True)
-    messages = json.loads(out.view.messages_json)
-    if fmt is OPENAI:
-        check_openai(messages)
-    else:
-        check_anthropic(json.loads(out.view.system_json) if out.view.system_json else None, messages)
+    check_view(run(items, policy, fmt=fmt, force=True), fmt)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -463,11 +599,62 @@ def test_the_same_inputs_give_byte_identical_views(
     assert replayed == again[0]
 
 
+def check_view(out: RenderOutput, fmt: ViewFormat) -> None:
+    messages = json.loads(out.view.messages_json)
+    if fmt is OPENAI:
+        check_openai(messages)
+    else:
+        check_anthropic(json.loads(out.view.system_json) if out.view.system_json else None, messages)
+
+
+def complete_prefixes(items: Sequence[Item]) -> list[int]:
+    """Lengths of the prefixes an agent renders: every call in them has its result."""
+    lengths, open_calls = [], set[str]()
+    for n, item in enumerate(items, start=1):
+        open_calls.update(u.id for u in item.tool_uses)
+        if item.tool_result is not None:
+            open_calls.discard(item.tool_result.tool_use_id)
+        if n >= 2 and not open_calls:
+            lengths.append(n)
+    return lengths
+
+
+CARRIED = """
+evidence: {max_level: 4}
+protection: {last_turns: %d, user_items: false, latest_error_per_tool: false}
+rules:
+  - {name: drop-some, transform: drop, params: {placeholder: %s}, when: {regex: "%s"}}
+  - {name: shorten, transform: first_line, when: {regex: "%s"}}
+  - {name: note, transform: annotate, when: {regex: "%s"}}
+"""
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations(), st.data())
+def test_edits_in_force_across_appends_leave_views_the_providers_accept(items: list[Item], data: st.DataObject) -> None:
+    fmt = data.draw(st.sampled_from([OPENAI, ANTHROPIC]))
+    markers = [data.draw(st.sampled_from("abcdefghijklmnop")) for _ in range(3)]
+    policy = CARRIED % (data.draw(st.integers(0, 2)), data.draw(st.sampled_from(["true", "false"])), *markers)
+    if data.draw(st.booleans()):
+        policy += "  - {name: backwards, transform: reverse}\n"
+    cut = data.draw(st.sampled_from(complete_prefixes(items)))
+    asks = data.draw(st.lists(st.integers(1, cut), max_size=3))
+    agent = [AgentProposal(n, seq, "done with it") for n, seq in enumerate(asks, start=1)]
+    first = run(items[:cut], policy, fmt=fmt, agent=agent, force=data.draw(st.booleans()), now=0)
+    check_view(first, fmt)
+    later = data.draw(st.floats(0, 1_000))
+    second = run(items, policy, state=first.state, fmt=fmt, now=later)
+    check_view(second, fmt)
+    assert run(items, policy, state=state_from_json(state_to_json(first.state)), fmt=fmt, now=later) == second
+    for cert in (*first.certificates, *second.certificates):
+        assert_complete(cert)
+
+
 def assert_complete(cert: CertificateBody) -> None:
     """What every decision must say about itself (DESIGN principle 3)."""
     assert cert.rule and cert.reason and cert.rationale, cert
     assert 0 <= cert.level <= 4
-    if cert.decision in (Decision.PRUNE, Decision.DEFER):
+    if cert.decision is Decision.PRUNE or (cert.decision is Decision.DEFER and cert.seq > 0):
         assert cert.seq > 0 and len(cert.handle) == 16 and cert.tokens_removed > 0, cert
         assert cert.first_divergence_tokens >= 0 and cert.mutation_radius_tokens >= 0
     if cert.decision is Decision.DEFER:
@@ -476,6 +663,8 @@ def assert_complete(cert: CertificateBody) -> None:
         assert cert.protection or cert.rationale.startswith("pinned"), cert
     if cert.decision is Decision.ABSTAIN:
         assert not cert.handle and cert.tokens_removed == 0, cert
+    if cert.decision is Decision.APPLY or (cert.decision is Decision.DEFER and cert.seq == 0):
+        assert cert.seq == 0 and not cert.handle and cert.tokens_removed == 0, cert
 
 
 COMPLETENESS = """
@@ -485,6 +674,8 @@ rules:
   - {name: drop-some, transform: drop, params: {level: %d}, when: {regex: "%s"}}
   - {name: unsure, transform: unsure, when: {regex: "%s"}}
   - {name: mask-all, transform: mask, when: {roles: [tool]}}
+  - {name: shorten, transform: first_line, when: {roles: [assistant]}}
+  - {name: note, transform: annotate, when: {roles: [user]}}
 """
 
 

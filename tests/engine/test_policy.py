@@ -126,6 +126,9 @@ def test_prices_can_be_given_outright() -> None:
         ("tools: {read_file: {effect: read}}", [("policy.tools.read_file.source_arg", "a read tool names")]),
         ("- a list", [("policy", "must be a mapping, not list")]),
         ("rules: [unclosed", [("policy", "not valid JSON or YAML")]),
+        # Plain data only: no aliases, keys are strings.
+        ("a: &x [1, 2]\nb: *x", [("policy", "aliases are not allowed in a policy")]),
+        ("protection: {1: 2}", [("policy.protection", "the key 1 is not a string")]),
     ],
 )
 def test_problems_name_the_field(document: str, expected: list[tuple[str, str]]) -> None:
@@ -149,3 +152,8 @@ def test_oversized_documents_are_refused() -> None:
 def test_the_schema_is_published_json_schema() -> None:
     assert schema()["$schema"].startswith("https://json-schema.org/draft/2020-12")
     assert set(schema()["properties"]) == {"protection", "evidence", "cache", "tools", "rules"}
+
+
+def test_what_looks_like_a_date_stays_a_string() -> None:
+    policy = parse_policy("protection: {sources: [2024-01-01]}", TransformRegistry.default())
+    assert policy.protection.sources.patterns == ("2024-01-01",)

@@ -90,7 +90,7 @@ class Unsure:
 
 
 class Annotate:
-    """Insert a note after the first candidate, and patch the request."""
+    """Insert a note after the first candidate (or item `after`), and patch the request."""
 
     name: ClassVar[str] = "annotate"
     version: ClassVar[str] = "1"
@@ -99,13 +99,14 @@ class Annotate:
         self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
     ) -> Iterator[Proposal]:
         if candidates:
-            note = ItemContent(role=Role.USER, content=(TextBlock(params.get("note", "note")),))
-            yield Proposal(Insert(candidates[0].seq, note), 0, "note")
+            note = ItemContent(role=Role(params.get("role", "user")), content=(TextBlock(params.get("note", "note")),))
+            yield Proposal(Insert(params.get("after", candidates[0].seq), note), 0, "note")
         yield Proposal(PatchRequest("temperature", 0), 0, "patch")
 
 
 class Reverse:
-    """Show the history backwards (system prompts first, unless `keep_system` is false)."""
+    """Show the history backwards after the system prompts and the opening turn
+    (which keep their place unless `keep` is false)."""
 
     name: ClassVar[str] = "reverse"
     version: ClassVar[str] = "1"
@@ -116,7 +117,7 @@ class Reverse:
         history = [e for e in context.entries if e.seq > 0]
         systems = [e.seq for e in history if e.role is Role.SYSTEM]
         others = [e.seq for e in history if e.role is not Role.SYSTEM]
-        order = systems + others[::-1] if params.get("keep_system", True) else [e.seq for e in history][::-1]
+        order = systems + others[:1] + others[:0:-1] if params.get("keep", True) else [e.seq for e in history][::-1]
         yield Proposal(Reorder(tuple(order)), 0, "reorder")
 
 

@@ -131,6 +131,8 @@ class View:
     """Provider request fields the view asks to set."""
     certificates: tuple[Certificate, ...] = ()
     """The decisions this render took."""
+    policy_version: str = ""
+    """The version of the policy the view was produced with."""
 
     def anthropic_kwargs(self) -> dict[str, Any]:
         """``messages`` and, when present, ``system``, to splat into ``messages.create``."""
@@ -170,6 +172,7 @@ class View:
             stable_prefix_tokens=message.stable_prefix_tokens,
             request_patch=json.loads(message.request_patch_json or "{}"),
             certificates=tuple(Certificate.from_proto(c) for c in message.certificates),
+            policy_version=message.policy_version,
         )
 
 

@@ -767,12 +767,14 @@ class View(_message.Message):
     object ("{}" when none).
     """
     view_version: _builtins.int
-    """Counts the renders of this session in this format; certificates name
-    the view version their decision was applied at.
+    """Counts the renders of this session (in any format: the decisions in
+    force are the session's); certificates name the view version their
+    decision was applied at.
     """
     stable_prefix_tokens: _builtins.int
     """Tokens at the start of this view that are identical to the previous
-    render's: the part a provider's prompt cache can reuse.
+    render's in the same format: the part a provider's prompt cache can
+    reuse.
     """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___ViewItem]: ...
