@@ -338,11 +338,14 @@ def _carry_over(inp: RenderInput, draft: _Draft, protected: Protections, log: _L
     policy): those are shown in full again."""
     in_force: list[AppliedEdit] = []
     durable_slots = {slot_of(a.edit) for a in inp.durable}
+    # Under the same policy only a pin can protect an item an edit reduced:
+    # an item out of the last turns, or not the latest error, stays so.
+    recheck = inp.state.policy_version != inp.policy.version
     for applied in inp.state.applied:
-        if slot_of(applied.edit) in durable_slots:
+        if durable_slots and slot_of(applied.edit) in durable_slots:
             continue
         seq = target_of(applied.edit)
-        protection = protected.of(seq) if seq is not None else ""
+        protection = protected.of(seq) if seq is not None and (recheck or seq in inp.pins) else ""
         if protection:
             entry = draft.entries[seq] if seq is not None else None
             why = f"protected: {protection}; shown in full again"
@@ -473,7 +476,11 @@ def _time(
     """Apply what pays now (or is free, or rides on a paid invalidation); defer the rest.
     Returns (applied, still pending, applied in history mode: durable from now on)."""
     history_rules = {r.name for r in inp.policy.rules if r.history}
-    costed = [Costed(_position(e.edit, draft, previous), e.saving) for e in eligible]
+    if previous is None:
+        costed = [Costed(0, e.saving) for e in eligible]  # nothing sent, nothing cached
+    else:
+        offsets = previous.offsets()
+        costed = [Costed(_position(e.edit, draft.order, previous, offsets), e.saving) for e in eligible]
     timings = schedule(costed, context.cache, inp.policy.cache, context.utilization, force=inp.force)
     applied: list[AppliedEdit] = []
     pending: list[PendingEdit] = []
@@ -521,25 +528,21 @@ def _content_of(edit: Edit, entries: Mapping[int, Entry], reason: str) -> tuple[
     return ()
 
 
-def _position(edit: Edit, draft: _Draft, previous: PreviousRender | None) -> int:
-    """Where an edit changes the previous render, in tokens from its start."""
-    if previous is None:
-        return 0
+def _position(edit: Edit, order: Sequence[int], previous: PreviousRender, offsets: Mapping[int, int]) -> int:
+    """Where an edit changes the previous render, in tokens from its start (`offsets`: where
+    each item started in it; `order`: the history's seqs as shown before the edit)."""
     segments = previous.segments
     match edit:
         case Replace(seq) | Remove(seq):
-            return previous.offsets().get(seq, previous.total_tokens)
+            return offsets.get(seq, previous.total_tokens)
         case Insert(after_seq):
-            # Before the first history item shown after the anchor (and after what was inserted there before).
-            offset = 0
-            for segment in segments:
-                if segment.seq > after_seq:
-                    return offset
-                offset += segment.tokens
-            return offset
+            if after_seq == 0:
+                return 0
+            # Before the next history item shown after the anchor (after what was inserted there before).
+            following = order[order.index(after_seq) + 1 :] if after_seq in order else ()
+            return min((offsets[s] for s in following if s in offsets), default=previous.total_tokens)
         case Reorder():
-            sent = {s.seq for s in segments}
-            shown = iter([s for s in _reordered(edit, draft.order) if s in sent])
+            shown = iter([s for s in _reordered(edit, order) if s in offsets])
             offset = 0
             for segment in segments:
                 if segment.seq > 0 and segment.seq != next(shown, None):

@@ -453,6 +453,24 @@ def test_a_reorder_stays_in_force_after_appends_and_one_that_moves_the_system_pr
     ]
 
 
+def test_inserts_and_reorders_are_priced_where_they_change_the_previous_render() -> None:
+    items = history(tool_round("c1", "bash", "one"), tool_round("c2", "bash", "two"))
+    warm = run(items, "", now=0)
+    offsets = sent(warm).offsets()
+    note = run(
+        items,
+        "rules: [{name: n, transform: annotate, params: {after: 4}, when: {roles: [user]}}]",
+        state=warm.state,
+        now=10,
+    )
+    [insert] = [c for c in note.certificates if c.reason == "note"]
+    assert (insert.decision, insert.first_divergence_tokens) == (Decision.DEFER, offsets[5])
+    assert insert.mutation_radius_tokens == sent(warm).total_tokens - offsets[5]
+    reordered = run(items, "rules: [{name: r, transform: reverse}]", state=warm.state, now=10)
+    [cert] = reordered.certificates
+    assert cert.first_divergence_tokens == offsets[3]  # the first item that moves
+
+
 def test_decisions_are_the_sessions_whatever_the_format() -> None:
     items = history(tool_round("c1", "bash", "one"), tool_round("c2", "bash", "two"))
     openai = run(items, DROP_TOOL_OUTPUTS, fmt=OPENAI)
