@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,11 +180,13 @@ class ViewService:
             key = row["key"]
             protected = protection_map(items, self.policy_of(session), await views.pinned(conn, key))
             state = await views.load_state(conn, key, self._states)
-            pruned = {target_of(a.edit) for a in (*await views.load_mutations(conn, key), *state.applied)}
+            in_force = (*await views.load_mutations(conn, key), *state.applied)
+            pruned = {target_of(a.edit) for a in in_force}
+            evidence = {s: target_of(a.edit) for a in in_force for s in a.evidence_seqs}
             queued = {p.seq for p in await views.proposals(conn, key)} | {
                 target_of(p.proposal.edit) for p in state.pending
             }
-            outcomes = [_outcome(s, protected, pruned, queued) for s in dict.fromkeys(seqs)]
+            outcomes = [_outcome(s, protected, pruned, queued, evidence) for s in dict.fromkeys(seqs)]
             await views.propose(conn, key, [o.seq for o in outcomes if o.accepted], reason)
         annotate(session_id=session_id, items=len(outcomes))
         return outcomes
@@ -234,11 +236,19 @@ class ViewService:
         return len(chain), verify_chain(chain)
 
 
-def _outcome(seq: int, protected: dict[int, str], pruned: set[int | None], queued: set[int | None]) -> ProposalOutcome:
+def _outcome(
+    seq: int,
+    protected: Mapping[int, str],
+    pruned: set[int | None],
+    queued: set[int | None],
+    evidence: Mapping[int, int | None],
+) -> ProposalOutcome:
     if seq in protected:
         return ProposalOutcome(seq, False, f"protected: {protected[seq]}")
     if seq in pruned:
         return ProposalOutcome(seq, False, "already pruned")
+    if seq in evidence:
+        return ProposalOutcome(seq, False, f"item {seq} is the evidence for the reduction of item {evidence[seq]}")
     if seq in queued:
         return ProposalOutcome(seq, False, "already queued")
     return ProposalOutcome(seq, True, "queued: decided at the next render, applied at a cache-safe point")

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from contextd.engine.model import (
+    Block,
     DocumentBlock,
     ImageBlock,
     ReasoningBlock,
@@ -35,28 +36,35 @@ class Protections:
     a render asks only about the items something proposes to change."""
 
     def __init__(self, entries: Sequence[Entry], policy: Policy) -> None:
-        self._entries = {e.seq: e for e in entries}
+        self._list = entries
+        self._entries: dict[int, Entry] | None = None
+        self._latest_errors: set[int] = set()
         self._policy = policy
         self._turns = entries[-1].turn + 1 if entries else 0
-        latest_result: dict[str, Entry] = {}
-        for entry in entries:
-            result = entry.item.tool_result
-            if result is not None:
-                latest_result[result.name] = entry
-        self._latest_errors = {
-            e.seq for e in latest_result.values() if e.item.tool_result and e.item.tool_result.is_error
-        }
         self._known: dict[int, str] = {}
+
+    def _index(self) -> dict[int, Entry]:
+        if self._entries is None:
+            self._entries = {e.seq: e for e in self._list}
+            latest_result: dict[str, Entry] = {}
+            for entry in self._list:
+                result = entry.item.tool_result
+                if result is not None:
+                    latest_result[result.name] = entry
+            self._latest_errors = {
+                e.seq for e in latest_result.values() if e.item.tool_result and e.item.tool_result.is_error
+            }
+        return self._entries
 
     def of(self, seq: int) -> str:
         if seq not in self._known:
-            entry = self._entries.get(seq)
+            entry = self._index().get(seq)
             self._known[seq] = _protection(entry, self._policy, self._turns, self._latest_errors) if entry else ""
         return self._known[seq]
 
     def all(self) -> dict[int, str]:
         """seq -> reason, for every protected item."""
-        return {seq: reason for seq in self._entries if (reason := self.of(seq))}
+        return {seq: reason for seq in self._index() if (reason := self.of(seq))}
 
 
 def protections(entries: Sequence[Entry], policy: Policy) -> dict[int, str]:
@@ -133,6 +141,10 @@ class Judge:
         self._relied_on = dict(relied_on)
         """evidence seq -> the seq whose reduction rests on it."""
         self._reduced: set[int] = set()
+        systems = [s for s in self._order if entries[s].role is Role.SYSTEM]
+        opening = next((s for s in self._order if entries[s].role is not Role.SYSTEM), None)
+        self._first_anchor = opening if opening is not None else max(systems, default=0) + 1
+        """Inserts go after the opening turn (or a later item): never among the system prompts."""
 
     def accept(self, proposal: Proposal) -> None:
         """Record an eligible proposal: its target and its evidence are spoken for."""
@@ -189,17 +201,12 @@ class Judge:
         """Why the edit cannot be applied as it stands ("" when it can)."""
         match edit:
             case Replace(seq, content):
-                role = self._entries[seq].role
-                bad = [
-                    type(b).__name__
-                    for b in content
-                    if isinstance(b, _NEVER_REPLACED_WITH) or (isinstance(b, ToolResultBlock) and role is not Role.TOOL)
-                ]
-                if not content or bad:
-                    return f"the replacement for a {role.value} item must not be empty or hold {', '.join(bad)}"
+                return _bad_replacement(self._entries[seq], content)
             case Insert(after_seq, content):
-                if after_seq != 0 and (after_seq <= 0 or after_seq not in self._entries):
+                if after_seq <= 0 or after_seq not in self._entries:
                     return f"inserts after item {after_seq}, which is not in the history"
+                if after_seq < self._first_anchor:
+                    return f"inserts after item {after_seq}, before the opening turn"
                 if content.role not in (Role.USER, Role.ASSISTANT):
                     return f"inserts a {content.role.value} item: only user and assistant content may be inserted"
                 if not content.content or not all(isinstance(b, _INSERTABLE) for b in content.content):
@@ -219,4 +226,25 @@ class Judge:
                     s for s in order if self._entries[s].role is not Role.SYSTEM
                 ):
                     return "the new order moves the opening turn (a conversation starts where it started)"
+                if tuple(order) == self._order:
+                    return "the new order is the history's own"
         return ""
+
+
+def _bad_replacement(entry: Entry, content: tuple[Block, ...]) -> str:
+    """Why `content` cannot stand in for the entry's item ("" when it can): no empty text,
+    nothing forged (calls, reasoning), and a tool output keeps some text to answer its call."""
+    role = entry.role
+    parts = [p for b in content for p in (b.content if isinstance(b, ToolResultBlock) else (b,))]
+    bad = [
+        type(b).__name__
+        for b in content
+        if isinstance(b, _NEVER_REPLACED_WITH) or (isinstance(b, ToolResultBlock) and role is not Role.TOOL)
+    ]
+    if bad:
+        return f"the replacement for a {role.value} item holds {', '.join(bad)}"
+    if not parts or any(isinstance(p, TextBlock) and not p.text for p in parts):
+        return f"the replacement for a {role.value} item is empty, or holds an empty text"
+    if role is Role.TOOL and not any(isinstance(p, TextBlock) for p in parts):
+        return "the replacement for a tool output must hold text (the rest of a tool result is not kept)"
+    return ""

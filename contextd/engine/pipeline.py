@@ -162,6 +162,7 @@ class _Draft:
             for item, turn in zip(items, turns, strict=True)
         }
         self.natural: tuple[int, ...] = tuple(item.seq for item in items)
+        self.turns = turns[-1] + 1 if turns else 0
         self.order: list[int] = list(self.natural)
         """History items in the order shown."""
         self.inserted: list[tuple[int, int]] = []
@@ -207,7 +208,7 @@ class _Draft:
         after: dict[int, list[int]] = {}
         for anchor, seq in self.inserted:
             after.setdefault(anchor, []).append(seq)
-        out = [entries[s] for s in after.get(0, ())]
+        out = []
         for s in self.order:
             out.append(entries[s])
             out.extend(entries[i] for i in after.get(s, ()))
@@ -381,6 +382,7 @@ def _context(inp: RenderInput, draft: _Draft, previous: PreviousRender | None) -
         focus=focus_terms(inp.items, inp.request.focus),
         tools=inp.tools,
         tool_effects=inp.policy.tools,
+        turns=draft.turns,
     )
 
 
@@ -391,6 +393,11 @@ def _candidates(
     rules = {r.name for r in inp.policy.rules}
     out: list[_Candidate] = []
     for p in inp.state.pending:
+        if isinstance(p.proposal.edit, Reorder):
+            # Items appended since it was proposed follow it, as they would once it applies.
+            p = replace(
+                p, proposal=replace(p.proposal, edit=Reorder(tuple(_reordered(p.proposal.edit, draft.natural))))
+            )
         if p.control is ControlMode.RULE and p.rule not in rules:
             seq = target_of(p.proposal.edit)
             entry = draft.entries.get(seq) if seq is not None else None
@@ -409,9 +416,14 @@ def _candidates(
             )
         )
     open_entries = [e for e in context.entries if e.seq > 0 and f"item:{e.seq}" not in taken]
+    by_role: dict[Role, list[Entry]] = {}  # in view order: most rules name one role
+    for e in open_entries:
+        by_role.setdefault(e.role, []).append(e)
     for rule in inp.policy.rules:
         transform = inp.registry.get(rule.transform)
-        picked = [e for e in open_entries if matches(rule.when, e, context)]
+        roles = rule.when.roles
+        pool = by_role.get(next(iter(roles)), []) if roles is not None and len(roles) == 1 else open_entries
+        picked = [e for e in pool if matches(rule.when, e, context)]
         out.extend(_Candidate(p, rule.name, ControlMode.RULE) for p in transform.propose(context, picked, rule.params))
     return out
 
@@ -457,7 +469,10 @@ def _eligible(
                 control=candidate.control,
                 protection=verdict.protection,
             )
-            log.once(edit, candidate.rule, proposal.reason, body)
+            if candidate.control is ControlMode.AGENT:
+                log.add(body)  # the agent asked: it hears back every time
+            else:
+                log.once(edit, candidate.rule, proposal.reason, body)
             continue
         taken.add(slot)
         judge.accept(proposal)
@@ -536,8 +551,6 @@ def _position(edit: Edit, order: Sequence[int], previous: PreviousRender, offset
         case Replace(seq) | Remove(seq):
             return offsets.get(seq, previous.total_tokens)
         case Insert(after_seq):
-            if after_seq == 0:
-                return 0
             # Before the next history item shown after the anchor (after what was inserted there before).
             following = order[order.index(after_seq) + 1 :] if after_seq in order else ()
             return min((offsets[s] for s in following if s in offsets), default=previous.total_tokens)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -178,7 +179,7 @@ def parse_policy(document: str, registry: TransformRegistry, field_name: str = "
         raise InvalidArgument.at(field_name, f"not valid JSON or YAML: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidArgument.at(field_name, f"must be a mapping, not {type(data).__name__}")
-    _check_keys(data, field_name)
+    _check_plain(data, field_name)
     violations = [
         FieldViolation(_path(field_name, error.absolute_path), error.message)
         for error in sorted(jsonschema.Draft202012Validator(schema()).iter_errors(data), key=_error_order)
@@ -205,16 +206,21 @@ _PolicyLoader.yaml_implicit_resolvers = {
 }
 
 
-def _check_keys(data: Any, path: str) -> None:
-    """Every mapping key is a string (YAML allows numbers, booleans and null as keys)."""
+def _check_plain(data: Any, path: str) -> None:
+    """JSON's data model only: string keys (YAML allows any), finite numbers, and none
+    of the types YAML tags can make (``!!binary``, ``!!set``, ``!!timestamp`` ...)."""
     if isinstance(data, dict):
         for key, value in data.items():
             if not isinstance(key, str):
                 raise InvalidArgument.at(path, f"the key {key!r} is not a string")
-            _check_keys(value, f"{path}.{key}")
+            _check_plain(value, f"{path}.{key}")
     elif isinstance(data, list):
         for i, value in enumerate(data):
-            _check_keys(value, f"{path}[{i}]")
+            _check_plain(value, f"{path}[{i}]")
+    elif isinstance(data, float) and not math.isfinite(data):
+        raise InvalidArgument.at(path, f"{data} is not a finite number")
+    elif data is not None and not isinstance(data, str | int | float):
+        raise InvalidArgument.at(path, f"a {type(data).__name__} is not plain data (JSON types only)")
 
 
 def _error_order(error: jsonschema.ValidationError) -> list[str]:

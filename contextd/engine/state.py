@@ -108,7 +108,8 @@ def first_divergence(previous: tuple[Segment, ...], current: tuple[Segment, ...]
     """Tokens at the start of `current` identical to `previous` (where the two first differ)."""
     offset = 0
     for old, new in zip(previous, current, strict=False):
-        if (old.seq, old.digest) != (new.seq, new.digest):
+        # Inserted content (negative seqs, numbered per render) is told apart by its digest alone.
+        if old.digest != new.digest or (old.seq != new.seq and (old.seq > 0 or new.seq > 0)):
             return offset
         offset += old.tokens
     return offset

@@ -44,7 +44,8 @@ class Remove:
 
 @dataclass(frozen=True, slots=True)
 class Insert:
-    """Add content that is not in the history, after item `after_seq` (0: before everything)."""
+    """Add content that is not in the history, after item `after_seq`: the opening turn
+    or a later item (nothing goes before the system prompt and the opening turn)."""
 
     after_seq: int
     content: ItemContent
@@ -173,14 +174,13 @@ class TransformContext:
     """The provider tool schemas sent with the request, when the client gave them."""
     tool_effects: Mapping[str, Any] = field(default_factory=dict)
     """The policy's tool declarations by tool name."""
+    turns: int = 0
+    """Turns in the history (whatever order the view shows them in): an entry is
+    ``turns - 1 - entry.turn`` turns old."""
 
     @property
     def utilization(self) -> float:
         return self.view_tokens / self.budget_tokens if self.budget_tokens else 0.0
-
-    @property
-    def turns(self) -> int:
-        return self.entries[-1].turn + 1 if self.entries else 0
 
 
 class Transform(Protocol):

@@ -17,8 +17,17 @@ from contextd.engine.model import Item, ItemContent, Representation, Role, TextB
 from contextd.engine.pipeline import AgentProposal, RenderInput, RenderOutput, render
 from contextd.engine.placeholders import PREFIX, handle_of, placeholder_blocks
 from contextd.engine.policy import parse_policy
-from contextd.engine.state import AppliedEdit, ControlMode, PreviousRender, ViewState, state_from_json, state_to_json
-from contextd.engine.transforms import Remove
+from contextd.engine.state import (
+    AppliedEdit,
+    ControlMode,
+    PreviousRender,
+    Segment,
+    ViewState,
+    first_divergence,
+    state_from_json,
+    state_to_json,
+)
+from contextd.engine.transforms import Remove, Reorder
 from contextd.engine.view import ViewFormat, ViewRequest
 from tests.engine.conversations import conversations
 from tests.engine.transforms_for_tests import registry
@@ -469,6 +478,67 @@ def test_inserts_and_reorders_are_priced_where_they_change_the_previous_render()
     reordered = run(items, "rules: [{name: r, transform: reverse}]", state=warm.state, now=10)
     [cert] = reordered.certificates
     assert cert.first_divergence_tokens == offsets[3]  # the first item that moves
+
+
+AGED = """
+protection: {last_turns: 1}
+rules:
+  - {name: r, transform: reverse}
+  - {name: aged, transform: drop, when: {roles: [tool], age_turns: {min: 2}}}
+"""
+
+
+def test_a_reorder_in_force_leaves_ages_alone_and_one_waiting_follows_appends() -> None:
+    rounds = [tool_round(f"c{n}", "bash", f"out {n}") for n in range(5)]
+    items = history(*rounds)
+    plain = run(items, AGED.replace("- {name: r, transform: reverse}", ""))
+    reordered = run(items, AGED)
+    assert (
+        [c.seq for c in by_decision(reordered, Decision.PRUNE)]
+        == [c.seq for c in by_decision(plain, Decision.PRUNE)]
+        == [4, 6, 8]
+    )
+
+    warm = run(items, "", now=0)
+    waiting = run(items, "rules: [{name: r, transform: reverse}]", state=warm.state, now=10)
+    assert [c.decision for c in waiting.certificates] == [Decision.DEFER]
+    longer = history(*rounds, tool_round("c9", "bash", "new"))
+    later = run(longer, "rules: [{name: r, transform: reverse}]", state=waiting.state, now=20)
+    assert later.certificates == ()  # still the one deferred reorder, now with the new items after it
+    [pending] = later.state.pending
+    assert pending.proposal.edit == Reorder((1, 2, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 13, 14))
+
+
+def test_edits_that_would_break_the_view_abstain() -> None:
+    items = history(tool_round("c1", "bash", "x"), tool_round("c2", "bash", "y"))
+    cases = [
+        ("{name: n, transform: annotate, params: {after: 1}, when: {roles: [user]}}", "before the opening turn"),
+        ("{name: e, transform: replace_with, params: {text: ''}, when: {roles: [tool]}}", "holds an empty text"),
+        ("{name: i, transform: replace_with, params: {image: true}, when: {roles: [tool]}}", "must hold text"),
+        ("{name: o, transform: reverse, params: {identity: true}}", "the new order is the history's own"),
+    ]
+    for rule, why in cases:
+        out = run(items, f"protection: {{last_turns: 1}}\nrules: [{rule}]")
+        assert not [
+            c for c in out.certificates if c.decision in (Decision.PRUNE, Decision.APPLY) and c.reason != "patch"
+        ]
+        assert any(why in c.rationale for c in by_decision(out, Decision.ABSTAIN)), (rule, out.certificates)
+
+
+def test_the_agent_hears_back_each_time_it_asks() -> None:
+    items = history(tool_round("c1", "bash", "alpha"), tool_round("c2", "bash", "beta"), tool_round("c3", "bash", "z"))
+    policy = EVIDENCE % ([4], "beta", [], "nothing")
+    cited = run(items, policy)  # 6 goes, resting on 4
+    first = run(items, policy, state=cited.state, agent=[AgentProposal(1, 4, "done")], now=1_010)
+    second = run(items, policy, state=first.state, agent=[AgentProposal(2, 4, "done")], now=1_020)
+    for out in (first, second):
+        [refused] = [c for c in out.certificates if c.control is ControlMode.AGENT]
+        assert (refused.seq, refused.decision) == (4, Decision.ABSTAIN)
+
+
+def test_inserted_content_is_compared_by_what_it_is() -> None:
+    assert first_divergence((Segment(1, "", 7), Segment(-2, "d", 5)), (Segment(1, "", 7), Segment(-1, "d", 5))) == 12
+    assert first_divergence((Segment(1, "", 7), Segment(-1, "d", 5)), (Segment(1, "", 7), Segment(-1, "e", 5))) == 7
 
 
 def test_decisions_are_the_sessions_whatever_the_format() -> None:

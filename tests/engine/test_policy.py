@@ -129,6 +129,9 @@ def test_prices_can_be_given_outright() -> None:
         # Plain data only: no aliases, keys are strings.
         ("a: &x [1, 2]\nb: *x", [("policy", "aliases are not allowed in a policy")]),
         ("protection: {1: 2}", [("policy.protection", "the key 1 is not a string")]),
+        ("protection: {sources: !!set {a: null}}", [("policy.protection.sources", "a set is not plain data")]),
+        ("protection: {sources: [!!binary aGk=]}", [("policy.protection.sources[0]", "a bytes is not plain data")]),
+        ("cache: {expected_calls: .nan}", [("policy.cache.expected_calls", "nan is not a finite number")]),
     ],
 )
 def test_problems_name_the_field(document: str, expected: list[tuple[str, str]]) -> None:

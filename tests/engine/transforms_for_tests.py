@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
-from contextd.engine.model import ItemContent, Representation, Role, TextBlock
+from contextd.engine.model import Block, ImageBlock, ItemContent, Representation, Role, TextBlock
 from contextd.engine.transforms import (
     Entry,
     Insert,
@@ -118,11 +118,31 @@ class Reverse:
         systems = [e.seq for e in history if e.role is Role.SYSTEM]
         others = [e.seq for e in history if e.role is not Role.SYSTEM]
         order = systems + others[:1] + others[:0:-1] if params.get("keep", True) else [e.seq for e in history][::-1]
+        if params.get("identity"):
+            order = [e.seq for e in history]
         yield Proposal(Reorder(tuple(order)), 0, "reorder")
+
+
+class ReplaceWith:
+    """Replace every candidate with the blocks `params` name: {text: ...} and/or {image: true}."""
+
+    name: ClassVar[str] = "replace_with"
+    version: ClassVar[str] = "1"
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterator[Proposal]:
+        blocks: list[Block] = []
+        if "text" in params:
+            blocks.append(TextBlock(params["text"]))
+        if params.get("image"):
+            blocks.append(ImageBlock("image/png", uri="https://example.com/a.png"))
+        for entry in candidates:
+            yield Proposal(Replace(entry.seq, tuple(blocks)), 2, "replaced")
 
 
 def registry() -> TransformRegistry:
     registry = TransformRegistry.default()
-    for transform in (Drop(), FirstLine(), Dedupe(), Unsure(), Annotate(), Reverse()):
+    for transform in (Drop(), FirstLine(), Dedupe(), Unsure(), Annotate(), Reverse(), ReplaceWith()):
         registry.register(transform)
     return registry
