@@ -8,6 +8,7 @@ a real server (tests/backends.py says where it comes from).
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -17,11 +18,18 @@ from pathlib import Path
 import grpc
 import pytest
 from contextd_client import Client
+from hypothesis import settings
 
 from contextd.api import server as server_module
 from contextd.config import Settings
 from contextd.storage import migrate
 from tests import backends
+
+# In CI the property tests draw the same examples every run, so a red build
+# is reproducible and a green one is not luck; locally they explore afresh.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI") == "true":
+    settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")

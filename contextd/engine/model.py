@@ -91,6 +91,16 @@ class ToolResultBlock:
 
 Block = TextBlock | ToolUseBlock | ToolResultBlock | ImageBlock | DocumentBlock | ReasoningBlock
 
+BLOCK_KINDS: Mapping[type, str] = {
+    TextBlock: "text",
+    ToolUseBlock: "tool_use",
+    ToolResultBlock: "tool_result",
+    ImageBlock: "image",
+    DocumentBlock: "document",
+    ReasoningBlock: "reasoning",
+}
+"""Each block type's name, as the API, policies and error messages spell it."""
+
 
 @dataclass(frozen=True, slots=True)
 class Source:

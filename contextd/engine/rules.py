@@ -5,25 +5,13 @@ from __future__ import annotations
 
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import (
-    DocumentBlock,
-    ImageBlock,
-    ReasoningBlock,
+    BLOCK_KINDS,
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
 from contextd.engine.policy import When
 from contextd.engine.transforms import Entry, TransformContext
-
-_KINDS = {
-    TextBlock: "text",
-    ToolUseBlock: "tool_use",
-    ToolResultBlock: "tool_result",
-    ImageBlock: "image",
-    DocumentBlock: "document",
-    ReasoningBlock: "reasoning",
-}
-
 
 _texts: IdentityMemo[str] = IdentityMemo(100_000)
 
@@ -65,7 +53,7 @@ def matches(when: When, entry: Entry, context: TransformContext) -> bool:
             return False
         if when.tools_exclude.matches_any(tools):
             return False
-    if when.content_types is not None and not {_KINDS[type(b)] for b in item.content} & when.content_types:
+    if when.content_types is not None and not {BLOCK_KINDS[type(b)] for b in item.content} & when.content_types:
         return False
     if when.source_glob and (item.source is None or not when.source_glob.matches_any([item.source.uri])):
         return False

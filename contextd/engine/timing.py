@@ -98,6 +98,11 @@ def schedule(
             why = cause if edit.position == best else f"rides on the rewrite from token {best}"
             timings.append(Timing(True, why, radius, value))
         else:
-            cost = f"applying now would cost ${-value:.6f} more than it saves over {cache.expected_calls} calls"
+            calls = cache.expected_calls
+            cost = (
+                f"applying now would cost ${-value:.6f} more than it saves over {calls} calls"
+                if value < 0
+                else f"applying now would save nothing over {calls} calls"
+            )
             timings.append(Timing(False, cost, radius, value))
     return timings

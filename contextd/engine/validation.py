@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from contextd.engine.errors import FieldViolation, InvalidArgument, LimitExceeded
 from contextd.engine.model import (
+    BLOCK_KINDS,
     Block,
     DocumentBlock,
     ImageBlock,
@@ -30,15 +31,6 @@ ALLOWED_BLOCKS: Mapping[Role, tuple[type, ...]] = {
     Role.USER: (TextBlock, ImageBlock, DocumentBlock),
     Role.ASSISTANT: (TextBlock, ToolUseBlock, ReasoningBlock),
     Role.TOOL: (ToolResultBlock,),
-}
-
-_BLOCK_NAMES = {
-    TextBlock: "text",
-    ToolUseBlock: "tool_use",
-    ToolResultBlock: "tool_result",
-    ImageBlock: "image",
-    DocumentBlock: "document",
-    ReasoningBlock: "reasoning",
 }
 
 
@@ -137,9 +129,9 @@ def _check_item_fields(item: ItemContent, path: str) -> list[FieldViolation]:
 
 
 def _check_block(block: Block, role: Role, path: str) -> list[FieldViolation]:
-    kind = _BLOCK_NAMES[type(block)]
+    kind = BLOCK_KINDS[type(block)]
     if not isinstance(block, ALLOWED_BLOCKS[role]):
-        allowed = ", ".join(_BLOCK_NAMES[t] for t in ALLOWED_BLOCKS[role])
+        allowed = ", ".join(BLOCK_KINDS[t] for t in ALLOWED_BLOCKS[role])
         return [FieldViolation(path, f"{_a(role.value)} item cannot hold {_a(kind)} block (allowed: {allowed})")]
     at = f"{path}.{kind}"
     match block:
