@@ -254,12 +254,16 @@ def slot_of(edit: Edit) -> str:
     request field; inserts are told apart by what they insert."""
     match edit:
         case Replace(seq) | Remove(seq):
-            return f"item:{seq}"
+            return item_slot(seq)
         case Reorder():
             return "reorder"
         case PatchRequest(name):
             return f"patch:{name}"
     return edit_key(edit)
+
+
+def item_slot(seq: int) -> str:
+    return f"item:{seq}"
 
 
 class _Log:
@@ -415,7 +419,7 @@ def _candidates(
                 agent_id=proposal.id,
             )
         )
-    open_entries = [e for e in context.entries if e.seq > 0 and f"item:{e.seq}" not in taken]
+    open_entries = [e for e in context.entries if e.seq > 0 and item_slot(e.seq) not in taken]
     by_role: dict[Role, list[Entry]] = {}  # in view order: most rules name one role
     for e in open_entries:
         by_role.setdefault(e.role, []).append(e)
