@@ -113,7 +113,6 @@ class _Candidate:
     proposal: Proposal
     rule: str
     control: ControlMode
-    agent_id: int | None = None
     pending: bool = False
     """Deferred in an earlier render (its DEFER is already certified)."""
 
@@ -416,7 +415,6 @@ def _candidates(
                 Proposal(Remove(proposal.seq), level=AGENT_LEVEL, reason="agent", evidence=evidence),
                 "agent",
                 ControlMode.AGENT,
-                agent_id=proposal.id,
             )
         )
     open_entries = [e for e in context.entries if e.seq > 0 and item_slot(e.seq) not in taken]
