@@ -1,7 +1,7 @@
 """Engine time of a render: cold (no previous render) and incremental (the
 previous render's state, one item appended since), with a policy of 5 rules.
 
-    python bench/engine.py [--items 1000] [--repeat 50]
+    python bench/engine.py [--items 1000] [--repeat 50] [--format openai_chat|anthropic_messages]
 
 Runs the pure engine in-process (contextd.engine.pipeline.render): no gRPC,
 no database, so the figures are the engine's own work. Prints a Markdown
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from contextd.engine.codec import content_hash  # noqa: E402
 from contextd.engine.model import Item, ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock  # noqa: E402
-from contextd.engine.pipeline import RenderInput, render  # noqa: E402
+from contextd.engine.pipeline import Carry, RenderInput, RenderOutput, render  # noqa: E402
 from contextd.engine.policy import parse_policy  # noqa: E402
 from contextd.engine.state import ViewState  # noqa: E402
 from contextd.engine.tokens import TiktokenCounter, item_tokens  # noqa: E402
@@ -95,6 +95,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument("--format", choices=[f.value for f in ViewFormat], default=ViewFormat.OPENAI_CHAT.value)
     args = parser.parse_args()
 
     counter, registry = TiktokenCounter(), TransformRegistry.default()
@@ -102,28 +103,36 @@ def main() -> int:
     assert len(policy.rules) == 5
     contents = history(args.items + 1)
     items = stored(contents, counter)
-    request = ViewRequest(ViewFormat.OPENAI_CHAT, budget_tokens=0)
+    request = ViewRequest(ViewFormat(args.format), budget_tokens=0)
 
-    def run(n: int, state: ViewState, now: float) -> tuple[float, ViewState]:
+    def run(n: int, state: ViewState, now: float, carry: Carry | None = None) -> tuple[float, RenderOutput]:
+        inp = RenderInput(make_session(n), items[:n], policy, request, counter, registry, state, now, carry=carry)
         started = time.perf_counter()
-        out = render(RenderInput(make_session(n), items[:n], policy, request, counter, registry, state, now))
-        return (time.perf_counter() - started) * 1000, out.state
+        out = render(inp)
+        return (time.perf_counter() - started) * 1000, out
 
-    # Cold: no previous render. Incremental: the state of the render of
-    # `items` items, one more item appended, 60 s later (the cache still warm).
+    # Cold: no previous render. Incremental: one item appended since the
+    # previous render (itself a render after an append, as in a running
+    # session), 60 s later (the cache still warm); with the carry of that
+    # render (as the service keeps it), and without (as after a restart, or
+    # when another replica made the previous render).
     cold = [run(args.items, ViewState(), 0.0)[0] for _ in range(max(5, args.repeat // 5))]
-    _, state = run(args.items, ViewState(), 0.0)
-    incremental = [run(args.items + 1, state, 60.0)[0] for _ in range(args.repeat)]
+    _, before = run(args.items - 1, ViewState(), 0.0)
+    _, previous = run(args.items, before.state, 30.0, before.carry)
+    assert previous.carry is not None
+    incremental = [run(args.items + 1, previous.state, 60.0, previous.carry)[0] for _ in range(args.repeat)]
+    uncarried = [run(args.items + 1, previous.state, 60.0)[0] for _ in range(args.repeat)]
 
     print(f"command: python bench/engine.py {' '.join(sys.argv[1:])}".rstrip())
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    print(f"machine: {machine}, {time.strftime('%Y-%m-%d')}")
+    print(f"machine: {machine}, {time.strftime('%Y-%m-%d')}; view format: {args.format}")
     print()
     print("| render | items | p50 | p99 | mean |")
     print("| --- | --- | --- | --- | --- |")
     for name, samples, size in (
         ("cold (no previous render), 5 rules", cold, args.items),
-        ("incremental (previous state, 1 item appended since), 5 rules", incremental, args.items),
+        ("incremental (previous state and carry, 1 item appended since), 5 rules", incremental, args.items),
+        ("incremental without the carry (previous state only), 5 rules", uncarried, args.items),
     ):
         print(
             f"| {name} | {size:,} | {percentile(samples, 50):.2f} ms | {percentile(samples, 99):.2f} ms "

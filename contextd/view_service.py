@@ -101,6 +101,7 @@ class ViewService:
             row, session, items = await self.store.history_in(conn, tenant, session_id)
             key = row["key"]
             policy = self.policy_of(session)
+            state = await views.load_state(conn, key, self._states)
             out = render(
                 RenderInput(
                     session=session,
@@ -109,13 +110,14 @@ class ViewService:
                     request=request,
                     counter=self.counter,
                     registry=self.registry,
-                    state=await views.load_state(conn, key, self._states),
+                    state=state,
                     now=self.clock(),
                     pins=await views.pinned(conn, key),
                     agent_proposals=await views.proposals(conn, key),
                     force=force,
                     tools=tools,
                     durable=await views.load_mutations(conn, key),
+                    carry=self._states.carry(key, state),
                 )
             )
             stamp = Stamp(out.state.view_version, request.format.value, policy.version)
@@ -130,7 +132,7 @@ class ViewService:
             if check is not None:
                 check(result)
         if not dry_run:
-            self._states.put(key, out.state)  # committed now
+            self._states.put(key, out.state, out.carry)  # committed now
         view = out.view
         annotate(
             session_id=session_id,

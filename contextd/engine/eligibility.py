@@ -4,7 +4,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from contextd.engine.model import (
@@ -33,46 +34,49 @@ LEVELS = {
 
 class Protections:
     """Why each item is protected ("" when it is not), worked out on first asking:
-    a render asks only about the items something proposes to change."""
+    a render asks only about the items something proposes to change.
 
-    def __init__(self, entries: Sequence[Entry], policy: Policy) -> None:
-        self._list = entries
-        self._entries: dict[int, Entry] | None = None
-        self._latest_errors: set[int] = set()
+    It reads what edits never change (the item, its turn, its pin), so it may
+    be asked while a render edits the entries."""
+
+    def __init__(
+        self,
+        entries: Mapping[int, Entry],
+        natural: Sequence[int],
+        turns: int,
+        policy: Policy,
+        latest_results: Mapping[str, int],
+    ) -> None:
+        self._entries = entries
+        self._natural = natural
+        """The history's seqs in their natural order (inserted content is never protected)."""
+        self._turns = turns
         self._policy = policy
-        self._turns = entries[-1].turn + 1 if entries else 0
+        self._latest_results = latest_results
+        """tool name -> seq of its latest result."""
+        self._latest_errors: set[int] | None = None
         self._known: dict[int, str] = {}
 
-    def _index(self) -> dict[int, Entry]:
-        if self._entries is None:
-            self._entries = {e.seq: e for e in self._list}
-            latest_result: dict[str, Entry] = {}
-            for entry in self._list:
-                result = entry.item.tool_result
-                if result is not None:
-                    latest_result[result.name] = entry
+    def _errors(self) -> set[int]:
+        if self._latest_errors is None:
+            results = [self._entries[seq].item.tool_result for seq in self._latest_results.values()]
             self._latest_errors = {
-                e.seq for e in latest_result.values() if e.item.tool_result and e.item.tool_result.is_error
+                seq for seq, r in zip(self._latest_results.values(), results, strict=True) if r and r.is_error
             }
-        return self._entries
+        return self._latest_errors
 
     def of(self, seq: int) -> str:
         if seq not in self._known:
-            entry = self._index().get(seq)
-            self._known[seq] = _protection(entry, self._policy, self._turns, self._latest_errors) if entry else ""
+            entry = self._entries.get(seq) if seq > 0 else None
+            self._known[seq] = _protection(entry, self._policy, self._turns, self._errors) if entry else ""
         return self._known[seq]
 
     def all(self) -> dict[int, str]:
         """seq -> reason, for every protected item."""
-        return {seq: reason for seq in self._index() if (reason := self.of(seq))}
+        return {seq: reason for seq in self._natural if (reason := self.of(seq))}
 
 
-def protections(entries: Sequence[Entry], policy: Policy) -> dict[int, str]:
-    """seq -> why the item is protected, for every protected item."""
-    return Protections(entries, policy).all()
-
-
-def _protection(entry: Entry, policy: Policy, turns: int, latest_errors: set[int]) -> str:
+def _protection(entry: Entry, policy: Policy, turns: int, latest_errors: Callable[[], set[int]]) -> str:
     rules = policy.protection
     item = entry.item
     if entry.pinned:
@@ -83,7 +87,7 @@ def _protection(entry: Entry, policy: Policy, turns: int, latest_errors: set[int
         return "user instruction"
     if turns - entry.turn <= rules.last_turns:
         return f"within the last {rules.last_turns} turns"
-    if rules.latest_error_per_tool and entry.seq in latest_errors:
+    if rules.latest_error_per_tool and entry.seq in latest_errors():
         return "the latest error of its tool, not yet followed by a success"
     if rules.tools:
         for tool in [item.tool_result.name] if item.tool_result else [u.name for u in item.tool_uses]:
@@ -141,10 +145,13 @@ class Judge:
         self._relied_on = dict(relied_on)
         """evidence seq -> the seq whose reduction rests on it."""
         self._reduced: set[int] = set()
-        systems = [s for s in self._order if entries[s].role is Role.SYSTEM]
-        opening = next((s for s in self._order if entries[s].role is not Role.SYSTEM), None)
-        self._first_anchor = opening if opening is not None else max(systems, default=0) + 1
+
+    @functools.cached_property
+    def _first_anchor(self) -> int:
         """Inserts go after the opening turn (or a later item): never among the system prompts."""
+        systems = [s for s in self._order if self._entries[s].role is Role.SYSTEM]
+        opening = next((s for s in self._order if self._entries[s].role is not Role.SYSTEM), None)
+        return opening if opening is not None else max(systems, default=0) + 1
 
     def accept(self, proposal: Proposal) -> None:
         """Record an eligible proposal: its target and its evidence are spoken for."""

@@ -9,7 +9,6 @@ never reused while its result is remembered.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from operator import is_
 from typing import Generic, TypeVar
@@ -18,20 +17,24 @@ V = TypeVar("V")
 
 
 class IdentityMemo(Generic[V]):
+    """Bounded by count; when full, the oldest result goes first (a result still in
+    use is computed again and comes back: slower, never wrong). Cheaper on the hot
+    path than keeping the least recently used order."""
+
     def __init__(self, size: int) -> None:
         self.size = size
-        self._held: OrderedDict[tuple[int, ...], tuple[tuple[object, ...], V]] = OrderedDict()
+        self._held: dict[object, tuple[tuple[object, ...], V]] = {}
 
     def get(self, sources: tuple[object, ...], compute: Callable[[], V]) -> V:
         """`compute()`, remembered for exactly these objects."""
-        # On the hot path of every render: C-level map, no generators.
-        key = tuple(map(id, sources))
+        # On the hot path of every render, many times per item: C-level calls only.
+        key: object = id(sources[0]) if len(sources) == 1 else tuple(map(id, sources))
         found = self._held.get(key)
         if found is not None and all(map(is_, found[0], sources)):
-            self._held.move_to_end(key)
             return found[1]
         value = compute()
-        self._held[key] = (sources, value)
-        if len(self._held) > self.size:
-            self._held.popitem(last=False)
+        held = self._held
+        if key not in held and len(held) >= self.size:
+            del held[next(iter(held))]
+        held[key] = (sources, value)
         return value

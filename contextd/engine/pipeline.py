@@ -13,11 +13,12 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from operator import is_
 from typing import Any
 
 from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.codec import content_hash
-from contextd.engine.eligibility import Judge, Protections, protections
+from contextd.engine.eligibility import Judge, Protections
 from contextd.engine.model import (
     Block,
     Item,
@@ -30,8 +31,8 @@ from contextd.engine.model import (
 )
 from contextd.engine.placeholders import handle_of, placeholder_blocks, with_calls
 from contextd.engine.policy import Policy, default_policy
-from contextd.engine.repair import repair
-from contextd.engine.rules import matches
+from contextd.engine.repair import RepairRun, repair
+from contextd.engine.rules import changes_with_time, holds_for, holds_now
 from contextd.engine.state import (
     AppliedEdit,
     ControlMode,
@@ -57,7 +58,7 @@ from contextd.engine.transforms import (
     TransformRegistry,
     target_of,
 )
-from contextd.engine.view import View, ViewRequest, assemble_view
+from contextd.engine.view import Assembly, View, ViewRequest, assemble_view
 
 AGENT_LEVEL = 3
 """The agent asking to prune an item is a claim of completed work (DESIGN section 5)."""
@@ -94,6 +95,9 @@ class RenderInput:
     tools: tuple[Mapping[str, Any], ...] = ()
     durable: tuple[AppliedEdit, ...] = ()
     """Edits made durable in history mode (mutation events in the history): always in force."""
+    carry: Carry | None = field(default=None, compare=False)
+    """`RenderOutput.carry` of the render that produced `state`, when the caller kept it:
+    the same output, sooner."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +110,8 @@ class RenderOutput:
     """Ids of agent proposals decided in this render (applied, kept or abstained)."""
     durable: tuple[AppliedEdit, ...] = field(default_factory=tuple)
     """Edits applied by rules in history mode: to be appended to the history as mutations."""
+    carry: Carry | None = field(default=None, compare=False)
+    """For the next render from `state` (see RenderInput.carry)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +121,46 @@ class _Candidate:
     control: ControlMode
     pending: bool = False
     """Deferred in an earlier render (its DEFER is already certified)."""
+
+
+Pools = tuple[tuple[Entry, ...], ...]
+"""Per rule, in policy order: the open entries its conditions on the entry alone hold for."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Carry:
+    """What a render worked out that the next render from its state can start from,
+    in the same process (never stored). With it, a render after appends touches the
+    items appended since and the edits it makes, not the whole history; its output
+    is the same as without it."""
+
+    state: ViewState
+    """The state the render produced: the carry serves renders from this state only."""
+    items: tuple[Item, ...]
+    pins: frozenset[int]
+    durable: tuple[AppliedEdit, ...]
+    draft: _Draft
+    """The render's entries with every edit in force applied."""
+    taken: frozenset[Slot]
+    """The slots of the edits in force."""
+    relied: Mapping[int, int]
+    """What the edits in force rest on: evidence seq -> the seq whose reduction rests on it."""
+    pools: Pools | None
+    """None when the render reordered the view (pools are in view order)."""
+    repaired: RepairRun
+    assembly: Assembly
+    """The view as rendered, for the next render in the same format to resume."""
+
+    def follows(self, inp: RenderInput) -> bool:
+        """Whether `inp` differs from the input that made this carry only by items appended."""
+        return (
+            self.state is inp.state
+            and inp.policy.version == inp.state.policy_version
+            and self.pins == inp.pins
+            and self.durable == inp.durable
+            and len(inp.items) >= len(self.items)
+            and all(map(is_, self.items, inp.items))
+        )
 
 
 def turn_indexes(items: Sequence[Item]) -> list[int]:
@@ -127,12 +173,10 @@ def turn_indexes(items: Sequence[Item]) -> list[int]:
     return turns
 
 
-def focus_terms(items: Sequence[Item], given: Sequence[str]) -> tuple[str, ...]:
+def focus_terms(latest: Iterable[Item | None], given: Sequence[str]) -> tuple[str, ...]:
     """The request's focus, then identifiers from the latest user turn and the latest tool calls."""
     terms = list(dict.fromkeys(given))
-    latest_user = next((i for i in reversed(items) if i.role is Role.USER), None)
-    latest_calls = next((i for i in reversed(items) if i.role is Role.ASSISTANT and i.tool_uses), None)
-    for item in (latest_user, latest_calls):
+    for item in latest:
         if item is None:
             continue
         for block in item.content:
@@ -167,8 +211,57 @@ class _Draft:
         self.inserted: list[tuple[int, int]] = []
         """(after_seq, seq) of inserted entries, in the order they were inserted."""
         self.patches: dict[str, Any] = {}
+        self.view_tokens = sum(item.token_count for item in items)
+        """Tokens of the entries shown (kept as edits are applied)."""
+        self.latest_results: dict[str, int] = {}
+        """tool name -> seq of its latest result."""
+        self.latest_user: Item | None = None
+        self.latest_calls: Item | None = None
+        """The latest assistant item that called tools."""
+        self._note(items)
+        self._ordered: list[Entry] | None = None
+
+    def _note(self, items: Iterable[Item]) -> None:
+        """Keep the latest result of each tool, the latest user item and the latest calls."""
+        for item in items:
+            if item.role is Role.TOOL:
+                result = item.tool_result
+                if result is not None:
+                    self.latest_results[result.name] = item.seq
+            elif item.role is Role.USER:
+                self.latest_user = item
+            elif item.role is Role.ASSISTANT and item.tool_uses:
+                self.latest_calls = item
+
+    def following(self, items: Sequence[Item], pins: frozenset[int]) -> _Draft:
+        """A copy of this (finished) draft with the items appended since: what building a
+        draft from `items` and applying this one's edits in the same order would give."""
+        draft = object.__new__(type(self))
+        draft.entries = dict(self.entries)
+        draft.inserted = list(self.inserted)
+        draft.patches = dict(self.patches)
+        draft.view_tokens = self.view_tokens
+        draft.latest_results = dict(self.latest_results)
+        draft.latest_user, draft.latest_calls = self.latest_user, self.latest_calls
+        new = items[len(self.natural) :]
+        turn = self.turns - 1
+        for item in new:
+            if item.role in (Role.USER, Role.ASSISTANT) or turn < 0:
+                turn += 1
+            draft.entries[item.seq] = Entry(
+                item, item.content, Representation.FULL, item.token_count, turn, item.seq in pins
+            )
+            draft.view_tokens += item.token_count
+        seqs = [item.seq for item in new]
+        draft.natural = (*self.natural, *seqs)
+        draft.turns = turn + 1
+        draft.order = [*self.order, *seqs]  # appended items follow, whatever order is in force
+        draft._note(new)
+        draft._ordered = [*self.ordered(), *(draft.entries[s] for s in seqs)]  # nothing is inserted after them
+        return draft
 
     def apply(self, applied: AppliedEdit) -> None:
+        self._ordered = None
         edit = applied.edit
         match edit:
             case Replace(seq):
@@ -191,6 +284,7 @@ class _Draft:
                     item, content.content, Representation.FULL, applied.tokens, anchor.turn if anchor else 0
                 )
                 self.inserted.append((after_seq, seq))
+                self.view_tokens += applied.tokens
             case Reorder():
                 self.order = _reordered(edit, self.order)
             case PatchRequest(name, value):
@@ -199,8 +293,15 @@ class _Draft:
     def _set(self, seq: int, content: tuple[Block, ...], kind: Representation, tokens: int) -> None:
         old = self.entries[seq]
         self.entries[seq] = Entry(old.item, content, kind, tokens, old.turn, old.pinned)
+        self.view_tokens += _shown_tokens(kind, tokens) - _shown_tokens(old.representation, old.tokens)
 
     def ordered(self) -> list[Entry]:
+        """The entries in view order (the same list until an edit is applied: not to be changed)."""
+        if self._ordered is None:
+            self._ordered = self._in_view_order()
+        return self._ordered
+
+    def _in_view_order(self) -> list[Entry]:
         entries = self.entries
         if not self.inserted:
             return [entries[s] for s in self.order]
@@ -212,6 +313,10 @@ class _Draft:
             out.append(entries[s])
             out.extend(entries[i] for i in after.get(s, ()))
         return out
+
+
+def _shown_tokens(kind: Representation, tokens: int) -> int:
+    return 0 if kind is Representation.OMITTED else tokens
 
 
 def new_representation(entry: Entry, edit: Edit, reason: str) -> tuple[Block, ...]:
@@ -248,21 +353,21 @@ def _normalized(edit: Edit, entries: Mapping[int, Entry]) -> Edit:
     return edit
 
 
-def slot_of(edit: Edit) -> str:
-    """What an edit occupies: at most one edit per item, one reorder, one patch per
-    request field; inserts are told apart by what they insert."""
+Slot = int | str
+"""What an edit occupies: an item (its seq), or a string naming something else."""
+
+
+def slot_of(edit: Edit) -> Slot:
+    """At most one edit per item, one reorder, one patch per request field; inserts are
+    told apart by what they insert."""
     match edit:
         case Replace(seq) | Remove(seq):
-            return item_slot(seq)
+            return seq
         case Reorder():
             return "reorder"
         case PatchRequest(name):
             return f"patch:{name}"
     return edit_key(edit)
-
-
-def item_slot(seq: int) -> str:
-    return f"item:{seq}"
 
 
 class _Log:
@@ -288,7 +393,8 @@ class _Log:
 
 
 def _decided_key(decision: str, edit: Edit | None, rule: str, reason: str) -> str:
-    return f"{decision}:{slot_of(edit) if edit is not None else ''}:{rule}:{reason}"
+    slot = slot_of(edit) if edit is not None else ""
+    return f"{decision}:{f'item:{slot}' if isinstance(slot, int) else slot}:{rule}:{reason}"
 
 
 @dataclass(slots=True)
@@ -303,25 +409,50 @@ class _Eligible:
 def render(inp: RenderInput) -> RenderOutput:
     policy, state = inp.policy, inp.state
     previous = state.renders.get(inp.request.format.value)
-    draft = _Draft(inp.items, inp.pins)
-    protected = Protections(draft.ordered(), policy)
     log = _Log(state.decided)
-
-    for edit in inp.durable:
-        draft.apply(edit)
-    in_force = _carry_over(inp, draft, protected, log)
+    carry = inp.carry if inp.carry is not None and inp.carry.follows(inp) else None
+    if carry is not None:
+        # Nothing changed but the items appended since: the edits in force stand as the
+        # previous render left them (pins, policy and durable edits are the same).
+        draft = carry.draft.following(inp.items, inp.pins)
+        protected = Protections(draft.entries, draft.natural, draft.turns, policy, draft.latest_results)
+        in_force = list(state.applied)
+        taken = set(carry.taken)
+        relied = carry.relied
+    else:
+        draft = _Draft(inp.items, inp.pins)
+        protected = Protections(draft.entries, draft.natural, draft.turns, policy, draft.latest_results)
+        for edit in inp.durable:
+            draft.apply(edit)
+        in_force = _carry_over(inp, draft, protected, log)
+        taken = {slot_of(a.edit) for a in (*inp.durable, *in_force)}
+        relied = _relied_on([*inp.durable, *in_force])
     context = _context(inp, draft, previous)
-    judge = Judge(draft.entries, draft.natural, protected, policy, _relied_on([*inp.durable, *in_force]))
-    taken = {slot_of(a.edit) for a in (*inp.durable, *in_force)}
-    eligible = _eligible(_candidates(inp, context, draft, taken, log), draft, judge, taken, inp.counter, log)
+    judge = Judge(draft.entries, draft.natural, protected, policy, relied)
+    before = frozenset(taken)
+    carried = None
+    if carry is not None and carry.pools is not None:
+        carried = carry.pools, [draft.entries[s] for s in draft.natural[len(carry.items) :]]
+    proposed, pools = _proposed(inp, context, taken, carried)
+    eligible = _eligible([*_waiting(inp, draft, log), *proposed], draft, judge, taken, inp.counter, log)
     applied_now, pending, durable = _time(eligible, inp, context, previous, draft, log)
 
-    ordered, repair_warnings = repair(draft.ordered(), inp.counter)
-    view, segments = assemble_view(inp.session, ordered, inp.request, inp.counter, repair_warnings, draft.patches)
+    # Repair and rendering resume the previous render's where the entries are the same.
+    last = inp.carry if inp.carry is not None and inp.carry.state is state else None
+    ordered, repair_warnings, repaired = repair(draft.ordered(), inp.counter, last.repaired if last else None)
+    view, assembly = assemble_view(
+        inp.session, ordered, inp.request, inp.counter, repair_warnings, draft.patches, last.assembly if last else None
+    )
+    segments = tuple(assembly.segments)
     new_state = ViewState(
         view_version=state.view_version + 1,
         policy_version=policy.version,
-        renders={**state.renders, inp.request.format.value: PreviousRender(inp.now, segments)},
+        renders={
+            **state.renders,
+            inp.request.format.value: PreviousRender(
+                inp.now, segments, known_offsets=assembly.offsets, known_total=assembly.offset
+            ),
+        },
         applied=(*in_force, *applied_now),
         pending=tuple(pending),
         decided=frozenset(log.decided),
@@ -333,7 +464,22 @@ def render(inp: RenderInput) -> RenderOutput:
         policy_version=policy.version,
     )
     agent_ids = tuple(p.id for p in inp.agent_proposals)  # every one is decided now, or waits in the state
-    return RenderOutput(view, tuple(log.certificates), new_state, agent_ids, tuple(durable))
+    next_carry = None
+    if not durable:  # (edits made durable come back as history, which a carry does not follow)
+        reordered = any(isinstance(a.edit, Reorder) for a in applied_now)
+        next_carry = Carry(
+            state=new_state,
+            items=tuple(inp.items),
+            pins=inp.pins,
+            durable=inp.durable,
+            draft=draft,
+            taken=before | {slot_of(a.edit) for a in applied_now},
+            relied={**_relied_on(applied_now), **relied},  # the first edit to rely on an item is named
+            pools=None if reordered else pools,
+            repaired=repaired,
+            assembly=assembly,
+        )
+    return RenderOutput(view, tuple(log.certificates), new_state, agent_ids, tuple(durable), next_carry)
 
 
 def _carry_over(inp: RenderInput, draft: _Draft, protected: Protections, log: _Log) -> list[AppliedEdit]:
@@ -372,27 +518,24 @@ def _relied_on(in_force: Iterable[AppliedEdit]) -> dict[int, int]:
 
 
 def _context(inp: RenderInput, draft: _Draft, previous: PreviousRender | None) -> TransformContext:
-    entries = tuple(draft.ordered())
     return TransformContext(
-        entries=entries,
+        entries=tuple(draft.ordered()),
         budget_tokens=inp.request.budget_tokens,
-        view_tokens=sum(e.tokens for e in entries if e.representation is not Representation.OMITTED),
+        view_tokens=draft.view_tokens,
         cache=CacheState(
             previous_tokens=previous.total_tokens if previous else 0,
             age_seconds=None if previous is None else inp.now - previous.rendered_at,
             ttl_seconds=inp.policy.cache.prices.ttl_seconds,
         ),
-        focus=focus_terms(inp.items, inp.request.focus),
+        focus=focus_terms((draft.latest_user, draft.latest_calls), inp.request.focus),
         tools=inp.tools,
         tool_effects=inp.policy.tools,
         turns=draft.turns,
     )
 
 
-def _candidates(
-    inp: RenderInput, context: TransformContext, draft: _Draft, taken: set[str], log: _Log
-) -> list[_Candidate]:
-    """Deferred edits first, then the agent's proposals, then each rule's in policy order."""
+def _waiting(inp: RenderInput, draft: _Draft, log: _Log) -> list[_Candidate]:
+    """Deferred edits, then the agent's proposals: they go before the rules' new proposals."""
     rules = {r.name for r in inp.policy.rules}
     out: list[_Candidate] = []
     for p in inp.state.pending:
@@ -417,24 +560,40 @@ def _candidates(
                 ControlMode.AGENT,
             )
         )
-    open_entries = [e for e in context.entries if e.seq > 0 and item_slot(e.seq) not in taken]
+    return out
+
+
+def _proposed(
+    inp: RenderInput, context: TransformContext, taken: set[Slot], carried: tuple[Pools, Sequence[Entry]] | None
+) -> tuple[list[_Candidate], Pools]:
+    """Each rule's proposals, in policy order, and each rule's pool: the open entries its
+    conditions on the entry alone hold for, in view order (`carried`: the pools of the
+    render this one follows, and the entries appended since)."""
+    out: list[_Candidate] = []
+    pools: list[tuple[Entry, ...]] = []
+    # With pools carried, only the items appended since are matched afresh.
+    open_entries = [e for e in context.entries if e.seq > 0 and e.seq not in taken] if carried is None else carried[1]
     by_role: dict[Role, list[Entry]] = {}  # in view order: most rules name one role
     for e in open_entries:
         by_role.setdefault(e.role, []).append(e)
-    for rule in inp.policy.rules:
+    for index, rule in enumerate(inp.policy.rules):
         transform = inp.registry.get(rule.transform)
-        roles = rule.when.roles
+        when, roles = rule.when, rule.when.roles
         pool = by_role.get(next(iter(roles)), []) if roles is not None and len(roles) == 1 else open_entries
-        picked = [e for e in pool if matches(rule.when, e, context)]
+        matched = [e for e in pool if holds_for(when, e)]
+        if carried is not None:
+            matched = [e for e in carried[0][index] if e.seq not in taken] + matched
+        pools.append(tuple(matched))
+        picked = [e for e in matched if holds_now(when, e, context)] if changes_with_time(when) else matched
         out.extend(_Candidate(p, rule.name, ControlMode.RULE) for p in transform.propose(context, picked, rule.params))
-    return out
+    return out, tuple(pools)
 
 
 def _eligible(
     candidates: Sequence[_Candidate],
     draft: _Draft,
     judge: Judge,
-    taken: set[str],
+    taken: set[Slot],
     counter: TokenCounter,
     log: _Log,
 ) -> list[_Eligible]:
@@ -611,7 +770,8 @@ def _body(
 
 def protection_map(items: Sequence[Item], policy: Policy, pins: frozenset[int]) -> dict[int, str]:
     """seq -> why it is protected, for the protected items of a history."""
-    return protections(_Draft(items, pins).ordered(), policy)
+    draft = _Draft(items, pins)
+    return Protections(draft.entries, draft.natural, draft.turns, policy, draft.latest_results).all()
 
 
 def identity_view(session: Session, items: Sequence[Item], request: ViewRequest, counter: TokenCounter) -> View:

@@ -18,7 +18,11 @@ are applied (placeholders.with_calls), not here.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import compress, count
+from operator import is_not
 
+from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Representation, Role, ToolUseBlock
 from contextd.engine.placeholders import placeholder_blocks
 from contextd.engine.render.base import ViewWarning
@@ -26,28 +30,51 @@ from contextd.engine.tokens import TokenCounter, block_tokens
 from contextd.engine.transforms import Entry
 
 
-def repair(entries: Sequence[Entry], counter: TokenCounter) -> tuple[list[Entry], list[ViewWarning]]:
-    """The entries in an order and form every provider accepts, and what was changed."""
-    warnings: list[ViewWarning] = []
-    shown = [e if e.content or e.role is Role.TOOL else _omit(e) for e in entries]
-    _open_with_user(shown, warnings, counter)
+@dataclass(slots=True, eq=False)
+class RepairRun:
+    """One repair, kept so that the next render's repair resumes it: for the entries
+    both share (by identity), only what a change can reach is done again."""
 
-    # Each tool call's result entry, wherever history put it.
-    results: dict[str, Entry] = {}
-    for entry in shown:
-        result = entry.item.tool_result
-        if result is not None:
-            results[result.tool_use_id] = entry
-    answers = {id(e) for e in results.values()}
-    placed: set[int] = set()
-    ordered: list[Entry] = []
-    for entry in shown:
+    counter: TokenCounter
+    entries: Sequence[Entry]
+    shown: list[Entry]
+    """`entries`, empty ones left out, the opening restored."""
+    opening: int
+    """Index of the entry the conversation opens with (len(shown) if none): the
+    opening repair depends on the entries up to it."""
+    results: dict[str, Entry]
+    """Each tool call's result entry, wherever history put it."""
+    answer_at: dict[str, int]
+    calls_at: dict[str, int]
+    """tool_use id -> index of the entry that makes the call."""
+    answers: set[int]
+    """ids of the result entries (placed after their call, not where history put them)."""
+    repeated: bool
+    """A tool_use id has two results: resuming could pick the wrong one, so it is not done."""
+    ordered: list[Entry]
+    warnings: list[ViewWarning]
+    placed: set[int]
+    marks: list[tuple[int, int]]
+    """Before each entry of `shown`: len(ordered), len(warnings)."""
+
+
+def repair(
+    entries: Sequence[Entry], counter: TokenCounter, previous: RepairRun | None = None
+) -> tuple[list[Entry], list[ViewWarning], RepairRun]:
+    """The entries in an order and form every provider accepts, and what was changed;
+    `previous`: the repair of a previous render, to resume."""
+    run, start = _resumed(previous, entries, counter)
+    shown, results, answers, placed = run.shown, run.results, run.answers, run.placed
+    ordered, warnings, marks = run.ordered, run.warnings, run.marks
+    for index in range(start, len(shown)):
+        entry = shown[index]
+        marks.append((len(ordered), len(warnings)))
         if id(entry) in answers:
             continue  # placed right after its call, below
         ordered.append(entry)
-        if entry.representation is Representation.OMITTED:
+        if entry.representation is Representation.OMITTED or entry.item.role is not Role.ASSISTANT:
             continue
-        for call in (b for b in entry.content if isinstance(b, ToolUseBlock)):
+        for call in [b for b in entry.content if isinstance(b, ToolUseBlock)]:
             answer = results.get(call.id)
             if answer is None:
                 warnings.append(
@@ -61,20 +88,107 @@ def repair(entries: Sequence[Entry], counter: TokenCounter) -> tuple[list[Entry]
                 )
             ordered.append(answer)
             placed.add(answer.seq)
-    for entry in shown:
-        if id(entry) in answers and entry.seq not in placed:
-            if entry.representation is not Representation.OMITTED:
-                warnings.append(ViewWarning("REPAIR_RESULT_DROPPED", f"seq {entry.seq}: its call is not in the view"))
-            ordered.append(_omit(entry))
-    return ordered, warnings
+    out, notes = list(ordered), list(warnings)
+    if len(placed) < len(answers):  # results whose call is not in the view
+        for entry in shown:
+            if id(entry) in answers and entry.seq not in placed:
+                if entry.representation is not Representation.OMITTED:
+                    notes.append(ViewWarning("REPAIR_RESULT_DROPPED", f"seq {entry.seq}: its call is not in the view"))
+                out.append(_omit(entry))
+    return out, notes, run
 
 
-def _open_with_user(entries: list[Entry], warnings: list[ViewWarning], counter: TokenCounter) -> None:
+def _resumed(previous: RepairRun | None, entries: Sequence[Entry], counter: TokenCounter) -> tuple[RepairRun, int]:
+    """A run over `entries` with what `previous` did that still holds; and where to go on."""
+    if previous is not None and previous.counter is counter and not previous.repeated:
+        same = next(compress(count(), map(is_not, previous.entries, entries)), min(len(previous.entries), len(entries)))
+        if same > previous.opening:
+            run = RepairRun(
+                counter,
+                entries,
+                previous.shown[:same],
+                previous.opening,
+                dict(previous.results),
+                dict(previous.answer_at),
+                dict(previous.calls_at),
+                set(previous.answers),
+                False,
+                [],
+                [],
+                set(),
+                [],
+            )
+            start, gone = same, set[str]()
+            for entry in previous.shown[same:]:
+                result = entry.item.tool_result
+                if result is not None and run.results.get(result.tool_use_id) is entry:
+                    del run.results[result.tool_use_id]
+                    del run.answer_at[result.tool_use_id]
+                    run.answers.discard(id(entry))
+                    gone.add(result.tool_use_id)
+                for call_id in _calls(entry):
+                    run.calls_at.pop(call_id, None)
+            changed = _index(run, same)
+            changed.update(i for i in gone if run.results.get(i) is not previous.results[i])
+            for call_id in changed:
+                # A call whose result changed is placed again, and so is everything after it.
+                start = min(start, run.calls_at.get(call_id, start), previous.answer_at.get(call_id, start))
+            if not run.repeated:
+                ordered_len, warnings_len = (
+                    previous.marks[start]
+                    if start < len(previous.marks)
+                    else (
+                        len(previous.ordered),
+                        len(previous.warnings),
+                    )
+                )
+                run.ordered = previous.ordered[:ordered_len]
+                run.warnings = previous.warnings[:warnings_len]
+                run.placed = previous.placed - {e.seq for e in previous.ordered[ordered_len:]}
+                run.marks = previous.marks[:start]
+                return run, start
+    run = RepairRun(counter, entries, [], 0, {}, {}, {}, set(), False, [], [], set(), [])
+    _index(run, 0)
+    run.opening = _open_with_user(run.shown, run.warnings, counter)
+    return run, 0
+
+
+def _index(run: RepairRun, start: int) -> set[str]:
+    """Add `run.entries[start:]` to the run's shown entries, results and calls; the
+    tool_use ids whose result changed."""
+    changed: set[str] = set()
+    for index in range(start, len(run.entries)):
+        entry = run.entries[index]
+        if not entry.content and entry.role is not Role.TOOL:
+            entry = _omit(entry)
+        run.shown.append(entry)
+        result = entry.item.tool_result
+        if result is not None:
+            if result.tool_use_id in run.results:
+                run.repeated = True
+            run.results[result.tool_use_id] = entry
+            run.answer_at[result.tool_use_id] = index
+            run.answers.add(id(entry))
+            changed.add(result.tool_use_id)
+        for call_id in _calls(entry):
+            run.calls_at[call_id] = index
+    return changed
+
+
+def _calls(entry: Entry) -> list[str]:
+    if entry.item.role is not Role.ASSISTANT or entry.representation is Representation.OMITTED:
+        return []
+    return [b.id for b in entry.content if isinstance(b, ToolUseBlock)]
+
+
+def _open_with_user(entries: list[Entry], warnings: list[ViewWarning], counter: TokenCounter) -> int:
+    """Restore a user item left out before the first turn shown, if that turn is not a
+    user's; returns the index of that first turn (len(entries) when there is none)."""
     for index, entry in enumerate(entries):
         if entry.role is Role.SYSTEM or entry.representation is Representation.OMITTED:
             continue
         if entry.role is Role.USER:
-            return
+            return index
         for earlier in range(index - 1, -1, -1):
             left_out = entries[earlier]
             if left_out.role is Role.USER and left_out.representation is Representation.OMITTED:
@@ -82,15 +196,27 @@ def _open_with_user(entries: list[Entry], warnings: list[ViewWarning], counter: 
                 warnings.append(
                     ViewWarning("REPAIR_OPENING_RESTORED", f"seq {left_out.seq}: restored as a placeholder")
                 )
-                return
-        return
+                break
+        return index
+    return len(entries)
+
+
+# What repair puts in an entry's place is remembered per entry: an entry of an
+# unchanged item is the same object from render to render, and so is what
+# stands in for it, which lets a render resume the previous one's rendering.
+_stand_ins: IdentityMemo[Entry] = IdentityMemo(100_000)
 
 
 def _as_placeholder(entry: Entry, reason: str, counter: TokenCounter) -> Entry:
-    blocks = placeholder_blocks(entry.item, reason)
-    tokens = sum(block_tokens(b, counter) for b in blocks)
-    return entry._replace(content=blocks, representation=Representation.PLACEHOLDER, tokens=tokens)
+    def make() -> Entry:
+        blocks = placeholder_blocks(entry.item, reason)
+        tokens = sum(block_tokens(b, counter) for b in blocks)
+        return entry._replace(content=blocks, representation=Representation.PLACEHOLDER, tokens=tokens)
+
+    return _stand_ins.get((entry, reason, counter), make)
 
 
 def _omit(entry: Entry) -> Entry:
-    return entry._replace(content=(), representation=Representation.OMITTED, tokens=0)
+    if entry.representation is Representation.OMITTED and not entry.content and not entry.tokens:
+        return entry
+    return _stand_ins.get((entry,), lambda: entry._replace(content=(), representation=Representation.OMITTED, tokens=0))

@@ -34,17 +34,29 @@ def _text(entry: Entry) -> str:
 
 
 def matches(when: When, entry: Entry, context: TransformContext) -> bool:
-    """Whether every condition `when` sets holds for `entry` (the cheap ones first)."""
+    """Whether every condition `when` sets holds for `entry`."""
+    return holds_now(when, entry, context) and holds_for(when, entry)
+
+
+def holds_now(when: When, entry: Entry, context: TransformContext) -> bool:
+    """The conditions that change from render to render: age and budget utilization."""
+    if when.age_turns is not None and not when.age_turns.holds(context.turns - 1 - entry.turn):
+        return False
+    return when.utilization is None or when.utilization.holds(context.utilization)
+
+
+def changes_with_time(when: When) -> bool:
+    return when.age_turns is not None or when.utilization is not None
+
+
+def holds_for(when: When, entry: Entry) -> bool:
+    """The conditions on the entry alone, which hold as long as it is shown as it is (the cheap ones first)."""
     item = entry.item
     if when.roles is not None and item.role not in when.roles:
         return False
     if when.pinned is not None and entry.pinned != when.pinned:
         return False
     if when.tokens is not None and not when.tokens.holds(entry.tokens):
-        return False
-    if when.age_turns is not None and not when.age_turns.holds(context.turns - 1 - entry.turn):
-        return False
-    if when.utilization is not None and not when.utilization.holds(context.utilization):
         return False
     if when.tools_include or when.tools_exclude:
         result = item.tool_result

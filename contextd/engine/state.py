@@ -13,6 +13,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import compress, count
+from operator import attrgetter, is_not
 from typing import Any, NamedTuple
 
 from contextd.engine.codec import blocks_from_json, blocks_to_json, canonical_json
@@ -68,13 +70,22 @@ class PreviousRender:
     rendered_at: float
     """Seconds since the epoch."""
     segments: tuple[Segment, ...]
+    known_offsets: Mapping[int, int] | None = field(default=None, compare=False, repr=False)
+    """`offsets()`, when the render that made it counted them already (not stored)."""
+    known_total: int | None = field(default=None, compare=False, repr=False)
+    """`total_tokens`, likewise."""
 
     @property
     def total_tokens(self) -> int:
-        return sum(s.tokens for s in self.segments)
+        if self.known_total is not None:
+            return self.known_total
+        total: int = sum(map(attrgetter("tokens"), self.segments))
+        return total
 
-    def offsets(self) -> dict[int, int]:
+    def offsets(self) -> Mapping[int, int]:
         """seq -> token offset where the item started."""
+        if self.known_offsets is not None:
+            return self.known_offsets
         offset, found = 0, dict[int, int]()
         for segment in self.segments:
             found.setdefault(segment.seq, offset)
@@ -106,8 +117,10 @@ class ViewState:
 
 def first_divergence(previous: tuple[Segment, ...], current: tuple[Segment, ...]) -> int:
     """Tokens at the start of `current` identical to `previous` (where the two first differ)."""
-    offset = 0
-    for old, new in zip(previous, current, strict=False):
+    # A render that resumed the previous one shares its first segments: skip them at C speed.
+    same = next(compress(count(), map(is_not, previous, current)), min(len(previous), len(current)))
+    offset: int = sum(map(attrgetter("tokens"), previous[:same]))
+    for old, new in zip(previous[same:], current[same:], strict=False):
         # Inserted content (negative seqs, numbered per render) is told apart by its digest alone.
         if old.digest != new.digest or (old.seq != new.seq and (old.seq > 0 or new.seq > 0)):
             return offset

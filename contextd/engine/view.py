@@ -7,19 +7,20 @@ the result into the provider's format and counts it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from operator import attrgetter
+from itertools import compress, count
+from operator import attrgetter, is_not
 from typing import Any, NamedTuple
 
 from contextd.engine.codec import blocks_to_json, canonical_json
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Block, Representation, Session
 from contextd.engine.placeholders import handle_of
-from contextd.engine.render.anthropic import render_anthropic
-from contextd.engine.render.base import Renderable, Rendered, ViewWarning, to_json
-from contextd.engine.render.openai import render_openai
+from contextd.engine.render.anthropic import AnthropicFolder
+from contextd.engine.render.base import Folder, Rendered, ViewWarning, to_json
+from contextd.engine.render.openai import OpenAIFolder
 from contextd.engine.state import Segment
 from contextd.engine.tokens import TokenCounter, block_tokens
 from contextd.engine.transforms import Entry
@@ -77,9 +78,9 @@ class View:
     """Tokens at the start identical to the previous render's (what a prompt cache can reuse)."""
 
 
-_RENDERERS: dict[ViewFormat, Callable[[Sequence[Renderable]], Rendered]] = {
-    ViewFormat.OPENAI_CHAT: render_openai,
-    ViewFormat.ANTHROPIC_MESSAGES: render_anthropic,
+_FOLDERS: dict[ViewFormat, Callable[[Rendered], Folder]] = {
+    ViewFormat.OPENAI_CHAT: OpenAIFolder,
+    ViewFormat.ANTHROPIC_MESSAGES: AnthropicFolder,
 }
 
 
@@ -91,6 +92,48 @@ def representation_digest(blocks: tuple[Block, ...]) -> str:
     return _digests.get((blocks,), lambda: hashlib.sha256(canonical_json(blocks_to_json(blocks))).hexdigest()[:16])
 
 
+class _Mark(NamedTuple):
+    """An assembly's state before one entry, and whether that entry opened a message."""
+
+    messages: int
+    warnings: int
+    items: int
+    segments: int
+    offset: int
+    inserted: int
+    in_order: bool
+    last: int
+    folder: Hashable
+    opens: bool
+
+
+@dataclass(slots=True, eq=False)
+class Assembly:
+    """A view rendered, counted and itemized entry by entry.
+
+    A later render in the same format resumes it: everything up to the last
+    entry that opened a message before the first entry that differs (by
+    identity: entries of unchanged items are the same objects from render to
+    render) is taken as it is, and only the rest is rendered again.
+    """
+
+    format: ViewFormat
+    counter: TokenCounter
+    entries: Sequence[Entry]
+    rendered: Rendered
+    items: list[ViewItem]
+    """In view order."""
+    segments: list[Segment]
+    offsets: dict[int, int]
+    """seq -> tokens before its segment (the first, for an item shown in pieces)."""
+    marks: list[_Mark]
+    offset: int = 0
+    inserted: int = 0
+    """Tokens of inserted content shown."""
+    in_order: bool = True
+    last: int = 0
+
+
 def assemble_view(
     session: Session,
     entries: Sequence[Entry],
@@ -98,13 +141,16 @@ def assemble_view(
     counter: TokenCounter,
     warnings: Sequence[ViewWarning] = (),
     patches: Mapping[str, Any] | None = None,
-) -> tuple[View, tuple[Segment, ...]]:
-    """Render the entries (in view order) and count; also the segments a later render compares against."""
-    shown = [e for e in entries if e.representation is not Representation.OMITTED]
-    rendered = _RENDERERS[request.format](shown)
-    view_items, segments = _itemize(entries, rendered, counter)
-    inserted = sum(e.tokens for e in shown if e.seq < 0)
-    item_tokens = sum(v.tokens for v in view_items) + inserted
+    previous: Assembly | None = None,
+) -> tuple[View, Assembly]:
+    """Render the entries (in view order) and count; the assembly holds the segments a
+    later render compares against, and is what a later render resumes (`previous`)."""
+    asm, folder, start = _resumed(previous, entries, request.format, counter)
+    _fold(asm, folder, start)
+    folder.finish()
+    rendered = asm.rendered
+    view_items = tuple(asm.items) if asm.in_order else tuple(sorted(asm.items, key=attrgetter("seq")))
+    item_tokens = sum(map(attrgetter("tokens"), view_items)) + asm.inserted
     frames = len(rendered.messages) + (1 if rendered.system is not None else 0)
     framing = frames * FRAMING_TOKENS_PER_MESSAGE + REPLY_PRIMING_TOKENS if frames else 0
     total = item_tokens + framing
@@ -123,9 +169,7 @@ def assemble_view(
         version=session.version,
         format=request.format,
         encoding=counter.encoding,
-        messages_json=to_json(rendered.messages)
-        if rendered.messages_json is None
-        else "[" + ",".join(rendered.messages_json) + "]",
+        messages_json="[" + ",".join(rendered.messages_json) + "]",
         system_json=to_json(rendered.system) if rendered.system is not None else "",
         items=view_items,
         item_tokens=item_tokens,
@@ -137,54 +181,128 @@ def assemble_view(
         policy_version=session.policy_version,
         request_patch_json=to_json(dict(patches or {})),
     )
-    return view, segments
+    return view, asm
 
 
-def _itemize(
-    entries: Sequence[Entry], rendered: Rendered, counter: TokenCounter
-) -> tuple[tuple[ViewItem, ...], tuple[Segment, ...]]:
-    """The view items (in seq order) and the segments (in view order), in one pass.
+def _resumed(
+    previous: Assembly | None, entries: Sequence[Entry], fmt: ViewFormat, counter: TokenCounter
+) -> tuple[Assembly, Folder, int]:
+    """A new assembly of `entries`, with what `previous` already did for them; and where to go on."""
+    if previous is not None and previous.format is fmt and previous.counter is counter:
+        same = next(compress(count(), map(is_not, previous.entries, entries)), min(len(previous.entries), len(entries)))
+        # Resume at an entry both share that opened a message: the messages before it are final.
+        start = next((i for i in range(same - 1, 0, -1) if previous.marks[i].opens), 0)
+        if start:
+            mark, old = previous.marks[start], previous.rendered
+            rendered = Rendered(
+                messages=old.messages[: mark.messages],
+                message_index=dict(old.message_index),
+                omitted=set(old.omitted),
+                dropped=dict(old.dropped),
+                warnings=old.warnings[: mark.warnings],
+                messages_json=old.messages_json[: mark.messages],
+            )
+            offsets = dict(previous.offsets)
+            for entry in previous.entries[start:]:
+                seq = entry.item.seq
+                rendered.message_index.pop(seq, None)
+                rendered.omitted.discard(seq)
+                rendered.dropped.pop(seq, None)
+                offsets.pop(seq, None)
+            folder = _FOLDERS[fmt](rendered)
+            folder.resume(mark.folder)
+            asm = Assembly(
+                fmt,
+                counter,
+                entries,
+                rendered,
+                previous.items[: mark.items],
+                previous.segments[: mark.segments],
+                offsets,
+                previous.marks[:start],
+                mark.offset,
+                mark.inserted,
+                mark.in_order,
+                mark.last,
+            )
+            return asm, folder, start
+    rendered = Rendered()
+    return Assembly(fmt, counter, entries, rendered, [], [], {}, []), _FOLDERS[fmt](rendered), 0
 
-    This runs over every item on every render: a plain loop, the common case
-    (an item shown in full) first and inline.
+
+def _fold(asm: Assembly, folder: Folder, start: int) -> None:
+    """Render, count and itemize the entries from `start` on, marking the state before each.
+
+    This runs over every new entry of every render (over all of them when
+    nothing can be resumed): a plain loop, the common case (an item shown in
+    full) first and inline.
     """
-    full, omitted, index_of, dropped = Representation.FULL, rendered.omitted, rendered.message_index, rendered.dropped
-    items: list[ViewItem] = []
-    segments: list[Segment] = []
-    in_order, last = True, 0
-    for entry in entries:
-        seq = entry.item.seq
-        kind = entry.representation
-        if kind is full:
+    out, counter = folder.out, asm.counter
+    full, left_out = Representation.FULL, Representation.OMITTED
+    omitted, index_of, dropped = out.omitted, out.message_index, out.dropped
+    items, segments, offsets, marks = asm.items, asm.segments, asm.offsets, asm.marks
+    offset, inserted, in_order, last = asm.offset, asm.inserted, asm.in_order, asm.last
+    entries = asm.entries
+    for i in range(start, len(entries)):
+        entry = entries[i]
+        seq, kind, tokens = entry.item.seq, entry.representation, entry.tokens
+        messages, warnings, state = len(out.messages), len(out.warnings), folder.state()
+        opens = kind is not left_out and folder.feed(entry)
+        marks.append(
+            _Mark(messages, warnings, len(items), len(segments), offset, inserted, in_order, last, state, opens)
+        )
+        if kind is full and seq > 0:
             if seq not in omitted:
-                # Inserted content has no history of its own to compare: its digest tells it apart.
-                segments.append(Segment(seq, "" if seq > 0 else representation_digest(entry.content), entry.tokens))
-        elif kind is not Representation.OMITTED and seq not in omitted:
-            segments.append(Segment(seq, representation_digest(entry.content), entry.tokens))
+                segments.append(Segment(seq, "", tokens))
+                offsets.setdefault(seq, offset)
+                offset += tokens
+            in_order, last = in_order and seq > last, seq
+            index = index_of.get(seq, -1)
+            if index >= 0 and seq not in dropped:
+                items.append(ViewItem(seq, full, tokens, index))
+            else:
+                items.append(_view_item(entry, out, counter))
+            continue
+        # Inserted content has no history of its own to compare: its digest tells it apart.
+        shown = _shown.get((entry.item, entry.content), lambda entry=entry: _Shown(entry))  # type: ignore[misc]
+        if kind is not left_out:
+            inserted += tokens if seq < 0 else 0
+            if seq not in omitted:
+                segments.append(shown.segment)
+                offsets.setdefault(seq, offset)
+                offset += tokens
         if seq <= 0:
             continue
         in_order, last = in_order and seq > last, seq
-        index = index_of.get(seq, -1)
-        if kind is full and index >= 0 and seq not in dropped:
-            items.append(ViewItem(seq, full, entry.tokens, index))
-        else:
-            items.append(_view_item(entry, rendered, counter))
-    if not in_order:
-        items.sort(key=attrgetter("seq"))
-    return tuple(items), tuple(segments)
+        items.append(_view_item(entry, out, counter, shown.handle))
+    asm.offset, asm.inserted, asm.in_order, asm.last = offset, inserted, in_order, last
 
 
-def _view_item(entry: Entry, rendered: Rendered, counter: TokenCounter) -> ViewItem:
+class _Shown:
+    """What an entry not shown as its original is compared and recovered by (all of
+    it follows from the item and what stands in for it)."""
+
+    __slots__ = ("handle", "segment")
+
+    def __init__(self, entry: Entry) -> None:
+        self.segment = Segment(entry.seq, representation_digest(entry.content), entry.tokens)
+        self.handle = handle_of(entry.item) if entry.seq > 0 else ""
+
+
+_shown: IdentityMemo[_Shown] = IdentityMemo(100_000)
+
+
+def _view_item(entry: Entry, rendered: Rendered, counter: TokenCounter, handle: str | None = None) -> ViewItem:
     """How an item appears in the view, with the tokens of what the view actually carries."""
     index = rendered.message_index.get(entry.seq, -1)
     full = entry.representation is Representation.FULL
-    handle = "" if full else handle_of(entry.item)
+    handle = handle if handle is not None else handle_of(entry.item)
     if entry.representation is Representation.OMITTED or entry.seq in rendered.omitted:
-        return ViewItem(entry.seq, Representation.OMITTED, 0, -1, handle_of(entry.item))
+        return ViewItem(entry.seq, Representation.OMITTED, 0, -1, handle)
     dropped = rendered.dropped.get(entry.seq)
     if not dropped:
-        return ViewItem(entry.seq, entry.representation, entry.tokens, index, handle)
+        return ViewItem(entry.seq, entry.representation, entry.tokens, index, "" if full else handle)
     # Counting only what the format left out keeps the common, complete case free.
     tokens = max(0, entry.tokens - sum(block_tokens(b, counter) for b in dropped))
     kind = Representation.REDUCED if entry.representation is Representation.FULL else entry.representation
-    return ViewItem(entry.seq, kind, tokens, index, handle_of(entry.item))
+    return ViewItem(entry.seq, kind, tokens, index, handle)

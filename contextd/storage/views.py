@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contextd.engine.certificates import GENESIS, Certificate, CertificateBody, Decision, Stamp, chain
 from contextd.engine.errors import InvalidArgument
-from contextd.engine.pipeline import AgentProposal
+from contextd.engine.pipeline import AgentProposal, Carry
 from contextd.engine.state import (
     AppliedEdit,
     ControlMode,
@@ -49,11 +49,19 @@ class StateCache:
     that version already: no JSON to parse, and the same objects as before,
     which keeps the engine's memos (rendered messages, handles) warm. Another
     replica's render changes the version, and the state is read again.
+
+    With the state, the engine's carry of the render that made it, so the
+    next render works only on what was appended since. A carry takes about
+    320 bytes per item of its session (docs/benchmarks.md): carries are
+    bounded by the items they cover, the least recently rendered go first.
     """
 
-    def __init__(self, max_states: int = 4096) -> None:
+    def __init__(self, max_states: int = 4096, max_carry_items: int = 500_000) -> None:
         self.max_states = max_states
+        self.max_carry_items = max_carry_items
         self._states: OrderedDict[int, ViewState] = OrderedDict()
+        self._carries: OrderedDict[int, Carry] = OrderedDict()
+        self._carried_items = 0
 
     def get(self, key: int, version: int) -> ViewState | None:
         state = self._states.get(key)
@@ -62,13 +70,30 @@ class StateCache:
         self._states.move_to_end(key)
         return state
 
-    def put(self, key: int, state: ViewState) -> None:
+    def carry(self, key: int, state: ViewState) -> Carry | None:
+        """The carry of the render that produced `state`, if it is still held."""
+        carry = self._carries.get(key)
+        return carry if carry is not None and carry.state is state else None
+
+    def put(self, key: int, state: ViewState, carry: Carry | None = None) -> None:
         """Remember a state once its transaction has committed (never before: a rolled-back
         version number could be committed later, by another render, with other content)."""
         self._states[key] = state
         self._states.move_to_end(key)
         if len(self._states) > self.max_states:
-            self._states.popitem(last=False)
+            evicted, _ = self._states.popitem(last=False)
+            self._drop_carry(evicted)
+        self._drop_carry(key)
+        if carry is not None:
+            self._carries[key] = carry
+            self._carried_items += len(carry.items)
+            while self._carried_items > self.max_carry_items and len(self._carries) > 1:
+                self._drop_carry(next(iter(self._carries)))
+
+    def _drop_carry(self, key: int) -> None:
+        dropped = self._carries.pop(key, None)
+        if dropped is not None:
+            self._carried_items -= len(dropped.items)
 
 
 async def load_state(conn: AsyncConnection, key: int, cache: StateCache | None = None) -> ViewState:

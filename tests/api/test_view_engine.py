@@ -20,6 +20,7 @@ from sqlalchemy.exc import DBAPIError
 
 from contextd.storage.database import Database
 from tests.conftest import ServerThread
+from tests.conftest import test_settings as settings_for
 
 MakeServer = Callable[..., ServerThread]
 
@@ -275,3 +276,40 @@ def test_the_operator_command_shows_what_waits_and_applies_it(make_server: MakeS
 
     missing = contextd("prune", "--session", "nope", "--database-url", url)
     assert missing.returncode == 1 and "session 'nope' not found" in missing.stderr
+
+
+def more_rounds(client: Client, session_id: str, first: int, rounds: int) -> None:
+    messages: list[dict[str, object]] = []
+    for n in range(first, first + rounds):
+        call = {"id": f"c{n}", "type": "function", "function": {"name": "bash", "arguments": f'{{"n": {n}}}'}}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"c{n}", "content": f"output number {n}\n" * 20})
+    client.append_openai(session_id, messages)
+
+
+@pytest.mark.parametrize("fmt", [ViewFormat.OPENAI_CHAT, ViewFormat.ANTHROPIC_MESSAGES])
+def test_a_replica_that_did_not_make_the_previous_render_renders_the_same(
+    server: ServerThread, database_url: str, fmt: ViewFormat
+) -> None:
+    # The replica that made a session's previous render resumes it (the engine's
+    # carry); another replica starts from the stored state. Same view, same decisions.
+    other = ServerThread(settings_for(database_url)).start()
+    try:
+        with Client(server.target) as here, Client(other.target) as there:
+            kept, fresh = (here.create_session(policy=DROP_OLD_OUTPUTS).id for _ in range(2))
+            for session in (kept, fresh):
+                conversation(here, session, rounds=3)
+                here.render_view(session, fmt)
+            for first in (3, 5):
+                for session in (kept, fresh):
+                    more_rounds(here, session, first, rounds=2)
+                resumed, started_over = here.render_view(kept, fmt), there.render_view(fresh, fmt)
+                assert resumed.messages_json == started_over.messages_json
+                assert resumed.system == started_over.system
+                assert resumed.items == started_over.items
+                assert [(c.seq, c.decision, c.rule) for c in resumed.certificates] == [
+                    (c.seq, c.decision, c.rule) for c in started_over.certificates
+                ]
+                assert [c.decision for c in resumed.certificates].count("prune") == 2  # the newly old outputs
+    finally:
+        other.stop()

@@ -787,3 +787,89 @@ def test_every_decision_has_a_complete_certificate(
     second = run(items, policy, state=first.state, now=later, pins=frozenset({items[-1].seq}))
     for cert in (*first.certificates, *second.certificates):
         assert_complete(cert)
+
+
+# ------------------------------------------------------------------ the carry
+
+FOLLOWED = """
+evidence: {max_level: 4}
+protection: {last_turns: %d, user_items: false, latest_error_per_tool: %s}
+rules:
+  - {name: drop-old, transform: drop, params: {placeholder: %s}, when: {regex: "%s", age_turns: {min: 1}}}
+  - {name: shorten, transform: first_line, history: %s, when: {roles: [tool], tokens: {min: 20}}}
+  - {name: note, transform: annotate, when: {regex: "%s"}}
+  - {name: pressure, transform: drop, when: {roles: [tool], utilization: {min: 0.5}}}
+"""
+
+
+def follow(
+    items: Sequence[Item], policy: str, previous: RenderOutput | None, now: float, **given: object
+) -> tuple[RenderOutput, bool]:
+    """Render `items` from the previous render's state, with its carry and without;
+    the two must agree. Returns the render, and whether the carry was followed."""
+    inp = RenderInput(
+        session=make_session(len(items)),
+        items=items,
+        policy=parse_policy(policy, REGISTRY),
+        request=ViewRequest(given.pop("fmt", OPENAI), given.pop("budget", 0)),  # type: ignore[arg-type]
+        counter=counter(),
+        registry=REGISTRY,
+        state=previous.state if previous else ViewState(),
+        now=now,
+        carry=previous.carry if previous else None,
+        **given,  # type: ignore[arg-type]
+    )
+    out = render(inp)
+    assert out == render(replace(inp, carry=None))
+    return out, inp.carry is not None and inp.carry.follows(inp)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations(), st.data())
+def test_a_render_from_the_carry_is_the_render_without_it(items: list[Item], data: st.DataObject) -> None:
+    markers = [data.draw(st.sampled_from("abcdefghijklmnop")) for _ in range(2)]
+    flags = [data.draw(st.sampled_from(["true", "false"])) for _ in range(3)]
+    policy = FOLLOWED % (data.draw(st.integers(0, 2)), flags[0], flags[1], markers[0], flags[2], markers[1])
+    if data.draw(st.booleans()):
+        policy += "  - {name: backwards, transform: reverse}\n"
+    cuts = sorted(set(data.draw(st.lists(st.integers(2, len(items)), min_size=2, max_size=6))))
+    previous: RenderOutput | None = None
+    pins: frozenset[int] = frozenset()
+    durable: tuple[AppliedEdit, ...] = ()
+    now = 0.0
+    for cut in cuts:
+        now += data.draw(st.sampled_from([1.0, 30.0, 400.0]))  # warm, warm, past the cache's TTL
+        if data.draw(st.integers(0, 3)) == 0:
+            pins = frozenset(data.draw(st.lists(st.integers(1, cut), max_size=2)))
+        asks = data.draw(st.lists(st.integers(1, cut), max_size=2))
+        previous, _ = follow(
+            items[:cut],
+            policy,
+            previous,
+            now,
+            fmt=data.draw(st.sampled_from([OPENAI, ANTHROPIC])),
+            budget=data.draw(st.sampled_from([0, 200, 5_000])),
+            pins=pins,
+            durable=durable,
+            agent_proposals=[AgentProposal(n, seq, "done") for n, seq in enumerate(asks, start=1)],
+            force=data.draw(st.integers(0, 4)) == 0,
+        )
+        durable = (*durable, *previous.durable)  # made durable: history from now on
+
+
+def test_a_render_after_appends_follows_the_carry_and_one_after_a_change_does_not() -> None:
+    items = history(*(tool_round(f"c{n}", "bash", f"output {n}") for n in range(6)))
+    policy = FOLLOWED % (1, "true", "true", "o", "false", "zzz")
+    first, followed = follow(items[:6], policy, None, 0.0)
+    assert not followed and first.carry is not None and first.carry.state is first.state
+    second, followed = follow(items[:10], policy, first, 10.0)
+    assert followed  # only items appended
+    _, followed = follow(items[:12], policy, second, 20.0, pins=frozenset({3}))
+    assert not followed  # a pin changes what is protected
+    _, followed = follow(items, policy.replace("min: 1", "min: 2"), second, 20.0)
+    assert not followed  # another policy
+    _, followed = follow(items[:9], policy, second, 20.0)
+    assert not followed  # not the history the carry was made from
+    shorten_in_history = FOLLOWED % (1, "true", "true", "zzz", "true", "zzz")
+    made_durable, _ = follow(items, shorten_in_history, None, 0.0)
+    assert made_durable.durable and made_durable.carry is None  # history changed under it

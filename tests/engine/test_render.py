@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from contextd.engine.model import (
     Block,
@@ -18,8 +19,9 @@ from contextd.engine.model import (
     ToolUseBlock,
 )
 from contextd.engine.render.anthropic import render_anthropic
-from contextd.engine.render.base import ViewWarning, data_uri
+from contextd.engine.render.base import ViewWarning, data_uri, to_json
 from contextd.engine.render.openai import render_openai
+from tests.engine.conversations import conversations
 from tests.helpers import make_item
 
 PNG = b"\x89PNG\r\n\x1a\n\x00\x01"
@@ -559,3 +561,13 @@ def test_rendering_does_not_depend_on_earlier_renders(render: object) -> None:
     first = render(conversation)  # type: ignore[operator]
     second = render(conversation)  # type: ignore[operator]
     assert first == second
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations())
+def test_messages_are_serialized_as_the_whole_would_be(history: list[Item]) -> None:
+    # Each message is serialized on its own (Anthropic's from its blocks' remembered
+    # JSON); joined, they must be the bytes of the whole list serialized at once.
+    for render in (render_openai, render_anthropic):
+        rendered = render(history)
+        assert "[" + ",".join(rendered.messages_json) + "]" == to_json(rendered.messages)

@@ -14,7 +14,7 @@ stable: the view of a longer history starts with the view of a shorter one.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from contextd.engine.codec import b64_text
@@ -29,7 +29,7 @@ from contextd.engine.model import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from contextd.engine.render.base import JsonObject, Renderable, Rendered, sources
+from contextd.engine.render.base import JsonObject, Renderable, Rendered, render_all, sources, to_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,23 +49,40 @@ def _convert(item: Renderable) -> _Blocks:
 
 
 def render_anthropic(items: Sequence[Renderable]) -> Rendered:
-    out = Rendered()
-    system: list[JsonObject] = []
-    leading = True
-    unanswered: set[str] = set()  # tool_use ids whose results have not been rendered yet
-    for item in items:
-        if item.role is Role.SYSTEM and leading:
-            system.extend(_block(b) for b in item.content)
+    return render_all(AnthropicFolder(), items)
+
+
+class AnthropicFolder:
+    """Merges consecutive same-side items into one message; a message is final once
+    the next one opens (or at `finish`)."""
+
+    def __init__(self, out: Rendered | None = None) -> None:
+        self.out = out if out is not None else Rendered()
+        self.system: tuple[JsonObject, ...] = ()
+        self.leading = True
+        self.unanswered: frozenset[str] = frozenset()
+        """tool_use ids whose results have not been rendered yet."""
+
+    def state(self) -> Hashable:
+        return self.leading, self.system, self.unanswered
+
+    def resume(self, state: Hashable) -> None:
+        self.leading, self.system, self.unanswered = state  # type: ignore[misc]
+
+    def feed(self, item: Renderable) -> bool:
+        out = self.out
+        if item.role is Role.SYSTEM and self.leading:
+            self.system = (*self.system, *(_block(b) for b in item.content))
             out.message_index[item.seq] = -1
-            continue
-        leading = False
+            return False
+        self.leading = False
         if item.role is Role.SYSTEM:
             out.warn(
                 "SYSTEM_AS_USER",
                 f"seq {item.seq}: the Messages API takes system text only before the first turn; sent as user text",
             )
         role = "assistant" if item.role is Role.ASSISTANT else "user"
-        converted = _converted.get(sources(item), lambda item=item: _convert(item))  # type: ignore[misc]
+        converted = _converted.get(sources(item), lambda: _convert(item))
         out.warnings.extend(converted.notes.warnings)
         for seq, dropped in converted.notes.dropped.items():
             out.dropped.setdefault(seq, []).extend(dropped)
@@ -73,19 +90,38 @@ def render_anthropic(items: Sequence[Renderable]) -> Rendered:
         if not blocks:
             out.message_index[item.seq] = -1
             out.omitted.add(item.seq)
-            continue
-        unanswered |= {b["id"] for b in blocks if b["type"] == "tool_use"}
-        unanswered -= {b["tool_use_id"] for b in blocks if b["type"] == "tool_result"}
+            return False
+        calls = {b["id"] for b in blocks if b["type"] == "tool_use"}
+        answers = {b["tool_use_id"] for b in blocks if b["type"] == "tool_result"}
+        if calls or (answers and self.unanswered):
+            self.unanswered = (self.unanswered | calls) - answers
         # Text that arrives while calls await their results must stay open to
         # them (a list), so the results can merge in and come first.
-        _append(out, item.seq, role, blocks, open_list=role == "user" and bool(unanswered))
-    out.system = _system(system)
-    for message in out.messages:
-        if message["role"] == "user" and isinstance(message["content"], list):
-            # The API wants a turn's tool results before anything else in it;
-            # a stable sort keeps each group in history order.
-            message["content"].sort(key=lambda block: block["type"] != "tool_result")
-    return out
+        return _append(out, item.seq, role, blocks, open_list=role == "user" and bool(self.unanswered))
+
+    def finish(self) -> None:
+        out = self.out
+        out.system = _system(self.system)
+        for message in out.messages[len(out.messages_json) :]:
+            if message["role"] == "user" and isinstance(message["content"], list):
+                # The API wants a turn's tool results before anything else in it;
+                # a stable sort keeps each group in history order.
+                message["content"].sort(key=lambda block: block["type"] != "tool_result")
+            out.messages_json.append(_message_json(message))
+
+
+def _message_json(message: JsonObject) -> str:
+    """`to_json(message)`, made of its blocks' JSON: the blocks are the items' own
+    (remembered), while messages are made anew on every render."""
+    content = message["content"]
+    if isinstance(content, str):
+        body = to_json(content)
+    else:
+        body = "[" + ",".join(_block_json.get((b,), lambda b=b: to_json(b)) for b in content) + "]"  # type: ignore[misc]
+    return '{"role":' + to_json(message["role"]) + ',"content":' + body + "}"
+
+
+_block_json: IdentityMemo[str] = IdentityMemo(400_000)
 
 
 def _carried(block: Block, seq: int, out: Rendered) -> bool:
@@ -100,26 +136,30 @@ def _carried(block: Block, seq: int, out: Rendered) -> bool:
     return True
 
 
-def _append(out: Rendered, seq: int, role: str, blocks: list[JsonObject], open_list: bool = False) -> None:
+def _append(out: Rendered, seq: int, role: str, blocks: list[JsonObject], open_list: bool = False) -> bool:
+    """Add an item's blocks to the last message or a new one; True when it opened one."""
     last = out.messages[-1] if out.messages else None
+    opened = False
     if last is not None and last["role"] == role and isinstance(last["content"], list):
         last["content"].extend(blocks)
     else:
+        opened = True
         # A message whose content is a plain string is never rewritten into a
         # list: that would change bytes an earlier render already sent (and the
         # provider cached). The API combines consecutive same-role messages.
         lone_text = len(blocks) == 1 and blocks[0]["type"] == "text" and not open_list
         out.messages.append({"role": role, "content": blocks[0]["text"] if lone_text else blocks})
     out.message_index[seq] = len(out.messages) - 1
+    return opened
 
 
-def _system(blocks: list[JsonObject]) -> str | list[JsonObject] | None:
+def _system(blocks: tuple[JsonObject, ...]) -> str | list[JsonObject] | None:
     if not blocks:
         return None
     if len(blocks) == 1:
         text: str = blocks[0]["text"]
         return text
-    return blocks
+    return list(blocks)
 
 
 def _block(block: Block) -> JsonObject:

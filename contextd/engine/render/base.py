@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -54,8 +54,9 @@ class Rendered:
     dropped: dict[int, list[Block]] = field(default_factory=dict)
     """seq -> blocks of that item the format could not carry (the rest of the item is in the view)."""
     warnings: list[ViewWarning] = field(default_factory=list)
-    messages_json: list[str] | None = None
-    """Each message already serialized, when the renderer had them (the view's JSON is their join)."""
+    messages_json: list[str] = field(default_factory=list)
+    """Each message serialized, once it is final (all of them after `Folder.finish`):
+    the view's JSON is their join."""
 
     def warn(self, code: str, message: str) -> None:
         self.warnings.append(ViewWarning(code, message))
@@ -64,6 +65,35 @@ class Rendered:
         """Leave `blocks` of item `seq` out of the view, and say why."""
         self.dropped.setdefault(seq, []).extend(blocks)
         self.warn(code, message)
+
+
+class Folder(Protocol):
+    """Renders items one at a time into `out`. What it carries from one item to the
+    next is `state()`, so a later render can resume it at any item that opened a
+    message, on a copy of `out` cut back to that point."""
+
+    out: Rendered
+
+    def feed(self, item: Renderable) -> bool:
+        """Render one more item; True when it opened a new message."""
+        ...
+
+    def state(self) -> Hashable:
+        """What the next item's rendering depends on, besides `out` (immutable)."""
+        ...
+
+    def resume(self, state: Hashable) -> None: ...
+
+    def finish(self) -> None:
+        """Make every message final (serialized into `out.messages_json`)."""
+        ...
+
+
+def render_all(folder: Folder, items: Sequence[Renderable]) -> Rendered:
+    for item in items:
+        folder.feed(item)
+    folder.finish()
+    return folder.out
 
 
 def to_json(value: Any) -> str:

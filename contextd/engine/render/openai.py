@@ -9,7 +9,7 @@ warning in the view.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from contextd.engine.memo import IdentityMemo
@@ -22,7 +22,7 @@ from contextd.engine.model import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from contextd.engine.render.base import JsonObject, Renderable, Rendered, data_uri, sources, to_json
+from contextd.engine.render.base import JsonObject, Renderable, Rendered, data_uri, render_all, sources, to_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +38,18 @@ _pieces: IdentityMemo[_Piece] = IdentityMemo(200_000)
 
 
 def render_openai(items: Sequence[Renderable]) -> Rendered:
-    out = Rendered(messages_json=[])
-    assert out.messages_json is not None
-    for item in items:
-        piece = _pieces.get(sources(item), lambda item=item: _piece(item))  # type: ignore[misc]
+    return render_all(OpenAIFolder(), items)
+
+
+class OpenAIFolder:
+    """One message per item, final as soon as it is made."""
+
+    def __init__(self, out: Rendered | None = None) -> None:
+        self.out = out if out is not None else Rendered()
+
+    def feed(self, item: Renderable) -> bool:
+        out = self.out
+        piece = _pieces.get(sources(item), lambda: _piece(item))
         if piece.notes.warnings:
             out.warnings.extend(piece.notes.warnings)
             for seq, blocks in piece.notes.dropped.items():
@@ -49,11 +57,20 @@ def render_openai(items: Sequence[Renderable]) -> Rendered:
         if piece.message is None:
             out.message_index[item.seq] = -1
             out.omitted.add(item.seq)
-            continue
+            return False
         out.message_index[item.seq] = len(out.messages)
         out.messages.append(piece.message)
         out.messages_json.append(piece.text)
-    return out
+        return True
+
+    def state(self) -> Hashable:
+        return None
+
+    def resume(self, state: Hashable) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
 
 
 def _piece(item: Renderable) -> _Piece:
