@@ -67,7 +67,9 @@ def schedule(
 
     One invalidation at offset p rewrites everything after p, so every edit
     at or after p can ride on it. Of the suffixes "all edits from p on", the
-    one worth most (if any is worth anything) is applied.
+    one worth most (if any is worth anything) is applied. An edit that pays
+    on its own is always in it: starting at that edit is worth at least its
+    own value more than starting after it.
     """
     total = state.previous_tokens
     radii = [max(0, total - e.position) for e in edits]
@@ -80,7 +82,10 @@ def schedule(
     best: int | None = None
     best_value = 0.0
     for p in positions:
-        saving = sum(e.saving for e, r in zip(edits, radii, strict=True) if r > 0 and e.position >= p)
+        # What the rewrite from p saves: the reductions from p on. An edit that grows the
+        # view (an insert) rides on the rewrite, but is no reason to make it; counting it
+        # here could pass over an earlier start that pays for every reduction after it.
+        saving = sum(max(0, e.saving) for e, r in zip(edits, radii, strict=True) if r > 0 and e.position >= p)
         worth = value_now(saving, total - p, cache)
         if worth > best_value:
             best, best_value = p, worth
