@@ -44,7 +44,7 @@ class SessionService:
         _check_metadata(metadata, "metadata")
         parsed = parse_policy(policy, self.registry)
         annotate(session_id=session_id, policy_version=parsed.version)
-        return await self.store.create_session(tenant, session_id, dict(metadata), parsed.document, parsed.version)
+        return await self.store.create_session(tenant, session_id, dict(metadata), _own(policy), parsed.version)
 
     async def update_session(self, tenant: str, session_id: str, policy: str | None) -> Session:
         """Change what is given (today: the policy); unset fields stay as they are."""
@@ -54,7 +54,7 @@ class SessionService:
             return await self.store.get_session(tenant, session_id)
         parsed = parse_policy(policy, self.registry)
         annotate(policy_version=parsed.version)
-        return await self.store.set_policy(tenant, session_id, parsed.document, parsed.version)
+        return await self.store.set_policy(tenant, session_id, _own(policy), parsed.version)
 
     async def get_session(self, tenant: str, session_id: str) -> Session:
         check_session_id(session_id)
@@ -124,3 +124,8 @@ def _check_metadata(metadata: Mapping[str, str], field: str) -> None:
     size = sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items())
     if size > MAX_METADATA_BYTES:
         raise LimitExceeded.at(field, f"{size:,} bytes, over the maximum of {MAX_METADATA_BYTES:,}")
+
+
+def _own(policy: str) -> str:
+    """The policy a session stores: empty for the default (which it follows as it is shipped)."""
+    return policy if policy.strip() else ""

@@ -37,6 +37,8 @@ class ToolEffectKind(StrEnum):
     WRITE = "write"
     PURE = "pure"
     VOLATILE = "volatile"
+    SHELL = "shell"
+    """Policies only: the tool runs shell commands, whose effects are read from the command."""
 
 
 @dataclass(frozen=True, slots=True)

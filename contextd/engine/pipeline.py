@@ -29,8 +29,9 @@ from contextd.engine.model import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from contextd.engine.observations import ObservationIndex
 from contextd.engine.placeholders import handle_of, placeholder_blocks, with_calls
-from contextd.engine.policy import Policy, default_policy
+from contextd.engine.policy import Policy, ToolDeclaration, default_policy
 from contextd.engine.repair import RepairRun, repair
 from contextd.engine.rules import changes_with_time, holds_for, holds_now
 from contextd.engine.state import (
@@ -198,7 +199,7 @@ def _tokens(blocks: Iterable[Block], counter: TokenCounter) -> int:
 class _Draft:
     """The entries of one render as edits are applied to them."""
 
-    def __init__(self, items: Sequence[Item], pins: frozenset[int]) -> None:
+    def __init__(self, items: Sequence[Item], pins: frozenset[int], tools: Mapping[str, ToolDeclaration]) -> None:
         turns = turn_indexes(items)
         self.entries: dict[int, Entry] = {
             item.seq: Entry(item, item.content, Representation.FULL, item.token_count, turn, item.seq in pins)
@@ -218,12 +219,15 @@ class _Draft:
         self.latest_user: Item | None = None
         self.latest_calls: Item | None = None
         """The latest assistant item that called tools."""
+        self.observations = ObservationIndex(tools)
         self._note(items)
         self._ordered: list[Entry] | None = None
 
     def _note(self, items: Iterable[Item]) -> None:
         """Keep the latest result of each tool, the latest user item and the latest calls."""
+        note = self.observations.note
         for item in items:
+            note(item)
             if item.role is Role.TOOL:
                 result = item.tool_result
                 if result is not None:
@@ -243,6 +247,7 @@ class _Draft:
         draft.view_tokens = self.view_tokens
         draft.latest_results = dict(self.latest_results)
         draft.latest_user, draft.latest_calls = self.latest_user, self.latest_calls
+        draft.observations = self.observations.copy()
         new = items[len(self.natural) :]
         turn = self.turns - 1
         for item in new:
@@ -323,7 +328,7 @@ def new_representation(entry: Entry, edit: Edit, reason: str) -> tuple[Block, ..
     """The blocks an edit gives its target, normalized so pairs and signed reasoning survive."""
     item = entry.item
     if isinstance(edit, Remove):
-        return placeholder_blocks(item, reason) if edit.placeholder else ()
+        return placeholder_blocks(item, reason, edit.note) if edit.placeholder else ()
     assert isinstance(edit, Replace)
     result = item.tool_result
     if result is not None:
@@ -349,7 +354,7 @@ def _normalized(edit: Edit, entries: Mapping[int, Entry]) -> Edit:
     if isinstance(edit, Remove) and not edit.placeholder and edit.seq in entries:
         item = entries[edit.seq].item
         if item.role is Role.TOOL or item.tool_uses:
-            return Remove(edit.seq, placeholder=True)
+            return Remove(edit.seq, True, edit.note)
     return edit
 
 
@@ -420,7 +425,7 @@ def render(inp: RenderInput) -> RenderOutput:
         taken = set(carry.taken)
         relied = carry.relied
     else:
-        draft = _Draft(inp.items, inp.pins)
+        draft = _Draft(inp.items, inp.pins, policy.tools)
         protected = Protections(draft.entries, draft.natural, draft.turns, policy, draft.latest_results)
         for edit in inp.durable:
             draft.apply(edit)
@@ -531,6 +536,8 @@ def _context(inp: RenderInput, draft: _Draft, previous: PreviousRender | None) -
         tools=inp.tools,
         tool_effects=inp.policy.tools,
         turns=draft.turns,
+        observations=draft.observations,
+        by_seq=draft.entries,
     )
 
 
@@ -770,10 +777,11 @@ def _body(
 
 def protection_map(items: Sequence[Item], policy: Policy, pins: frozenset[int]) -> dict[int, str]:
     """seq -> why it is protected, for the protected items of a history."""
-    draft = _Draft(items, pins)
+    draft = _Draft(items, pins, policy.tools)
     return Protections(draft.entries, draft.natural, draft.turns, policy, draft.latest_results).all()
 
 
 def identity_view(session: Session, items: Sequence[Item], request: ViewRequest, counter: TokenCounter) -> View:
     """The view with no rules and no previous render: every item in full."""
-    return render(RenderInput(session, items, default_policy(), request, counter, TransformRegistry())).view
+    no_rules = replace(default_policy(), rules=())
+    return render(RenderInput(session, items, no_rules, request, counter, TransformRegistry())).view

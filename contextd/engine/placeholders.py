@@ -56,13 +56,14 @@ def describe(item: Item) -> str:
     return f"{item.role.value} turn"
 
 
-def placeholder_text(item: Item, reason: str, handle: str) -> str:
-    return f"{PREFIX} {describe(item)} removed ({reason}); retrieve with handle {handle}]"
+def placeholder_text(item: Item, reason: str, handle: str, note: str = "") -> str:
+    why = f"{reason}: {note}" if note else reason
+    return f"{PREFIX} {describe(item)} removed ({why}); retrieve with handle {handle}]"
 
 
-def placeholder_blocks(item: Item, reason: str) -> tuple[Block, ...]:
+def placeholder_blocks(item: Item, reason: str, note: str = "") -> tuple[Block, ...]:
     """The blocks that stand in for `item` in a view."""
-    text = TextBlock(placeholder_text(item, reason, handle_of(item)))
+    text = TextBlock(placeholder_text(item, reason, handle_of(item), note))
     result = item.tool_result
     if result is not None:
         return (ToolResultBlock(result.tool_use_id, (text,), result.is_error, result.name),)

@@ -3,9 +3,11 @@ versioned by content hash (DESIGN section 4).
 
 A session's policy says what is protected, which rung of the evidence
 ladder a prune may rest on, how the prompt cache is priced, what each tool
-does to the world, and which rules run in which order. Missing fields take
-the default policy's values; unknown fields are errors, reported with the
-path of the field (``rules[1].when.tokenz``).
+does to the world, and which rules run in which order. Fields left out
+take the built-in values (the default policy's); the tool declarations and
+rules are the policy's own: the default policy's strategies run for sessions
+that name no policy (`default_policy.yaml`). Unknown fields are errors,
+reported with the path of the field (``rules[1].when.tokenz``).
 """
 
 from __future__ import annotations
@@ -106,6 +108,8 @@ class CachePolicy:
 class ToolDeclaration:
     effect: ToolEffectKind
     source_arg: str = ""
+    command_arg: str = "command"
+    """For a shell tool: the argument holding the command."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,10 +269,10 @@ def _build(data: dict[str, Any], document: str, registry: TransformRegistry, roo
             violations.append(
                 FieldViolation(f"{root}.tools.{name}.source_arg", f"a {effect.value} tool names its source argument")
             )
-        tools[name] = ToolDeclaration(effect, raw.get("source_arg", ""))
+        tools[name] = ToolDeclaration(effect, raw.get("source_arg", ""), raw.get("command_arg", "command"))
     if violations:
         raise InvalidArgument(violations)
-    default = default_policy()
+    default = Policy(version="", document="")  # what a field left out is
     protection = data.get("protection", {})
     cache_data = data.get("cache", {})
     provider = cache_data.get("provider", default.cache.provider)
@@ -328,9 +332,10 @@ def _when(raw: Mapping[str, Any], path: str) -> tuple[When, list[FieldViolation]
 
 @cache
 def default_policy() -> Policy:
-    """Protection on, evidence up to level 3, Anthropic prices, no rules.
+    """The shipped default (`default_policy.yaml`): protection on, evidence up to
+    level 3, Anthropic prices, the built-in strategies."""
+    from contextd.engine.strategies import BUILT_IN_STRATEGIES  # they build on the transforms this module names
 
-    The built-in strategies (deduplication, supersession, error purge,
-    compressors) join the default rules as they are built.
-    """
-    return Policy(version=version_of({}), document="")
+    document = files("contextd.engine").joinpath("default_policy.yaml").read_text()
+    data = yaml.load(document, Loader=_PolicyLoader)
+    return _build(data, document, TransformRegistry(BUILT_IN_STRATEGIES), "default policy")

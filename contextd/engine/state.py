@@ -135,8 +135,11 @@ def edit_to_json(edit: Edit) -> dict[str, Any]:
     match edit:
         case Replace(seq, content):
             return {"kind": "replace", "seq": seq, "content": blocks_to_json(content)}
-        case Remove(seq, placeholder):
-            return {"kind": "remove", "seq": seq, "placeholder": placeholder}
+        case Remove(seq, placeholder, note):
+            removed: dict[str, Any] = {"kind": "remove", "seq": seq, "placeholder": placeholder}
+            if note:
+                removed["note"] = note
+            return removed
         case Insert(after_seq, content):
             return {
                 "kind": "insert",
@@ -161,7 +164,7 @@ def _edit_from_json(data: dict[str, Any]) -> Edit:
     if kind == "replace":
         return Replace(data["seq"], blocks_from_json(data["content"]))
     if kind == "remove":
-        return Remove(data["seq"], data["placeholder"])
+        return Remove(data["seq"], data["placeholder"], data.get("note", ""))
     if kind == "insert":
         return Insert(
             data["after_seq"], ItemContent(role=Role(data["role"]), content=blocks_from_json(data["content"]))

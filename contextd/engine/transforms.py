@@ -20,6 +20,7 @@ from importlib.metadata import entry_points
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 from contextd.engine.model import Block, Item, ItemContent, Representation, Role, ToolResultBlock, ToolUseBlock
+from contextd.engine.observations import ObservationIndex
 
 ENTRY_POINT_GROUP = "contextd.transforms"
 
@@ -40,6 +41,9 @@ class Remove:
 
     seq: int
     placeholder: bool = True
+    note: str = ""
+    """Said in the placeholder after the reason: where the content can still be seen
+    (``identical to the output of call c3, seq 8``). Identity, never content."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +181,10 @@ class TransformContext:
     turns: int = 0
     """Turns in the history (whatever order the view shows them in): an entry is
     ``turns - 1 - entry.turn`` turns old."""
+    observations: ObservationIndex = field(default_factory=lambda: ObservationIndex({}))
+    """The session's tool calls with their results, as evidence (what each read and wrote)."""
+    by_seq: Mapping[int, Entry] = field(default_factory=dict)
+    """The entries by seq (history items and inserted content)."""
 
     @property
     def utilization(self) -> float:
@@ -217,7 +225,10 @@ class Mask:
                 yield Proposal(Remove(entry.seq), level=4, reason="masked", evidence="matched the rule's conditions")
 
 
-BUILT_IN: tuple[Transform, ...] = (Mask(),)
+def built_in() -> tuple[Transform, ...]:
+    from contextd.engine.strategies import BUILT_IN_STRATEGIES  # they build on this module
+
+    return (Mask(), *BUILT_IN_STRATEGIES)
 
 
 class UnknownTransform(KeyError):
@@ -245,7 +256,7 @@ class TransformRegistry:
     @classmethod
     def default(cls) -> TransformRegistry:
         """The built-in transforms and those installed packages register as entry points."""
-        registry = cls(BUILT_IN)
+        registry = cls(built_in())
         for point in entry_points(group=ENTRY_POINT_GROUP):
             loaded = point.load()
             registry.register(loaded() if isinstance(loaded, type) else loaded)

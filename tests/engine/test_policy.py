@@ -64,8 +64,18 @@ def test_an_empty_document_is_the_default_policy() -> None:
     assert parse_policy("", REGISTRY) is default_policy()
     assert parse_policy("  \n", REGISTRY) is default_policy()
     default = default_policy()
-    assert (default.rules, default.max_level, default.cache.provider) == ((), 3, "anthropic")
+    assert (default.max_level, default.cache.provider) == (3, "anthropic")
     assert default.protection.last_turns == 2 and default.protection.latest_error_per_tool
+    # The built-in strategies, on the evidence they rest on; a bash tool read as a shell.
+    assert [(r.name, r.transform) for r in default.rules] == [
+        ("duplicates", "dedupe"),
+        ("same-source", "same_source"),
+        ("superseded-reads", "supersede"),
+        ("snapshots", "snapshots"),
+        ("old-errors", "errors"),
+    ]
+    assert default.tools["bash"].effect == "shell" and default.document.startswith("# The default policy")
+    assert parse_policy(default.document, REGISTRY).version == default.version  # the shipped text is a policy
 
 
 def test_every_field_is_read() -> None:

@@ -15,7 +15,12 @@ from tests.helpers import counter, make_item, make_session
 def rendered(n: int) -> tuple[ViewState, Carry]:
     items = [make_item(Role.USER, TextBlock(f"turn {s}"), seq=s) for s in range(1, n + 1)]
     inp = RenderInput(
-        make_session(n), items, default_policy(), ViewRequest(ViewFormat.OPENAI_CHAT), counter(), TransformRegistry()
+        make_session(n),
+        items,
+        default_policy(),
+        ViewRequest(ViewFormat.OPENAI_CHAT),
+        counter(),
+        TransformRegistry.default(),
     )
     out = render(inp)
     assert out.carry is not None

@@ -1,0 +1,207 @@
+"""Replay real agent traces call by call and count what each model call is sent.
+
+    python bench/traces.py [--traces ../shared/traces] [--probes bench/probes] [--policy FILE]
+
+For every trace (the neutral format of ../shared/traces/README.md): append
+the messages in order and, before each assistant message (a model call),
+render the view as an agent would, from the previous render's state and
+carry, --gap seconds after it (30 by default: the prompt cache warm, so
+edits to what was sent are priced and may wait; past the cache's TTL every
+call finds it cold, and what is eligible applies at once). It runs the engine in-process, as the service does
+under its lock, with the default policy unless --policy names another.
+
+Prints, per trace and in total: tokens sent over all calls with the policy
+and with the raw history, the reduction, what each rule removed (tokens not
+sent, summed over calls, net of what stands in for them), and the probes
+(facts from early turns needed late; bench/probes/<trace>.json): visible in
+the final view, recoverable through a handle it shows, or lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from contextd.engine.codec import canonical_json, item_to_json  # noqa: E402
+from contextd.engine.model import Item, ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock  # noqa: E402
+from contextd.engine.pipeline import RenderInput, RenderOutput, identity_view, render  # noqa: E402
+from contextd.engine.placeholders import handle_of  # noqa: E402
+from contextd.engine.policy import Policy, default_policy, parse_policy  # noqa: E402
+from contextd.engine.state import ViewState  # noqa: E402
+from contextd.engine.tokens import TiktokenCounter, item_tokens  # noqa: E402
+from contextd.engine.transforms import TransformRegistry  # noqa: E402
+from contextd.engine.view import ViewFormat, ViewRequest  # noqa: E402
+from tests.helpers import CREATED_AT, make_session  # noqa: E402
+
+
+def contents(trace: dict[str, Any]) -> list[ItemContent]:
+    """The trace's messages as items (reasoning text is left out: providers do not take it back)."""
+    out: list[ItemContent] = []
+    for message in trace["messages"]:
+        role, text = Role(message["role"]), message.get("content") or ""
+        if role is Role.TOOL:
+            result = ToolResultBlock(
+                message["tool_call_id"], (TextBlock(text),), bool(message.get("is_error")), message.get("name", "")
+            )
+            out.append(ItemContent(role=role, content=(result,)))
+            continue
+        blocks: list[Any] = [TextBlock(text)] if text else []
+        for call in message.get("tool_calls") or ():
+            blocks.append(ToolUseBlock(call["id"], call["name"], json.dumps(call["arguments"])))
+        out.append(ItemContent(role=role, content=tuple(blocks) or (TextBlock("(empty)"),)))
+    return out
+
+
+def stored(items: list[ItemContent], counter: TiktokenCounter) -> list[Item]:
+    from contextd.engine.codec import content_hash
+
+    return [
+        Item(
+            role=c.role,
+            content=c.content,
+            seq=seq,
+            content_hash=content_hash(c),
+            token_count=item_tokens(c, counter),
+            created_at=CREATED_AT,
+        )
+        for seq, c in enumerate(items, start=1)
+    ]
+
+
+@dataclass
+class Replay:
+    trace_id: str
+    calls: int = 0
+    sent: int = 0
+    raw: int = 0
+    engine_ms: list[float] = field(default_factory=list)
+    by_rule: Counter[str] = field(default_factory=Counter)
+    decisions: Counter[str] = field(default_factory=Counter)
+    final: RenderOutput | None = None
+    items: list[Item] = field(default_factory=list)
+
+
+def replay(
+    trace: dict[str, Any], policy: Policy, counter: TiktokenCounter, registry: TransformRegistry, gap: float
+) -> Replay:
+    items = stored(contents(trace), counter)
+    request = ViewRequest(ViewFormat.OPENAI_CHAT)
+    out = Replay(trace["id"], items=items)
+    state, carry, now = ViewState(), None, 0.0
+    ends = [i for i, m in enumerate(trace["messages"]) if m["role"] == "assistant"] + [len(items)]
+    for end in ends:  # before each model call, and the view at the end
+        prefix = items[:end]
+        session = make_session(len(prefix))
+        started = time.perf_counter()
+        rendered = render(RenderInput(session, prefix, policy, request, counter, registry, state, now, carry=carry))
+        out.engine_ms.append((time.perf_counter() - started) * 1000)
+        state, carry, now = rendered.state, rendered.carry, now + gap
+        out.decisions.update(c.decision.value for c in rendered.certificates)
+        if end == len(items):
+            out.final = rendered
+            break
+        out.calls += 1
+        out.sent += rendered.view.total_tokens
+        out.raw += identity_view(session, prefix, request, counter).total_tokens
+        rule_of = {a.edit.seq: a.rule for a in state.applied if hasattr(a.edit, "seq")}
+        for shown in rendered.view.items:
+            if shown.seq in rule_of:
+                out.by_rule[rule_of[shown.seq]] += prefix[shown.seq - 1].token_count - shown.tokens
+    return out
+
+
+def check_probes(result: Replay, probes: Sequence[dict[str, Any]]) -> Counter[str]:
+    """Each probe's answer: visible in the final view, behind a handle the view shows, or lost."""
+    assert result.final is not None
+    view = result.final.view.messages_json + result.final.view.system_json
+    by_handle = {handle_of(item): item for item in result.items}
+    shown_handles = {h for h in by_handle if h in view}
+    outcome: Counter[str] = Counter()
+    for probe in probes:
+        answer = probe["answer"]
+        if json.dumps(answer)[1:-1] in view:
+            outcome["visible"] += 1
+        elif any(
+            answer in canonical_json(item_to_json(by_handle[h])).decode() or _text(by_handle[h], answer)
+            for h in shown_handles
+        ):
+            outcome["recoverable"] += 1
+        else:
+            outcome["lost"] += 1
+            print(f"  LOST: {probe['kind']} {answer!r}")
+    return outcome
+
+
+def _text(item: Item, answer: str) -> bool:
+    for block in item.content:
+        if isinstance(block, TextBlock) and answer in block.text:
+            return True
+        if isinstance(block, ToolResultBlock) and any(
+            isinstance(p, TextBlock) and answer in p.text for p in block.content
+        ):
+            return True
+        if isinstance(block, ToolUseBlock) and answer in block.input_json:
+            return True
+    return False
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
+    parser.add_argument("--probes", type=Path, default=ROOT / "bench" / "probes")
+    parser.add_argument("--policy", type=Path)
+    parser.add_argument(
+        "--gap", type=float, default=30.0, help="seconds between calls (past the cache TTL: every call finds it cold)"
+    )
+    args = parser.parse_args()
+
+    counter, registry = TiktokenCounter(), TransformRegistry.default()
+    policy = parse_policy(args.policy.read_text(), registry) if args.policy else default_policy()
+    print(f"command: python bench/traces.py {' '.join(sys.argv[1:])}".rstrip())
+    print(f"policy: {policy.version} ({args.policy or 'the default policy'}); {args.gap:g} s between calls\n")
+    rows, totals, rules, probes_total, decisions = [], Counter[str](), Counter[str](), Counter[str](), Counter[str]()
+    for path in sorted(args.traces.glob("*.json")):
+        trace = json.loads(path.read_text())
+        result = replay(trace, policy, counter, registry, args.gap)
+        probe_file = args.probes / f"{trace['id']}.json"
+        probes = json.loads(probe_file.read_text())["probes"] if probe_file.exists() else []
+        kept = check_probes(result, probes)
+        probes_total.update(kept)
+        totals.update(sent=result.sent, raw=result.raw, calls=result.calls)
+        rules.update(result.by_rule)
+        decisions.update(result.decisions)
+        median = sorted(result.engine_ms)[len(result.engine_ms) // 2]
+        rows.append(
+            f"| {trace['id']} | {result.calls} | {result.raw:,} | {result.sent:,} | "
+            f"{1 - result.sent / result.raw:.1%} | {median:.2f} ms | "
+            f"{kept['visible']} / {kept['recoverable']} / {kept['lost']} |"
+        )
+    columns = ["trace", "calls", "tokens sent, raw", "tokens sent, policy", "reduction", "engine p50"]
+    print("| " + " | ".join([*columns, "probes visible / recoverable / lost"]) + " |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("\n".join(rows))
+    print(
+        f"| **all** | {totals['calls']} | {totals['raw']:,} | {totals['sent']:,} | "
+        f"{1 - totals['sent'] / totals['raw']:.1%} | | "
+        f"{probes_total['visible']} / {probes_total['recoverable']} / {probes_total['lost']} |"
+    )
+    print("\n| rule | tokens not sent (over all calls) | share of raw |")
+    print("| --- | --- | --- |")
+    for rule, saved in rules.most_common():
+        print(f"| {rule} | {saved:,} | {saved / totals['raw']:.1%} |")
+    print("\ndecisions certified: " + ", ".join(f"{d} {n}" for d, n in sorted(decisions.items())))
+    return 1 if probes_total["lost"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""The session's tool observations, as evidence for the strategies.
+
+Each tool result with its call becomes an Observation: which tool, what it
+read (a source, whole or by line ranges), what it wrote, whether its
+effects are unknown (it may have written anything), whether it failed.
+Effects come from the result item's own declaration, else the policy's
+declaration for the tool, else, for a shell tool, the conservative reading
+of its command (shell.py); an undeclared tool has unknown effects.
+
+The index grows as items are appended and is kept from render to render
+(a render's draft copies it and notes the new items), so a strategy looks
+up the observations it needs instead of scanning the history.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from contextd.engine.memo import IdentityMemo
+from contextd.engine.model import Item, Role, ToolEffectKind, ToolUseBlock
+from contextd.engine.shell import UNKNOWN, WHOLE, Effects, Read, effects
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    seq: int
+    """The result item."""
+    call_seq: int
+    tool: str
+    call_id: str
+    command: str
+    """What was run, as the agent wrote it: a shell command, or the tool with its arguments."""
+    reads: tuple[Read, ...]
+    writes: tuple[str, ...]
+    unknown: bool
+    """Its effects are not known: it may have read or written anything."""
+    version: str
+    """The version of what it read, when the client declared one (item.source)."""
+    is_error: bool
+    output_hash: str
+    """What it returned (tool call ids left out: identical outputs share it)."""
+
+
+class Declared(Protocol):
+    """A tool's declaration in the policy (policy.ToolDeclaration)."""
+
+    @property
+    def effect(self) -> str: ...
+    @property
+    def source_arg(self) -> str: ...
+    @property
+    def command_arg(self) -> str: ...
+
+
+_effects: IdentityMemo[Effects] = IdentityMemo(100_000)
+
+
+class ObservationIndex:
+    def __init__(self, tools: Mapping[str, Declared]) -> None:
+        self._tools = tools
+        self._calls: dict[str, tuple[int, ToolUseBlock]] = {}
+        self.by_seq: dict[int, Observation] = {}
+        self._by_path: dict[str, tuple[int, ...]] = {}
+        """path -> seqs of the observations that read it or wrote it."""
+        self._by_name: dict[str, tuple[int, ...]] = {}
+        """file name (the last part of a path) -> seqs of the observations that wrote it."""
+        self._by_output: dict[str, tuple[int, ...]] = {}
+        self._by_command: dict[tuple[str, str], tuple[int, ...]] = {}
+        self._successes: dict[str, tuple[int, ...]] = {}
+        """tool name -> seqs of its calls that did not fail."""
+        self._unknown: list[int] = []
+        """Seqs of the observations with unknown effects, in order."""
+
+    def copy(self) -> ObservationIndex:
+        other = object.__new__(ObservationIndex)
+        other._tools = self._tools
+        other._calls = dict(self._calls)
+        other.by_seq = dict(self.by_seq)
+        other._by_path = dict(self._by_path)
+        other._by_name = dict(self._by_name)
+        other._by_output = dict(self._by_output)
+        other._by_command = dict(self._by_command)
+        other._successes = dict(self._successes)
+        other._unknown = list(self._unknown)
+        return other
+
+    def note(self, item: Item) -> None:
+        """Add an item appended to the history (in seq order)."""
+        if item.role is Role.ASSISTANT:
+            for call in item.tool_uses:
+                self._calls[call.id] = (item.seq, call)
+            return
+        result = item.tool_result
+        if result is None or result.tool_use_id not in self._calls:
+            return
+        call_seq, call = self._calls[result.tool_use_id]
+        found = _effects.get((item, call, self._tools), lambda: self._effects_of(item, call))
+        seen = Observation(
+            seq=item.seq,
+            call_seq=call_seq,
+            tool=call.name,
+            call_id=call.id,
+            command=found.command or f"{call.name}({call.input_json})",
+            reads=found.reads,
+            writes=found.writes,
+            unknown=found.unknown,
+            version=item.source.version if item.source is not None else "",
+            is_error=result.is_error,
+            output_hash=item.content_hash,
+        )
+        self.by_seq[item.seq] = seen
+        for path in {*(r.path for r in seen.reads), *seen.writes}:
+            self._by_path[path] = (*self._by_path.get(path, ()), item.seq)
+        for path in seen.writes:
+            name = posixpath.basename(path.rstrip("/"))
+            self._by_name[name] = (*self._by_name.get(name, ()), item.seq)
+        self._by_output[seen.output_hash] = (*self._by_output.get(seen.output_hash, ()), item.seq)
+        run = (seen.tool, seen.command.strip())
+        self._by_command[run] = (*self._by_command.get(run, ()), item.seq)
+        if not seen.is_error:
+            self._successes[seen.tool] = (*self._successes.get(seen.tool, ()), item.seq)
+        if seen.unknown:
+            self._unknown.append(item.seq)
+
+    def _effects_of(self, item: Item, call: ToolUseBlock) -> Effects:
+        declared, spec = item.tool_effect, self._tools.get(call.name)
+        kind = declared.kind.value if declared is not None else spec.effect if spec is not None else None
+        arg = declared.source_arg if declared is not None else spec.source_arg if spec is not None else ""
+        arguments = _arguments(call)
+        if kind == ToolEffectKind.SHELL.value and spec is not None:
+            command = arguments.get(spec.command_arg) if arguments else None
+            if not isinstance(command, str):
+                return UNKNOWN
+            return replace(effects(command), command=command)  # unknown effects, a known command
+        if kind == ToolEffectKind.PURE.value:
+            return Effects(command=_call_text(call))
+        if kind in (ToolEffectKind.READ.value, ToolEffectKind.WRITE.value):
+            source = item.source.uri if item.source is not None else arguments.get(arg) if arguments else None
+            if not isinstance(source, str) or not source:
+                return UNKNOWN
+            if kind == ToolEffectKind.READ.value:
+                return Effects(reads=(Read(source, WHOLE),), command=_call_text(call))
+            return Effects(writes=(source,), command=_call_text(call))
+        return Effects(unknown=True, command=_call_text(call))  # volatile or undeclared
+
+    # ---------------------------------------------------------- questions
+
+    def same_output(self, output_hash: str) -> tuple[int, ...]:
+        """Seqs of the observations that returned exactly this, in order."""
+        return self._by_output.get(output_hash, ())
+
+    def of_path(self, path: str) -> tuple[Observation, ...]:
+        """The observations that read or wrote `path`, in order."""
+        return tuple(self.by_seq[s] for s in self._by_path.get(path, ()))
+
+    def next_run(self, seen: Observation) -> Observation | None:
+        """The next call of the same tool with the same command (or arguments)."""
+        return self._next(self._by_command.get((seen.tool, seen.command.strip()), ()), seen.seq)
+
+    def next_success(self, tool: str, after: int) -> Observation | None:
+        """The next call of `tool` after seq `after` that did not fail."""
+        return self._next(self._successes.get(tool, ()), after)
+
+    def _next(self, seqs: tuple[int, ...], after: int) -> Observation | None:
+        i = bisect.bisect_right(seqs, after)
+        return self.by_seq[seqs[i]] if i < len(seqs) else None
+
+    def may_have_written(self, path: str, after: int, before: int) -> bool:
+        """Whether anything between seqs `after` and `before` (exclusive) may have written
+        `path`: a declared write of a file of that name (by any path to it), or a call
+        whose effects are unknown."""
+        unknown = bisect.bisect_right(self._unknown, after)
+        if unknown < len(self._unknown) and self._unknown[unknown] < before:
+            return True
+        name = posixpath.basename(path.rstrip("/"))
+        return any(after < s < before for s in self._by_name.get(name, ()))
+
+
+def _arguments(call: ToolUseBlock) -> dict[str, Any] | None:
+    try:
+        parsed = json.loads(call.input_json)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _call_text(call: ToolUseBlock) -> str:
+    return f"{call.name}({call.input_json})"

@@ -1,0 +1,412 @@
+"""What a shell command does to files, read conservatively (issue: built-in strategies).
+
+Many agents have a single shell tool: their file reads and edits are shell
+commands. A prune may rest on what a command did only when that is certain,
+so this module recognises a small set of command shapes and calls
+everything else *unknown*, which proves nothing and may have written
+anything:
+
+* reads: ``cat``, ``nl``, ``head``, ``sed -n 'A,Bp'`` (a file, or a part of
+  it by line numbers, possibly through ``nl -ba F | sed -n ...``); listings
+  and searches (``ls``, ``find``, ``grep``, ``rg``, ``git status|diff|log|
+  show``, ``wc`` ...) change nothing but show no file whole;
+* writes: ``sed -i``, output redirections (``>``, ``>>``, heredocs into a
+  file), ``tee``, ``mv``/``cp``/``rm``/``touch``/``mkdir``, ``patch``,
+  ``git apply|checkout|reset|restore|stash``;
+* anything else, and any shape not recognised in full: unknown.
+
+``cd DIR &&`` prefixes are followed, so relative paths resolve to the same
+file whichever way the agent named it.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+from dataclasses import dataclass, field
+
+WHOLE: tuple[tuple[int, int], ...] = ((1, 10**12),)
+"""The span of a read of a whole file."""
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    path: str
+    span: tuple[tuple[int, int], ...] | None
+    """Line ranges read (inclusive); WHOLE for the whole file; None when the part
+    read is not known by line numbers (a search, a tail, a filtered read)."""
+
+    @property
+    def whole(self) -> bool:
+        return self.span == WHOLE
+
+
+@dataclass(frozen=True, slots=True)
+class Effects:
+    reads: tuple[Read, ...] = ()
+    writes: tuple[str, ...] = ()
+    unknown: bool = False
+    """Some part was not recognised: it may have read or written anything."""
+    listing: bool = False
+    """Some part showed something without reading a file whole (ls, grep, git status ...)."""
+    command: str = field(default="", compare=False)
+
+    @property
+    def read_only(self) -> bool:
+        return not self.unknown and not self.writes
+
+
+UNKNOWN = Effects(unknown=True)
+
+_SEPARATORS = {"&&", ";", "||", "\n", ";;"}
+_LISTINGS = {
+    "ls",
+    "find",
+    "grep",
+    "egrep",
+    "fgrep",
+    "rg",
+    "ag",
+    "wc",
+    "pwd",
+    "echo",
+    "which",
+    "file",
+    "stat",
+    "diff",
+    "tree",
+    "du",
+    "df",
+    "printf",
+    "true",
+    "whoami",
+    "date",
+    "env",
+    "type",
+}
+_FILTERS = {
+    "head",
+    "tail",
+    "grep",
+    "egrep",
+    "sort",
+    "uniq",
+    "wc",
+    "cut",
+    "sed",
+    "awk",
+    "nl",
+    "cat",
+    "less",
+    "more",
+    "tr",
+    "column",
+}
+_GIT_READS = {"status", "diff", "log", "show", "blame", "branch", "ls-files", "rev-parse", "grep"}
+_GIT_WRITES = {
+    "apply",
+    "checkout",
+    "reset",
+    "restore",
+    "stash",
+    "commit",
+    "merge",
+    "rebase",
+    "mv",
+    "rm",
+    "add",
+    "clean",
+    "switch",
+    "cherry-pick",
+    "revert",
+    "am",
+    "pull",
+}
+_WRITERS = {"mv", "cp", "rm", "touch", "mkdir", "rmdir", "tee", "truncate", "ln", "chmod", "chown", "install"}
+_SED_RANGES = re.compile(r"^(\d+)(?:,(\d+))?p$")
+
+
+def effects(command: str, cwd: str = "") -> Effects:
+    """What `command` reads and writes, resolving relative paths against `cwd` (and any
+    ``cd`` in it); UNKNOWN unless every part of it is recognised."""
+    try:
+        # Unquoted newlines separate commands, like `;`: they are punctuation here.
+        lexer = shlex.shlex(_without_heredocs(command), posix=True, punctuation_chars=";&|<>\n")
+        lexer.whitespace = " \t\r"
+        lexer.whitespace_split = True
+        lexer.commenters = ""
+        tokens = list(lexer)
+    except ValueError:
+        return UNKNOWN
+    reads: list[Read] = []
+    writes: list[str] = []
+    listing = False
+    for segment in _split(tokens):
+        if segment and segment[0] == "cd":
+            if len(segment) != 2:
+                return UNKNOWN
+            cwd = _resolve(cwd, segment[1])
+            continue
+        found = _pipeline(segment, cwd)
+        if found is None:
+            return UNKNOWN
+        reads.extend(found.reads)
+        writes.extend(found.writes)
+        listing = listing or found.listing
+    return Effects(tuple(reads), tuple(dict.fromkeys(writes)), False, listing, command)
+
+
+def _without_heredocs(command: str) -> str:
+    """The command with each heredoc body left out (``cat <<'EOF' > f`` keeps ``cat > f``):
+    the body is data, not shell."""
+    out: list[str] = []
+    lines = command.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        match = re.search(r"<<-?\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1", line)
+        out.append(line if match is None else line[: match.start()] + line[match.end() :])
+        i += 1
+        if match is not None:
+            end = match.group(2)
+            while i < len(lines) and lines[i].strip() != end:
+                i += 1
+            i += 1  # the terminator
+    return "\n".join(out)
+
+
+def _split(tokens: list[str]) -> list[list[str]]:
+    segments: list[list[str]] = [[]]
+    for token in tokens:
+        if token in _SEPARATORS:
+            segments.append([])
+        else:
+            segments[-1].append(token)
+    return [s for s in segments if s]
+
+
+def _pipeline(segment: list[str], cwd: str) -> Effects | None:
+    """A pipeline of simple commands with redirections; None when not recognised."""
+    parts: list[list[str]] = [[]]
+    for token in segment:
+        if token == "|":
+            parts.append([])
+        elif token in ("&", "|&"):
+            return None  # background jobs, odd pipes
+        else:
+            parts[-1].append(token)
+    if any(not p for p in parts):
+        return None
+    reads: list[Read] = []
+    writes: list[str] = []
+    listing = False
+    for index, part in enumerate(parts):
+        words, targets = _redirections(part, cwd)
+        if words is None:
+            return None
+        writes.extend(targets)
+        if not words:
+            continue
+        if index > 0:
+            if words[0] not in _FILTERS or _writes_in_place(words):
+                return None
+            continue
+        found = _simple(words, cwd)
+        if found is None:
+            return None
+        reads.extend(found.reads)
+        writes.extend(found.writes)
+        listing = listing or found.listing
+    if len(parts) > 1:
+        # A read through filters shows a part of the file, but which lines is not
+        # known by number, except `nl -ba F | sed -n 'A,Bp'`.
+        span = _numbered_range(parts) if len(reads) == 1 else None
+        reads = [Read(r.path, span) for r in reads]
+        listing = listing or span is None
+    return Effects(tuple(reads), tuple(writes), False, listing)
+
+
+_REDIRECTS = {">", ">>", ">|", "&>", "&>>", ">&", "<", "<>"}
+
+
+def _redirections(words: list[str], cwd: str) -> tuple[list[str] | None, list[str]]:
+    """The words without redirections, and the files written by them; None when a
+    redirection is not recognised."""
+    out: list[str] = []
+    targets: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word.isdigit() and i + 1 < len(words) and words[i + 1] in _REDIRECTS:
+            i += 1  # a file descriptor number: `2>&1`, `2> err.log`
+            continue
+        if word not in _REDIRECTS:
+            if set(word) & set("<>&|"):
+                return None, []
+            out.append(word)
+            i += 1
+            continue
+        if i + 1 >= len(words):
+            return None, []
+        target = words[i + 1]
+        if word == ">&" and target.isdigit():
+            pass  # duplicates a descriptor
+        elif word in ("<", "<>"):
+            if word == "<>":
+                targets.append(_resolve(cwd, target))
+        elif target != "/dev/null":
+            targets.append(_resolve(cwd, target))
+        i += 2
+    return out, targets
+
+
+def _simple(words: list[str], cwd: str) -> Effects | None:
+    name, args = words[0], words[1:]
+    if any(a.startswith(("$(", "`")) or "$(" in a or "`" in a for a in args):
+        return None  # command substitution runs something else
+    if name in ("cat", "nl"):
+        files = [a for a in args if not a.startswith("-")]
+        options = [a for a in args if a.startswith("-")]
+        if any(o not in ("-n", "-ba", "-b", "-a", "-A") for o in options):
+            return None
+        if not files:
+            return Effects(listing=True)  # reading its input (a heredoc, a pipe): a filter
+        return Effects(tuple(Read(_resolve(cwd, f), WHOLE) for f in files))
+    if name == "head":
+        return _head(args, cwd)
+    if name == "tail":
+        tailed = _files_after_options(args, {"-n", "-c"})
+        return None if tailed is None else Effects(tuple(Read(_resolve(cwd, f), None) for f in tailed), listing=True)
+    if name == "sed":
+        return _sed(args, cwd)
+    if name in _LISTINGS:
+        if name == "find" and any(a in ("-delete", "-exec", "-execdir", "-ok", "-fprint") for a in args):
+            return None
+        return Effects(listing=True)
+    if name == "git":
+        sub = next((a for a in args if not a.startswith("-")), "")
+        if sub in _GIT_READS:
+            return Effects(listing=True)
+        if sub in _GIT_WRITES:
+            return (
+                Effects(writes=(_resolve(cwd, "."),))
+                if not _paths_after(args, sub)
+                else Effects(writes=tuple(_resolve(cwd, p) for p in _paths_after(args, sub)))
+            )
+        return None
+    if name in _WRITERS:
+        files = [a for a in args if not a.startswith("-")]
+        if not files:
+            return None
+        return Effects(writes=tuple(_resolve(cwd, f) for f in files))
+    if name == "patch":
+        files = [a for a in args if not a.startswith("-")]
+        return Effects(writes=(_resolve(cwd, files[0]),)) if len(files) in (1, 2) else None
+    return None
+
+
+def _head(args: list[str], cwd: str) -> Effects | None:
+    count, files, i = 10, [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "-n" and i + 1 < len(args) and args[i + 1].isdigit():
+            count, i = int(args[i + 1]), i + 2
+            continue
+        if re.fullmatch(r"-n?\d+", arg):
+            count, i = int(arg.lstrip("-n")), i + 1
+            continue
+        if arg.startswith("-"):
+            return None
+        files.append(arg)
+        i += 1
+    if not files:
+        return Effects(listing=True)  # reading its input: a filter
+    return Effects(tuple(Read(_resolve(cwd, f), ((1, count),)) for f in files))
+
+
+def _sed(args: list[str], cwd: str) -> Effects | None:
+    if any(a == "-i" or a.startswith(("-i", "--in-place")) for a in args):
+        files = [a for a in args[1:] if not a.startswith("-")][1:]  # the script comes first
+        return Effects(writes=tuple(_resolve(cwd, f) for f in files)) if files else None
+    if not args or args[0] != "-n" or len(args) < 2:
+        return None
+    spans = _sed_spans(args[1])
+    files = args[2:]
+    if spans is None or any(f.startswith("-") for f in files):
+        return None
+    if not files:
+        return Effects(listing=True)  # a filter
+    return Effects(tuple(Read(_resolve(cwd, f), spans) for f in files))
+
+
+def _sed_spans(script: str) -> tuple[tuple[int, int], ...] | None:
+    spans = []
+    for part in script.split(";"):
+        match = _SED_RANGES.match(part.strip())
+        if match is None:
+            return None
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) else first
+        if last < first:
+            return None
+        spans.append((first, last))
+    return tuple(spans) if spans else None
+
+
+def _numbered_range(parts: list[list[str]]) -> tuple[tuple[int, int], ...] | None:
+    """The line ranges of ``nl -ba F | sed -n 'A,Bp'`` (numbering every line, then a range)."""
+    if len(parts) != 2:
+        return None
+    first, second = parts
+    if first[:2] != ["nl", "-ba"] or len(first) != 3:
+        return None
+    if len(second) != 3 or second[:2] != ["sed", "-n"]:
+        return None
+    return _sed_spans(second[2])
+
+
+def _files_after_options(args: list[str], with_value: set[str]) -> list[str] | None:
+    files, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg in with_value:
+            i += 2
+            continue
+        if re.fullmatch(r"-n?\+?\d+", arg):
+            i += 1
+            continue
+        if arg.startswith("-"):
+            return None
+        files.append(arg)
+        i += 1
+    return files
+
+
+def _paths_after(args: list[str], sub: str) -> list[str]:
+    rest = args[args.index(sub) + 1 :]
+    if "--" in rest:
+        return rest[rest.index("--") + 1 :]
+    return [a for a in rest if not a.startswith("-") and ("/" in a or "." in a)]
+
+
+def _writes_in_place(words: list[str]) -> bool:
+    return words[0] == "sed" and any(w.startswith("-i") for w in words[1:])
+
+
+def _resolve(cwd: str, path: str) -> str:
+    if path.startswith("~"):
+        return path
+    joined = path if posixpath.isabs(path) or not cwd else posixpath.join(cwd, path)
+    return posixpath.normpath(joined)
+
+
+def covers(newer: tuple[tuple[int, int], ...], older: tuple[tuple[int, int], ...]) -> bool:
+    """Whether the line ranges `newer` include every line of `older`."""
+    merged: list[tuple[int, int]] = []
+    for first, last in sorted(newer):
+        if merged and first <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+        else:
+            merged.append((first, last))
+    return all(any(a <= first and last <= b for a, b in merged) for first, last in older)

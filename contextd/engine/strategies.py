@@ -1,0 +1,280 @@
+"""The built-in pruning strategies, on the evidence ladder (DESIGN section 5).
+
+Each strategy is a transform: it proposes, citing its evidence, and the
+engine decides (protection, the ladder's maximum, the evidence kept whole,
+the cache). Each looks its evidence up in the session's observation index
+(observations.py) rather than guessing from names:
+
+* ``dedupe`` (level 0): a tool output byte-identical to an earlier one still
+  shown in full becomes a placeholder naming it. The newer copy goes: the
+  older is in the cached prefix already, and the view reads the same.
+* ``same_source`` (level 1): a read of a source at a version the client
+  declared, when an earlier read of the same source at the same version,
+  covering it, is shown in full.
+* ``supersede`` (level 2): a read of a file that a later read shows again:
+  a read of the whole file, or of lines covering it with nothing between
+  that may have written the file (a declared write of a file of that name,
+  or any call whose effects are unknown).
+* ``snapshots`` (level 2): an older run of a command the policy declares a
+  snapshot (a status, a test run) when the same command ran again later:
+  it keeps a one-line residue (command, exit code, last line).
+* ``errors`` (level 2): a failed call's output, once the same tool has
+  succeeded since, keeps its residue: the error lines and the last frame of
+  a traceback.
+
+A strategy never proposes for an item too small to be worth a placeholder
+(``min_tokens``), so the certificates are not filled with refusals.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+from contextd.engine.model import Representation, TextBlock
+from contextd.engine.observations import Observation, ObservationIndex
+from contextd.engine.placeholders import PREFIX, describe, handle_of
+from contextd.engine.shell import WHOLE, Read, covers
+from contextd.engine.transforms import Entry, Proposal, Remove, Replace, TransformContext
+
+MIN_TOKENS = 40
+"""Below this an output is about the size of the placeholder that would replace it."""
+
+
+def _worth(entry: Entry, params: Mapping[str, Any]) -> bool:
+    return entry.representation is Representation.FULL and entry.tokens >= params.get("min_tokens", MIN_TOKENS)
+
+
+def _shown_in_full(context: TransformContext, seq: int) -> bool:
+    entry = context.by_seq.get(seq)
+    return entry is not None and entry.representation is Representation.FULL
+
+
+def _observed(
+    context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+) -> Iterator[tuple[Entry, Observation]]:
+    for entry in candidates:
+        seen = context.observations.by_seq.get(entry.seq)
+        if seen is not None and _worth(entry, params):
+            yield entry, seen
+
+
+class Dedupe:
+    name: ClassVar[str] = "dedupe"
+    version: ClassVar[str] = "1"
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterator[Proposal]:
+        index = context.observations
+        for entry, seen in _observed(context, candidates, params):
+            earlier = next(
+                (s for s in index.same_output(seen.output_hash) if s < entry.seq and _shown_in_full(context, s)),
+                None,
+            )
+            if earlier is None:
+                continue
+            call = index.by_seq[earlier].call_id
+            note = f"identical to the output of call {call} (seq {earlier})"
+            yield Proposal(Remove(entry.seq, True, note), 0, "duplicate", note, (earlier,))
+
+
+class SameSource:
+    name: ClassVar[str] = "same_source"
+    version: ClassVar[str] = "1"
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterator[Proposal]:
+        index = context.observations
+        for entry, seen in _observed(context, candidates, params):
+            if not seen.version or len(seen.reads) != 1 or seen.writes or seen.unknown or seen.is_error:
+                continue
+            read = seen.reads[0]
+            earlier = next(
+                (
+                    o
+                    for o in index.of_path(read.path)
+                    if o.seq < entry.seq
+                    and o.version == seen.version
+                    and not o.is_error
+                    and any(r.path == read.path and r.span and read.span and covers(r.span, read.span) for r in o.reads)
+                    and _shown_in_full(context, o.seq)
+                ),
+                None,
+            )
+            if earlier is None:
+                continue
+            note = (
+                f"the same version ({seen.version}) of {read.path} "
+                f"as the output of call {earlier.call_id} (seq {earlier.seq})"
+            )
+            yield Proposal(Remove(entry.seq, True, note), 1, "same_source", note, (earlier.seq,))
+
+
+class Supersede:
+    name: ClassVar[str] = "supersede"
+    version: ClassVar[str] = "1"
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterator[Proposal]:
+        index = context.observations
+        for entry, seen in _observed(context, candidates, params):
+            # Only an output that is the read and nothing else: no listing, no writes.
+            if not seen.reads or seen.writes or seen.unknown or _listing(seen):
+                continue
+            newer: list[Observation] = []
+            for read in seen.reads:
+                later = next(
+                    (
+                        o
+                        for o in index.of_path(read.path)
+                        if o.seq > entry.seq
+                        and not o.is_error
+                        and _rereads(o, read, seen, index)
+                        and _shown_in_full(context, o.seq)
+                    ),
+                    None,
+                )
+                if later is None:
+                    break
+                newer.append(later)
+            else:
+                shown = ", ".join(f"call {o.call_id} (seq {o.seq})" for o in dict.fromkeys(newer))
+                note = f"read again later by {shown}"
+                evidence = tuple(sorted({o.seq for o in newer}))
+                yield Proposal(Remove(entry.seq, True, note), 2, "superseded", note, evidence)
+
+
+def _listing(seen: Observation) -> bool:
+    """Whether its output holds more than the reads (a listing or search alongside)."""
+    return any(r.span is None for r in seen.reads)
+
+
+def _rereads(later: Observation, read: Read, earlier: Observation, index: ObservationIndex) -> bool:
+    """Whether `later` shows what `read` (part of `earlier`) showed, as it is now."""
+    for again in later.reads:
+        if again.path != read.path or again.span is None:
+            continue
+        if again.span == WHOLE:
+            return True  # the whole file as it is now: whatever happened in between
+        if read.span is not None and covers(again.span, read.span):
+            # The same lines, provided nothing moved them in between.
+            return not index.may_have_written(read.path, earlier.seq, later.seq)
+    return False
+
+
+class Snapshots:
+    name: ClassVar[str] = "snapshots"
+    version: ClassVar[str] = "1"
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterator[Proposal]:
+        patterns = tuple(params.get("commands", ()))
+        if not patterns:
+            return
+        index = context.observations
+        for entry, seen in _observed(context, candidates, params):
+            command = seen.command.strip()
+            if not any(fnmatch.fnmatchcase(command, p) for p in patterns):
+                continue
+            later = index.next_run(seen)
+            if later is None:
+                continue
+            residue = _snapshot_residue(entry, seen, later)
+            yield Proposal(
+                Replace(entry.seq, (TextBlock(residue),)),
+                2,
+                "snapshot",
+                f"the same command ran again at seq {later.seq} (call {later.call_id})",
+            )
+
+
+_RETURN_CODE = re.compile(r"<returncode>(-?\d+)</returncode>|exit(?:ed with)? (?:code|status) (-?\d+)")
+
+
+def _output_text(entry: Entry) -> str:
+    result = entry.item.tool_result
+    if result is None:
+        return ""
+    return "\n".join(p.text for p in result.content if isinstance(p, TextBlock))
+
+
+def _snapshot_residue(entry: Entry, seen: Observation, later: Observation) -> str:
+    text = _output_text(entry)
+    code = _RETURN_CODE.search(text)
+    exit_code = next((g for g in code.groups() if g is not None), "") if code else ""
+    lines = [line.strip() for line in re.sub(r"</?(output|returncode)>", "\n", text).splitlines() if line.strip()]
+    last = lines[-1] if lines else "(no output)"
+    status = f", exit {exit_code}" if exit_code else (", failed" if seen.is_error else "")
+    return (
+        f"{PREFIX} {describe(entry.item)} superseded by the same command at seq {later.seq} "
+        f"(call {later.call_id}): `{_short(seen.command, 160)}`{status}; last line: {_short(last, 200)!r}; "
+        f"retrieve the whole with handle {handle_of(entry.item)}]"
+    )
+
+
+def _short(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class Errors:
+    name: ClassVar[str] = "errors"
+    version: ClassVar[str] = "1"
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterator[Proposal]:
+        index = context.observations
+        for entry, seen in _observed(context, candidates, params):
+            if not seen.is_error:
+                continue
+            success = index.next_success(seen.tool, seen.seq)
+            if success is None:
+                continue  # the latest failure of its tool: the agent may still be on it
+            kept = error_lines(_output_text(entry), params.get("max_lines", 12))
+            residue = (
+                f"{PREFIX} {describe(entry.item)} reduced to its error lines (errored; {seen.tool} succeeded since, "
+                f"at seq {success.seq}); retrieve the whole with handle {handle_of(entry.item)}]"
+            )
+            yield Proposal(
+                Replace(entry.seq, (TextBlock("\n".join([residue, *kept])),)),
+                2,
+                "errored",
+                f"a later call of {seen.tool} succeeded (seq {success.seq})",
+            )
+
+
+_ERROR_LINE = re.compile(
+    r"error|exception|traceback|fail|fatal|panic|denied|not found|no such|cannot|can't|undefined|invalid|"
+    r"<returncode>|exit (code|status)",
+    re.IGNORECASE,
+)
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
+
+
+def error_lines(text: str, limit: int) -> list[str]:
+    """The lines that say what failed: every line naming an error, and the last frame
+    of each traceback with its source line; at most `limit`, the last ones first kept."""
+    lines = text.splitlines()
+    keep: list[int] = []
+    for i, line in enumerate(lines):
+        if _ERROR_LINE.search(line):
+            keep.append(i)
+            # The frame the exception was raised in: the last `File "..."` line before it.
+            if not _FRAME.match(line) and not line.startswith(" "):
+                frame = next((j for j in range(i - 1, max(-1, i - 6), -1) if _FRAME.match(lines[j])), None)
+                if frame is not None:
+                    keep.extend(range(frame, min(frame + 2, i)))
+    ordered = sorted(set(keep))
+    if len(ordered) > limit:
+        ordered = ordered[:1] + ordered[-(limit - 1) :]  # the first sign of trouble, and how it ended
+    return [lines[i] for i in ordered]
+
+
+BUILT_IN_STRATEGIES = (Dedupe(), SameSource(), Supersede(), Snapshots(), Errors())

@@ -1,0 +1,75 @@
+"""Reading shell commands conservatively (contextd/engine/shell.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from contextd.engine.shell import WHOLE, Read, covers, effects
+
+
+@pytest.mark.parametrize(
+    ("command", "reads", "writes"),
+    [
+        ("cat src/a.py", [Read("/r/src/a.py", WHOLE)], []),
+        ("cat a.py b.py", [Read("/r/a.py", WHOLE), Read("/r/b.py", WHOLE)], []),
+        ("nl -ba a.py", [Read("/r/a.py", WHOLE)], []),
+        ("head -n 30 a.py", [Read("/r/a.py", ((1, 30),))], []),
+        ("head a.py", [Read("/r/a.py", ((1, 10),))], []),
+        ("sed -n '10,20p' a.py", [Read("/r/a.py", ((10, 20),))], []),
+        ("sed -n '5p;30,40p' a.py", [Read("/r/a.py", ((5, 5), (30, 40)))], []),
+        ("nl -ba a.py | sed -n '700,750p'", [Read("/r/a.py", ((700, 750),))], []),
+        ("cat a.py | grep foo", [Read("/r/a.py", None)], []),
+        ("tail -n 20 log.txt", [Read("/r/log.txt", None)], []),
+        ("cd /repo && cat a.py", [Read("/repo/a.py", WHOLE)], []),
+        ("cat a.py 2>/dev/null", [Read("/r/a.py", WHOLE)], []),
+        ("grep -rn foo src | head -5", [], []),
+        ("ls -la", [], []),
+        ("git status", [], []),
+        ("git diff src/a.py", [], []),
+        ("find . -name '*.py'", [], []),
+        ("sed -i 's/a/b/' a.py", [], ["/r/a.py"]),
+        ("cat <<'EOF' > new.py\nprint(1)\nEOF", [], ["/r/new.py"]),
+        ("echo hi >> notes.txt", [], ["/r/notes.txt"]),
+        ("ls > out.txt 2>&1", [], ["/r/out.txt"]),
+        ("rm -rf build", [], ["/r/build"]),
+        ("mv a.py b.py", [], ["/r/a.py", "/r/b.py"]),
+        ("patch a.py fix.patch", [], ["/r/a.py"]),
+        ("git checkout src/a.py", [], ["/r/src/a.py"]),
+        ("cat a.py | tee b.py", [Read("/r/a.py", None)], None),  # tee in a pipeline: not a filter
+    ],
+)
+def test_what_a_command_reads_and_writes(command: str, reads: list[Read], writes: list[str] | None) -> None:
+    found = effects(command, "/r")
+    if writes is None:
+        assert found.unknown
+        return
+    assert not found.unknown, command
+    assert (list(found.reads), list(found.writes)) == (reads, writes)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "python3 reproduce.py",
+        "pytest tests",
+        "cd /repo && python -m pytest",
+        "sed -n '/def foo/,/def/p' a.py",  # addresses by pattern: which lines is not known
+        "cat $(ls)",
+        "cat `ls`",
+        "find . -name '*.pyc' -delete",
+        "cat a.py &",
+        "make",
+        "cd a b",
+        'python -c "print(1)\ncat x"',
+        "cat 'unbalanced",
+    ],
+)
+def test_anything_not_recognised_in_full_is_unknown(command: str) -> None:
+    assert effects(command, "/r").unknown
+
+
+def test_line_ranges_cover() -> None:
+    assert covers(((1, 50),), ((10, 20),))
+    assert covers(((1, 10), (11, 20)), ((5, 15),))
+    assert not covers(((1, 10), (12, 20)), ((5, 15),))
+    assert covers(WHOLE, ((3, 4),))

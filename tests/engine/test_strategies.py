@@ -1,0 +1,204 @@
+"""The built-in strategies (contextd/engine/strategies.py) on small agent sessions
+with ground truth, the traps included: each test says which items must go, and
+which must stay whatever the rules would like."""
+
+from __future__ import annotations
+
+import json
+
+from contextd.engine.certificates import Decision
+from contextd.engine.model import Item, ItemContent, Representation, Role, TextBlock, ToolResultBlock, ToolUseBlock
+from contextd.engine.pipeline import RenderInput, RenderOutput, render
+from contextd.engine.placeholders import handle_of
+from contextd.engine.policy import parse_policy
+from contextd.engine.state import ViewState
+from contextd.engine.strategies import error_lines
+from contextd.engine.transforms import TransformRegistry
+from contextd.engine.view import ViewFormat, ViewRequest
+from tests.helpers import counter, make_session, stored_items
+
+REGISTRY = TransformRegistry.default()
+BODY = "\n".join(f"    line {n} of the body, long enough to be worth a placeholder" for n in range(12))
+
+POLICY = """
+protection: {last_turns: 0, latest_error_per_tool: %s}
+tools: {bash: {effect: shell}}
+rules:
+  - {name: %s, transform: %s, params: %s, when: {roles: [tool]}}
+"""
+
+
+def session(*calls: tuple[str, str] | tuple[str, str, bool]) -> list[Item]:
+    """A bash agent's session: (command, output[, failed]) per call; call ids c1, c2 ..."""
+    contents = [
+        ItemContent(role=Role.SYSTEM, content=(TextBlock("You are a coding agent."),)),
+        ItemContent(role=Role.USER, content=(TextBlock("Fix the bug."),)),
+    ]
+    for n, call in enumerate(calls, start=1):
+        command, output = call[0], call[1]
+        failed = call[2] if len(call) == 3 else False
+        use = ToolUseBlock(f"c{n}", "bash", json.dumps({"command": command}))
+        contents.append(ItemContent(role=Role.ASSISTANT, content=(use,)))
+        result = ToolResultBlock(f"c{n}", (TextBlock(output),), is_error=failed, name="bash")
+        contents.append(ItemContent(role=Role.TOOL, content=(result,)))
+    return stored_items(contents)
+
+
+def seq_of(call: int) -> int:
+    """The seq of the output of call `call` (1-based) in `session`."""
+    return 2 + 2 * call
+
+
+def run(items: list[Item], transform: str, params: str = "{}", latest_error: str = "false") -> RenderOutput:
+    policy = parse_policy(POLICY % (latest_error, transform, transform, params), REGISTRY)
+    inp = RenderInput(
+        make_session(len(items)),
+        items,
+        policy,
+        ViewRequest(ViewFormat.OPENAI_CHAT),
+        counter(),
+        REGISTRY,
+        ViewState(),
+    )
+    return render(inp)
+
+
+def pruned(out: RenderOutput) -> dict[int, tuple[int, str]]:
+    """seq -> (level, evidence) of what the render reduced."""
+    return {c.seq: (c.level, c.evidence) for c in out.certificates if c.decision is Decision.PRUNE}
+
+
+def shown(out: RenderOutput, seq: int) -> Representation:
+    return next(i.representation for i in out.view.items if i.seq == seq)
+
+
+# ------------------------------------------------------------------ dedupe
+
+
+def test_an_identical_output_is_replaced_by_a_pointer_to_the_earlier_copy() -> None:
+    items = session(("ls src", "a.py\nb.py\n" + BODY), ("ls ./src", "a.py\nb.py\n" + BODY))
+    out = run(items, "dedupe")
+    assert pruned(out) == {seq_of(2): (0, "identical to the output of call c1 (seq 4)")}
+    assert shown(out, seq_of(1)) is Representation.FULL  # the older copy, in the cached prefix, stays
+    assert "identical to the output of call c1 (seq 4)" in out.view.messages_json
+    assert handle_of(items[seq_of(2) - 1]) in out.view.messages_json
+
+
+def test_the_same_command_with_another_output_is_never_deduped() -> None:
+    items = session(("pytest tests", "1 failed\n" + BODY), ("pytest tests", "all passed\n" + BODY))
+    assert pruned(run(items, "dedupe")) == {}
+
+
+def test_a_small_duplicate_is_left_alone() -> None:
+    items = session(("true", "ok"), ("true", "ok"))
+    out = run(items, "dedupe")
+    assert out.certificates == ()  # not even a refusal: nothing worth proposing
+
+
+# --------------------------------------------------------------- supersede
+
+
+def test_a_read_is_superseded_by_a_later_read_of_the_whole_file_whatever_happened_between() -> None:
+    items = session(
+        ("cat src/app.py", "old\n" + BODY),
+        ("sed -i 's/old/new/' src/app.py", ""),
+        ("python3 reproduce.py", "boom"),  # unknown: may have written anything
+        ("cat src/app.py", "new\n" + BODY),
+    )
+    out = run(items, "supersede")
+    assert pruned(out) == {seq_of(1): (2, "read again later by call c4 (seq 10)")}
+    assert shown(out, seq_of(4)) is Representation.FULL
+
+
+def test_lines_read_again_supersede_only_when_nothing_may_have_moved_them() -> None:
+    first = ("sed -n '10,20p' src/app.py", "lines 10-20\n" + BODY)
+    again = ("nl -ba src/app.py | sed -n '1,50p'", "lines 1-50\n" + BODY)
+    assert seq_of(1) in pruned(run(session(first, again), "supersede"))
+    written = session(first, ("sed -i 's/a/b/' src/app.py", ""), again)
+    assert pruned(run(written, "supersede")) == {}
+    by_another_path = session(first, ("cd /elsewhere && sed -i 's/a/b/' app.py", ""), again)
+    assert pruned(run(by_another_path, "supersede")) == {}  # a file of that name was written
+    unknown = session(first, ("python3 fix.py", "done"), again)
+    assert pruned(run(unknown, "supersede")) == {}
+
+
+def test_a_write_between_two_reads_of_different_lines_supersedes_nothing() -> None:
+    items = session(
+        ("sed -n '1,50p' src/app.py", "lines 1-50\n" + BODY),
+        ("sed -i '120d' src/app.py", ""),
+        ("sed -n '100,150p' src/app.py", "lines 100-150\n" + BODY),
+    )
+    assert pruned(run(items, "supersede")) == {}
+
+
+def test_an_unknown_command_never_licenses_a_supersession() -> None:
+    items = session(("python3 dump.py src/app.py", "x\n" + BODY), ("cat src/app.py", "x\n" + BODY))
+    assert pruned(run(items, "supersede")) == {}
+
+
+def test_paths_resolve_through_cd() -> None:
+    items = session(("cd /repo && sed -n '1,5p' src/app.py", "1-5\n" + BODY), ("cat /repo/src/app.py", "all\n" + BODY))
+    assert pruned(run(items, "supersede")) == {seq_of(1): (2, "read again later by call c2 (seq 6)")}
+
+
+def test_a_search_or_a_filtered_read_is_not_a_read_of_lines() -> None:
+    items = session(("grep -n foo src/app.py", "3: foo\n" + BODY), ("cat src/app.py", "all\n" + BODY))
+    assert pruned(run(items, "supersede")) == {}  # the grep's output is not the file's
+
+
+# --------------------------------------------------------------- snapshots
+
+
+def test_a_declared_snapshot_keeps_a_residue_of_the_older_run() -> None:
+    first = (
+        "<returncode>1</returncode>\n<output>\n"
+        + BODY
+        + "\nFAILED tests/test_app.py::test_parse\n1 failed, 3 passed\n</output>"
+    )
+    items = session(("pytest tests", first, True), ("pytest tests", "<returncode>0</returncode>\n4 passed\n" + BODY))
+    out = run(items, "snapshots", '{commands: ["pytest*"]}')
+    assert pruned(out) == {seq_of(1): (2, "the same command ran again at seq 6 (call c2)")}
+    view = out.view.messages_json
+    assert "`pytest tests`, exit 1; last line: '1 failed, 3 passed'" in view
+    assert handle_of(items[seq_of(1) - 1]) in view
+    assert pruned(run(items, "snapshots")) == {}  # not declared: nothing
+
+
+# ------------------------------------------------------------------ errors
+
+TRACEBACK = """<returncode>1</returncode>
+<output>
+Traceback (most recent call last):
+  File "/repo/reproduce.py", line 3, in <module>
+    main()
+  File "/repo/src/app.py", line 41, in parse_header
+    key, value = line.split(':', 1)
+ValueError: not enough values to unpack (expected 2, got 1)
+</output>"""
+
+
+def test_a_failed_output_keeps_its_error_lines_once_the_tool_has_succeeded() -> None:
+    noisy = TRACEBACK.replace("<output>\n", "<output>\n" + BODY + "\n")
+    items = session(("python3 reproduce.py", noisy, True), ("python3 reproduce.py", "ok\n" + BODY))
+    out = run(items, "errors", latest_error="true")
+    assert pruned(out) == {seq_of(1): (2, "a later call of bash succeeded (seq 6)")}
+    view = json.loads(out.view.messages_json)[seq_of(1) - 1]["content"]
+    assert "ValueError: not enough values to unpack (expected 2, got 1)" in view
+    assert 'File "/repo/src/app.py", line 41, in parse_header' in view
+    assert "line 3 of the body" not in view and handle_of(items[seq_of(1) - 1]) in view
+
+
+def test_the_latest_failure_stays_whole_until_its_tool_succeeds() -> None:
+    noisy = TRACEBACK.replace("<output>\n", "<output>\n" + BODY + "\n")
+    items = session(("python3 reproduce.py", noisy, True), ("python3 reproduce.py", noisy, True))
+    assert pruned(run(items, "errors")) == {}
+
+
+def test_error_lines_are_the_error_the_frame_it_came_from_and_the_exit_code() -> None:
+    assert error_lines(TRACEBACK, 12) == [
+        "<returncode>1</returncode>",
+        "Traceback (most recent call last):",
+        '  File "/repo/src/app.py", line 41, in parse_header',
+        "    key, value = line.split(':', 1)",
+        "ValueError: not enough values to unpack (expected 2, got 1)",
+    ]
