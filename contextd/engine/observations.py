@@ -37,6 +37,8 @@ class Observation:
     """What was run, as the agent wrote it: a shell command, or the tool with its arguments."""
     reads: tuple[Read, ...]
     writes: tuple[str, ...]
+    moves_lines: tuple[str, ...]
+    """Those of `writes` that may have added or removed lines (not changed line for line)."""
     unknown: bool
     """Its effects are not known: it may have read or written anything."""
     version: str
@@ -68,7 +70,8 @@ class ObservationIndex:
         self._by_path: dict[str, tuple[int, ...]] = {}
         """path -> seqs of the observations that read it or wrote it."""
         self._by_name: dict[str, tuple[int, ...]] = {}
-        """file name (the last part of a path) -> seqs of the observations that wrote it."""
+        """file name (the last part of a path) -> seqs of the observations that wrote it
+        in a way that may have moved its lines."""
         self._by_output: dict[str, tuple[int, ...]] = {}
         self._by_command: dict[tuple[str, str], tuple[int, ...]] = {}
         self._successes: dict[str, tuple[int, ...]] = {}
@@ -108,6 +111,7 @@ class ObservationIndex:
             command=found.command or f"{call.name}({call.input_json})",
             reads=found.reads,
             writes=found.writes,
+            moves_lines=tuple(w for w in found.writes if w not in found.in_place),
             unknown=found.unknown,
             version=item.source.version if item.source is not None else "",
             is_error=result.is_error,
@@ -116,7 +120,7 @@ class ObservationIndex:
         self.by_seq[item.seq] = seen
         for path in {*(r.path for r in seen.reads), *seen.writes}:
             self._by_path[path] = (*self._by_path.get(path, ()), item.seq)
-        for path in seen.writes:
+        for path in seen.moves_lines:
             name = posixpath.basename(path.rstrip("/"))
             self._by_name[name] = (*self._by_name.get(name, ()), item.seq)
         self._by_output[seen.output_hash] = (*self._by_output.get(seen.output_hash, ()), item.seq)
@@ -170,10 +174,10 @@ class ObservationIndex:
         i = bisect.bisect_right(seqs, after)
         return self.by_seq[seqs[i]] if i < len(seqs) else None
 
-    def may_have_written(self, path: str, after: int, before: int) -> bool:
-        """Whether anything between seqs `after` and `before` (exclusive) may have written
-        `path`: a declared write of a file of that name (by any path to it), or a call
-        whose effects are unknown."""
+    def may_have_moved_lines(self, path: str, after: int, before: int) -> bool:
+        """Whether anything between seqs `after` and `before` (exclusive) may have moved
+        the lines of `path`: a write of a file of that name (by any path to it) other
+        than a line-for-line substitution, or a call whose effects are unknown."""
         unknown = bisect.bisect_right(self._unknown, after)
         if unknown < len(self._unknown) and self._unknown[unknown] < before:
             return True

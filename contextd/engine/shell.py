@@ -51,6 +51,8 @@ class Effects:
     listing: bool = False
     """Some part showed something without reading a file whole (ls, grep, git status ...)."""
     command: str = field(default="", compare=False)
+    in_place: tuple[str, ...] = ()
+    """Those of `writes` changed line for line (``sed -i 's/a/b/'``): no line moved."""
 
     @property
     def read_only(self) -> bool:
@@ -141,6 +143,8 @@ def effects(command: str, cwd: str = "") -> Effects:
         return UNKNOWN
     reads: list[Read] = []
     writes: list[str] = []
+    in_place: list[str] = []
+    moving: set[str] = set()
     listing = False
     for segment in _split(tokens):
         if segment and segment[0] == "cd":
@@ -153,8 +157,11 @@ def effects(command: str, cwd: str = "") -> Effects:
             return UNKNOWN
         reads.extend(found.reads)
         writes.extend(found.writes)
+        in_place.extend(found.in_place)
+        moving.update(w for w in found.writes if w not in found.in_place)
         listing = listing or found.listing
-    return Effects(tuple(reads), tuple(dict.fromkeys(writes)), False, listing, command)
+    kept = tuple(dict.fromkeys(w for w in in_place if w not in moving))  # written both ways: lines may move
+    return Effects(tuple(reads), tuple(dict.fromkeys(writes)), False, listing, command, kept)
 
 
 def _without_heredocs(command: str) -> str:
@@ -200,6 +207,7 @@ def _pipeline(segment: list[str], cwd: str) -> Effects | None:
         return None
     reads: list[Read] = []
     writes: list[str] = []
+    in_place: list[str] = []
     listing = False
     for index, part in enumerate(parts):
         words, targets = _redirections(part, cwd)
@@ -217,6 +225,7 @@ def _pipeline(segment: list[str], cwd: str) -> Effects | None:
             return None
         reads.extend(found.reads)
         writes.extend(found.writes)
+        in_place.extend(found.in_place)
         listing = listing or found.listing
     if len(parts) > 1:
         # A read through filters shows a part of the file, but which lines is not
@@ -224,7 +233,7 @@ def _pipeline(segment: list[str], cwd: str) -> Effects | None:
         span = _numbered_range(parts) if len(reads) == 1 else None
         reads = [Read(r.path, span) for r in reads]
         listing = listing or span is None
-    return Effects(tuple(reads), tuple(writes), False, listing)
+    return Effects(tuple(reads), tuple(writes), False, listing, in_place=tuple(in_place))
 
 
 _REDIRECTS = {">", ">>", ">|", "&>", "&>>", ">&", "<", "<>"}
@@ -242,9 +251,7 @@ def _redirections(words: list[str], cwd: str) -> tuple[list[str] | None, list[st
             i += 1  # a file descriptor number: `2>&1`, `2> err.log`
             continue
         if word not in _REDIRECTS:
-            if set(word) & set("<>&|"):
-                return None, []
-            out.append(word)
+            out.append(word)  # operators come out as words of their own: this one was quoted
             i += 1
             continue
         if i + 1 >= len(words):
@@ -326,18 +333,54 @@ def _head(args: list[str], cwd: str) -> Effects | None:
 
 
 def _sed(args: list[str], cwd: str) -> Effects | None:
-    if any(a == "-i" or a.startswith(("-i", "--in-place")) for a in args):
-        files = [a for a in args[1:] if not a.startswith("-")][1:]  # the script comes first
-        return Effects(writes=tuple(_resolve(cwd, f) for f in files)) if files else None
-    if not args or args[0] != "-n" or len(args) < 2:
+    scripts: list[str] = []
+    words: list[str] = []
+    in_place = quiet = False
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-e", "--expression") and i + 1 < len(args):
+            scripts.append(args[i + 1])
+            i += 2
+            continue
+        if arg == "-i" or arg.startswith(("-i", "--in-place")):
+            in_place = True
+        elif arg in ("-n", "--quiet", "--silent"):
+            quiet = True
+        elif arg in ("-E", "-r", "--regexp-extended", "-s", "-u", "-z"):
+            pass
+        elif arg.startswith("-"):
+            return None  # -f (a script file) and anything else
+        else:
+            words.append(arg)
+        i += 1
+    if not scripts:
+        if not words:
+            return None
+        scripts, words = [words[0]], words[1:]
+    files = tuple(_resolve(cwd, f) for f in words)
+    if in_place:
+        if not files:
+            return None
+        in_line = all(_substitutes_in_line(script) for script in scripts)
+        return Effects(writes=files, in_place=files if in_line else ())
+    if not quiet or len(scripts) != 1:
         return None
-    spans = _sed_spans(args[1])
-    files = args[2:]
-    if spans is None or any(f.startswith("-") for f in files):
+    spans = _sed_spans(scripts[0])
+    if spans is None:
         return None
     if not files:
         return Effects(listing=True)  # a filter
-    return Effects(tuple(Read(_resolve(cwd, f), spans) for f in files))
+    return Effects(tuple(Read(f, spans) for f in files))
+
+
+_SUBSTITUTION = re.compile(r"s([/|#,:@])((?:\\.|(?!\1).)*)\1((?:\\.|(?!\1).)*)\1[gIi0-9]*")
+
+
+def _substitutes_in_line(script: str) -> bool:
+    """Whether a sed script is one substitution that cannot add or remove a line."""
+    match = _SUBSTITUTION.fullmatch(script.strip())
+    return match is not None and "\n" not in script and "\\n" not in match.group(3)
 
 
 def _sed_spans(script: str) -> tuple[tuple[int, int], ...] | None:

@@ -13,8 +13,8 @@ the cache). Each looks its evidence up in the session's observation index
   covering it, is shown in full.
 * ``supersede`` (level 2): a read of a file that a later read shows again:
   a read of the whole file, or of lines covering it with nothing between
-  that may have written the file (a declared write of a file of that name,
-  or any call whose effects are unknown).
+  that may have moved its lines (a write of a file of that name other than a
+  line-for-line substitution, or any call whose effects are unknown).
 * ``snapshots`` (level 2): an older run of a command the policy declares a
   snapshot (a status, a test run) when the same command ran again later:
   it keeps a one-line residue (command, exit code, last line).
@@ -163,7 +163,7 @@ def _rereads(later: Observation, read: Read, earlier: Observation, index: Observ
             return True  # the whole file as it is now: whatever happened in between
         if read.span is not None and covers(again.span, read.span):
             # The same lines, provided nothing moved them in between.
-            return not index.may_have_written(read.path, earlier.seq, later.seq)
+            return not index.may_have_moved_lines(read.path, earlier.seq, later.seq)
     return False
 
 

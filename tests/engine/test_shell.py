@@ -68,6 +68,24 @@ def test_anything_not_recognised_in_full_is_unknown(command: str) -> None:
     assert effects(command, "/r").unknown
 
 
+@pytest.mark.parametrize(
+    ("command", "in_place"),
+    [
+        ("sed -i 's/a/b/g' a.py", ["/r/a.py"]),
+        ("sed -i 's|x/y|z|' a.py", ["/r/a.py"]),
+        ("sed -i -e 's/a/b/' -e 's/c/d/' a.py", ["/r/a.py"]),
+        ("sed -i 's/a/b\\nc/' a.py", []),  # the replacement adds a line
+        ("sed -i '120d' a.py", []),
+        ("sed -i '/x/a y' a.py", []),
+        ("sed -i 's/a/b/' a.py && sed -i '3d' a.py", []),
+        ("cat <<'EOF' > a.py\nx\nEOF", []),
+    ],
+)
+def test_which_writes_keep_every_line_where_it_was(command: str, in_place: list[str]) -> None:
+    found = effects(command, "/r")
+    assert not found.unknown and found.writes and list(found.in_place) == in_place
+
+
 def test_line_ranges_cover() -> None:
     assert covers(((1, 50),), ((10, 20),))
     assert covers(((1, 10), (11, 20)), ((5, 15),))

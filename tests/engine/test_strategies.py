@@ -114,9 +114,11 @@ def test_lines_read_again_supersede_only_when_nothing_may_have_moved_them() -> N
     first = ("sed -n '10,20p' src/app.py", "lines 10-20\n" + BODY)
     again = ("nl -ba src/app.py | sed -n '1,50p'", "lines 1-50\n" + BODY)
     assert seq_of(1) in pruned(run(session(first, again), "supersede"))
-    written = session(first, ("sed -i 's/a/b/' src/app.py", ""), again)
-    assert pruned(run(written, "supersede")) == {}
-    by_another_path = session(first, ("cd /elsewhere && sed -i 's/a/b/' app.py", ""), again)
+    substituted = session(first, ("sed -i 's/parse/parse_header/g' src/app.py", ""), again)
+    assert seq_of(1) in pruned(run(substituted, "supersede"))  # changed line for line: nothing moved
+    lines_moved = session(first, ("sed -i '3d' src/app.py", ""), again)
+    assert pruned(run(lines_moved, "supersede")) == {}
+    by_another_path = session(first, ("cd /elsewhere && sed -i '/^$/d' app.py", ""), again)
     assert pruned(run(by_another_path, "supersede")) == {}  # a file of that name was written
     unknown = session(first, ("python3 fix.py", "done"), again)
     assert pruned(run(unknown, "supersede")) == {}
