@@ -153,6 +153,10 @@ class Judge:
         opening = next((s for s in self._order if self._entries[s].role is not Role.SYSTEM), None)
         return opening if opening is not None else max(systems, default=0) + 1
 
+    def relied_upon(self, seq: int) -> bool:
+        """Whether a reduction (in force, or accepted in this render) rests on item `seq`."""
+        return seq in self._relied_on
+
     def accept(self, proposal: Proposal) -> None:
         """Record an eligible proposal: its target and its evidence are spoken for."""
         seq = target_of(proposal.edit)

@@ -32,6 +32,7 @@ from contextd.engine.model import (
 from contextd.engine.observations import ObservationIndex
 from contextd.engine.placeholders import handle_of, placeholder_blocks, with_calls
 from contextd.engine.policy import Policy, ToolDeclaration, default_policy
+from contextd.engine.render.base import ViewWarning
 from contextd.engine.repair import RepairRun, repair
 from contextd.engine.rules import changes_with_time, holds_for, holds_now
 from contextd.engine.state import (
@@ -43,7 +44,7 @@ from contextd.engine.state import (
     edit_key,
     first_divergence,
 )
-from contextd.engine.timing import Costed, schedule
+from contextd.engine.timing import Costed, schedule, value_now
 from contextd.engine.tokens import TokenCounter, block_tokens
 from contextd.engine.transforms import (
     CacheState,
@@ -59,7 +60,14 @@ from contextd.engine.transforms import (
     TransformRegistry,
     target_of,
 )
-from contextd.engine.view import Assembly, View, ViewRequest, assemble_view
+from contextd.engine.view import (
+    FRAMING_TOKENS_PER_MESSAGE,
+    REPLY_PRIMING_TOKENS,
+    Assembly,
+    View,
+    ViewRequest,
+    assemble_view,
+)
 
 AGENT_LEVEL = 3
 """The agent asking to prune an item is a claim of completed work (DESIGN section 5)."""
@@ -441,12 +449,20 @@ def render(inp: RenderInput) -> RenderOutput:
     proposed, pools = _proposed(inp, context, taken, carried)
     eligible = _eligible([*_waiting(inp, draft, log), *proposed], draft, judge, taken, inp.counter, log)
     applied_now, pending, durable = _time(eligible, inp, context, previous, draft, log)
+    offloaded, budget_warnings = _fit_budget(inp, draft, protected, judge, previous, log)
+    applied_now.extend(offloaded)
 
     # Repair and rendering resume the previous render's where the entries are the same.
     last = inp.carry if inp.carry is not None and inp.carry.state is state else None
     ordered, repair_warnings, repaired = repair(draft.ordered(), inp.counter, last.repaired if last else None)
     view, assembly = assemble_view(
-        inp.session, ordered, inp.request, inp.counter, repair_warnings, draft.patches, last.assembly if last else None
+        inp.session,
+        ordered,
+        inp.request,
+        inp.counter,
+        [*budget_warnings, *repair_warnings],
+        draft.patches,
+        last.assembly if last else None,
     )
     segments = tuple(assembly.segments)
     new_state = ViewState(
@@ -700,6 +716,85 @@ def _time(
         durable_now = candidate.control is ControlMode.RULE and candidate.rule in history_rules
         (durable if durable_now else applied).append(done)
     return applied, pending, durable
+
+
+BUDGET = "budget"
+"""The rule and reason of what is offloaded to fit a view's token budget."""
+
+
+def _fit_budget(
+    inp: RenderInput,
+    draft: _Draft,
+    protected: Protections,
+    judge: Judge,
+    previous: PreviousRender | None,
+    log: _Log,
+) -> tuple[list[AppliedEdit], list[ViewWarning]]:
+    """When the view is still over its budget after every other step, offload the oldest
+    unprotected whole turns to placeholders (a call and its results go together), until
+    it fits; and say so in the view. What cannot be offloaded stays, and the view says
+    it is over (OVER_BUDGET)."""
+    budget = inp.request.budget_tokens
+
+    def estimate() -> int:  # framing per entry: an upper bound (the Messages format merges some)
+        return draft.view_tokens + FRAMING_TOKENS_PER_MESSAGE * len(draft.entries) + REPLY_PRIMING_TOKENS
+
+    if budget <= 0 or estimate() <= budget:
+        return [], []
+    start = estimate()
+    turns: dict[int, list[int]] = {}
+    for seq in draft.natural:
+        turns.setdefault(draft.entries[seq].turn, []).append(seq)
+    offsets = previous.offsets() if previous is not None else {}
+    total = previous.total_tokens if previous is not None else 0
+    why = (
+        f"the view was {start:,} tokens, over its budget of {budget:,}, after every other step: "
+        "the oldest unprotected turns go first"
+    )
+    applied: list[AppliedEdit] = []
+    offloaded_turns = 0
+    for seqs in turns.values():
+        if estimate() <= budget:
+            break
+        if any(protected.of(s) or judge.relied_upon(s) for s in seqs):
+            continue
+        offloaded_turns += 1
+        for seq in seqs:
+            entry = draft.entries[seq]
+            if entry.representation is not Representation.FULL:
+                continue  # already reduced (its slot is taken) or out
+            edit = Remove(seq, True, "offloaded to fit the view's token budget")
+            content = new_representation(entry, edit, BUDGET)
+            tokens = _tokens(content, inp.counter)
+            if tokens >= entry.tokens:
+                continue
+            position = offsets.get(seq, total)
+            radius = max(0, total - position)
+            log.add(
+                _body(
+                    entry,
+                    Decision.PRUNE,
+                    BUDGET,
+                    BUDGET,
+                    why,
+                    proposal=Proposal(edit, 4, BUDGET, why),
+                    new_tokens=tokens,
+                    position=position,
+                    radius=radius,
+                    value=value_now(entry.tokens - tokens, radius, inp.policy.cache),
+                )
+            )
+            done = AppliedEdit(edit, BUDGET, BUDGET, content, tokens, (), ControlMode.RULE)
+            draft.apply(done)
+            applied.append(done)
+    if not applied:
+        return [], []
+    saved = start - estimate()
+    note = (
+        f"{len(applied)} items of {offloaded_turns} turns ({saved:,} tokens) offloaded to placeholders to fit "
+        f"the budget of {budget:,} tokens; their handles retrieve them"
+    )
+    return applied, [ViewWarning("BUDGET_OFFLOADED", note)]
 
 
 def _content_of(edit: Edit, entries: Mapping[int, Entry], reason: str) -> tuple[Block, ...]:

@@ -219,13 +219,15 @@ def test_heuristics_abstain_unless_the_policy_allows_level_4() -> None:
 
 def test_an_identical_copy_is_checked_not_trusted() -> None:
     items = history(tool_round("c1", "read_file", "same bytes"), tool_round("c2", "read_file", "same bytes"))
-    honest = run(items, "protection: {last_turns: 0}\nrules: [{name: d, transform: dedupe, when: {roles: [tool]}}]")
+    honest = run(
+        items, "protection: {last_turns: 0}\nrules: [{name: d, transform: claim_copies, when: {roles: [tool]}}]"
+    )
     [cert] = by_decision(honest, Decision.PRUNE)
     assert (cert.seq, cert.level, cert.evidence) == (6, 0, "identical to seq 4")
     liar = run(
         items,
         "protection: {last_turns: 0}\n"
-        "rules: [{name: d, transform: dedupe, params: {lie: true}, when: {roles: [tool]}}]",
+        "rules: [{name: d, transform: claim_copies, params: {lie: true}, when: {roles: [tool]}}]",
     )
     assert [c.seq for c in by_decision(liar, Decision.ABSTAIN)] == [4]
     assert "claimed identical to items whose content differs" in by_decision(liar, Decision.ABSTAIN)[0].rationale
@@ -873,3 +875,39 @@ def test_a_render_after_appends_follows_the_carry_and_one_after_a_change_does_no
     shorten_in_history = FOLLOWED % (1, "true", "true", "zzz", "true", "zzz")
     made_durable, _ = follow(items, shorten_in_history, None, 0.0)
     assert made_durable.durable and made_durable.carry is None  # history changed under it
+
+
+# ------------------------------------------------------------------ budget
+
+
+def test_over_its_budget_a_view_offloads_its_oldest_unprotected_turns_and_says_so() -> None:
+    items = history(*(tool_round(f"c{n}", "bash", f"output {n}") for n in range(8)))
+    full = run(items, "rules: []")
+    budget = full.view.total_tokens * 2 // 3
+    out = run(items, "protection: {last_turns: 2}\nrules: []", budget=budget)
+    assert out.view.total_tokens <= budget and not out.view.over_budget
+    offloaded = [c for c in out.certificates if c.rule == "budget"]
+    assert offloaded and all(c.decision is Decision.PRUNE and c.reason == "budget" and c.level == 4 for c in offloaded)
+    # Oldest first, whole turns: each output (its call, smaller than a placeholder, stays).
+    seqs = [c.seq for c in offloaded]
+    assert seqs == list(range(4, 4 + 2 * len(seqs), 2))
+    [warning] = [w for w in out.view.warnings if w.code == "BUDGET_OFFLOADED"]
+    assert f"the budget of {budget:,} tokens" in warning.message
+    check_view(out, OPENAI)
+    for cert in offloaded:
+        assert_complete(cert)
+    # In force from then on: the next render keeps them out, certifies nothing new.
+    again = run(items, "protection: {last_turns: 2}\nrules: []", state=out.state, budget=budget)
+    assert again.certificates == () and again.view.messages_json == out.view.messages_json
+
+
+def test_what_cannot_be_offloaded_leaves_the_view_over_budget_and_it_says_so() -> None:
+    items = history(*(tool_round(f"c{n}", "bash", f"output {n}") for n in range(3)))
+    out = run(items, "protection: {last_turns: 10}\nrules: []", budget=50)
+    assert out.view.over_budget and [c for c in out.certificates if c.rule == "budget"] == []
+    assert [w.code for w in out.view.warnings] == ["OVER_BUDGET"]
+
+
+def test_without_a_budget_nothing_is_offloaded() -> None:
+    items = history(*(tool_round(f"c{n}", "bash", f"output {n}") for n in range(8)))
+    assert [c for c in run(items, "rules: []").certificates if c.rule == "budget"] == []

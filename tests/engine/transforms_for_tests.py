@@ -58,10 +58,11 @@ class FirstLine:
                 yield Proposal(Replace(entry.seq, (TextBlock(first),)), level=params.get("level", 2), reason="reduced")
 
 
-class Dedupe:
-    """Level 0: an item whose content hash an earlier item shares is a copy of it."""
+class ClaimCopies:
+    """Level 0: an item whose content hash an earlier item shares is a copy of it
+    (or, with `lie`, claims a copy where there is none)."""
 
-    name: ClassVar[str] = "dedupe"
+    name: ClassVar[str] = "claim_copies"
     version: ClassVar[str] = "1"
 
     def propose(
@@ -143,6 +144,6 @@ class ReplaceWith:
 
 def registry() -> TransformRegistry:
     registry = TransformRegistry.default()
-    for transform in (Drop(), FirstLine(), Dedupe(), Unsure(), Annotate(), Reverse(), ReplaceWith()):
+    for transform in (Drop(), FirstLine(), ClaimCopies(), Unsure(), Annotate(), Reverse(), ReplaceWith()):
         registry.register(transform)
     return registry
