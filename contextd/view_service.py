@@ -142,6 +142,8 @@ class ViewService:
             over_budget=view.over_budget,
             decisions=len(certificates),
             view_version=view.view_version,
+            warnings=",".join(sorted({w.code for w in view.warnings})),
+            volatile_content=sum(w.code == "VOLATILE_CONTENT" for w in view.warnings),
         )
         return result
 

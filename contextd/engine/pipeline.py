@@ -10,12 +10,13 @@ clock give the same view, byte for byte, and the same decisions.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from operator import is_
 from typing import Any
 
+from contextd.engine import volatile
 from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.codec import content_hash
 from contextd.engine.eligibility import Judge, Protections
@@ -460,7 +461,7 @@ def render(inp: RenderInput) -> RenderOutput:
         ordered,
         inp.request,
         inp.counter,
-        [*budget_warnings, *repair_warnings],
+        [*volatile.warnings_for(_leading_system(draft), inp.tools), *budget_warnings, *repair_warnings],
         draft.patches,
         last.assembly if last else None,
     )
@@ -716,6 +717,15 @@ def _time(
         durable_now = candidate.control is ControlMode.RULE and candidate.rule in history_rules
         (durable if durable_now else applied).append(done)
     return applied, pending, durable
+
+
+def _leading_system(draft: _Draft) -> Iterator[Item]:
+    """The system items the history opens with (the prompt a provider caches first)."""
+    for seq in draft.natural:
+        item = draft.entries[seq].item
+        if item.role is not Role.SYSTEM:
+            return
+        yield item
 
 
 BUDGET = "budget"

@@ -83,6 +83,9 @@ def test_rpc_and_storage_spans_carry_session_items_and_tokens(
     render = _named(finished, "contextd.v1.ContextService/RenderView", session_id)
     render_attributes = dict(render.attributes or {})
     assert render_attributes["contextd.items"] == 2 and render_attributes["contextd.over_budget"] is True
+    assert (
+        render_attributes["contextd.warnings"] == "OVER_BUDGET" and render_attributes["contextd.volatile_content"] == 0
+    )
     load = _named(finished, "storage.load_history", session_id)
     assert load.parent is not None and load.parent.span_id == render.context.span_id
 
@@ -113,3 +116,15 @@ def test_the_exporter_follows_the_configuration() -> None:
     otlp = _exporter(Settings(otel_exporter="otlp", otel_endpoint="http://127.0.0.1:4317"))
     assert isinstance(otlp, OTLPSpanExporter)
     otlp.shutdown()
+
+
+def test_volatile_content_in_the_system_prompt_shows_on_the_render_span(
+    spans: InMemorySpanExporter, client: Client, session_id: str
+) -> None:
+    client.append_openai(
+        session_id, [{"role": "system", "content": "Today is 2026-11-30."}, {"role": "user", "content": "hi"}]
+    )
+    view = client.render_view(session_id, ViewFormat.OPENAI_CHAT)
+    assert [w.code for w in view.warnings] == ["VOLATILE_CONTENT"]
+    render = _named(spans.get_finished_spans(), "contextd.v1.ContextService/RenderView", session_id)
+    assert dict(render.attributes or {})["contextd.volatile_content"] == 1
