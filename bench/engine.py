@@ -22,15 +22,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from contextd.engine.codec import content_hash  # noqa: E402
 from contextd.engine.model import Item, ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock  # noqa: E402
 from contextd.engine.pipeline import Carry, RenderInput, RenderOutput, render  # noqa: E402
 from contextd.engine.policy import parse_policy  # noqa: E402
 from contextd.engine.state import ViewState  # noqa: E402
-from contextd.engine.tokens import TiktokenCounter, item_tokens  # noqa: E402
+from contextd.engine.tokens import TiktokenCounter  # noqa: E402
 from contextd.engine.transforms import TransformRegistry  # noqa: E402
 from contextd.engine.view import ViewFormat, ViewRequest  # noqa: E402
-from tests.helpers import CREATED_AT, make_session  # noqa: E402
+from tests.helpers import make_session, to_item  # noqa: E402
 
 POLICY = """
 evidence: {max_level: 4}
@@ -71,19 +70,9 @@ def history(n: int) -> list[ItemContent]:
     return contents[:n]
 
 
-def stored(contents: list[ItemContent], counter: TiktokenCounter) -> list[Item]:
+def stored(contents: list[ItemContent]) -> list[Item]:
     """The items as an append would store them (the history is built valid, so not re-checked)."""
-    return [
-        Item(
-            role=c.role,
-            content=c.content,
-            seq=seq,
-            content_hash=content_hash(c),
-            token_count=item_tokens(c, counter),
-            created_at=CREATED_AT,
-        )
-        for seq, c in enumerate(contents, start=1)
-    ]
+    return [to_item(c, seq) for seq, c in enumerate(contents, start=1)]
 
 
 def percentile(samples: list[float], p: float) -> float:
@@ -102,7 +91,7 @@ def main() -> int:
     policy = parse_policy(POLICY, registry)
     assert len(policy.rules) == 5
     contents = history(args.items + 1)
-    items = stored(contents, counter)
+    items = stored(contents)
     request = ViewRequest(ViewFormat(args.format), budget_tokens=0)
 
     def run(n: int, state: ViewState, now: float, carry: Carry | None = None) -> tuple[float, RenderOutput]:

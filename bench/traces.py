@@ -38,10 +38,10 @@ from contextd.engine.pipeline import RenderInput, RenderOutput, identity_view, r
 from contextd.engine.placeholders import handle_of  # noqa: E402
 from contextd.engine.policy import Policy, default_policy, parse_policy  # noqa: E402
 from contextd.engine.state import ViewState  # noqa: E402
-from contextd.engine.tokens import TiktokenCounter, item_tokens  # noqa: E402
+from contextd.engine.tokens import TiktokenCounter  # noqa: E402
 from contextd.engine.transforms import TransformRegistry  # noqa: E402
 from contextd.engine.view import ViewFormat, ViewRequest  # noqa: E402
-from tests.helpers import CREATED_AT, make_session  # noqa: E402
+from tests.helpers import make_session, to_item  # noqa: E402
 
 
 def contents(trace: dict[str, Any]) -> list[ItemContent]:
@@ -62,22 +62,6 @@ def contents(trace: dict[str, Any]) -> list[ItemContent]:
     return out
 
 
-def stored(items: list[ItemContent], counter: TiktokenCounter) -> list[Item]:
-    from contextd.engine.codec import content_hash
-
-    return [
-        Item(
-            role=c.role,
-            content=c.content,
-            seq=seq,
-            content_hash=content_hash(c),
-            token_count=item_tokens(c, counter),
-            created_at=CREATED_AT,
-        )
-        for seq, c in enumerate(items, start=1)
-    ]
-
-
 @dataclass
 class Replay:
     trace_id: str
@@ -94,7 +78,7 @@ class Replay:
 def replay(
     trace: dict[str, Any], policy: Policy, counter: TiktokenCounter, registry: TransformRegistry, gap: float
 ) -> Replay:
-    items = stored(contents(trace), counter)
+    items = [to_item(c, seq) for seq, c in enumerate(contents(trace), start=1)]
     request = ViewRequest(ViewFormat.OPENAI_CHAT)
     out = Replay(trace["id"], items=items)
     state, carry, now = ViewState(), None, 0.0

@@ -17,8 +17,9 @@ from __future__ import annotations
 import bisect
 import json
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Protocol
 
 from contextd.engine.memo import IdentityMemo
@@ -59,7 +60,7 @@ class Declared(Protocol):
     def command_arg(self) -> str: ...
 
 
-_effects: IdentityMemo[Effects] = IdentityMemo(100_000)
+_observations: IdentityMemo[Observation] = IdentityMemo(100_000)
 
 
 class ObservationIndex:
@@ -92,18 +93,47 @@ class ObservationIndex:
         other._unknown = list(self._unknown)
         return other
 
-    def note(self, item: Item) -> None:
-        """Add an item appended to the history (in seq order)."""
-        if item.role is Role.ASSISTANT:
-            for call in item.tool_uses:
-                self._calls[call.id] = (item.seq, call)
-            return
+    def extend(self, items: Iterable[Item]) -> None:
+        """Add items appended to the history (in seq order)."""
+        # Gathered in lists and joined once: a tuple grown item by item would cost
+        # quadratic time for a tool called a thousand times.
+        grown: dict[str, dict[Any, list[int]]] = {"path": {}, "name": {}, "output": {}, "command": {}, "success": {}}
+        for item in items:
+            if item.role is Role.ASSISTANT:
+                for call in item.tool_uses:
+                    self._calls[call.id] = (item.seq, call)
+                continue
+            result = item.tool_result
+            if result is None or result.tool_use_id not in self._calls:
+                continue
+            call_seq, call = self._calls[result.tool_use_id]
+            seen = _observations.get((item, call, self._tools), partial(self._observe, item, call_seq, call))
+            self.by_seq[item.seq] = seen
+            for path in {*(r.path for r in seen.reads), *seen.writes}:
+                grown["path"].setdefault(path, []).append(item.seq)
+            for path in seen.moves_lines:
+                grown["name"].setdefault(posixpath.basename(path.rstrip("/")), []).append(item.seq)
+            grown["output"].setdefault(seen.output_hash, []).append(item.seq)
+            grown["command"].setdefault((seen.tool, seen.command.strip()), []).append(item.seq)
+            if not seen.is_error:
+                grown["success"].setdefault(seen.tool, []).append(item.seq)
+            if seen.unknown:
+                self._unknown.append(item.seq)
+        for index, kind in (
+            (self._by_path, "path"),
+            (self._by_name, "name"),
+            (self._by_output, "output"),
+            (self._by_command, "command"),
+            (self._successes, "success"),
+        ):
+            for key, seqs in grown[kind].items():
+                index[key] = (*index.get(key, ()), *seqs)
+
+    def _observe(self, item: Item, call_seq: int, call: ToolUseBlock) -> Observation:
         result = item.tool_result
-        if result is None or result.tool_use_id not in self._calls:
-            return
-        call_seq, call = self._calls[result.tool_use_id]
-        found = _effects.get((item, call, self._tools), lambda: self._effects_of(item, call))
-        seen = Observation(
+        assert result is not None
+        found = self._effects_of(item, call)
+        return Observation(
             seq=item.seq,
             call_seq=call_seq,
             tool=call.name,
@@ -117,19 +147,6 @@ class ObservationIndex:
             is_error=result.is_error,
             output_hash=item.content_hash,
         )
-        self.by_seq[item.seq] = seen
-        for path in {*(r.path for r in seen.reads), *seen.writes}:
-            self._by_path[path] = (*self._by_path.get(path, ()), item.seq)
-        for path in seen.moves_lines:
-            name = posixpath.basename(path.rstrip("/"))
-            self._by_name[name] = (*self._by_name.get(name, ()), item.seq)
-        self._by_output[seen.output_hash] = (*self._by_output.get(seen.output_hash, ()), item.seq)
-        run = (seen.tool, seen.command.strip())
-        self._by_command[run] = (*self._by_command.get(run, ()), item.seq)
-        if not seen.is_error:
-            self._successes[seen.tool] = (*self._successes.get(seen.tool, ()), item.seq)
-        if seen.unknown:
-            self._unknown.append(item.seq)
 
     def _effects_of(self, item: Item, call: ToolUseBlock) -> Effects:
         declared, spec = item.tool_effect, self._tools.get(call.name)

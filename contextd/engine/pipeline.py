@@ -234,9 +234,8 @@ class _Draft:
 
     def _note(self, items: Iterable[Item]) -> None:
         """Keep the latest result of each tool, the latest user item and the latest calls."""
-        note = self.observations.note
+        self.observations.extend(items)
         for item in items:
-            note(item)
             if item.role is Role.TOOL:
                 result = item.tool_result
                 if result is not None:

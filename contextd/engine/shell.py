@@ -141,11 +141,7 @@ def effects(command: str, cwd: str = "") -> Effects:
         tokens = list(lexer)
     except ValueError:
         return UNKNOWN
-    reads: list[Read] = []
-    writes: list[str] = []
-    in_place: list[str] = []
-    moving: set[str] = set()
-    listing = False
+    gathered = _Gathered()
     for segment in _split(tokens):
         if segment and segment[0] == "cd":
             if len(segment) != 2:
@@ -155,13 +151,30 @@ def effects(command: str, cwd: str = "") -> Effects:
         found = _pipeline(segment, cwd)
         if found is None:
             return UNKNOWN
-        reads.extend(found.reads)
-        writes.extend(found.writes)
-        in_place.extend(found.in_place)
-        moving.update(w for w in found.writes if w not in found.in_place)
-        listing = listing or found.listing
-    kept = tuple(dict.fromkeys(w for w in in_place if w not in moving))  # written both ways: lines may move
-    return Effects(tuple(reads), tuple(dict.fromkeys(writes)), False, listing, command, kept)
+        gathered.add(found)
+    return gathered.effects(command)
+
+
+class _Gathered:
+    """The effects of the parts of a command, put together."""
+
+    def __init__(self) -> None:
+        self.reads: list[Read] = []
+        self.writes: list[str] = []
+        self.in_place: list[str] = []
+        self.moving: set[str] = set()
+        self.listing = False
+
+    def add(self, found: Effects) -> None:
+        self.reads.extend(found.reads)
+        self.writes.extend(found.writes)
+        self.in_place.extend(found.in_place)
+        self.moving.update(w for w in found.writes if w not in found.in_place)
+        self.listing = self.listing or found.listing
+
+    def effects(self, command: str = "") -> Effects:
+        kept = tuple(dict.fromkeys(w for w in self.in_place if w not in self.moving))  # written both ways: moved
+        return Effects(tuple(self.reads), tuple(dict.fromkeys(self.writes)), False, self.listing, command, kept)
 
 
 def _without_heredocs(command: str) -> str:
@@ -205,15 +218,12 @@ def _pipeline(segment: list[str], cwd: str) -> Effects | None:
             parts[-1].append(token)
     if any(not p for p in parts):
         return None
-    reads: list[Read] = []
-    writes: list[str] = []
-    in_place: list[str] = []
-    listing = False
+    gathered = _Gathered()
     for index, part in enumerate(parts):
         words, targets = _redirections(part, cwd)
         if words is None:
             return None
-        writes.extend(targets)
+        gathered.add(Effects(writes=tuple(targets)))
         if not words:
             continue
         if index > 0:
@@ -223,17 +233,14 @@ def _pipeline(segment: list[str], cwd: str) -> Effects | None:
         found = _simple(words, cwd)
         if found is None:
             return None
-        reads.extend(found.reads)
-        writes.extend(found.writes)
-        in_place.extend(found.in_place)
-        listing = listing or found.listing
+        gathered.add(found)
     if len(parts) > 1:
         # A read through filters shows a part of the file, but which lines is not
         # known by number, except `nl -ba F | sed -n 'A,Bp'`.
-        span = _numbered_range(parts) if len(reads) == 1 else None
-        reads = [Read(r.path, span) for r in reads]
-        listing = listing or span is None
-    return Effects(tuple(reads), tuple(writes), False, listing, in_place=tuple(in_place))
+        span = _numbered_range(parts) if len(gathered.reads) == 1 else None
+        gathered.reads = [Read(r.path, span) for r in gathered.reads]
+        gathered.listing = gathered.listing or span is None
+    return gathered.effects()
 
 
 _REDIRECTS = {">", ">>", ">|", "&>", "&>>", ">&", "<", "<>"}

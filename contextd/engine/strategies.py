@@ -52,101 +52,104 @@ def _shown_in_full(context: TransformContext, seq: int) -> bool:
     return entry is not None and entry.representation is Representation.FULL
 
 
-def _observed(
-    context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
-) -> Iterator[tuple[Entry, Observation]]:
-    for entry in candidates:
-        seen = context.observations.by_seq.get(entry.seq)
-        if seen is not None and _worth(entry, params):
-            yield entry, seen
+class _Strategy:
+    """Proposes, for each candidate that is a tool output worth a placeholder, what
+    `proposal` finds (or nothing)."""
+
+    name: ClassVar[str]
+    version: ClassVar[str] = "1"
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterator[Proposal]:
+        for entry in candidates:
+            seen = context.observations.by_seq.get(entry.seq)
+            if seen is not None and _worth(entry, params):
+                found = self.proposal(context, entry, seen, params)
+                if found is not None:
+                    yield found
+
+    def proposal(
+        self, context: TransformContext, entry: Entry, seen: Observation, params: Mapping[str, Any]
+    ) -> Proposal | None:
+        raise NotImplementedError
 
 
-class Dedupe:
+class Dedupe(_Strategy):
     name: ClassVar[str] = "dedupe"
-    version: ClassVar[str] = "1"
 
-    def propose(
-        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
-    ) -> Iterator[Proposal]:
+    def proposal(
+        self, context: TransformContext, entry: Entry, seen: Observation, params: Mapping[str, Any]
+    ) -> Proposal | None:
         index = context.observations
-        for entry, seen in _observed(context, candidates, params):
-            earlier = next(
-                (s for s in index.same_output(seen.output_hash) if s < entry.seq and _shown_in_full(context, s)),
-                None,
-            )
-            if earlier is None:
-                continue
-            call = index.by_seq[earlier].call_id
-            note = f"identical to the output of call {call} (seq {earlier})"
-            yield Proposal(Remove(entry.seq, True, note), 0, "duplicate", note, (earlier,))
+        earlier = next(
+            (s for s in index.same_output(seen.output_hash) if s < entry.seq and _shown_in_full(context, s)), None
+        )
+        if earlier is None:
+            return None
+        note = f"identical to the output of call {index.by_seq[earlier].call_id} (seq {earlier})"
+        return Proposal(Remove(entry.seq, True, note), 0, "duplicate", note, (earlier,))
 
 
-class SameSource:
+class SameSource(_Strategy):
     name: ClassVar[str] = "same_source"
-    version: ClassVar[str] = "1"
 
-    def propose(
-        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
-    ) -> Iterator[Proposal]:
+    def proposal(
+        self, context: TransformContext, entry: Entry, seen: Observation, params: Mapping[str, Any]
+    ) -> Proposal | None:
+        if not seen.version or len(seen.reads) != 1 or seen.writes or seen.unknown or seen.is_error:
+            return None
+        read = seen.reads[0]
+        earlier = next(
+            (
+                o
+                for o in context.observations.of_path(read.path)
+                if o.seq < entry.seq
+                and o.version == seen.version
+                and not o.is_error
+                and any(r.path == read.path and r.span and read.span and covers(r.span, read.span) for r in o.reads)
+                and _shown_in_full(context, o.seq)
+            ),
+            None,
+        )
+        if earlier is None:
+            return None
+        note = (
+            f"the same version ({seen.version}) of {read.path} "
+            f"as the output of call {earlier.call_id} (seq {earlier.seq})"
+        )
+        return Proposal(Remove(entry.seq, True, note), 1, "same_source", note, (earlier.seq,))
+
+
+class Supersede(_Strategy):
+    name: ClassVar[str] = "supersede"
+
+    def proposal(
+        self, context: TransformContext, entry: Entry, seen: Observation, params: Mapping[str, Any]
+    ) -> Proposal | None:
+        # Only an output that is the read and nothing else: no listing, no writes.
+        if not seen.reads or seen.writes or seen.unknown or _listing(seen):
+            return None
         index = context.observations
-        for entry, seen in _observed(context, candidates, params):
-            if not seen.version or len(seen.reads) != 1 or seen.writes or seen.unknown or seen.is_error:
-                continue
-            read = seen.reads[0]
-            earlier = next(
+        newer: list[Observation] = []
+        for read in seen.reads:
+            later = next(
                 (
                     o
                     for o in index.of_path(read.path)
-                    if o.seq < entry.seq
-                    and o.version == seen.version
+                    if o.seq > entry.seq
                     and not o.is_error
-                    and any(r.path == read.path and r.span and read.span and covers(r.span, read.span) for r in o.reads)
+                    and _rereads(o, read, seen, index)
                     and _shown_in_full(context, o.seq)
                 ),
                 None,
             )
-            if earlier is None:
-                continue
-            note = (
-                f"the same version ({seen.version}) of {read.path} "
-                f"as the output of call {earlier.call_id} (seq {earlier.seq})"
-            )
-            yield Proposal(Remove(entry.seq, True, note), 1, "same_source", note, (earlier.seq,))
-
-
-class Supersede:
-    name: ClassVar[str] = "supersede"
-    version: ClassVar[str] = "1"
-
-    def propose(
-        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
-    ) -> Iterator[Proposal]:
-        index = context.observations
-        for entry, seen in _observed(context, candidates, params):
-            # Only an output that is the read and nothing else: no listing, no writes.
-            if not seen.reads or seen.writes or seen.unknown or _listing(seen):
-                continue
-            newer: list[Observation] = []
-            for read in seen.reads:
-                later = next(
-                    (
-                        o
-                        for o in index.of_path(read.path)
-                        if o.seq > entry.seq
-                        and not o.is_error
-                        and _rereads(o, read, seen, index)
-                        and _shown_in_full(context, o.seq)
-                    ),
-                    None,
-                )
-                if later is None:
-                    break
-                newer.append(later)
-            else:
-                shown = ", ".join(f"call {o.call_id} (seq {o.seq})" for o in dict.fromkeys(newer))
-                note = f"read again later by {shown}"
-                evidence = tuple(sorted({o.seq for o in newer}))
-                yield Proposal(Remove(entry.seq, True, note), 2, "superseded", note, evidence)
+            if later is None:
+                return None
+            newer.append(later)
+        shown = ", ".join(f"call {o.call_id} (seq {o.seq})" for o in dict.fromkeys(newer))
+        note = f"read again later by {shown}"
+        return Proposal(Remove(entry.seq, True, note), 2, "superseded", note, tuple(sorted({o.seq for o in newer})))
 
 
 def _listing(seen: Observation) -> bool:
@@ -167,31 +170,24 @@ def _rereads(later: Observation, read: Read, earlier: Observation, index: Observ
     return False
 
 
-class Snapshots:
+class Snapshots(_Strategy):
     name: ClassVar[str] = "snapshots"
-    version: ClassVar[str] = "1"
 
-    def propose(
-        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
-    ) -> Iterator[Proposal]:
-        patterns = tuple(params.get("commands", ()))
-        if not patterns:
-            return
-        index = context.observations
-        for entry, seen in _observed(context, candidates, params):
-            command = seen.command.strip()
-            if not any(fnmatch.fnmatchcase(command, p) for p in patterns):
-                continue
-            later = index.next_run(seen)
-            if later is None:
-                continue
-            residue = _snapshot_residue(entry, seen, later)
-            yield Proposal(
-                Replace(entry.seq, (TextBlock(residue),)),
-                2,
-                "snapshot",
-                f"the same command ran again at seq {later.seq} (call {later.call_id})",
-            )
+    def proposal(
+        self, context: TransformContext, entry: Entry, seen: Observation, params: Mapping[str, Any]
+    ) -> Proposal | None:
+        command = seen.command.strip()
+        if not any(fnmatch.fnmatchcase(command, p) for p in params.get("commands", ())):
+            return None
+        later = context.observations.next_run(seen)
+        if later is None:
+            return None
+        return Proposal(
+            Replace(entry.seq, (TextBlock(_snapshot_residue(entry, seen, later)),)),
+            2,
+            "snapshot",
+            f"the same command ran again at seq {later.seq} (call {later.call_id})",
+        )
 
 
 _RETURN_CODE = re.compile(r"<returncode>(-?\d+)</returncode>|exit(?:ed with)? (?:code|status) (-?\d+)")
@@ -223,31 +219,28 @@ def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-class Errors:
+class Errors(_Strategy):
     name: ClassVar[str] = "errors"
-    version: ClassVar[str] = "1"
 
-    def propose(
-        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
-    ) -> Iterator[Proposal]:
-        index = context.observations
-        for entry, seen in _observed(context, candidates, params):
-            if not seen.is_error:
-                continue
-            success = index.next_success(seen.tool, seen.seq)
-            if success is None:
-                continue  # the latest failure of its tool: the agent may still be on it
-            kept = error_lines(_output_text(entry), params.get("max_lines", 12))
-            residue = (
-                f"{PREFIX} {describe(entry.item)} reduced to its error lines (errored; {seen.tool} succeeded since, "
-                f"at seq {success.seq}); retrieve the whole with handle {handle_of(entry.item)}]"
-            )
-            yield Proposal(
-                Replace(entry.seq, (TextBlock("\n".join([residue, *kept])),)),
-                2,
-                "errored",
-                f"a later call of {seen.tool} succeeded (seq {success.seq})",
-            )
+    def proposal(
+        self, context: TransformContext, entry: Entry, seen: Observation, params: Mapping[str, Any]
+    ) -> Proposal | None:
+        if not seen.is_error:
+            return None
+        success = context.observations.next_success(seen.tool, seen.seq)
+        if success is None:
+            return None  # the latest failure of its tool: the agent may still be on it
+        kept = error_lines(_output_text(entry), params.get("max_lines", 12))
+        residue = (
+            f"{PREFIX} {describe(entry.item)} reduced to its error lines (errored; {seen.tool} succeeded since, "
+            f"at seq {success.seq}); retrieve the whole with handle {handle_of(entry.item)}]"
+        )
+        return Proposal(
+            Replace(entry.seq, (TextBlock("\n".join([residue, *kept])),)),
+            2,
+            "errored",
+            f"a later call of {seen.tool} succeeded (seq {success.seq})",
+        )
 
 
 _ERROR_LINE = re.compile(
