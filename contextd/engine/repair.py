@@ -50,7 +50,8 @@ class RepairRun:
     answers: set[int]
     """ids of the result entries (placed after their call, not where history put them)."""
     repeated: bool
-    """A tool_use id has two results: resuming could pick the wrong one, so it is not done."""
+    """A tool_use id is called twice or has two results: resuming could place the wrong
+    one, so it is not done (appends refuse such histories; the engine still takes them)."""
     ordered: list[Entry]
     warnings: list[ViewWarning]
     placed: set[int]
@@ -171,6 +172,8 @@ def _index(run: RepairRun, start: int) -> set[str]:
             run.answers.add(id(entry))
             changed.add(result.tool_use_id)
         for call_id in _calls(entry):
+            if call_id in run.calls_at:
+                run.repeated = True
             run.calls_at[call_id] = index
     return changed
 

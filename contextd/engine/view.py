@@ -198,7 +198,7 @@ def _resumed(
                 messages=old.messages[: mark.messages],
                 message_index=dict(old.message_index),
                 omitted=set(old.omitted),
-                dropped=dict(old.dropped),
+                dropped={seq: list(blocks) for seq, blocks in old.dropped.items()},  # grown in place later
                 warnings=old.warnings[: mark.warnings],
                 messages_json=old.messages_json[: mark.messages],
             )

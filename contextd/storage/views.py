@@ -51,17 +51,17 @@ class StateCache:
     replica's render changes the version, and the state is read again.
 
     With the state, the engine's carry of the render that made it, so the
-    next render works only on what was appended since. A carry takes about
-    320 bytes per item of its session (docs/benchmarks.md): carries are
-    bounded by the items they cover, the least recently rendered go first.
+    next render works only on what was appended since. Carries are bounded by
+    the bytes they hold (`Carry.footprint`: about 320 per item, and the view's
+    serialized messages); the least recently rendered go first.
     """
 
-    def __init__(self, max_states: int = 4096, max_carry_items: int = 500_000) -> None:
+    def __init__(self, max_states: int = 4096, max_carry_bytes: int = 256 * 1024 * 1024) -> None:
         self.max_states = max_states
-        self.max_carry_items = max_carry_items
+        self.max_carry_bytes = max_carry_bytes
         self._states: OrderedDict[int, ViewState] = OrderedDict()
-        self._carries: OrderedDict[int, Carry] = OrderedDict()
-        self._carried_items = 0
+        self._carries: OrderedDict[int, tuple[Carry, int]] = OrderedDict()
+        self._carried_bytes = 0
 
     def get(self, key: int, version: int) -> ViewState | None:
         state = self._states.get(key)
@@ -72,8 +72,8 @@ class StateCache:
 
     def carry(self, key: int, state: ViewState) -> Carry | None:
         """The carry of the render that produced `state`, if it is still held."""
-        carry = self._carries.get(key)
-        return carry if carry is not None and carry.state is state else None
+        held = self._carries.get(key)
+        return held[0] if held is not None and held[0].state is state else None
 
     def put(self, key: int, state: ViewState, carry: Carry | None = None) -> None:
         """Remember a state once its transaction has committed (never before: a rolled-back
@@ -85,15 +85,16 @@ class StateCache:
             self._drop_carry(evicted)
         self._drop_carry(key)
         if carry is not None:
-            self._carries[key] = carry
-            self._carried_items += len(carry.items)
-            while self._carried_items > self.max_carry_items and len(self._carries) > 1:
+            size = carry.footprint()
+            self._carries[key] = (carry, size)
+            self._carried_bytes += size
+            while self._carried_bytes > self.max_carry_bytes and len(self._carries) > 1:
                 self._drop_carry(next(iter(self._carries)))
 
     def _drop_carry(self, key: int) -> None:
         dropped = self._carries.pop(key, None)
         if dropped is not None:
-            self._carried_items -= len(dropped.items)
+            self._carried_bytes -= dropped[1]
 
 
 async def load_state(conn: AsyncConnection, key: int, cache: StateCache | None = None) -> ViewState:

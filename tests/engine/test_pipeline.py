@@ -13,7 +13,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextd.engine.certificates import CertificateBody, Decision
-from contextd.engine.model import Item, ItemContent, Representation, Role, TextBlock, ToolResultBlock, ToolUseBlock
+from contextd.engine.model import (
+    ImageBlock,
+    Item,
+    ItemContent,
+    Representation,
+    Role,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from contextd.engine.pipeline import AgentProposal, RenderInput, RenderOutput, render
 from contextd.engine.placeholders import PREFIX, handle_of, placeholder_blocks
 from contextd.engine.policy import parse_policy
@@ -31,7 +40,7 @@ from contextd.engine.transforms import Remove, Reorder
 from contextd.engine.view import ViewFormat, ViewRequest
 from tests.engine.conversations import conversations
 from tests.engine.transforms_for_tests import registry
-from tests.helpers import counter, make_session, stored_items
+from tests.helpers import counter, make_session, stored_items, to_item
 from tests.validators import check_anthropic, check_openai
 
 REGISTRY = registry()
@@ -911,3 +920,25 @@ def test_what_cannot_be_offloaded_leaves_the_view_over_budget_and_it_says_so() -
 def test_without_a_budget_nothing_is_offloaded() -> None:
     items = history(*(tool_round(f"c{n}", "bash", f"output {n}") for n in range(8)))
     assert [c for c in run(items, "rules: []").certificates if c.rule == "budget"] == []
+
+
+def test_a_carry_is_not_changed_by_the_renders_that_use_it_and_repeated_call_ids_start_over() -> None:
+    # Histories appends would refuse (a call id used twice), which the engine still takes.
+    def call(call_id: str) -> ItemContent:
+        return ItemContent(role=Role.ASSISTANT, content=(ToolUseBlock(call_id, "bash", "{}"),))
+
+    def user(text: str) -> ItemContent:
+        return ItemContent(role=Role.USER, content=(TextBlock(text),))
+
+    def result(call_id: str, *parts: TextBlock | ImageBlock) -> ItemContent:
+        return ItemContent(role=Role.TOOL, content=(ToolResultBlock(call_id, parts),))
+
+    image = ImageBlock("image/png", uri="https://example.com/a.png")  # Chat Completions leaves it out
+    answered_twice = [user("hi"), call("x"), result("x", TextBlock("word " * 300), image), user("next"), call("x")]
+    called_twice = [user("hi"), call("c0"), call("c0"), user("more"), result("c0", TextBlock("out"))]
+    for contents, cut in ((answered_twice, 4), (called_twice, 3)):
+        items = [to_item(c, seq) for seq, c in enumerate(contents, start=1)]
+        first, _ = follow(items[:cut], "rules: []", None, 0.0)
+        again, _ = follow(items, "rules: []", first, 10.0)  # and equal to the render without the carry
+        twice, _ = follow(items, "rules: []", first, 10.0)
+        assert again == twice

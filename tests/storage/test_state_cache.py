@@ -40,12 +40,13 @@ def test_a_carry_is_given_only_for_the_state_it_was_made_with() -> None:
     assert cache.carry(1, newer) is None and cache.carry(1, state) is None
 
 
-def test_carries_are_bounded_by_the_items_they_cover() -> None:
-    cache = StateCache(max_carry_items=10)
+def test_carries_are_bounded_by_the_bytes_they_hold() -> None:
     made = {key: rendered(4) for key in (1, 2, 3)}
+    assert made[1][1].footprint() > 4 * 320  # the entries, and the view's messages
+    cache = StateCache(max_carry_bytes=made[1][1].footprint() * 2 + 1)
     for key, (state, carry) in made.items():
         cache.put(key, state, carry)
-    assert cache.carry(1, made[1][0]) is None  # 12 items: the least recently rendered went
+    assert cache.carry(1, made[1][0]) is None  # three would be over: the least recently rendered went
     assert cache.carry(2, made[2][0]) is made[2][1] and cache.carry(3, made[3][0]) is made[3][1]
     assert cache.get(1, made[1][0].view_version) is made[1][0]  # its state stays
 
