@@ -13,11 +13,13 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import partial
 from itertools import compress, count
 from operator import attrgetter, is_not
 from typing import Any, NamedTuple
 
 from contextd.engine.codec import blocks_from_json, blocks_to_json, canonical_json
+from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Block, ItemContent, Role
 from contextd.engine.transforms import Edit, Insert, PatchRequest, Proposal, Remove, Reorder, Replace
 
@@ -216,24 +218,35 @@ def applied_from_json(data: dict[str, Any]) -> AppliedEdit:
 
 
 def state_to_json(state: ViewState) -> str:
-    return json.dumps(
-        {
-            "view_version": state.view_version,
-            "policy_version": state.policy_version,
-            "renders": {
-                name: {"rendered_at": r.rendered_at, "segments": [[s.seq, s.digest, s.tokens] for s in r.segments]}
-                for name, r in sorted(state.renders.items())
-            },
-            "applied": [applied_to_json(a) for a in state.applied],
-            "pending": [
-                {"proposal": _proposal_to_json(p.proposal), "rule": p.rule, "control": p.control.value}
-                for p in state.pending
-            ],
-            "decided": sorted(state.decided),
-        },
-        separators=(",", ":"),
-        ensure_ascii=False,
+    """The state as stored. Written on every render, so made of pieces remembered per
+    object: edits in force and the other formats' renders come back unchanged."""
+    renders = ",".join(
+        f"{_json(name)}:{_pieces.get((r,), partial(_render_json, r))}" for name, r in sorted(state.renders.items())
     )
+    applied = ",".join(_pieces.get((a,), partial(_applied_json, a)) for a in state.applied)
+    pending = _json(
+        [{"proposal": _proposal_to_json(p.proposal), "rule": p.rule, "control": p.control.value} for p in state.pending]
+    )
+    return (
+        f'{{"view_version":{_json(state.view_version)},"policy_version":{_json(state.policy_version)},'
+        f'"renders":{{{renders}}},"applied":[{applied}],"pending":{pending},"decided":{_json(sorted(state.decided))}}}'
+    )
+
+
+_pieces: IdentityMemo[str] = IdentityMemo(200_000)
+
+
+def _render_json(render: PreviousRender) -> str:
+    segments = [[s.seq, s.digest, s.tokens] for s in render.segments]
+    return _json({"rendered_at": render.rendered_at, "segments": segments})
+
+
+def _applied_json(applied: AppliedEdit) -> str:
+    return _json(applied_to_json(applied))
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def state_from_json(text: str) -> ViewState:

@@ -32,6 +32,7 @@ from contextd.engine.state import (
     PreviousRender,
     Segment,
     ViewState,
+    applied_to_json,
     first_divergence,
     state_from_json,
     state_to_json,
@@ -942,3 +943,25 @@ def test_a_carry_is_not_changed_by_the_renders_that_use_it_and_repeated_call_ids
         again, _ = follow(items, "rules: []", first, 10.0)  # and equal to the render without the carry
         twice, _ = follow(items, "rules: []", first, 10.0)
         assert again == twice
+
+
+def test_the_stored_state_is_the_plain_serialization_of_the_state() -> None:
+    # Written from pieces remembered per object: the bytes must be those of the whole at once.
+    items = history(*(tool_round(f"c{n}", "bash", f"output {n}") for n in range(6)))
+    first = run(items[:8], DROP_TOOL_OUTPUTS, fmt=ANTHROPIC, agent=[AgentProposal(1, 3, "done")])
+    second = run(items, DROP_TOOL_OUTPUTS, state=first.state, now=2_000.0)
+    for state in (first.state, second.state):
+        assert state.applied and not state.pending
+        plain = {
+            "view_version": state.view_version,
+            "policy_version": state.policy_version,
+            "renders": {
+                name: {"rendered_at": r.rendered_at, "segments": [[s.seq, s.digest, s.tokens] for s in r.segments]}
+                for name, r in sorted(state.renders.items())
+            },
+            "applied": [applied_to_json(a) for a in state.applied],
+            "pending": [],
+            "decided": sorted(state.decided),
+        }
+        assert state_to_json(state) == json.dumps(plain, separators=(",", ":"), ensure_ascii=False)
+        assert state_from_json(state_to_json(state)) == state
