@@ -17,13 +17,14 @@ from __future__ import annotations
 import bisect
 import json
 import posixpath
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol
 
 from contextd.engine.memo import IdentityMemo
-from contextd.engine.model import Item, Role, ToolEffectKind, ToolUseBlock
+from contextd.engine.model import Item, Role, TextBlock, ToolEffectKind, ToolResultBlock, ToolUseBlock
 from contextd.engine.shell import UNKNOWN, WHOLE, Effects, Read, effects
 
 
@@ -42,6 +43,13 @@ class Observation:
     """Those of `writes` that may have added or removed lines (not changed line for line)."""
     unknown: bool
     """Its effects are not known: it may have read or written anything."""
+    listing: bool
+    """Its output shows more than its reads (a listing, a search, a message)."""
+    failed: bool
+    """It failed: flagged so, or its output says so (a missing file, a nonzero exit)."""
+    shell_state: bool
+    """It may have changed the shell's directory or variables for later commands
+    (a shell builtin; or a tool that is not a shell, whose effects are not known)."""
     version: str
     """The version of what it read, when the client declared one (item.source)."""
     is_error: bool
@@ -79,6 +87,8 @@ class ObservationIndex:
         """tool name -> seqs of its calls that did not fail."""
         self._unknown: list[int] = []
         """Seqs of the observations with unknown effects, in order."""
+        self._shell_state: list[int] = []
+        """Seqs of the observations that may have changed the shell (its directory ...)."""
 
     def copy(self) -> ObservationIndex:
         other = object.__new__(ObservationIndex)
@@ -91,6 +101,7 @@ class ObservationIndex:
         other._by_command = dict(self._by_command)
         other._successes = dict(self._successes)
         other._unknown = list(self._unknown)
+        other._shell_state = list(self._shell_state)
         return other
 
     def extend(self, items: Iterable[Item]) -> None:
@@ -119,6 +130,8 @@ class ObservationIndex:
                 grown["success"].setdefault(seen.tool, []).append(item.seq)
             if seen.unknown:
                 self._unknown.append(item.seq)
+            if seen.shell_state:
+                self._shell_state.append(item.seq)
         for index, kind in (
             (self._by_path, "path"),
             (self._by_name, "name"),
@@ -143,6 +156,9 @@ class ObservationIndex:
             writes=found.writes,
             moves_lines=tuple(w for w in found.writes if w not in found.in_place),
             unknown=found.unknown,
+            listing=found.listing,
+            shell_state=found.shell_state or (found.unknown and not self._is_shell(call)),
+            failed=result.is_error or _says_failed(result),
             version=item.source.version if item.source is not None else "",
             is_error=result.is_error,
             output_hash=item.content_hash,
@@ -191,15 +207,43 @@ class ObservationIndex:
         i = bisect.bisect_right(seqs, after)
         return self.by_seq[seqs[i]] if i < len(seqs) else None
 
+    def unknown_between(self, after: int, before: int) -> bool:
+        """Whether a call between seqs `after` and `before` (exclusive) had unknown effects."""
+        return _between(self._unknown, after, before)
+
+    def shell_changed_between(self, after: int, before: int) -> bool:
+        """Whether a call between seqs `after` and `before` (exclusive) may have changed the
+        shell's directory or variables (what a relative path means)."""
+        return _between(self._shell_state, after, before)
+
+    def _is_shell(self, call: ToolUseBlock) -> bool:
+        spec = self._tools.get(call.name)
+        return spec is not None and spec.effect == ToolEffectKind.SHELL.value
+
     def may_have_moved_lines(self, path: str, after: int, before: int) -> bool:
         """Whether anything between seqs `after` and `before` (exclusive) may have moved
         the lines of `path`: a write of a file of that name (by any path to it) other
         than a line-for-line substitution, or a call whose effects are unknown."""
-        unknown = bisect.bisect_right(self._unknown, after)
-        if unknown < len(self._unknown) and self._unknown[unknown] < before:
+        if self.unknown_between(after, before):
             return True
         name = posixpath.basename(path.rstrip("/"))
         return any(after < s < before for s in self._by_name.get(name, ()))
+
+
+_FAILURE = re.compile(
+    r"<returncode>\s*[1-9]\d*\s*</returncode>|No such file or directory|Is a directory|Permission denied|"
+    r"cannot open|can't read|command not found",
+)
+
+
+def _between(seqs: list[int], after: int, before: int) -> bool:
+    i = bisect.bisect_right(seqs, after)
+    return i < len(seqs) and seqs[i] < before
+
+
+def _says_failed(result: ToolResultBlock) -> bool:
+    """Whether an output says its command failed, whatever the flag (not every agent sets it)."""
+    return any(isinstance(p, TextBlock) and _FAILURE.search(p.text) for p in result.content)
 
 
 def _arguments(call: ToolUseBlock) -> dict[str, Any] | None:

@@ -66,6 +66,7 @@ from contextd.engine.view import (
     REPLY_PRIMING_TOKENS,
     Assembly,
     View,
+    ViewFormat,
     ViewRequest,
     assemble_view,
 )
@@ -749,11 +750,15 @@ def _fit_budget(
     it fits; and say so in the view. What cannot be offloaded stays, and the view says
     it is over (OVER_BUDGET)."""
     budget = inp.request.budget_tokens
+    if budget <= 0:
+        return [], []
+    # Offloading leaves a placeholder in each place: the messages, and their framing, stay.
+    framing = FRAMING_TOKENS_PER_MESSAGE * _messages(draft.ordered(), inp.request.format) + REPLY_PRIMING_TOKENS
 
-    def estimate() -> int:  # framing per entry: an upper bound (the Messages format merges some)
-        return draft.view_tokens + FRAMING_TOKENS_PER_MESSAGE * len(draft.entries) + REPLY_PRIMING_TOKENS
+    def estimate() -> int:
+        return draft.view_tokens + framing
 
-    if budget <= 0 or estimate() <= budget:
+    if estimate() <= budget:
         return [], []
     start = estimate()
     turns: dict[int, list[int]] = {}
@@ -809,6 +814,28 @@ def _fit_budget(
         f"the budget of {budget:,} tokens; their handles retrieve them"
     )
     return applied, [ViewWarning("BUDGET_OFFLOADED", note)]
+
+
+def _messages(entries: Sequence[Entry], fmt: ViewFormat) -> int:
+    """How many messages (with the system field) the entries render to, for their framing:
+    one per entry for Chat Completions; for Messages, the leading system items make one
+    field and consecutive items of one side merge (a lone text never takes more)."""
+    shown = [e for e in entries if e.representation is not Representation.OMITTED]
+    if fmt is not ViewFormat.ANTHROPIC_MESSAGES:
+        return len(shown)
+    count, side, closed, leading = 0, None, True, True
+    for entry in shown:
+        if entry.role is Role.SYSTEM and leading:
+            count += 1 if side != "system" else 0
+            side = "system"
+            continue
+        leading = False
+        this = "assistant" if entry.role is Role.ASSISTANT else "user"
+        if this != side or closed:
+            count += 1
+        side = this
+        closed = len(entry.content) == 1 and isinstance(entry.content[0], TextBlock)
+    return count
 
 
 def _content_of(edit: Edit, entries: Mapping[int, Entry], reason: str) -> tuple[Block, ...]:

@@ -6,14 +6,19 @@ so this module recognises a small set of command shapes and calls
 everything else *unknown*, which proves nothing and may have written
 anything:
 
-* reads: ``cat``, ``nl``, ``head``, ``sed -n 'A,Bp'`` (a file, or a part of
-  it by line numbers, possibly through ``nl -ba F | sed -n ...``); listings
-  and searches (``ls``, ``find``, ``grep``, ``rg``, ``git status|diff|log|
-  show``, ``wc`` ...) change nothing but show no file whole;
+* reads: ``cat``, ``nl -ba``, ``head``, ``sed -n 'A,Bp'`` (a file, or a part
+  of it by line numbers, possibly through ``nl -ba F | sed -n ...``), whose
+  output is shown (not redirected, not behind ``||``); listings and searches
+  (``ls``, ``find``, ``grep``, ``rg``, ``git status|diff|log|show``, ``wc``
+  ...) change nothing but show no file whole;
 * writes: ``sed -i``, output redirections (``>``, ``>>``, heredocs into a
-  file), ``tee``, ``mv``/``cp``/``rm``/``touch``/``mkdir``, ``patch``,
-  ``git apply|checkout|reset|restore|stash``;
-* anything else, and any shape not recognised in full: unknown.
+  file), ``tee``, ``rm``/``touch``/``mkdir``, ``patch FILE``; a write is
+  *in place* when it changes a file line for line (one ``s///`` with no
+  newline in what it puts);
+* unknown: anything else, and any shape not recognised in full: scripts,
+  test runs, ``git`` commands that change the work tree, ``cp``/``mv``,
+  recursive or glob writes, variables, command and process substitution,
+  subshells, comments, a ``cd`` left in effect for the next command.
 
 ``cd DIR &&`` prefixes are followed, so relative paths resolve to the same
 file whichever way the agent named it.
@@ -45,14 +50,18 @@ class Read:
 @dataclass(frozen=True, slots=True)
 class Effects:
     reads: tuple[Read, ...] = ()
+    """What the command's output shows of files."""
     writes: tuple[str, ...] = ()
     unknown: bool = False
     """Some part was not recognised: it may have read or written anything."""
     listing: bool = False
-    """Some part showed something without reading a file whole (ls, grep, git status ...)."""
+    """Its output shows more than its reads (a listing, a search, a message)."""
     command: str = field(default="", compare=False)
     in_place: tuple[str, ...] = ()
     """Those of `writes` changed line for line (``sed -i 's/a/b/'``): no line moved."""
+    shell_state: bool = False
+    """It may have changed the shell itself (its directory, its variables) for the
+    commands after it, in a shell that persists between calls."""
 
     @property
     def read_only(self) -> bool:
@@ -60,6 +69,9 @@ class Effects:
 
 
 UNKNOWN = Effects(unknown=True)
+SHELL_STATE = Effects(unknown=True, shell_state=True)
+_BUILTINS = {"cd", "pushd", "popd", "source", ".", "eval", "exec", "export", "unset", "set", "alias", "shopt", "umask"}
+"""Commands that change the shell they run in (not a program it starts)."""
 
 _SEPARATORS = {"&&", ";", "||", "\n", ";;"}
 _LISTINGS = {
@@ -84,74 +96,54 @@ _LISTINGS = {
     "true",
     "whoami",
     "date",
-    "env",
-    "type",
 }
-_FILTERS = {
-    "head",
-    "tail",
-    "grep",
-    "egrep",
-    "sort",
-    "uniq",
-    "wc",
-    "cut",
-    "sed",
-    "awk",
-    "nl",
-    "cat",
-    "less",
-    "more",
-    "tr",
-    "column",
-}
+_FILTERS = {"head", "tail", "grep", "egrep", "fgrep", "sort", "uniq", "wc", "cut", "sed", "nl", "cat", "tr", "column"}
+"""What may follow a pipe: reads its input, writes only its output (checked further below)."""
 _GIT_READS = {"status", "diff", "log", "show", "blame", "branch", "ls-files", "rev-parse", "grep"}
-_GIT_WRITES = {
-    "apply",
-    "checkout",
-    "reset",
-    "restore",
-    "stash",
-    "commit",
-    "merge",
-    "rebase",
-    "mv",
-    "rm",
-    "add",
-    "clean",
-    "switch",
-    "cherry-pick",
-    "revert",
-    "am",
-    "pull",
-}
-_WRITERS = {"mv", "cp", "rm", "touch", "mkdir", "rmdir", "tee", "truncate", "ln", "chmod", "chown", "install"}
+_WRITERS = {"rm", "touch", "mkdir", "rmdir", "tee", "truncate", "chmod", "chown"}
 _SED_RANGES = re.compile(r"^(\d+)(?:,(\d+))?p$")
+_EXPANDS = re.compile(r"\$\(|`|\$[A-Za-z_{@*#?$!0-9]|<\(|>\(")
+_GLOB = re.compile(r"[*?\[]")
 
 
 def effects(command: str, cwd: str = "") -> Effects:
     """What `command` reads and writes, resolving relative paths against `cwd` (and any
     ``cd`` in it); UNKNOWN unless every part of it is recognised."""
+    source = _without_heredocs(command)
+    if source is None:
+        return UNKNOWN
     try:
         # Unquoted newlines separate commands, like `;`: they are punctuation here.
-        lexer = shlex.shlex(_without_heredocs(command), posix=True, punctuation_chars=";&|<>\n")
+        lexer = shlex.shlex(source, posix=True, punctuation_chars=";&|<>\n")
         lexer.whitespace = " \t\r"
         lexer.whitespace_split = True
         lexer.commenters = ""
         tokens = list(lexer)
     except ValueError:
         return UNKNOWN
+    # What runs something else, or changes what a word means, is not read here:
+    # expansions and substitutions, subshells and groups, comments.
+    if any(_EXPANDS.search(t) or t[:1] in "(){}#" or t[-1:] in ")" for t in tokens):
+        return UNKNOWN
+    segments = _split(tokens)
+    if any(s[0] in _BUILTINS and (s[0] != "cd" or s is segments[-1]) for s in segments):
+        return SHELL_STATE  # e.g. a directory that stays changed for the next command
     gathered = _Gathered()
-    for segment in _split(tokens):
-        if segment and segment[0] == "cd":
+    for segment in segments:
+        if segment[0] == "cd":
             if len(segment) != 2:
                 return UNKNOWN
             cwd = _resolve(cwd, segment[1])
             continue
         found = _pipeline(segment, cwd)
-        if found is None:
+        if found is None or found.unknown:
             return UNKNOWN
         gathered.add(found)
+    if "||" in tokens:
+        # A part behind `||` may not have run, and one before it may have failed
+        # unseen (the chain still succeeds): what the output shows is not known.
+        gathered.reads = [Read(r.path, None) for r in gathered.reads]
+        gathered.listing = True
     return gathered.effects(command)
 
 
@@ -173,13 +165,15 @@ class _Gathered:
         self.listing = self.listing or found.listing
 
     def effects(self, command: str = "") -> Effects:
+        if any(_GLOB.search(w) for w in self.writes):
+            return UNKNOWN  # which files a pattern names is not known here
         kept = tuple(dict.fromkeys(w for w in self.in_place if w not in self.moving))  # written both ways: moved
         return Effects(tuple(self.reads), tuple(dict.fromkeys(self.writes)), False, self.listing, command, kept)
 
 
-def _without_heredocs(command: str) -> str:
+def _without_heredocs(command: str) -> str | None:
     """The command with each heredoc body left out (``cat <<'EOF' > f`` keeps ``cat > f``):
-    the body is data, not shell."""
+    the body is data, not shell; None when an unquoted body would run something."""
     out: list[str] = []
     lines = command.split("\n")
     i = 0
@@ -189,8 +183,10 @@ def _without_heredocs(command: str) -> str:
         out.append(line if match is None else line[: match.start()] + line[match.end() :])
         i += 1
         if match is not None:
-            end = match.group(2)
+            end, quoted = match.group(2), bool(match.group(1))
             while i < len(lines) and lines[i].strip() != end:
+                if not quoted and ("$(" in lines[i] or "`" in lines[i]):
+                    return None  # an unquoted body is expanded: this runs a command
                 i += 1
             i += 1  # the terminator
     return "\n".join(out)
@@ -219,22 +215,28 @@ def _pipeline(segment: list[str], cwd: str) -> Effects | None:
     if any(not p for p in parts):
         return None
     gathered = _Gathered()
+    hidden = False
     for index, part in enumerate(parts):
-        words, targets = _redirections(part, cwd)
-        if words is None:
+        redirected = _redirections(part, cwd)
+        if redirected is None:
             return None
+        words, targets, stdout_away = redirected
         gathered.add(Effects(writes=tuple(targets)))
+        hidden = hidden or stdout_away
         if not words:
             continue
         if index > 0:
-            if words[0] not in _FILTERS or _writes_in_place(words):
+            if not _filters(words):
                 return None
             continue
         found = _simple(words, cwd)
         if found is None:
             return None
         gathered.add(found)
-    if len(parts) > 1:
+    if hidden:
+        gathered.reads = []  # the output went elsewhere: it shows nothing of what was read
+        gathered.listing = True
+    elif len(parts) > 1:
         # A read through filters shows a part of the file, but which lines is not
         # known by number, except `nl -ba F | sed -n 'A,Bp'`.
         span = _numbered_range(parts) if len(gathered.reads) == 1 else None
@@ -246,47 +248,65 @@ def _pipeline(segment: list[str], cwd: str) -> Effects | None:
 _REDIRECTS = {">", ">>", ">|", "&>", "&>>", ">&", "<", "<>"}
 
 
-def _redirections(words: list[str], cwd: str) -> tuple[list[str] | None, list[str]]:
-    """The words without redirections, and the files written by them; None when a
-    redirection is not recognised."""
+def _redirections(words: list[str], cwd: str) -> tuple[list[str], list[str], bool] | None:
+    """The words without redirections, the files written by them, and whether the
+    standard output goes elsewhere; None when a redirection is not recognised."""
     out: list[str] = []
     targets: list[str] = []
+    stdout_away = False
     i = 0
     while i < len(words):
         word = words[i]
+        descriptor = ""
         if word.isdigit() and i + 1 < len(words) and words[i + 1] in _REDIRECTS:
-            i += 1  # a file descriptor number: `2>&1`, `2> err.log`
-            continue
+            descriptor, i = word, i + 1  # `2>&1`, `2> err.log`
+            word = words[i]
         if word not in _REDIRECTS:
             out.append(word)  # operators come out as words of their own: this one was quoted
             i += 1
             continue
         if i + 1 >= len(words):
-            return None, []
+            return None
         target = words[i + 1]
+        to_stdout = descriptor in ("", "1")
         if word == ">&" and target.isdigit():
-            pass  # duplicates a descriptor
-        elif word in ("<", "<>"):
-            if word == "<>":
-                targets.append(_resolve(cwd, target))
-        elif target != "/dev/null":
+            stdout_away = stdout_away or (to_stdout and target != "1")  # `>&2`: the output goes to the errors
+        elif word == "<":
+            pass
+        elif word == "<>":
             targets.append(_resolve(cwd, target))
+        else:
+            stdout_away = stdout_away or to_stdout or word in ("&>", "&>>")
+            if target != "/dev/null":
+                targets.append(_resolve(cwd, target))
         i += 2
-    return out, targets
+    return out, targets, stdout_away
+
+
+def _filters(words: list[str]) -> bool:
+    """Whether a command after a pipe only filters its input to its output."""
+    name, args = words[0], words[1:]
+    if name not in _FILTERS:
+        return False
+    files = [a for a in args if not a.startswith("-")]
+    if name == "sort":
+        return not any(a.startswith(("-o", "--output")) for a in args)
+    if name == "uniq":
+        return len(files) <= 1  # `uniq in out` writes out
+    if name == "sed":
+        found = _sed(args, "")
+        return found is not None and not found.writes
+    return True
 
 
 def _simple(words: list[str], cwd: str) -> Effects | None:
     name, args = words[0], words[1:]
-    if any(a.startswith(("$(", "`")) or "$(" in a or "`" in a for a in args):
-        return None  # command substitution runs something else
-    if name in ("cat", "nl"):
-        files = [a for a in args if not a.startswith("-")]
-        options = [a for a in args if a.startswith("-")]
-        if any(o not in ("-n", "-ba", "-b", "-a", "-A") for o in options):
-            return None
-        if not files:
-            return Effects(listing=True)  # reading its input (a heredoc, a pipe): a filter
-        return Effects(tuple(Read(_resolve(cwd, f), WHOLE) for f in files))
+    if "=" in name:
+        return None  # `VAR=value command`: an environment for something else
+    if name == "cat":
+        return _whole_reads(args, {"-n", "-A"}, cwd)
+    if name == "nl":
+        return _whole_reads(args, {"-ba"}, cwd)
     if name == "head":
         return _head(args, cwd)
     if name == "tail":
@@ -295,29 +315,35 @@ def _simple(words: list[str], cwd: str) -> Effects | None:
     if name == "sed":
         return _sed(args, cwd)
     if name in _LISTINGS:
-        if name == "find" and any(a in ("-delete", "-exec", "-execdir", "-ok", "-fprint") for a in args):
+        runs_or_writes = ("-delete", "-exec", "-execdir", "-ok", "-okdir")
+        if name == "find" and any(a in runs_or_writes or a.startswith("-f") for a in args):
+            return None  # runs something, or writes a file (-fprint, -fls ...)
+        if name == "tree" and "-o" in args:
             return None
         return Effects(listing=True)
     if name == "git":
         sub = next((a for a in args if not a.startswith("-")), "")
-        if sub in _GIT_READS:
+        if sub in _GIT_READS and not any(a.startswith(("--output", "-o")) for a in args):
             return Effects(listing=True)
-        if sub in _GIT_WRITES:
-            return (
-                Effects(writes=(_resolve(cwd, "."),))
-                if not _paths_after(args, sub)
-                else Effects(writes=tuple(_resolve(cwd, p) for p in _paths_after(args, sub)))
-            )
-        return None
+        return None  # git commands that change the work tree change files not named
     if name in _WRITERS:
         files = [a for a in args if not a.startswith("-")]
-        if not files:
+        if not files or any(a.startswith("-") and set(a[1:]) & set("rRa") for a in args if name == "rm"):
             return None
         return Effects(writes=tuple(_resolve(cwd, f) for f in files))
     if name == "patch":
         files = [a for a in args if not a.startswith("-")]
         return Effects(writes=(_resolve(cwd, files[0]),)) if len(files) in (1, 2) else None
     return None
+
+
+def _whole_reads(args: list[str], options: set[str], cwd: str) -> Effects | None:
+    files = [a for a in args if not a.startswith("-")]
+    if any(a.startswith("-") and a not in options for a in args):
+        return None
+    if not files:
+        return Effects(listing=True)  # reading its input (a heredoc, a pipe): a filter
+    return Effects(tuple(Read(_resolve(cwd, f), WHOLE) for f in files))
 
 
 def _head(args: list[str], cwd: str) -> Effects | None:
@@ -342,7 +368,7 @@ def _head(args: list[str], cwd: str) -> Effects | None:
 def _sed(args: list[str], cwd: str) -> Effects | None:
     scripts: list[str] = []
     words: list[str] = []
-    in_place = quiet = False
+    in_place = quiet = separate = False
     i = 0
     while i < len(args):
         arg = args[i]
@@ -354,10 +380,12 @@ def _sed(args: list[str], cwd: str) -> Effects | None:
             in_place = True
         elif arg in ("-n", "--quiet", "--silent"):
             quiet = True
-        elif arg in ("-E", "-r", "--regexp-extended", "-s", "-u", "-z"):
+        elif arg in ("-s", "--separate"):
+            separate = True
+        elif arg in ("-E", "-r", "--regexp-extended", "-u"):
             pass
         elif arg.startswith("-"):
-            return None  # -f (a script file) and anything else
+            return None  # -f (a script file), -z (lines are not lines), combined flags, anything else
         else:
             words.append(arg)
         i += 1
@@ -367,8 +395,8 @@ def _sed(args: list[str], cwd: str) -> Effects | None:
         scripts, words = [words[0]], words[1:]
     files = tuple(_resolve(cwd, f) for f in words)
     if in_place:
-        if not files:
-            return None
+        if not files or quiet or not all(_edits_only(s) for s in scripts):
+            return None  # -n -i keeps only what is printed; other commands may write or run
         in_line = all(_substitutes_in_line(script) for script in scripts)
         return Effects(writes=files, in_place=files if in_line else ())
     if not quiet or len(scripts) != 1:
@@ -378,16 +406,27 @@ def _sed(args: list[str], cwd: str) -> Effects | None:
         return None
     if not files:
         return Effects(listing=True)  # a filter
+    if len(files) > 1 and not separate:
+        return None  # without -s the files' lines are numbered as one stream
     return Effects(tuple(Read(f, spans) for f in files))
 
 
-_SUBSTITUTION = re.compile(r"s([/|#,:@])((?:\\.|(?!\1).)*)\1((?:\\.|(?!\1).)*)\1[gIi0-9]*")
+_SUBSTITUTION = re.compile(r"s([/|#,:@])((?:\\.|(?!\1).)*)\1((?:\\.|(?!\1).)*)\1([gIi0-9]*)")
+_LINE_EDIT = re.compile(r"(?:\d+(?:,\d+)?|/[^/]*/)(?:d|[aic] .*)")
+_NEWLINE_ESCAPES = re.compile(r"\\(?:n|x0[aA]|o012|d010|c[jJ])")
+
+
+def _edits_only(script: str) -> bool:
+    """One substitution, or a deletion or text added at an address: nothing that writes
+    another file or runs a command (`w`, `e`, `r` ...)."""
+    script = script.strip()
+    return _SUBSTITUTION.fullmatch(script) is not None or _LINE_EDIT.fullmatch(script) is not None
 
 
 def _substitutes_in_line(script: str) -> bool:
     """Whether a sed script is one substitution that cannot add or remove a line."""
     match = _SUBSTITUTION.fullmatch(script.strip())
-    return match is not None and "\n" not in script and "\\n" not in match.group(3)
+    return match is not None and "\n" not in script and not _NEWLINE_ESCAPES.search(match.group(3))
 
 
 def _sed_spans(script: str) -> tuple[tuple[int, int], ...] | None:
@@ -431,17 +470,6 @@ def _files_after_options(args: list[str], with_value: set[str]) -> list[str] | N
         files.append(arg)
         i += 1
     return files
-
-
-def _paths_after(args: list[str], sub: str) -> list[str]:
-    rest = args[args.index(sub) + 1 :]
-    if "--" in rest:
-        return rest[rest.index("--") + 1 :]
-    return [a for a in rest if not a.startswith("-") and ("/" in a or "." in a)]
-
-
-def _writes_in_place(words: list[str]) -> bool:
-    return words[0] == "sed" and any(w.startswith("-i") for w in words[1:])
 
 
 def _resolve(cwd: str, path: str) -> str:

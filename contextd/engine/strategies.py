@@ -29,6 +29,7 @@ A strategy never proposes for an item too small to be worth a placeholder
 from __future__ import annotations
 
 import fnmatch
+import posixpath
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
@@ -128,7 +129,7 @@ class Supersede(_Strategy):
         self, context: TransformContext, entry: Entry, seen: Observation, params: Mapping[str, Any]
     ) -> Proposal | None:
         # Only an output that is the read and nothing else: no listing, no writes.
-        if not seen.reads or seen.writes or seen.unknown or _listing(seen):
+        if not seen.reads or seen.writes or seen.unknown or seen.listing or _listing(seen):
             return None
         index = context.observations
         newer: list[Observation] = []
@@ -138,7 +139,7 @@ class Supersede(_Strategy):
                     o
                     for o in index.of_path(read.path)
                     if o.seq > entry.seq
-                    and not o.is_error
+                    and not o.failed
                     and _rereads(o, read, seen, index)
                     and _shown_in_full(context, o.seq)
                 ),
@@ -159,14 +160,19 @@ def _listing(seen: Observation) -> bool:
 
 def _rereads(later: Observation, read: Read, earlier: Observation, index: ObservationIndex) -> bool:
     """Whether `later` shows what `read` (part of `earlier`) showed, as it is now."""
+    if not posixpath.isabs(read.path) and index.shell_changed_between(earlier.seq, later.seq):
+        return False  # a relative path: the shell's directory may have changed in between
     for again in later.reads:
         if again.path != read.path or again.span is None:
             continue
         if again.span == WHOLE:
             return True  # the whole file as it is now: whatever happened in between
         if read.span is not None and covers(again.span, read.span):
-            # The same lines, provided nothing moved them in between.
-            return not index.may_have_moved_lines(read.path, earlier.seq, later.seq)
+            # The same lines, provided nothing moved them in between, or before the
+            # later read in its own command.
+            name = posixpath.basename(read.path)
+            moved_by_it = any(posixpath.basename(p) == name for p in later.moves_lines)
+            return not moved_by_it and not index.may_have_moved_lines(read.path, earlier.seq, later.seq)
     return False
 
 
@@ -180,8 +186,8 @@ class Snapshots(_Strategy):
         if not any(fnmatch.fnmatchcase(command, p) for p in params.get("commands", ())):
             return None
         later = context.observations.next_run(seen)
-        if later is None:
-            return None
+        if later is None or later.failed:
+            return None  # a failed run (a timeout, a crash) may show less than the one it would replace
         return Proposal(
             Replace(entry.seq, (TextBlock(_snapshot_residue(entry, seen, later)),)),
             2,
@@ -245,7 +251,8 @@ class Errors(_Strategy):
 
 _ERROR_LINE = re.compile(
     r"error|exception|traceback|fail|fatal|panic|denied|not found|no such|cannot|can't|undefined|invalid|"
-    r"<returncode>|exit (code|status)",
+    r"<returncode>|exit (code|status)|assert|expected|received|npm ERR!|"
+    r"^E\s|^\s*\+\s+where\b|^\s*-->\s|^\s*(left|right)\b\s*:|^\s*\w+_test\.go:\d+:|\bwant\b",
     re.IGNORECASE,
 )
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')

@@ -64,7 +64,7 @@ def findings(texts: Iterable[str]) -> tuple[Finding, ...]:
                 found.setdefault(Finding("uuid", match.group(0)))
         for match in _REQUEST_ID.finditer(text):
             value = match.group(1) or match.group(2)
-            if not _parses(uuid.UUID, value):  # a UUID is reported as one
+            if Finding("uuid", value) not in found:  # a UUID is reported as one
                 found.setdefault(Finding("request id", value))
     return tuple(found)[:MAX_FINDINGS]
 

@@ -965,3 +965,24 @@ def test_the_stored_state_is_the_plain_serialization_of_the_state() -> None:
         }
         assert state_to_json(state) == json.dumps(plain, separators=(",", ":"), ensure_ascii=False)
         assert state_from_json(state_to_json(state)) == state
+
+
+@pytest.mark.parametrize("fmt", [OPENAI, ANTHROPIC])
+def test_a_view_that_fits_its_budget_exactly_offloads_nothing(fmt: ViewFormat) -> None:
+    # Parallel calls: the Messages format merges their results into one message.
+    rounds = []
+    for n in range(6):
+        uses = tuple(ToolUseBlock(f"c{n}{k}", "bash", json.dumps({"path": f"{n}{k}"})) for k in range(3))
+        results = [
+            ItemContent(
+                role=Role.TOOL, content=(ToolResultBlock(f"c{n}{k}", (TextBlock(f"out {n}{k} " + "word " * 60),)),)
+            )
+            for k in range(3)
+        ]
+        rounds.append([ItemContent(role=Role.ASSISTANT, content=uses), *results])
+    items = history(*rounds)
+    budget = run(items, "rules: []", fmt=fmt).view.total_tokens
+    out = run(items, "protection: {last_turns: 1}\nrules: []", fmt=fmt, budget=budget)
+    assert [c for c in out.certificates if c.rule == "budget"] == [] and not out.view.over_budget
+    tighter = run(items, "protection: {last_turns: 1}\nrules: []", fmt=fmt, budget=budget - 200)
+    assert [c for c in tighter.certificates if c.rule == "budget"] and not tighter.view.over_budget

@@ -31,11 +31,13 @@ from contextd.engine.shell import WHOLE, Read, covers, effects
         ("cat <<'EOF' > new.py\nprint(1)\nEOF", [], ["/r/new.py"]),
         ("echo hi >> notes.txt", [], ["/r/notes.txt"]),
         ("ls > out.txt 2>&1", [], ["/r/out.txt"]),
-        ("rm -rf build", [], ["/r/build"]),
-        ("mv a.py b.py", [], ["/r/a.py", "/r/b.py"]),
+        ("rm -f build.log", [], ["/r/build.log"]),
         ("patch a.py fix.patch", [], ["/r/a.py"]),
-        ("git checkout src/a.py", [], ["/r/src/a.py"]),
-        ("cat a.py | tee b.py", [Read("/r/a.py", None)], None),  # tee in a pipeline: not a filter
+        ("cat a.py > /dev/null && echo ok", [], []),  # the output went elsewhere: nothing shown
+        ("cat a.py > backup.py", [], ["/r/backup.py"]),
+        ("cat a.py 2>&1", [Read("/r/a.py", WHOLE)], []),
+        ("grep -q TODO a.py || cat a.py", [Read("/r/a.py", None)], []),  # it may not have run
+        ("sed -n -s '1,5p' a.py b.py", [Read("/r/a.py", ((1, 5),)), Read("/r/b.py", ((1, 5),))], []),
     ],
 )
 def test_what_a_command_reads_and_writes(command: str, reads: list[Read], writes: list[str] | None) -> None:
@@ -62,6 +64,39 @@ def test_what_a_command_reads_and_writes(command: str, reads: list[Read], writes
         "cd a b",
         'python -c "print(1)\ncat x"',
         "cat 'unbalanced",
+        # Found by a second reading: each would have let a prune rest on a wrong claim.
+        "rm -rf build",
+        "mv a.py b.py",
+        "cp /tmp/app.py src/",
+        "cp -r /tmp/pristine/. src",
+        "git checkout src/a.py",
+        "git checkout HEAD~3",
+        "git stash",
+        "git apply fix.patch",
+        "git diff --output=out.txt",
+        "sed -i '3d' src/*.py",
+        "diff <(python3 fix.py) expected.txt",
+        "cat > notes.txt <<EOF\n$(python3 fix.py)\nEOF",
+        'cd "`python3 fix.py`" && ls',
+        'ls > "$(python3 fix.py)"',
+        "cat $F",
+        "env PYTHONPATH=src python3 fix.py",
+        "PYTHONPATH=src python3 fix.py",
+        "echo | awk -i inplace 'NR!=3' a.py",
+        "ls | sort -o a.py a.py",
+        "ls | uniq in.txt out.txt",
+        "ls | sed -ni 's/a/b/' a.py",
+        "sed -i -z 's/\\n/ /g' a.py",
+        "sed -n -i 's/foo/bar/' a.py",
+        "sed -i 's/a/b/w out' a.py",
+        "sed -n '1,5p' a.py b.py",  # without -s the two files' lines are numbered as one
+        "nl -b a app.py",  # -b takes a value: `a` is not a file
+        "cat src/util.py  # compare with src/app.py",
+        "(cd tests && cat a.py)",
+        "find . -name '*.py' -fprint out.txt",
+        "tree -o out.txt",
+        "cd tests",  # in a shell that persists, every later relative path changes meaning
+        "export F=a.py",
     ],
 )
 def test_anything_not_recognised_in_full_is_unknown(command: str) -> None:
@@ -75,6 +110,7 @@ def test_anything_not_recognised_in_full_is_unknown(command: str) -> None:
         ("sed -i 's|x/y|z|' a.py", ["/r/a.py"]),
         ("sed -i -e 's/a/b/' -e 's/c/d/' a.py", ["/r/a.py"]),
         ("sed -i 's/a/b\\nc/' a.py", []),  # the replacement adds a line
+        ("sed -i 's/, /\\x0a/g' a.py", []),  # so does this one
         ("sed -i '120d' a.py", []),
         ("sed -i '/x/a y' a.py", []),
         ("sed -i 's/a/b/' a.py && sed -i '3d' a.py", []),

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from contextd.engine.certificates import Decision
 from contextd.engine.model import Item, ItemContent, Representation, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.pipeline import RenderInput, RenderOutput, render
@@ -204,3 +206,74 @@ def test_error_lines_are_the_error_the_frame_it_came_from_and_the_exit_code() ->
         "    key, value = line.split(':', 1)",
         "ValueError: not enough values to unpack (expected 2, got 1)",
     ]
+
+
+WHOLE_READ = ("cat src/app.py", "the file\n" + BODY)
+
+
+@pytest.mark.parametrize(
+    "later",
+    [
+        # Found by a second reading: each later call looks like a read of the file, and is not one.
+        ("cat src/app.py > /dev/null && echo ok", "ok"),
+        ("cat src/app.py > /tmp/backup.py", ""),
+        ("grep -q TODO src/app.py || cat src/app.py", ""),
+        ("cat src/util.py  # compare with src/app.py", "util\n" + BODY),
+        ("cat src/app.py", "cat: src/app.py: No such file or directory"),  # failed, not flagged
+        ("sed -i '3d' src/app.py && sed -n '1,5p' src/app.py", "after the deletion\n" + BODY),
+    ],
+)
+def test_a_later_call_that_does_not_show_the_file_supersedes_nothing(later: tuple[str, str]) -> None:
+    assert pruned(run(session(WHOLE_READ, later), "supersede")) == {}
+
+
+def test_a_directory_left_changed_between_two_reads_of_a_relative_path_supersedes_nothing() -> None:
+    items = session(("cat app.py", "one file\n" + BODY), ("cd tests", ""), ("cat app.py", "another\n" + BODY))
+    assert pruned(run(items, "supersede")) == {}
+
+
+def test_an_output_that_shows_more_than_the_read_is_not_superseded() -> None:
+    items = session(("grep -rn parse src/ && cat src/app.py", "src/util.py:7: parse(x)\n" + BODY), WHOLE_READ)
+    assert pruned(run(items, "supersede")) == {}
+
+
+def test_a_snapshot_is_not_replaced_by_a_run_that_failed() -> None:
+    full = "FAILED tests/t.py::test_x - AssertionError: 3 != 4\n" + BODY + "\n1 failed, 3 passed"
+    items = session(("pytest tests", full), ("pytest tests", "Command timed out after 60 seconds", True))
+    assert pruned(run(items, "snapshots", '{commands: ["pytest*"]}')) == {}
+
+
+@pytest.mark.parametrize(
+    ("output", "kept"),
+    [
+        (
+            "    def test_total():\n>       assert total([1, 2]) == 4\nE       assert 3 == 4\n"
+            "E        +  where 3 = total([1, 2])\n\ntests/test_sum.py:9: AssertionError",
+            ["E       assert 3 == 4", "E        +  where 3 = total([1, 2])", "tests/test_sum.py:9: AssertionError"],
+        ),
+        (
+            "--- FAIL: TestSum (0.00s)\n    sum_test.go:8: Sum(1,2) = 3; want 4\nFAIL",
+            ["    sum_test.go:8: Sum(1,2) = 3; want 4"],
+        ),
+        (
+            "thread 'main' panicked at src/main.rs:4:5:\nassertion `left == right` failed\n  left: 4\n right: 5",
+            ["  left: 4", " right: 5"],
+        ),
+        (
+            'error[E0308]: mismatched types\n --> src/main.rs:4:18\n  |\n4 |     let x: i32 = "a";\n'
+            "  |            ---   ^^^ expected `i32`, found `&str`",
+            [" --> src/main.rs:4:18", "  |            ---   ^^^ expected `i32`, found `&str`"],
+        ),
+        (
+            "npm ERR! code ERESOLVE\nnpm ERR! ERESOLVE unable to resolve dependency tree\nnpm ERR! Found: react@18.2.0",
+            ["npm ERR! code ERESOLVE", "npm ERR! Found: react@18.2.0"],
+        ),
+        (
+            "src/app.test.js\n  ● sums\n    expect(received).toBe(expected)\n    Expected: 4\n    Received: 3",
+            ["    Expected: 4", "    Received: 3"],
+        ),
+    ],
+)
+def test_error_lines_keep_what_names_the_failure(output: str, kept: list[str]) -> None:
+    lines = error_lines(output, 12)
+    assert all(line in lines for line in kept), lines

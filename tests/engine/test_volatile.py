@@ -27,6 +27,12 @@ def test_dates_times_uuids_and_request_ids_are_found_by_parsing_them() -> None:
     )
 
 
+def test_an_id_in_hex_without_dashes_after_its_name_is_reported() -> None:
+    assert findings(["trace_id: 0af7651916cd43dd8448eb211c80319c"]) == (
+        Finding("request id", "0af7651916cd43dd8448eb211c80319c"),
+    )
+
+
 def test_what_only_looks_volatile_is_not_reported() -> None:
     text = (
         "Version 1.2.3, release 2026-13-45 (not a date), commit 3f2b8c1e9a4d4e5f, "
