@@ -84,7 +84,7 @@ class ObservationIndex:
         self._by_output: dict[str, tuple[int, ...]] = {}
         self._by_command: dict[tuple[str, str], tuple[int, ...]] = {}
         self._successes: dict[str, tuple[int, ...]] = {}
-        """tool name -> seqs of its calls that did not fail."""
+        """tool name -> seqs of its calls that did not fail (by flag or by what they say)."""
         self._unknown: list[int] = []
         """Seqs of the observations with unknown effects, in order."""
         self._shell_state: list[int] = []
@@ -126,7 +126,7 @@ class ObservationIndex:
                 grown["name"].setdefault(posixpath.basename(path.rstrip("/")), []).append(item.seq)
             grown["output"].setdefault(seen.output_hash, []).append(item.seq)
             grown["command"].setdefault((seen.tool, seen.command.strip()), []).append(item.seq)
-            if not seen.is_error:
+            if not seen.failed:
                 grown["success"].setdefault(seen.tool, []).append(item.seq)
             if seen.unknown:
                 self._unknown.append(item.seq)

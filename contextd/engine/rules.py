@@ -33,11 +33,6 @@ def _text(entry: Entry) -> str:
     return "\n".join(parts)
 
 
-def matches(when: When, entry: Entry, context: TransformContext) -> bool:
-    """Whether every condition `when` sets holds for `entry`."""
-    return holds_now(when, entry, context) and holds_for(when, entry)
-
-
 def holds_now(when: When, entry: Entry, context: TransformContext) -> bool:
     """The conditions that change from render to render: age and budget utilization."""
     if when.age_turns is not None and not when.age_turns.holds(context.turns - 1 - entry.turn):

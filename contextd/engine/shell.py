@@ -42,10 +42,6 @@ class Read:
     """Line ranges read (inclusive); WHOLE for the whole file; None when the part
     read is not known by line numbers (a search, a tail, a filtered read)."""
 
-    @property
-    def whole(self) -> bool:
-        return self.span == WHOLE
-
 
 @dataclass(frozen=True, slots=True)
 class Effects:
@@ -62,10 +58,6 @@ class Effects:
     shell_state: bool = False
     """It may have changed the shell itself (its directory, its variables) for the
     commands after it, in a shell that persists between calls."""
-
-    @property
-    def read_only(self) -> bool:
-        return not self.unknown and not self.writes
 
 
 UNKNOWN = Effects(unknown=True)

@@ -16,8 +16,8 @@ the cache). Each looks its evidence up in the session's observation index
   that may have moved its lines (a write of a file of that name other than a
   line-for-line substitution, or any call whose effects are unknown).
 * ``snapshots`` (level 2): an older run of a command the policy declares a
-  snapshot (a status, a test run) when the same command ran again later:
-  it keeps a one-line residue (command, exit code, last line).
+  snapshot (a status, a test run) when the same command ran again later and
+  did not fail: it keeps a one-line residue (command, exit code, last line).
 * ``errors`` (level 2): a failed call's output, once the same tool has
   succeeded since, keeps its residue: the error lines and the last frame of
   a traceback.
