@@ -750,7 +750,11 @@ def _fit_budget(
     it fits; and say so in the view. What cannot be offloaded stays, and the view says
     it is over (OVER_BUDGET)."""
     budget = inp.request.budget_tokens
-    if budget <= 0:
+    # At most a message per entry: a view under that bound fits without counting messages.
+    if (
+        budget <= 0
+        or draft.view_tokens + FRAMING_TOKENS_PER_MESSAGE * len(draft.entries) + REPLY_PRIMING_TOKENS <= budget
+    ):
         return [], []
     # Offloading leaves a placeholder in each place: the messages, and their framing, stay.
     framing = FRAMING_TOKENS_PER_MESSAGE * _messages(draft.ordered(), inp.request.format) + REPLY_PRIMING_TOKENS
