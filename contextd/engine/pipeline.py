@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from operator import is_
 from typing import Any
 
@@ -20,6 +21,7 @@ from contextd.engine import volatile
 from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.codec import content_hash
 from contextd.engine.eligibility import Judge, Protections
+from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import (
     Block,
     Item,
@@ -779,18 +781,20 @@ def _fit_budget(
     for seqs in turns.values():
         if estimate() <= budget:
             break
-        if any(protected.of(s) or judge.relied_upon(s) for s in seqs):
-            continue
+        full = [s for s in seqs if draft.entries[s].representation is Representation.FULL]
+        if not full or any(protected.of(s) or judge.relied_upon(s) for s in seqs):
+            continue  # nothing left to offload in it, or it must stay
         offloaded_turns += 1
         for seq in seqs:
             entry = draft.entries[seq]
             if entry.representation is not Representation.FULL:
                 continue  # already reduced (its slot is taken) or out
-            edit = Remove(seq, True, "offloaded to fit the view's token budget")
-            content = new_representation(entry, edit, BUDGET)
-            tokens = _tokens(content, inp.counter)
+            edit = Remove(seq, True, _OFFLOADED)
+            content, tokens = _offloaded.get(
+                (entry.item, inp.counter), partial(_placeholder_of, entry, edit, inp.counter)
+            )
             if tokens >= entry.tokens:
-                continue
+                continue  # (an item the size of its placeholder: asked again on every render, so remembered)
             position = offsets.get(seq, total)
             radius = max(0, total - position)
             log.add(
@@ -818,6 +822,15 @@ def _fit_budget(
         f"the budget of {budget:,} tokens; their handles retrieve them"
     )
     return applied, [ViewWarning("BUDGET_OFFLOADED", note)]
+
+
+_OFFLOADED = "offloaded to fit the view's token budget"
+_offloaded: IdentityMemo[tuple[tuple[Block, ...], int]] = IdentityMemo(100_000)
+
+
+def _placeholder_of(entry: Entry, edit: Remove, counter: TokenCounter) -> tuple[tuple[Block, ...], int]:
+    content = new_representation(entry, edit, BUDGET)
+    return content, _tokens(content, counter)
 
 
 def _messages(entries: Sequence[Entry], fmt: ViewFormat) -> int:
