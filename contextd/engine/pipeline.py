@@ -34,7 +34,7 @@ from contextd.engine.model import (
 )
 from contextd.engine.observations import ObservationIndex
 from contextd.engine.placeholders import handle_of, placeholder_blocks, with_calls
-from contextd.engine.policy import Policy, ToolDeclaration, default_policy
+from contextd.engine.policy import CachePolicy, Policy, ToolDeclaration, default_policy
 from contextd.engine.render.base import ViewWarning
 from contextd.engine.repair import RepairRun, repair
 from contextd.engine.rules import changes_with_time, holds_for, holds_now
@@ -688,7 +688,13 @@ def _time(
     else:
         offsets = previous.offsets()
         costed = [Costed(_position(e.edit, draft.order, previous, offsets), e.saving) for e in eligible]
-    timings = schedule(costed, context.cache, inp.policy.cache, context.utilization, force=inp.force)
+    timings = schedule(
+        costed,
+        context.cache,
+        _pricing(inp),
+        context.utilization,
+        force=inp.force,
+    )
     applied: list[AppliedEdit] = []
     pending: list[PendingEdit] = []
     durable: list[AppliedEdit] = []
@@ -808,7 +814,7 @@ def _fit_budget(
                     new_tokens=tokens,
                     position=position,
                     radius=radius,
-                    value=value_now(entry.tokens - tokens, radius, inp.policy.cache),
+                    value=value_now(entry.tokens - tokens, radius, _pricing(inp)),
                 )
             )
             done = AppliedEdit(edit, BUDGET, BUDGET, content, tokens, (), ControlMode.RULE)
@@ -884,6 +890,11 @@ def _position(edit: Edit, order: Sequence[int], previous: PreviousRender, offset
                 offset += segment.tokens
             return offset
     return previous.total_tokens  # a request patch changes no prompt bytes
+
+
+def _pricing(inp: RenderInput) -> CachePolicy:
+    """The policy's cache pricing for this session so far (its expected calls may grow with it)."""
+    return inp.policy.cache.for_session(inp.state.view_version)
 
 
 def _reordered(edit: Reorder, order: Sequence[int]) -> list[int]:

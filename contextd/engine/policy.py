@@ -18,7 +18,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib.resources import files
 from typing import Any
@@ -102,6 +102,14 @@ class CachePolicy:
     prices: Prices = PROVIDER_PRICES["anthropic"]
     expected_calls: int = 20
     high_water: float = 0.9
+    expected_calls_auto: bool = False
+    """Expect as many further calls as the session has made so far (at least `expected_calls`)."""
+
+    def for_session(self, calls_so_far: int) -> CachePolicy:
+        """The pricing for a session that has made `calls_so_far` calls."""
+        if not self.expected_calls_auto or calls_so_far <= self.expected_calls:
+            return self
+        return replace(self, expected_calls=calls_so_far)
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,11 +300,17 @@ def _build(data: dict[str, Any], document: str, registry: TransformRegistry, roo
         cache=CachePolicy(
             provider=provider,
             prices=prices,
-            expected_calls=cache_data.get("expected_calls", default.cache.expected_calls),
+            expected_calls=_expected_calls(cache_data, default.cache.expected_calls),
+            expected_calls_auto=cache_data.get("expected_calls") == "auto",
             high_water=cache_data.get("high_water", default.cache.high_water),
         ),
         tools=tools,
     )
+
+
+def _expected_calls(cache_data: Mapping[str, Any], default: int) -> int:
+    given = cache_data.get("expected_calls", default)
+    return default if given == "auto" else int(given)
 
 
 def _when(raw: Mapping[str, Any], path: str) -> tuple[When, list[FieldViolation]]:

@@ -986,3 +986,16 @@ def test_a_view_that_fits_its_budget_exactly_offloads_nothing(fmt: ViewFormat) -
     assert [c for c in out.certificates if c.rule == "budget"] == [] and not out.view.over_budget
     tighter = run(items, "protection: {last_turns: 1}\nrules: []", fmt=fmt, budget=budget - 200)
     assert [c for c in tighter.certificates if c.rule == "budget"] and not tighter.view.over_budget
+
+
+def test_a_session_with_many_calls_behind_it_expects_more_of_them_when_told_to() -> None:
+    # The same prune, priced over 20 further calls and over as many as the session has made.
+    sizes = [2_000] + [1_500] * 10
+    items = big_history(sizes, marked={0})
+    warm = run(items, "protection: {last_turns: 0}", now=0)
+    long_session = replace(warm.state, view_version=400)  # 400 renders so far
+    fixed = run(items, PRUNE_MARKED, state=long_session, now=60)
+    auto = run(items, PRUNE_MARKED.replace("expected_calls: 20", 'expected_calls: "auto"'), state=long_session, now=60)
+    assert [c.decision for c in fixed.certificates] == [Decision.DEFER]
+    [applied] = auto.certificates
+    assert applied.decision is Decision.PRUNE and "over 400 calls" in applied.rationale

@@ -170,3 +170,15 @@ def test_the_schema_is_published_json_schema() -> None:
 def test_what_looks_like_a_date_stays_a_string() -> None:
     policy = parse_policy("protection: {sources: [2024-01-01]}", TransformRegistry.default())
     assert policy.protection.sources.patterns == ("2024-01-01",)
+
+
+def test_expected_calls_may_grow_with_the_session() -> None:
+    auto = parse_policy('cache: {expected_calls: "auto"}', REGISTRY).cache
+    assert (auto.expected_calls, auto.expected_calls_auto) == (20, True)
+    assert auto.for_session(5).expected_calls == 20  # at least the default
+    assert auto.for_session(140).expected_calls == 140  # as many more as it has made
+    fixed = parse_policy("cache: {expected_calls: 30}", REGISTRY).cache
+    assert fixed.for_session(140) is fixed
+    with pytest.raises(InvalidArgument) as refused:
+        parse_policy("cache: {expected_calls: many}", REGISTRY)
+    assert refused.value.violations[0].field == "policy.cache.expected_calls"
