@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from contextd.engine.codec import b64_text
 from contextd.engine.memo import IdentityMemo
@@ -114,14 +115,15 @@ def _message_json(message: JsonObject) -> str:
     """`to_json(message)`, made of its blocks' JSON: the blocks are the items' own
     (remembered), while messages are made anew on every render."""
     content = message["content"]
-    if isinstance(content, str):
-        body = to_json(content)
+    if isinstance(content, str):  # a lone text: the item's own string
+        body = _block_json.get((content,), partial(to_json, content))
     else:
-        body = "[" + ",".join(_block_json.get((b,), lambda b=b: to_json(b)) for b in content) + "]"  # type: ignore[misc]
-    return '{"role":' + to_json(message["role"]) + ',"content":' + body + "}"
+        body = "[" + ",".join(_block_json.get((b,), partial(to_json, b)) for b in content) + "]"
+    return _OPENINGS[message["role"]] + body + "}"
 
 
 _block_json: IdentityMemo[str] = IdentityMemo(400_000)
+_OPENINGS = {role: '{"role":' + to_json(role) + ',"content":' for role in ("user", "assistant")}
 
 
 def _carried(block: Block, seq: int, out: Rendered) -> bool:
