@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from contextd.engine.codec import canonical_json, content_hash, item_to_json
 from contextd.engine.errors import InvalidArgument, LimitExceeded
 from contextd.engine.model import AppendResult, ItemContent, Session
+from contextd.engine.observations import COMPLETES, parse_completion
 from contextd.engine.policy import parse_policy
 from contextd.engine.tokens import TokenCounter, item_tokens
 from contextd.engine.transforms import TransformRegistry
@@ -88,6 +89,7 @@ class SessionService:
         check_batch(items, self.limits)
         for i, item in enumerate(items):
             _check_metadata(item.metadata, f"items[{i}].metadata")
+            _check_completion(item.metadata, f"items[{i}].metadata")
         annotate(session_id=session_id, items=len(items))
         if sum(item_bytes(i) for i in items) > _THREAD_THRESHOLD_BYTES:
             prepared, request_hash = await asyncio.to_thread(self._prepare, items, author)
@@ -124,6 +126,13 @@ def _check_metadata(metadata: Mapping[str, str], field: str) -> None:
     size = sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items())
     if size > MAX_METADATA_BYTES:
         raise LimitExceeded.at(field, f"{size:,} bytes, over the maximum of {MAX_METADATA_BYTES:,}")
+
+
+def _check_completion(metadata: Mapping[str, str], field: str) -> None:
+    """A completion mark must name a span of earlier items (`FIRST-LAST`)."""
+    value = metadata.get(COMPLETES)
+    if value is not None and parse_completion(value) is None:
+        raise InvalidArgument.at(f"{field}[{COMPLETES}]", f"{value!r} is not FIRST-LAST, two seqs from 1, in order")
 
 
 def _own(policy: str) -> str:

@@ -57,6 +57,27 @@ class Observation:
     """What it returned (tool call ids left out: identical outputs share it)."""
 
 
+COMPLETES = "contextd.completes"
+"""Item metadata: ``FIRST-LAST``, the seqs of a span of work this item records the outcome of."""
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    first: int
+    last: int
+    outcome: int
+    """The item that records what the span of work came to."""
+
+
+def parse_completion(value: str) -> tuple[int, int] | None:
+    """``FIRST-LAST`` as two seqs (FIRST ≤ LAST, both from 1); None when it is not that."""
+    first, dash, last = value.partition("-")
+    if not dash or not first.isdigit() or not last.isdigit():
+        return None
+    span = int(first), int(last)
+    return span if 1 <= span[0] <= span[1] else None
+
+
 class Declared(Protocol):
     """A tool's declaration in the policy (policy.ToolDeclaration)."""
 
@@ -76,6 +97,8 @@ class ObservationIndex:
         self._tools = tools
         self._calls: dict[str, tuple[int, ToolUseBlock]] = {}
         self.by_seq: dict[int, Observation] = {}
+        self.completions: tuple[Completion, ...] = ()
+        """Spans of work the client marked complete, in the order of the items that record them."""
         self._by_path: dict[str, tuple[int, ...]] = {}
         """path -> seqs of the observations that read it or wrote it."""
         self._by_name: dict[str, tuple[int, ...]] = {}
@@ -95,6 +118,7 @@ class ObservationIndex:
         other._tools = self._tools
         other._calls = dict(self._calls)
         other.by_seq = dict(self.by_seq)
+        other.completions = self.completions
         other._by_path = dict(self._by_path)
         other._by_name = dict(self._by_name)
         other._by_output = dict(self._by_output)
@@ -110,6 +134,9 @@ class ObservationIndex:
         # quadratic time for a tool called a thousand times.
         grown: dict[str, dict[Any, list[int]]] = {"path": {}, "name": {}, "output": {}, "command": {}, "success": {}}
         for item in items:
+            span = parse_completion(item.metadata.get(COMPLETES, "")) if item.metadata else None
+            if span is not None:
+                self.completions = (*self.completions, Completion(span[0], span[1], item.seq))
             if item.role is Role.ASSISTANT:
                 for call in item.tool_uses:
                     self._calls[call.id] = (item.seq, call)

@@ -21,6 +21,9 @@ the cache). Each looks its evidence up in the session's observation index
 * ``errors`` (level 2): a failed call's output, once the same tool has
   succeeded since, keeps its residue: the error lines and the last frame of
   a traceback.
+* ``completed`` (level 3): an item in a span of work the client marked
+  complete (metadata ``contextd.completes: FIRST-LAST`` on the item that
+  records the outcome), while the outcome is shown in full.
 
 A strategy never proposes for an item too small to be worth a placeholder
 (``min_tokens``), so the certificates are not filled with refusals.
@@ -277,4 +280,31 @@ def error_lines(text: str, limit: int) -> list[str]:
     return [lines[i] for i in ordered]
 
 
-BUILT_IN_STRATEGIES = (Dedupe(), SameSource(), Supersede(), Snapshots(), Errors())
+class Completed:
+    """Level 3: an item inside a span of work the client marked complete, on the item that
+    records its outcome (metadata ``contextd.completes: FIRST-LAST``), while that item is
+    shown in full."""
+
+    name: ClassVar[str] = "completed"
+    version: ClassVar[str] = "1"
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterator[Proposal]:
+        spans = context.observations.completions
+        if not spans:
+            return
+        for entry in candidates:
+            if not _worth(entry, params):
+                continue
+            done = next(
+                (c for c in spans if c.first <= entry.seq <= c.last < c.outcome and _shown_in_full(context, c.outcome)),
+                None,
+            )
+            if done is None:
+                continue
+            note = f"completed work (items {done.first}-{done.last}); its outcome is recorded at seq {done.outcome}"
+            yield Proposal(Remove(entry.seq, True, note), 3, "completed", note, (done.outcome,))
+
+
+BUILT_IN_STRATEGIES = (Dedupe(), SameSource(), Supersede(), Snapshots(), Errors(), Completed())

@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 import grpc
 import pytest
-from contextd_client import Client, InvalidArgument, ViewFormat
+from contextd_client import Client, InvalidArgument, ViewFormat, completes
+from contextd_client.v1 import content_pb2 as pb
 from contextd_client.v1 import contextd_pb2 as api
 from contextd_client.v1 import contextd_pb2_grpc
 from sqlalchemy import text
@@ -313,3 +314,30 @@ def test_a_replica_that_did_not_make_the_previous_render_renders_the_same(
                 assert [c.decision for c in resumed.certificates].count("prune") == 2  # the newly old outputs
     finally:
         other.stop()
+
+
+def test_work_the_client_marks_complete_leaves_the_view_and_a_bad_mark_is_refused(
+    client: Client, session_id: str
+) -> None:
+    conversation(client, session_id, rounds=3)  # seqs 3-8: three calls and their outputs
+    outcome = pb.Item(
+        role=pb.ROLE_ASSISTANT,
+        content=[pb.ContentBlock(text=pb.TextBlock(text="The three runs agree: the parser is fixed."))],
+        metadata=completes(3, 8),
+    )
+    done = pb.Item(role=pb.ROLE_USER, content=[pb.ContentBlock(text=pb.TextBlock(text="Thanks, go on."))])
+    client.append_items(session_id, [outcome, done])
+    view = client.render_view(session_id, ViewFormat.OPENAI_CHAT)
+    completed = [c for c in view.certificates if c.rule == "completed-work"]
+    assert [(c.seq, c.decision, c.level) for c in completed] == [(4, "prune", 3), (6, "prune", 3), (8, "prune", 3)]
+    assert "its outcome is recorded at seq 9" in view.messages_json
+
+    bad = pb.Item(
+        role=pb.ROLE_USER,
+        content=[pb.ContentBlock(text=pb.TextBlock(text="x"))],
+        metadata={"contextd.completes": "8-3"},
+    )
+    with pytest.raises(InvalidArgument) as refused:
+        client.append_items(session_id, [bad])
+    assert refused.value.field == "items[0].metadata[contextd.completes]"
+    assert client.get_session(session_id).version == 10  # nothing appended

@@ -73,6 +73,7 @@ def test_an_empty_document_is_the_default_policy() -> None:
         ("superseded-reads", "supersede"),
         ("snapshots", "snapshots"),
         ("old-errors", "errors"),
+        ("completed-work", "completed"),
     ]
     assert default.tools["bash"].effect == "shell" and default.document.startswith("# The default policy")
     assert parse_policy(default.document, REGISTRY).version == default.version  # the shipped text is a policy

@@ -17,7 +17,7 @@ from contextd.engine.state import ViewState
 from contextd.engine.strategies import error_lines
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.view import ViewFormat, ViewRequest
-from tests.helpers import counter, make_session, stored_items
+from tests.helpers import counter, make_session, stored_items, to_item
 
 REGISTRY = TransformRegistry.default()
 BODY = "\n".join(f"    line {n} of the body, long enough to be worth a placeholder" for n in range(12))
@@ -277,3 +277,31 @@ def test_a_snapshot_is_not_replaced_by_a_run_that_failed() -> None:
 def test_error_lines_keep_what_names_the_failure(output: str, kept: list[str]) -> None:
     lines = error_lines(output, 12)
     assert all(line in lines for line in kept), lines
+
+
+# --------------------------------------------------------------- completed
+
+
+def completed_session(mark: str) -> list[Item]:
+    """Four calls of work, then the agent's note of what it came to, marked as their outcome."""
+    items = session(*((f"python3 step{n}.py", f"step {n} output\n" + BODY) for n in range(1, 5)))
+    note = ItemContent(
+        role=Role.ASSISTANT,
+        content=(TextBlock("Steps 1-4 done: the parser accepts empty headers now."),),
+        metadata={"contextd.completes": mark},
+    )
+    return [*items, to_item(note, len(items) + 1)]
+
+
+def test_a_span_marked_complete_goes_once_its_outcome_is_recorded() -> None:
+    items = completed_session("3-10")  # the four calls and their outputs
+    out = run(items, "completed")
+    assert pruned(out) == {
+        seq: (3, "completed work (items 3-10); its outcome is recorded at seq 11") for seq in (4, 6, 8, 10)
+    }
+    assert shown(out, 11) is Representation.FULL  # the outcome: the evidence, kept whole
+
+
+def test_a_mark_that_does_not_point_back_or_does_not_parse_completes_nothing() -> None:
+    assert pruned(run(completed_session("3-12"), "completed")) == {}  # ends after its own record
+    assert pruned(run(completed_session("ten-twelve"), "completed")) == {}

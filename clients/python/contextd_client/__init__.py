@@ -23,6 +23,7 @@ from contextd_client._errors import (
     Unimplemented,
     VersionConflict,
 )
+from contextd_client._marks import completes
 from contextd_client._retry import NO_RETRY, RetryPolicy
 from contextd_client._types import (
     AppendResult,
@@ -64,6 +65,7 @@ __all__ = [
     "ViewFormat",
     "ViewItem",
     "ViewWarning",
+    "completes",
     "items_from_anthropic",
     "items_from_openai",
 ]
