@@ -1,7 +1,10 @@
 """Engine time of a render: cold (no previous render) and incremental (the
-previous render's state, one item appended since), with a policy of 5 rules.
+previous render's state, one item appended since), with a policy of 5 rules
+(or, --workload default-unprunable, the default policy on a session it can
+prune nothing of).
 
     python bench/engine.py [--items 1000] [--repeat 50] [--format openai_chat|anthropic_messages]
+                           [--workload five-rules|default-unprunable]
 
 Runs the pure engine in-process (contextd.engine.pipeline.render): no gRPC,
 no database, so the figures are the engine's own work. Prints a Markdown
@@ -24,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from contextd.engine.model import Item, ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock  # noqa: E402
 from contextd.engine.pipeline import Carry, RenderInput, RenderOutput, render  # noqa: E402
-from contextd.engine.policy import parse_policy  # noqa: E402
+from contextd.engine.policy import default_policy, parse_policy  # noqa: E402
 from contextd.engine.state import ViewState  # noqa: E402
 from contextd.engine.tokens import TiktokenCounter  # noqa: E402
 from contextd.engine.transforms import TransformRegistry  # noqa: E402
@@ -51,6 +54,23 @@ OUTPUT = (
     'Traceback (most recent call last):\n  File "src/app/parse.py", line 41, in parse_header\n'
     "    key, value = line.split(':', 1)\nValueError: not enough values to unpack (expected 2, got 1)\n"
 )
+
+
+def unprunable(n: int) -> list[ItemContent]:
+    """A bash agent's session the default policy can prune nothing of: reads of different
+    files, every output its own."""
+    contents = [
+        ItemContent(role=Role.SYSTEM, content=(TextBlock("You are a coding agent."),)),
+        ItemContent(role=Role.USER, content=(TextBlock("Fix the parser."),)),
+    ]
+    call = 0
+    while len(contents) < n:
+        call += 1
+        command = json.dumps({"command": f"sed -n '1,60p' src/module_{call}.py"})
+        contents.append(ItemContent(role=Role.ASSISTANT, content=(ToolUseBlock(f"c{call}", "bash", command),)))
+        output = (TextBlock(f"# module {call}\n" + f"value_{call} = compute({call})\n" * 60),)
+        contents.append(ItemContent(role=Role.TOOL, content=(ToolResultBlock(f"c{call}", output, name="bash"),)))
+    return contents[:n]
 
 
 def history(n: int) -> list[ItemContent]:
@@ -85,12 +105,17 @@ def main() -> int:
     parser.add_argument("--items", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--format", choices=[f.value for f in ViewFormat], default=ViewFormat.OPENAI_CHAT.value)
+    parser.add_argument("--workload", choices=["five-rules", "default-unprunable"], default="five-rules")
     args = parser.parse_args()
 
     counter, registry = TiktokenCounter(), TransformRegistry.default()
-    policy = parse_policy(POLICY, registry)
-    assert len(policy.rules) == 5
-    contents = history(args.items + 1)
+    if args.workload == "five-rules":
+        policy = parse_policy(POLICY, registry)
+        assert len(policy.rules) == 5
+        contents = history(args.items + 1)
+    else:  # the default policy's strategies, on a session they can prune nothing of
+        policy = default_policy()
+        contents = unprunable(args.items + 1)
     items = stored(contents)
     request = ViewRequest(ViewFormat(args.format), budget_tokens=0)
 
@@ -114,14 +139,15 @@ def main() -> int:
 
     print(f"command: python bench/engine.py {' '.join(sys.argv[1:])}".rstrip())
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    print(f"machine: {machine}, {time.strftime('%Y-%m-%d')}; view format: {args.format}")
+    print(f"machine: {machine}, {time.strftime('%Y-%m-%d')}; view format: {args.format}; workload: {args.workload}")
     print()
+    rules = f"{len(policy.rules)} rules"
     print("| render | items | p50 | p99 | mean |")
     print("| --- | --- | --- | --- | --- |")
     for name, samples, size in (
-        ("cold (no previous render), 5 rules", cold, args.items),
-        ("incremental (previous state and carry, 1 item appended since), 5 rules", incremental, args.items),
-        ("incremental without the carry (previous state only), 5 rules", uncarried, args.items),
+        (f"cold (no previous render), {rules}", cold, args.items),
+        (f"incremental (previous state and carry, 1 item appended since), {rules}", incremental, args.items),
+        (f"incremental without the carry (previous state only), {rules}", uncarried, args.items),
     ):
         print(
             f"| {name} | {size:,} | {percentile(samples, 50):.2f} ms | {percentile(samples, 99):.2f} ms "
