@@ -20,6 +20,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,38 +57,39 @@ OUTPUT = (
 )
 
 
-def unprunable(n: int) -> list[ItemContent]:
-    """A bash agent's session the default policy can prune nothing of: reads of different
-    files, every output its own."""
+def agent_session(n: int, call: Callable[[int], tuple[str, str, str]]) -> list[ItemContent]:
+    """n items: a system prompt, a task, then tool calls and outputs; `call(k)` gives the
+    k-th call's tool, command and output."""
     contents = [
         ItemContent(role=Role.SYSTEM, content=(TextBlock("You are a coding agent."),)),
         ItemContent(role=Role.USER, content=(TextBlock("Fix the parser."),)),
     ]
-    call = 0
+    k = 0
     while len(contents) < n:
-        call += 1
-        command = json.dumps({"command": f"sed -n '1,60p' src/module_{call}.py"})
-        contents.append(ItemContent(role=Role.ASSISTANT, content=(ToolUseBlock(f"c{call}", "bash", command),)))
-        output = (TextBlock(f"# module {call}\n" + f"value_{call} = compute({call})\n" * 60),)
-        contents.append(ItemContent(role=Role.TOOL, content=(ToolResultBlock(f"c{call}", output, name="bash"),)))
+        k += 1
+        tool, command, output = call(k)
+        use = ToolUseBlock(f"c{k}", tool, json.dumps({"command": command}))
+        contents.append(ItemContent(role=Role.ASSISTANT, content=(use,)))
+        result = ToolResultBlock(f"c{k}", (TextBlock(output),), name=tool)
+        contents.append(ItemContent(role=Role.TOOL, content=(result,)))
     return contents[:n]
 
 
 def history(n: int) -> list[ItemContent]:
-    contents = [
-        ItemContent(role=Role.SYSTEM, content=(TextBlock("You are a coding agent."),)),
-        ItemContent(role=Role.USER, content=(TextBlock("Fix the parser."),)),
-    ]
-    call = 0
-    while len(contents) < n:
-        call += 1
-        tool = "bash" if call % 2 else "read_file"
-        arguments = json.dumps({"command": f"sed -n {call},{call + 40}p src/app/parse.py"})
-        contents.append(ItemContent(role=Role.ASSISTANT, content=(ToolUseBlock(f"c{call}", tool, arguments),)))
-        output = (TextBlock(OUTPUT * (1 + call % 4)),)
-        result = ToolResultBlock(f"c{call}", output, name=tool)
-        contents.append(ItemContent(role=Role.TOOL, content=(result,)))
-    return contents[:n]
+    """Reads of one file by two tools, outputs repeating (what the 5 rules act on)."""
+    return agent_session(
+        n,
+        lambda k: ("bash" if k % 2 else "read_file", f"sed -n {k},{k + 40}p src/app/parse.py", OUTPUT * (1 + k % 4)),
+    )
+
+
+def unprunable(n: int) -> list[ItemContent]:
+    """A bash agent's session the default policy can prune nothing of: reads of different
+    files, every output its own."""
+    return agent_session(
+        n,
+        lambda k: ("bash", f"sed -n '1,60p' src/module_{k}.py", f"# module {k}\n" + f"value_{k} = compute({k})\n" * 60),
+    )
 
 
 def stored(contents: list[ItemContent]) -> list[Item]:

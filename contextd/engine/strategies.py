@@ -132,7 +132,7 @@ class Supersede(_Strategy):
         self, context: TransformContext, entry: Entry, seen: Observation, params: Mapping[str, Any]
     ) -> Proposal | None:
         # Only an output that is the read and nothing else: no listing, no writes.
-        if not seen.reads or seen.writes or seen.unknown or seen.listing or _listing(seen):
+        if not seen.reads or seen.writes or seen.unknown or seen.listing:
             return None
         index = context.observations
         newer: list[Observation] = []
@@ -154,11 +154,6 @@ class Supersede(_Strategy):
         shown = ", ".join(f"call {o.call_id} (seq {o.seq})" for o in dict.fromkeys(newer))
         note = f"read again later by {shown}"
         return Proposal(Remove(entry.seq, True, note), 2, "superseded", note, tuple(sorted({o.seq for o in newer})))
-
-
-def _listing(seen: Observation) -> bool:
-    """Whether its output holds more than the reads (a listing or search alongside)."""
-    return any(r.span is None for r in seen.reads)
 
 
 def _rereads(later: Observation, read: Read, earlier: Observation, index: ObservationIndex) -> bool:
