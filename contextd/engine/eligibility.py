@@ -179,7 +179,8 @@ class Judge:
             return _abstain(proposal.evidence or "the transform could not establish that it is safe")
         if not 0 <= proposal.level <= 4:
             return _abstain(f"level {proposal.level} is not on the evidence ladder (0-4)")
-        if control is ControlMode.RULE and proposal.level > self._policy.max_level:
+        allowed = proposal.compression and self._policy.compression
+        if control is ControlMode.RULE and proposal.level > self._policy.max_level and not allowed:
             return _abstain(
                 f"level {proposal.level} ({LEVELS[proposal.level]}) is above the policy's maximum "
                 f"of {self._policy.max_level}"

@@ -557,6 +557,7 @@ def _context(inp: RenderInput, draft: _Draft, previous: PreviousRender | None) -
             ttl_seconds=inp.policy.cache.prices.ttl_seconds,
         ),
         focus=focus_terms((draft.latest_user, draft.latest_calls), inp.request.focus),
+        requested_focus=tuple(inp.request.focus),
         tools=inp.tools,
         tool_effects=inp.policy.tools,
         turns=draft.turns,

@@ -118,6 +118,8 @@ class ToolDeclaration:
     source_arg: str = ""
     command_arg: str = "command"
     """For a shell tool: the argument holding the command."""
+    content: str = ""
+    """What the tool's outputs hold (a compressor kind), when declared."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +166,8 @@ class Policy:
     rules: tuple[Rule, ...] = ()
     protection: Protection = Protection()
     max_level: int = 3
+    compression: bool = True
+    """Compressions apply whatever `max_level` says (see docs/policy.md)."""
     cache: CachePolicy = CachePolicy()
     tools: Mapping[str, ToolDeclaration] = field(default_factory=dict)
 
@@ -277,7 +281,9 @@ def _build(data: dict[str, Any], document: str, registry: TransformRegistry, roo
             violations.append(
                 FieldViolation(f"{root}.tools.{name}.source_arg", f"a {effect.value} tool names its source argument")
             )
-        tools[name] = ToolDeclaration(effect, raw.get("source_arg", ""), raw.get("command_arg", "command"))
+        tools[name] = ToolDeclaration(
+            effect, raw.get("source_arg", ""), raw.get("command_arg", "command"), raw.get("content", "")
+        )
     if violations:
         raise InvalidArgument(violations)
     default = Policy(version="", document="")  # what a field left out is
@@ -297,6 +303,7 @@ def _build(data: dict[str, Any], document: str, registry: TransformRegistry, roo
             sources=Globs(tuple(protection.get("sources", ()))),
         ),
         max_level=data.get("evidence", {}).get("max_level", default.max_level),
+        compression=data.get("evidence", {}).get("compression", default.compression),
         cache=CachePolicy(
             provider=provider,
             prices=prices,

@@ -184,12 +184,18 @@ def _proposal_to_json(p: Proposal) -> dict[str, Any]:
         "reason": p.reason,
         "evidence": p.evidence,
         "evidence_seqs": list(p.evidence_seqs),
+        **({"compression": True} if p.compression else {}),
     }
 
 
 def _proposal_from_json(data: dict[str, Any]) -> Proposal:
     return Proposal(
-        _edit_from_json(data["edit"]), data["level"], data["reason"], data["evidence"], tuple(data["evidence_seqs"])
+        _edit_from_json(data["edit"]),
+        data["level"],
+        data["reason"],
+        data["evidence"],
+        tuple(data["evidence_seqs"]),
+        compression=data.get("compression", False),
     )
 
 

@@ -24,6 +24,11 @@ the cache). Each looks its evidence up in the session's observation index
 * ``completed`` (level 3): an item in a span of work the client marked
   complete (metadata ``contextd.completes: FIRST-LAST`` on the item that
   records the outcome), while the outcome is shown in full.
+* ``compress``: not a prune but a reduced form (compress/): the output stays
+  in the view with its fact lines verbatim, what was left out said by line
+  range, and the handle named. Certified at level 0 when only repetition was
+  folded, else 4; the policy's ``compression`` switch allows it whatever the
+  maximum level.
 
 A strategy never proposes for an item too small to be worth a placeholder
 (``min_tokens``), so the certificates are not filled with refusals.
@@ -37,6 +42,8 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
+from contextd.engine.compress import Compressed, Focus, compress
+from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Representation, TextBlock
 from contextd.engine.observations import Observation, ObservationIndex
 from contextd.engine.placeholders import PREFIX, describe, handle_of
@@ -302,4 +309,46 @@ class Completed:
             yield Proposal(Remove(entry.seq, True, note), 3, "completed", note, (done.outcome,))
 
 
-BUILT_IN_STRATEGIES = (Dedupe(), SameSource(), Supersede(), Snapshots(), Errors(), Completed())
+class Compress(_Strategy):
+    name: ClassVar[str] = "compress"
+
+    def proposal(
+        self, context: TransformContext, entry: Entry, seen: Observation, params: Mapping[str, Any]
+    ) -> Proposal | None:
+        result = entry.item.tool_result
+        if result is None or not all(isinstance(p, TextBlock) for p in result.content):
+            return None  # images and documents are not read here
+        focus = Focus(context.requested_focus, context.focus)
+        declared = entry.item.metadata.get(CONTENT_KEY, "")
+        if not declared and seen.tool in context.tool_effects:
+            declared = getattr(context.tool_effects[seen.tool], "content", "")
+        path = seen.reads[0].path if seen.reads else ""
+        text = _output_text(entry)
+        held = _compressions.get((entry.item,), dict)
+        if focus.terms not in held:
+            held[focus.terms] = compress(text, focus, declared=declared, command=seen.command, path=path)
+        found = held[focus.terms]
+        if found is None or len(found.text) > params.get("max_ratio", MAX_RATIO) * len(text):
+            return None
+        header = (
+            f"{PREFIX} {describe(entry.item)} compressed as {found.kind}: {found.summary}; "
+            f"retrieve the whole with handle {handle_of(entry.item)}]"
+        )
+        return Proposal(
+            Replace(entry.seq, (TextBlock(header + "\n" + found.text),)),
+            0 if found.lossless else 4,
+            f"compressed_{found.kind}",
+            found.summary,
+            compression=True,
+        )
+
+
+CONTENT_KEY = "contextd.content_type"
+"""Item metadata declaring what a tool output holds (a compressor kind: log, json, code ...)."""
+MAX_RATIO = 0.7
+"""A compression is proposed only when it keeps at most this share of the output's characters."""
+_compressions: IdentityMemo[dict[tuple[str, ...], Compressed | None]] = IdentityMemo(20_000)
+"""Per item, its compressed form under each focus asked (None: none worth having)."""
+
+
+BUILT_IN_STRATEGIES = (Dedupe(), SameSource(), Supersede(), Snapshots(), Errors(), Completed(), Compress())

@@ -93,6 +93,10 @@ class Proposal:
     """Items the claim rests on (for level 0: items with the identical content)."""
     abstain: bool = False
     """The transform looked and could not establish safety: recorded as ABSTAIN."""
+    compression: bool = False
+    """A reduced form that keeps the item in the view (its fact lines verbatim, the rest
+    said by line range, the handle named): allowed by the policy's `compression` switch
+    rather than by its maximum level."""
 
 
 # ---------------------------------------------------------- what it sees
@@ -174,6 +178,8 @@ class TransformContext:
     cache: CacheState
     focus: tuple[str, ...]
     """Identifiers the next call is about (from the request, the latest user turn and tool calls)."""
+    requested_focus: tuple[str, ...] = ()
+    """The focus terms the client gave with the request (the first of `focus`)."""
     tools: tuple[Mapping[str, Any], ...] = ()
     """The provider tool schemas sent with the request, when the client gave them."""
     tool_effects: Mapping[str, Any] = field(default_factory=dict)

@@ -74,7 +74,9 @@ def test_an_empty_document_is_the_default_policy() -> None:
         ("snapshots", "snapshots"),
         ("old-errors", "errors"),
         ("completed-work", "completed"),
+        ("compress-outputs", "compress"),
     ]
+    assert default.compression
     assert default.tools["bash"].effect == "shell" and default.document.startswith("# The default policy")
     assert parse_policy(default.document, REGISTRY).version == default.version  # the shipped text is a policy
 

@@ -1,0 +1,288 @@
+"""Source code as a skeleton: what is defined where, with the bodies the focus names whole.
+
+Kept verbatim: imports, module-level statements, class headers, every
+function's decorators and signature, and the first line of its docstring;
+a body is said by its line range (lines of the output as shown, so they can
+be asked for). A function or class the focus names stays whole, and so do
+body lines that mention the focus.
+
+Python is read with `ast`; a fragment that does not parse (a range of lines
+cut from a file) by its indentation; JavaScript, TypeScript, Go, Rust and
+Java with tree-sitter grammars packaged on the registry (nothing is
+downloaded). Line-numbered output (``nl -ba``, ``cat -n``) is read without
+its numbers and shown with them.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from contextd.engine.compress.text import Compressed, Focus, Kept, elided
+
+_NUMBERED = re.compile(r"^\s*\d+(?:\t|  )")
+_MIN_BODY = 4
+"""Bodies shorter than this many lines are shown: a marker would save little."""
+
+EXTENSIONS = {
+    ".py": "python",
+    ".pyi": "python",
+    ".js": "javascript",
+    ".mjs": "javascript",
+    ".cjs": "javascript",
+    ".jsx": "javascript",
+    ".ts": "typescript",
+    ".tsx": "tsx",
+    ".go": "go",
+    ".rs": "rust",
+    ".java": "java",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Body:
+    """A definition's body: lines [start, stop) of the source, elidable unless the focus names it."""
+
+    name: str
+    start: int
+    stop: int
+    elidable: bool = True
+    """False for a class (its members' bodies are elided one by one): it only says what a
+    focus on its name keeps whole."""
+
+
+def compress_code(text: str, focus: Focus, language: str = "") -> Compressed | None:
+    lines = text.splitlines()
+    numbered = sum(1 for line in lines if _NUMBERED.match(line)) >= 0.9 * max(1, len(lines))
+    source_lines = [_NUMBERED.sub("", line, count=1) for line in lines] if numbered else lines
+    source = "\n".join(source_lines)
+    language = language or sniff_language(source)
+    if not language:
+        return None
+    bodies, how = _bodies(source, source_lines, language)
+    if bodies is None:
+        return None
+    kept = Kept(lines)
+    kept.add_range(0, len(lines))
+    whole = [(b.start, b.stop) for b in bodies if b.name in focus.names]
+    hidden = 0
+    for body in bodies:
+        if not body.elidable or body.stop - body.start < _MIN_BODY or body.name in focus.names:
+            continue
+        if any(start <= body.start and body.stop <= stop for start, stop in whole):
+            continue  # inside a definition the focus names: shown whole
+        if any(i not in kept.keep for i in range(body.start, body.stop)):
+            continue  # inside a body already left out
+        for i in range(body.start, body.stop):
+            kept.keep.discard(i)
+        mentions = [i for i in range(body.start, body.stop) if focus.mentions(source_lines[i])]
+        kept.add(*mentions)
+        hidden += body.stop - body.start - len(mentions)
+    if not hidden:
+        return None
+
+    comment = "# " if language == "python" else "// "
+
+    def marker(start: int, stop: int) -> str:
+        line = source_lines[start]
+        indent = line[: len(line) - len(line.lstrip())]
+        if not numbered:
+            return elided(start, stop, indent + comment)
+        # Say the file's own line numbers, as the output shows them.
+        first, last = (lines[i].split(maxsplit=1)[0] for i in (start, stop - 1))
+        return f"{' ' * 7}\t{indent}{comment}[… {stop - start:,} lines left out: {first}-{last} …]"
+
+    summary = f"skeleton ({language}, {how}): {len(lines) - hidden:,} of {len(lines):,} lines kept, bodies left out"
+    return Compressed("code", kept.write(marker), summary)
+
+
+def sniff_language(source: str) -> str:
+    head = source[:4000]
+    if re.search(r"^\s*(?:def|class|async def) \w+.*:\s*$|^\s*(?:from \S+ )?import \w", head, re.MULTILINE):
+        return "python"
+    if re.search(r"^package \w+|^func (?:\(\w+ \*?\w+\) )?\w+\(", head, re.MULTILINE):
+        return "go"
+    if re.search(r"^\s*(?:pub )?fn \w+|^\s*impl\b|^use \w+::", head, re.MULTILINE):
+        return "rust"
+    if re.search(
+        r"^\s*(?:public|private|protected) (?:static )?(?:final )?(?:class|interface|\w+ \w+\()", head, re.MULTILINE
+    ):
+        return "java"
+    if re.search(r"^\s*(?:export )?(?:interface|type) \w+|: (?:string|number|boolean)\b", head, re.MULTILINE):
+        return "typescript"
+    if re.search(r"^\s*(?:export )?(?:async )?function\b|^\s*(?:const|let|var) \w+ = |=> \{", head, re.MULTILINE):
+        return "javascript"
+    return ""
+
+
+def _bodies(source: str, lines: Sequence[str], language: str) -> tuple[list[Body] | None, str]:
+    if language == "python":
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            return list(_indented_bodies(lines)), "by indentation"
+        return list(_python_bodies(tree, lines)), "ast"
+    parser = _tree_sitter(language)
+    if parser is None:
+        return None, ""
+    return list(_tree_sitter_bodies(parser.parse(source.encode()).root_node, lines)), "tree-sitter"
+
+
+def _python_bodies(tree: ast.AST, lines: Sequence[str]) -> Iterator[Body]:
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        body = node.body
+        first = body[0]
+        if isinstance(node, ast.ClassDef):
+            yield Body(node.name, node.lineno - 1, node.end_lineno or node.lineno, elidable=False)
+            continue
+        if _is_docstring(first):
+            if len(body) == 1 and first.end_lineno == first.lineno:
+                continue
+            # The docstring's first line of text stays; the rest of it goes with the body.
+            start = first.lineno if first.end_lineno != first.lineno else body[1].lineno - 1
+            if _QUOTES_ONLY.match(lines[first.lineno - 1]):
+                start += 1
+        else:
+            start = first.lineno - 1
+        stop = node.end_lineno or start
+        # A body on the signature's own line (def f(): return 1) has nothing to elide.
+        if start >= stop or start <= node.lineno - 1:
+            continue
+        yield Body(node.name, start, stop)
+
+
+def _is_docstring(statement: ast.stmt) -> bool:
+    return (
+        isinstance(statement, ast.Expr)
+        and isinstance(statement.value, ast.Constant)
+        and isinstance(statement.value.value, str)
+    )
+
+
+_QUOTES_ONLY = re.compile(r"^\s*[rRbBuU]?(?:\"\"\"|\'\'\')\s*$")
+"""A docstring that opens on a line of its own: its text starts on the next line."""
+_PY_DEF = re.compile(r"^(\s*)(?:async\s+def|def|class)\s+(\w+)")
+
+
+def _indented_bodies(lines: Sequence[str]) -> Iterator[Body]:
+    """Python that does not parse on its own (a cut range): a `def` owns the lines indented
+    deeper than it that follow its signature; lines a cut range opens with, deeper than the
+    first definition, are the rest of a body (its first line stays)."""
+    first_def = next((i for i, line in enumerate(lines) if _PY_DEF.match(line)), len(lines))
+    margin = _indent(lines[first_def]) if first_def < len(lines) else 0
+    opening = next((i for i, line in enumerate(lines) if line.strip()), 0)
+    if first_def < len(lines) or opening < len(lines):
+        stop = opening + 1
+        while stop < first_def and (
+            not lines[stop].strip() or _indent(lines[stop]) > margin or first_def == len(lines)
+        ):
+            stop += 1
+        if first_def == len(lines) or _indent(lines[opening]) > margin:
+            yield Body("", opening + 1, stop)
+    for i, line in enumerate(lines):
+        match = _PY_DEF.match(line)
+        if not match:
+            continue
+        indent = _indent(line)
+        j = i
+        while j < len(lines) and not lines[j].rstrip().endswith(":"):
+            j += 1  # a signature over several lines
+        start = j + 1
+        stop = start
+        while stop < len(lines) and (not lines[stop].strip() or _indent(lines[stop]) > indent):
+            stop += 1
+        while stop > start and not lines[stop - 1].strip():
+            stop -= 1
+        if start < len(lines) and re.match(r'\s*[rRbBuU]?("""|\'\'\')', lines[start]):
+            start += 2 if _QUOTES_ONLY.match(lines[start]) else 1  # the docstring's first line of text stays
+        if line.lstrip().startswith("class"):
+            yield Body(match.group(2), i, stop, elidable=False)
+        elif stop > start:
+            yield Body(match.group(2), start, stop)
+
+
+def _indent(line: str) -> int:
+    expanded = line.expandtabs()
+    return len(expanded) - len(expanded.lstrip())
+
+
+# ------------------------------------------------------------------ tree-sitter
+
+_FUNCTIONS = {
+    "function_declaration",
+    "generator_function_declaration",
+    "method_definition",
+    "function_expression",
+    "arrow_function",
+    "function_item",
+    "method_declaration",
+    "constructor_declaration",
+    "func_literal",
+}
+_CONTAINERS = {
+    "class_declaration",
+    "class",
+    "abstract_class_declaration",
+    "interface_declaration",
+    "impl_item",
+    "trait_item",
+    "mod_item",
+    "enum_declaration",
+}
+
+
+@functools.cache
+def _tree_sitter(language: str) -> Any | None:
+    """A parser for `language` from its installed grammar package (None when not installed)."""
+    try:
+        import tree_sitter
+    except ImportError:
+        return None
+    modules = {
+        "javascript": ("tree_sitter_javascript", "language"),
+        "typescript": ("tree_sitter_typescript", "language_typescript"),
+        "tsx": ("tree_sitter_typescript", "language_tsx"),
+        "go": ("tree_sitter_go", "language"),
+        "rust": ("tree_sitter_rust", "language"),
+        "java": ("tree_sitter_java", "language"),
+    }
+    if language not in modules:
+        return None
+    module_name, function = modules[language]
+    try:
+        module = __import__(module_name)
+    except ImportError:
+        return None
+    return tree_sitter.Parser(tree_sitter.Language(getattr(module, function)()))
+
+
+def _tree_sitter_bodies(root: Any, lines: Sequence[str]) -> Iterator[Body]:
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        stack.extend(reversed(node.children))
+        if node.type in _CONTAINERS:
+            yield Body(_name(node), node.start_point[0], node.end_point[0] + 1, elidable=False)
+            continue
+        if node.type not in _FUNCTIONS:
+            continue
+        body = node.child_by_field_name("body")
+        if body is None or body.type not in ("statement_block", "block", "constructor_body"):
+            continue
+        # The lines strictly inside the braces: the signature and the closing brace stay.
+        start, stop = body.start_point[0] + 1, body.end_point[0]
+        if stop > start:
+            yield Body(_name(node), start, stop)
+
+
+def _name(node: Any) -> str:
+    named = node.child_by_field_name("name") or node.child_by_field_name("type")
+    if named is None and node.parent is not None and node.parent.type == "variable_declarator":
+        named = node.parent.child_by_field_name("name")
+    return named.text.decode() if named is not None and named.text is not None else ""

@@ -1,0 +1,204 @@
+"""JSON: the schema once, constants factored out, the rows that stand out kept whole.
+
+An array of objects becomes its field list with types, the fields whose
+value is the same in every row (said once), and the rows worth reading,
+verbatim, with their index: the first and the last, every row with an
+error-like value, a field missing or extra, a rare value of a field that
+takes few values, a numeric outlier, or a mention of the focus. Other rows
+are counted by index range. Objects are walked: the large arrays inside
+are treated the same way, the rest is written as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from contextd.engine.compress.text import Compressed, Focus
+
+MIN_ROWS = 8
+"""Shorter arrays are written whole."""
+_ERRORISH = re.compile(r"error|fail|exception|fatal|denied|invalid|timeout|refused|panic|critical", re.IGNORECASE)
+_ERROR_KEYS = re.compile(r"^(?:error|errors|err|exception|failure|fault)s?$", re.IGNORECASE)
+_RARE = 0.05
+"""A value seen in at most this share of the rows, of a field that takes few values, stands out."""
+_FENCE = 3.0
+"""Numbers beyond this many interquartile ranges outside the quartiles are outliers."""
+
+
+def parse(text: str) -> Any | None:
+    """The JSON value the text holds (None when it is not JSON of an array or object)."""
+    stripped = text.strip()
+    if not stripped or stripped[0] not in "[{":
+        return None
+    try:
+        return json.loads(stripped)
+    except ValueError:
+        return None
+
+
+def compress_json(text: str, focus: Focus, value: Any | None = None) -> Compressed | None:
+    data = parse(text) if value is None else value
+    if data is None:
+        return None
+    notes: list[str] = []
+    out = _write(data, focus, "$", notes, 0)
+    if not notes:
+        return None  # no array long enough to crush
+    return Compressed("json", out, "; ".join(notes[:3]) + (f"; {len(notes) - 3} more arrays" if len(notes) > 3 else ""))
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _write(value: Any, focus: Focus, path: str, notes: list[str], depth: int) -> str:
+    pad = "  " * depth
+    if isinstance(value, list) and len(value) >= MIN_ROWS:
+        if all(isinstance(v, dict) for v in value):
+            return _rows(value, focus, path, notes, pad)
+        if all(isinstance(v, (int, float, str, bool)) or v is None for v in value):
+            return _scalars(value, focus, path, notes, pad)
+    if isinstance(value, dict) and depth < 4:
+        inner = [
+            f"{pad}  {_dump(str(k))}: {_write(v, focus, f'{path}.{k}', notes, depth + 1).lstrip()}"
+            for k, v in value.items()
+        ]
+        return pad + "{\n" + ",\n".join(inner) + "\n" + pad + "}" if inner else pad + "{}"
+    if isinstance(value, list) and depth < 4 and any(isinstance(v, (list, dict)) for v in value):
+        inner = [_write(v, focus, f"{path}[{i}]", notes, depth + 1) for i, v in enumerate(value)]
+        return pad + "[\n" + ",\n".join(inner) + "\n" + pad + "]"
+    return pad + _dump(value)
+
+
+def _type(value: Any) -> str:
+    return (
+        "null"
+        if value is None
+        else {bool: "bool", int: "int", float: "number", str: "string"}.get(
+            type(value), "array" if isinstance(value, list) else "object"
+        )
+    )
+
+
+def _rows(rows: list[dict[str, Any]], focus: Focus, path: str, notes: list[str], pad: str) -> str:
+    n = len(rows)
+    counts: Counter[str] = Counter(k for r in rows for k in r)
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    types = {k: sorted({_type(r[k]) for r in rows if k in r}) for k in fields}
+    constant = {k: rows[0][k] for k in fields if counts[k] == n and all(_same(r[k], rows[0][k]) for r in rows[1:])}
+    usual = {k for k in fields if counts[k] > n / 2}
+    why: dict[int, str] = {0: "first", n - 1: "last"}
+
+    def flag(i: int, reason: str) -> None:
+        why[i] = why[i] + ", " + reason if i in why and reason not in why[i] else why.get(i, reason)
+
+    for i, row in enumerate(rows):
+        keys = set(row)
+        if keys != usual:
+            missing, extra = sorted(usual - keys), sorted(keys - usual)
+            flag(i, "fields " + " ".join([*(f"-{k}" for k in missing), *(f"+{k}" for k in extra)]))
+        for k, v in row.items():
+            if k in constant:
+                continue
+            if _ERROR_KEYS.match(k) and v not in (None, "", [], {}, 0, False):
+                flag(i, f"{k} set")
+            elif isinstance(v, str) and _ERRORISH.search(v):
+                flag(i, f"{k} says {v[:40]!r}")
+        if focus.terms and focus.mentions(_dump(row)):
+            flag(i, "mentions the focus")
+    for k in fields:
+        if k in constant:
+            continue
+        _rare_values(rows, k, flag)
+        _outliers(rows, k, flag)
+    shown = sorted(why)
+    lines = [
+        f"{pad}[contextd: JSON array at {path}: {n:,} objects; fields: "
+        + ", ".join(f"{k} ({'|'.join(types[k])}{'' if counts[k] == n else f', in {counts[k]:,}'})" for k in fields)
+        + "]"
+    ]
+    if constant:
+        lines.append(f"{pad}[the same in every row, left out of the rows below: {_dump(constant)}]")
+    previous = -1
+    for i in shown:
+        if i > previous + 1:
+            lines.append(
+                f"{pad}[… rows {previous + 1}-{i - 1} left out …]"
+                if i > previous + 2
+                else f"{pad}[… row {previous + 1} left out …]"
+            )
+        row = {k: v for k, v in rows[i].items() if k not in constant}
+        lines.append(f"{pad}[{i}] {_dump(row)}  # {why[i]}")
+        previous = i
+    notes.append(
+        f"{path}: {len(shown):,} of {n:,} rows kept" + (f", {len(constant)} constant fields" if constant else "")
+    )
+    return "\n".join(lines)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
+def _rare_values(rows: Sequence[dict[str, Any]], key: str, flag: Any) -> None:
+    values = [r[key] for r in rows if key in r and (r[key] is None or isinstance(r[key], (str, bool)))]
+    if len(values) < MIN_ROWS:
+        return
+    counts = Counter(_dump(v) for v in values)
+    if len(counts) > max(3, len(values) // 10):
+        return  # a field of many values (names, ids): nothing is rare in it
+    limit = max(1, int(len(values) * _RARE))
+    for i, row in enumerate(rows):
+        if key in row and _dump(row[key]) in counts and counts[_dump(row[key])] <= limit:
+            flag(i, f"rare {key}={row[key]!r:.40}")
+
+
+def _outliers(rows: Sequence[dict[str, Any]], key: str, flag: Any) -> None:
+    numbers = [
+        (i, float(r[key]))
+        for i, r in enumerate(rows)
+        if key in r and isinstance(r[key], (int, float)) and not isinstance(r[key], bool) and math.isfinite(r[key])
+    ]
+    if len(numbers) < MIN_ROWS:
+        return
+    ordered = sorted(v for _, v in numbers)
+    q1, q3 = ordered[len(ordered) // 4], ordered[(3 * len(ordered)) // 4]
+    spread = q3 - q1
+    if spread == 0:
+        median = ordered[len(ordered) // 2]
+        for i, v in numbers:
+            if v != median and sum(1 for _, w in numbers if w == v) <= max(1, int(len(numbers) * _RARE)):
+                flag(i, f"{key}={v:g} (all but a few are {median:g})")
+        return
+    low, high = q1 - _FENCE * spread, q3 + _FENCE * spread
+    for i, v in numbers:
+        if v < low or v > high:
+            flag(i, f"{key}={v:g} outlier")
+
+
+def _scalars(values: list[Any], focus: Focus, path: str, notes: list[str], pad: str) -> str:
+    n = len(values)
+    keep = set(range(min(5, n))) | set(range(max(0, n - 3), n))
+    keep.update(i for i, v in enumerate(values) if isinstance(v, str) and (focus.mentions(v) or _ERRORISH.search(v)))
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    described = f"{n:,} values"
+    if len(numbers) == n:
+        described += f", min {min(numbers):g}, max {max(numbers):g}"
+        rows = [{"v": v} for v in values]
+        _outliers(rows, "v", lambda i, _: keep.add(i))
+    if len(keep) >= n:
+        return pad + _dump(values)
+    shown = sorted(keep)
+    notes.append(f"{path}: {len(shown):,} of {n:,} values kept")
+    parts, previous = [], -1
+    for i in shown:
+        if i > previous + 1:
+            parts.append(f"/* … {i - previous - 1:,} left out … */")
+        parts.append(_dump(values[i]))
+        previous = i
+    return f"{pad}[{', '.join(parts)}]  // {described}, at {path}"

@@ -1,0 +1,183 @@
+"""Logs and test output: what went wrong stays, the routine goes.
+
+Kept verbatim: the first and last lines (what ran, how it ended); every
+line naming an error or a failure with a little context; each warning once
+per shape; tracebacks as the exception, the first frame and the frames in
+the user's own code (not the standard library or installed packages);
+test runners' failing test ids, failure headers, assertion details and
+summaries; lines that mention the focus. Repeated lines are folded with
+their count, runs of lines of one shape show the first and the last.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from contextd.engine.compress.text import Compressed, Focus, Kept, Lines, fold_repeats, fold_similar, shape
+
+_ERROR_WORDS = (
+    "error", "errors", "exception", "fatal", "panic", "panicked", "traceback", "failed", "failure", "fail",
+    "critical", "segmentation fault", "core dumped", "abort", "aborted", "denied", "refused", "timed out",
+    "timeout", "not found", "no such file", "cannot", "could not", "unable to", "undefined", "unresolved",
+    "killed", "npm err!",
+)  # fmt: skip
+_ERROR_SUFFIXES = ("error", "exception")
+"""Also at the end of a longer word: ``ValueError``, ``IOException``."""
+_WARNING_WORDS = ("warn", "warning", "warnings")
+_WARNING_SUFFIXES = ("warning", "deprecated", "deprecation")
+_CARET = re.compile(r"^\s*\^+\s*$")
+_MARKUP = re.compile(r"^\s*(?:</?[\w-]+>)+\s*$")
+_TRACEBACK = "Traceback (most recent call last):"
+_FRAME = re.compile(r'^(\s*)File "([^"]+)", line \d+')
+_LIBRARY = re.compile(r"site-packages|dist-packages|/lib/python\d|<frozen |importlib|/usr/lib/|\\lib\\")
+
+# Test runners.
+_TEST_ID = re.compile(r"^(?:FAILED|ERROR|XPASS|XFAIL)\s+\S|::\S+\s+(?:FAILED|ERROR)\b|^--- FAIL|^FAIL[: ]|^not ok\b")
+_SECTION = re.compile(r"^(?:=|-){3,} .* (?:=|-){3,}\s*$")
+_FAILURE = re.compile(r"^_{3,} .* _{3,}\s*$")
+_DETAILS_HEAD, _DETAILS_TAIL = 12, 4
+"""Assertion detail lines (``E ...``) shown per failure: the first ones and the last."""
+_LOCATION = re.compile(r"^\S+:\d+: (?:in \w+|\w+)")
+_FAILING_SOURCE = re.compile(r"^>\s")
+_ID_STARTS = frozenset("FEXn-")
+"""First characters of a failing test's line (FAILED, ERROR, XPASS, not ok, --- FAIL)."""
+_PROGRESS = re.compile(r"^\S+ [.sxXFE]+\s*(?:\[\s*\d+%\])?\s*$")
+_SUMMARY = re.compile(
+    r"\b\d+ (?:passed|failed|errors?|skipped|xfailed|xpassed|warnings?|deselected)\b|^(?:OK|FAILED)\b"
+)
+
+_HEAD, _TAIL = 2, 3
+_CONTEXT_BEFORE, _CONTEXT_AFTER = 1, 2
+_SAME_SHAPE_KEPT = 2
+"""A warning or error of one shape is shown this many times (then the last one)."""
+
+
+def compress_log(text: str, focus: Focus, *, kind: str = "log") -> Compressed:
+    found = Lines(text)
+    lines = found.lines
+    kept = Kept(lines)
+    focus = focus.selective(found)
+    managed = _tracebacks(lines, kept)
+    if kind == "test" or "::" in text or " passed" in text:
+        managed |= _tests(lines, kept)
+    kept.add(*focus.lines_mentioning(found))
+    errors = set(found.having(_ERROR_WORDS, fold_case=True)) | set(
+        found.having(_ERROR_SUFFIXES, fold_case=True, suffix=True)
+    )
+    errors.update(found.line_of(i + 1) for i in _offsets(text, "\nE "))
+    errors.update(found.line_of(i) for i in _offsets(text, "^") if _CARET.match(lines[found.line_of(i)]))
+    warnings = set(found.having(_WARNING_WORDS, fold_case=True)) | set(
+        found.having(_WARNING_SUFFIXES, fold_case=True, suffix=True)
+    )
+    kept.add(*(found.line_of(i) for i in _offsets(text, "<") if _MARKUP.match(lines[found.line_of(i)])))
+    shown_shapes: dict[bytes, list[int]] = {}
+    for i in sorted((errors | warnings) - managed):
+        seen = shown_shapes.setdefault(shape(lines[i]), [])
+        seen.append(i)
+        if i in errors and len(seen) <= _SAME_SHAPE_KEPT:
+            kept.add(*(j for j in range(i - _CONTEXT_BEFORE, i + _CONTEXT_AFTER + 1) if j not in managed))
+        elif len(seen) <= 1:
+            kept.add(i)
+    for seen in shown_shapes.values():
+        kept.add(seen[-1])  # how it stood at the end
+    nonblank = [i for i, line in enumerate(lines) if line.strip()]
+    kept.add(*nonblank[:_HEAD], *nonblank[-_TAIL:])
+    fold_repeats(kept)
+    fold_similar(kept)
+    shown = len(kept.keep)
+    summary = f"{shown:,} of {len(lines):,} lines kept: errors with context, warnings once, " + (
+        "failing tests and the summary" if kind == "test" else "the first and last lines"
+    )
+    return Compressed(kind, kept.write(), summary, lossless=kept.whole)
+
+
+def _offsets(text: str, needle: str) -> Iterator[int]:
+    i = text.find(needle)
+    while i != -1:
+        yield i
+        i = text.find(needle, i + 1)
+
+
+def _tracebacks(lines: list[str], kept: Kept) -> set[int]:
+    """Keep what each Python traceback says: the exception, the first frame and the frames in
+    the user's own code; return the lines the tracebacks span (decided here, not by context)."""
+    managed: set[int] = set()
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() != _TRACEBACK:
+            i += 1
+            continue
+        start = i
+        frames: list[tuple[int, bool]] = []  # (line, in library code)
+        i += 1
+        while i < len(lines) and (lines[i].startswith((" ", "\t")) or not lines[i].strip()):
+            match = _FRAME.match(lines[i])
+            if match:
+                frames.append((i, bool(_LIBRARY.search(match.group(2)))))
+            i += 1
+        # The exception: the first line back at the margin, and its continuation.
+        end = i
+        while end < len(lines) and end - i < 4 and lines[end].strip():
+            end += 1
+        kept.add(start)
+        kept.add_range(i, end)
+        chosen = {frames[0][0], frames[-1][0]} if frames else set()
+        chosen.update(line for line, library in frames if not library)
+        for frame in chosen:
+            kept.add(frame)
+            source = frame + 1
+            if source < i and not _FRAME.match(lines[source]):
+                kept.add(source)
+                # A caret line under the source (Python 3.11+) points at the failing expression.
+                if source + 1 < i and set(lines[source + 1].strip()) <= {"^", "~"} and lines[source + 1].strip():
+                    kept.add(source + 1)
+        managed.update(range(start, end))
+        i = max(end, start + 1)
+    return managed
+
+
+def _tests(lines: list[str], kept: Kept) -> set[int]:
+    """Test runners: failing ids, section rules and summaries, progress lines where something
+    failed; in each failure's report (pytest's ``____ name ____`` sections), what failed and
+    where: the failing source line, the assertion details, the locations in the user's own code
+    and the last one. Return the lines of those reports (decided here, not by context)."""
+    managed: set[int] = set()
+    section: list[int] = []
+
+    def close() -> None:
+        locations = [i for i in section if _LOCATION.match(lines[i])]
+        details = [i for i in section if lines[i].startswith("E ")]
+        kept.add(*details[:_DETAILS_HEAD], *details[-_DETAILS_TAIL:])
+        kept.add(*(i for i in section if _FAILING_SOURCE.match(lines[i])))
+        kept.add(*(i for i in locations if not _LIBRARY.search(lines[i])), *locations[-1:])
+        managed.update(section)
+        section.clear()
+
+    for i, line in enumerate(lines):
+        head = line[:3]
+        failure = head == "___" and _FAILURE.match(line)
+        if failure or (head in ("===", "---") and _SECTION.match(line)):
+            if section:
+                close()
+            kept.add(i)
+            if failure:
+                section.append(i)
+            continue
+        if section:
+            section.append(i)
+            continue
+        if line.endswith(("%]", ".", "F", "E")) and _PROGRESS.match(line):
+            marks = line.split(" ", 1)[1]
+            if "F" in marks or "E" in marks:
+                kept.add(i)
+            continue
+        failing = (line[:1] in _ID_STARTS or "::" in line) and _TEST_ID.search(line)
+        summary = (" passed" in line or " failed" in line or " error" in line or line[:2] in ("OK", "FA")) and (
+            _SUMMARY.search(line)
+        )
+        if failing or summary:
+            kept.add(i)
+    if section:
+        close()
+    return managed

@@ -1,0 +1,203 @@
+"""Which compressor reads an output: by its declared type, the tool's hint, then sniffing.
+
+Sniffing is cheap (a parse attempt, line patterns on the first lines) and
+its answer is remembered by content hash, so identical content is never
+classified twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+import shlex
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import replace
+
+from contextd.engine.compress import code, jsondata, listing, logs, search
+from contextd.engine.compress.text import Compressed, Focus
+
+KINDS = ("log", "test", "json", "code", "search", "diff", "listing")
+
+_TEST_COMMANDS = re.compile(
+    r"^(?:\S+=\S+\s+)*(?:python\d?(?:\.\d+)? -m )?(?:pytest|py\.test|tox|nox|unittest|jest|vitest|mocha)\b"
+    r"|^(?:go|cargo) test\b|^(?:npm|yarn|pnpm) (?:run )?test\b|\bruntests\.py\b|manage\.py test\b"
+)
+_SEARCH_COMMANDS = re.compile(r"^(?:grep|egrep|fgrep|rg|ag|ack)\b|^git grep\b")
+_DIFF_COMMANDS = re.compile(r"^git (?:diff|show|log -p|stash show)\b|^diff -[a-zA-Z]*u")
+_LISTING_COMMANDS = re.compile(r"^(?:ls|find|tree|du|fd)\b|^git (?:status|ls-files)\b")
+_READ_COMMANDS = re.compile(r"^(?:cat|head|tail|sed -n|nl|less|more|bat)\b")
+_LOG_COMMANDS = re.compile(r"^(?:pip|pip3|npm|yarn|make|cmake|cargo|docker|kubectl|journalctl|mvn|gradle)\b")
+_LOG_LINE = re.compile(
+    r"^\s*(?:\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}|\[?\d{2}:\d{2}:\d{2}"
+    r"|\[?(?:DEBUG|INFO|WARN|WARNING|ERROR|TRACE|FATAL)\b)"
+)
+_TEST_OUTPUT = re.compile(
+    r"=+ test session starts =+|^(?:FAILED|PASSED|ERROR) \S+::|\d+ (?:passed|failed) in ", re.MULTILINE
+)
+
+
+def _last_command(command: str) -> str:
+    """The command whose output this is, for hints: the last of `a && b`, without a `cd`."""
+    parts = [p.strip() for p in re.split(r"&&|;|\|\|", command) if p.strip()]
+    while len(parts) > 1 and parts[-1].startswith(("echo ", "true", "exit")):
+        parts.pop()
+    last = parts[-1] if parts else command.strip()
+    if "|" in last:
+        pipeline = [p.strip() for p in last.split("|")]
+        # `nl -ba f | sed -n 1,50p`: the file's reader decides; `... | grep x`: a search.
+        last = (
+            pipeline[0]
+            if _READ_COMMANDS.match(pipeline[-1])
+            else pipeline[-1]
+            if _SEARCH_COMMANDS.match(pipeline[-1])
+            else pipeline[0]
+        )
+    return last
+
+
+def _path_of(command: str) -> str:
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    files = [w for w in words[1:] if not w.startswith("-") and "." in posixpath.basename(w)]
+    return files[-1] if files else ""
+
+
+def hint(command: str = "", path: str = "") -> tuple[str, str]:
+    """(kind, language) a command or a file path suggests; empty when it suggests nothing."""
+    if command:
+        last = _last_command(command)
+        if _TEST_COMMANDS.search(last) or _TEST_COMMANDS.search(command.strip()):
+            return "test", ""
+        if _SEARCH_COMMANDS.match(last):
+            return "search", ""
+        if _DIFF_COMMANDS.match(last):
+            return "diff", ""
+        if _LISTING_COMMANDS.match(last):
+            return "listing", ""
+        if _LOG_COMMANDS.match(last):
+            return "log", ""
+        if _READ_COMMANDS.match(last):
+            path = path or _path_of(last)
+    if path:
+        extension = posixpath.splitext(path)[1].lower()
+        if extension in code.EXTENSIONS:
+            return "code", code.EXTENSIONS[extension]
+        if extension == ".json":
+            return "json", ""
+        if extension in (".log", ".out"):
+            return "log", ""
+    return "", ""
+
+
+def sniff(text: str) -> str:
+    """The kind of content from the content itself ("" when nothing fits)."""
+    head = text[:20_000]
+    lines = head.splitlines()
+    if head.lstrip()[:1] in ("[", "{") and jsondata.parse(text) is not None:
+        return "json"
+    if listing.looks_like_diff(lines):
+        return "diff"
+    if _TEST_OUTPUT.search(head):
+        return "test"
+    if lines and sum(1 for line in lines[:200] if _LOG_LINE.match(line)) >= 0.3 * min(len(lines), 200):
+        return "log"
+    if search.looks_like_search(lines[:200]):
+        return "search"
+    if code.sniff_language(head):
+        return "code"
+    if "Traceback (most recent call last):" in head:
+        return "log"
+    return ""
+
+
+class _Remembered:
+    """Kinds by content hash (bounded, least recently used first out)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._kinds: OrderedDict[bytes, str] = OrderedDict()
+
+    def get(self, key: bytes, classify: Callable[[], str]) -> str:
+        found = self._kinds.get(key)
+        if found is not None:
+            self._kinds.move_to_end(key)
+            return found
+        kind = classify()
+        self._kinds[key] = kind
+        if len(self._kinds) > self.size:
+            self._kinds.popitem(last=False)
+        return kind
+
+    def __len__(self) -> int:
+        return len(self._kinds)
+
+
+SNIFFED = _Remembered(50_000)
+
+
+def route(text: str, *, declared: str = "", command: str = "", path: str = "") -> tuple[str, str]:
+    """(kind, language) for `text`: the declared type when it is a known kind, else what the
+    command or path suggests, else what sniffing finds ("" when nothing fits)."""
+    if declared in KINDS:
+        return declared, ""
+    kind, language = hint(command, path)
+    if kind:
+        return kind, language
+    key = hashlib.sha256(text.encode()).digest()[:16]
+    return SNIFFED.get(key, lambda: sniff(text)), ""
+
+
+def compress(text: str, focus: Focus, *, declared: str = "", command: str = "", path: str = "") -> Compressed | None:
+    """The compressed form of a tool output, or None when no compressor reads it or it saves nothing."""
+    opening, inner, closing = envelope(text)
+    kind, language = route(inner, declared=declared, command=command, path=path)
+    found: Compressed | None = None
+    for reader in _READERS.get(kind, ()):
+        found = reader(inner, focus, kind, language or hint("", _path_of(_last_command(command)))[1])
+        if found is not None:
+            break
+    if found is None:
+        return None
+    if opening or closing:
+        found = replace(found, text=opening + found.text + closing)
+    return found if len(found.text) < len(text) else None
+
+
+def _log(text: str, focus: Focus, kind: str, _: str) -> Compressed | None:
+    return logs.compress_log(text, focus, kind="test" if kind == "test" else "log")
+
+
+_READERS: dict[str, tuple[Callable[[str, Focus, str, str], Compressed | None], ...]] = {
+    "log": (_log,),
+    "test": (_log,),
+    "json": (lambda text, focus, _, __: jsondata.compress_json(text, focus),),
+    "code": (lambda text, focus, _, language: code.compress_code(text, focus, language),),
+    # grep over one file prints its lines without a path: they are code (or a log).
+    "search": (
+        lambda text, focus, _, __: search.compress_search(text, focus),
+        lambda text, focus, _, language: code.compress_code(text, focus, language),
+    ),
+    "diff": (lambda text, focus, _, __: listing.compress_diff(text, focus),),
+    "listing": (lambda text, focus, _, __: listing.compress_listing(text, focus),),
+}
+"""Per kind, the compressors to try in order (the next when one cannot read the content)."""
+
+_OPENING = re.compile(
+    r"^(?:\s*<returncode>-?\d+</returncode>)?(?:.{0,2000}?)<(?:output|output_head|stdout)>\n?", re.DOTALL
+)
+_CLOSING = re.compile(r"\n?</(?:output|output_tail|stdout)>\s*$")
+
+
+def envelope(text: str) -> tuple[str, str, str]:
+    """(opening, content, closing): a tool's wrapping of its output in tags (an exit code, a
+    notice, ``<output>`` ... ``</output>``) is kept as it is; the content is compressed."""
+    opening = _OPENING.match(text)
+    if opening is None:
+        return "", text, ""
+    closing = _CLOSING.search(text, opening.end())
+    stop = closing.start() if closing else len(text)
+    return opening.group(0), text[opening.end() : stop], text[stop:]

@@ -1,0 +1,239 @@
+"""What every compressor shares: the focus, the result, and the writing of kept lines.
+
+A compressed output is the original's own lines, verbatim, with the lines
+left out named by their range (1-based lines of the original), so a reader
+can ask for exactly those lines back by handle.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+_DISTINCT = re.compile(r"[_./:\d-]|[a-z][A-Z]")
+"""An identifier rather than a word: it holds _ . / : - or a digit, or is camelCase."""
+
+
+@dataclass(frozen=True)
+class Focus:
+    """What the next call is about: lines that mention it are kept, symbols it names stay whole.
+
+    `given` terms (the client's) are used as they are; `derived` ones (taken
+    from the latest turns, which hold ordinary words too) only when they look
+    like identifiers, so ``the`` or ``file`` never keeps a line.
+    """
+
+    given: tuple[str, ...] = ()
+    derived: tuple[str, ...] = ()
+
+    @cached_property
+    def terms(self) -> tuple[str, ...]:
+        picked = [t for t in self.given if t.strip()]
+        picked += [t for t in self.derived if len(t) >= 3 and _DISTINCT.search(t)]
+        return tuple(dict.fromkeys(picked))
+
+    @cached_property
+    def names(self) -> frozenset[str]:
+        """Symbol names in the focus: each term, and the last part of a dotted one (a path's file name)."""
+        out = set()
+        for term in self.terms:
+            out.add(term)
+            base = term.rstrip("()")
+            last = base.rsplit("/", 1)[-1] if "/" in base else re.split(r"::|[.:]", base)[-1]
+            if last:
+                out.add(last)
+        return frozenset(out)
+
+    @cached_property
+    def _pattern(self) -> re.Pattern[str] | None:
+        if not self.terms:
+            return None
+        # Whole names: `render` is not mentioned by `self.rendered`.
+        return re.compile("|".join(rf"(?<!\w){re.escape(t)}(?!\w)" for t in sorted(self.terms, key=len, reverse=True)))
+
+    def lines_mentioning(self, text: Lines) -> set[int]:
+        return set(text.having(self.terms)) if self.terms else set()
+
+    def mentions(self, text: str) -> bool:
+        return self._pattern is not None and self._pattern.search(text) is not None
+
+    def selective(self, text: Lines, share: float = 0.3) -> Focus:
+        """The focus without the terms that most lines mention (the pattern a search was run
+        for, a name on every line): keeping every line that mentions them keeps everything."""
+        if not self.terms:
+            return self
+        limit = max(2, int(len(text.lines) * share))
+        seen: dict[str, int] = {}
+        for terms in text.having(self.terms).values():
+            for t in terms:
+                seen[t] = seen.get(t, 0) + 1
+        keep = {t for t in self.terms if seen.get(t, 0) <= limit}
+        if len(keep) == len(self.terms):
+            return self
+        return Focus(tuple(t for t in self.given if t in keep), tuple(t for t in self.derived if t in keep))
+
+
+NO_FOCUS = Focus()
+
+
+@dataclass(frozen=True, slots=True)
+class Compressed:
+    kind: str
+    """What the content was read as: ``log``, ``test``, ``json``, ``code``, ``search``, ``diff``, ``listing``."""
+    text: str
+    summary: str
+    """What was kept, in a few words (said in the view's header line and the certificate)."""
+    lossless: bool = False
+    """Nothing was left out: only repetition folded with its count, or constants factored out."""
+
+
+@dataclass(slots=True)
+class Kept:
+    """A choice of lines of a text to show; the rest is said by ranges."""
+
+    lines: Sequence[str]
+    keep: set[int] = field(default_factory=set)
+    folded: dict[int, tuple[int, str]] = field(default_factory=dict)
+    """start -> (stop, what to say): a range of left-out lines said in its own words
+    (a repeated line's count) rather than by the generic marker."""
+
+    def add(self, *indexes: int) -> None:
+        self.keep.update(i for i in indexes if 0 <= i < len(self.lines))
+
+    def add_range(self, start: int, stop: int) -> None:
+        self.keep.update(range(max(0, start), min(len(self.lines), stop)))
+
+    def write(self, marker: Callable[[int, int], str] | None = None) -> str:
+        """The kept lines in order; each run of left-out lines becomes one marker line."""
+        out: list[str] = []
+        lines, keep, folded = self.lines, self.keep, self.folded
+        say = marker or elided
+        i, n = 0, len(lines)
+        while i < n:
+            if i in keep:
+                out.append(lines[i])
+                i += 1
+                continue
+            if i in folded:
+                stop, text = folded[i]
+                out.append(text)
+                i = stop
+                continue
+            j = i + 1
+            while j < n and j not in keep and j not in folded:
+                j += 1
+            marker_text = say(i, j)
+            if j - i == 1 and len(lines[i]) <= len(marker_text):
+                out.append(lines[i])  # a marker would be no shorter than the line
+            else:
+                out.append(marker_text)
+            i = j
+        return "\n".join(out)
+
+    @property
+    def whole(self) -> bool:
+        """Nothing is left out but folded repetition."""
+        shown = set(self.keep)
+        for start, (stop, _) in self.folded.items():
+            shown.update(range(start, stop))
+        return len(shown) >= len(self.lines)
+
+
+def elided(start: int, stop: int, indent: str = "") -> str:
+    """The marker for lines start..stop-1 (0-based) left out."""
+    count = stop - start
+    where = f"line {start + 1}" if count == 1 else f"lines {start + 1}-{stop}"
+    return f"{indent}[… {count:,} {'line' if count == 1 else 'lines'} left out: {where} …]"
+
+
+def shape(line: str) -> bytes:
+    """The line without its digits: lines of one shape differ only in their numbers."""
+    return line.strip().encode().translate(None, b"0123456789")  # bytes: several times faster than str
+
+
+class Lines:
+    """A text's lines and where each starts, to find the lines holding a word at C speed
+    (`str.find` over the whole text) rather than a regex per line."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.lines = text.split("\n")
+        starts = [0]
+        for line in self.lines:
+            starts.append(starts[-1] + len(line) + 1)
+        self.starts = starts
+
+    @cached_property
+    def lower(self) -> str:
+        return self.text.lower()
+
+    def line_of(self, offset: int) -> int:
+        return bisect.bisect_right(self.starts, offset) - 1
+
+    def having(self, words: Iterable[str], *, fold_case: bool = False, suffix: bool = False) -> dict[int, set[str]]:
+        """line -> the `words` it holds as whole words (with `suffix`, also at the end of a
+        longer word: ``ValueError`` holds ``error``)."""
+        hay = self.lower if fold_case else self.text
+        found: dict[int, set[str]] = {}
+        for word in words:
+            needle = word.lower() if fold_case else word
+            if not needle:
+                continue
+            i = hay.find(needle)
+            while i != -1:
+                end = i + len(needle)
+                if (suffix or i == 0 or not _word_char(hay[i - 1], needle[0])) and (
+                    end == len(hay) or not _word_char(hay[end], needle[-1])
+                ):
+                    line = self.line_of(i)
+                    found.setdefault(line, set()).add(word)
+                i = hay.find(needle, i + 1)
+        return found
+
+
+def _word_char(neighbour: str, edge: str) -> bool:
+    """Whether `neighbour` continues the word whose edge character is `edge` (only a word
+    character next to a word character does)."""
+    return (neighbour.isalnum() or neighbour == "_") and (edge.isalnum() or edge == "_")
+
+
+def fold_repeats(kept: Kept, min_run: int = 3) -> None:
+    """Runs of `min_run` or more equal lines: the first is shown, the rest said with their count
+    (up to the first of them kept for its own sake)."""
+    lines = kept.lines
+    i, n = 0, len(lines)
+    while i < n:
+        j = i + 1
+        while j < n and lines[j] == lines[i]:
+            j += 1
+        stop = next((k for k in range(i + 1, j) if k in kept.keep), j)
+        if stop - i >= min_run and lines[i].strip():
+            kept.add(i)
+            kept.folded[i + 1] = (stop, f"[… the line above {stop - i - 1:,} more times (lines {i + 2}-{stop}) …]")
+        i = j
+
+
+def fold_similar(kept: Kept, min_run: int = 4) -> None:
+    """Runs of `min_run` or more left-out lines of one shape (differing only in numbers and
+    ids): the first and the last are shown, the rest said with their count."""
+    lines = kept.lines
+    i, n = 0, len(lines)
+    while i < n:
+        if i in kept.keep or i in kept.folded or not lines[i].strip():
+            i += 1
+            continue
+        key = shape(lines[i])
+        j = i + 1
+        while j < n and j not in kept.keep and j not in kept.folded and shape(lines[j]) == key:
+            j += 1
+        if j - i >= min_run:
+            kept.add(i, j - 1)
+            kept.folded[i + 1] = (j - 1, f"[… {j - i - 2:,} more lines like these (lines {i + 2}-{j - 1}) …]")
+        i = j
+
+
+def count_lines(text: str) -> int:
+    return text.count("\n") + 1 if text else 0

@@ -1,0 +1,368 @@
+"""Compressors keep their facts: planted facts are present verbatim in each compressed form,
+and the router reads each kind of content as that kind."""
+
+from __future__ import annotations
+
+import json
+import random
+import textwrap
+
+import pytest
+
+from contextd.engine.compress import NO_FOCUS, Focus, compress, route
+from contextd.engine.compress.router import SNIFFED, envelope, hint
+
+
+def _build_log(seed: int = 1) -> str:
+    rng = random.Random(seed)
+    lines = [
+        f"2026-03-0{1 + i // 900} 10:{i // 60 % 60:02d}:{i % 60:02d} INFO worker-{rng.randint(1, 4)} "
+        f"processed batch {i} in {rng.randint(5, 90)} ms"
+        for i in range(1500)
+    ]
+    lines[700] = "2026-03-01 10:11:40 ERROR worker-3 upload failed: disk quota exceeded on /dev/sdb1 (job 8812)"
+    lines[1100] = "2026-03-02 10:18:20 WARNING worker-2 retrying connection to db-7 (attempt 3)"
+    return "\n".join(
+        [
+            *lines,
+            "Traceback (most recent call last):",
+            '  File "/usr/lib/python3.11/site-packages/celery/app/trace.py", line 451, in trace_task',
+            "    R = retval = fun(*args, **kwargs)",
+            '  File "/usr/lib/python3.11/site-packages/celery/app/trace.py", line 734, in __protected_call__',
+            "    return self.run(*args, **kwargs)",
+            '  File "/srv/app/billing/invoices.py", line 88, in render_invoice',
+            "    total = compute_total(lines)",
+            '  File "/srv/app/billing/totals.py", line 17, in compute_total',
+            "    return sum(line.amount for line in lines) / len(lines)",
+            "ZeroDivisionError: division by zero",
+            "worker exited with code 1",
+        ]
+    )
+
+
+def test_a_log_keeps_its_errors_the_exception_and_the_user_frames() -> None:
+    text = _build_log()
+    out = compress(text, NO_FOCUS, command="python worker.py")
+    assert out is not None and out.kind == "log"
+    for fact in (
+        "ERROR worker-3 upload failed: disk quota exceeded on /dev/sdb1 (job 8812)",
+        "WARNING worker-2 retrying connection to db-7 (attempt 3)",
+        "ZeroDivisionError: division by zero",
+        '  File "/srv/app/billing/totals.py", line 17, in compute_total',
+        "    return sum(line.amount for line in lines) / len(lines)",
+        '  File "/srv/app/billing/invoices.py", line 88, in render_invoice',
+        '  File "/usr/lib/python3.11/site-packages/celery/app/trace.py", line 451, in trace_task',  # the first frame
+        "worker exited with code 1",
+    ):
+        assert fact in out.text
+    # A library frame in the middle goes; the log is a tenth of its size or less.
+    assert "__protected_call__" not in out.text
+    assert len(out.text) < len(text) / 10
+
+
+def test_repeated_lines_fold_with_their_count_and_nothing_else_goes() -> None:
+    text = "\n".join(["start", *["connection reset, retrying"] * 50, "done"])
+    out = compress(text, NO_FOCUS, declared="log")
+    assert out is not None and out.lossless
+    # The first copy, the count, then the last lines as they ended.
+    assert "start\nconnection reset, retrying\n[… the line above 47 more times (lines 3-49) …]\n" in out.text
+
+
+def _build_pytest() -> str:
+    passed = "\n".join(f"tests/test_mod{i}.py {'.' * 40} [{i * 5:3d}%]" for i in range(1, 19))
+    return textwrap.dedent(
+        """\
+        ============================= test session starts ==============================
+        platform linux -- Python 3.11.4, pytest-8.3.4, pluggy-1.5.0
+        rootdir: /repo
+        collected 745 items
+
+        {passed}
+        tests/test_parser.py ......F.....                                        [ 98%]
+        tests/test_zz.py ........                                                [100%]
+
+        =================================== FAILURES ===================================
+        ___________________________ test_parse_nested_quotes ___________________________
+
+            def test_parse_nested_quotes():
+                source = 'say "a \\\\"b\\\\" c"'
+        >       assert parse(source) == ["say", 'a "b" c']
+        E       AssertionError: assert ['say', 'a \\\\', 'b', 'c'] == ['say', 'a "b" c']
+        E         At index 1 diff: 'a \\\\' != 'a "b" c'
+
+        tests/test_parser.py:42: AssertionError
+        =========================== short test summary info ============================
+        FAILED tests/test_parser.py::test_parse_nested_quotes - AssertionError: assert ['say', 'a \\\\', 'b'...
+        ======================== 1 failed, 744 passed in 12.31s ========================
+        """
+    ).format(passed=passed)
+
+
+def test_test_output_keeps_every_failing_id_the_assertion_and_the_summary() -> None:
+    text = _build_pytest()
+    out = compress(text, NO_FOCUS, command="cd /repo && python -m pytest -q")
+    assert out is not None and out.kind == "test"
+    for fact in (
+        "FAILED tests/test_parser.py::test_parse_nested_quotes",
+        "E       AssertionError: assert ['say', 'a \\\\', 'b', 'c'] == ['say', 'a \"b\" c']",
+        '>       assert parse(source) == ["say", \'a "b" c\']',
+        "tests/test_parser.py:42: AssertionError",
+        "tests/test_parser.py ......F.....",
+        "1 failed, 744 passed in 12.31s",
+    ):
+        assert fact in out.text
+    assert "tests/test_mod7.py" not in out.text  # a file where everything passed
+
+
+_PY_SOURCE = textwrap.dedent(
+    '''\
+    """Invoices."""
+
+    import decimal
+    from dataclasses import dataclass
+
+
+    @dataclass
+    class Line:
+        amount: decimal.Decimal
+        quantity: int = 1
+
+
+    def compute_total(lines, *, rounding="half_even"):
+        """Sum the lines, rounded."""
+        total = decimal.Decimal(0)
+        for line in lines:
+            total += line.amount * line.quantity
+        if not lines:
+            raise ValueError("an invoice has lines")
+        return total.quantize(decimal.Decimal("0.01"), rounding=rounding)
+
+
+    class Renderer:
+        """Writes invoices out."""
+
+        def __init__(self, template):
+            self.template = template
+            self.cache = {}
+            self.count = 0
+            self.rendered = []
+
+        def render(self, invoice):
+            """Fill the template."""
+            key = invoice.number
+            if key in self.cache:
+                return self.cache[key]
+            text = self.template.format(invoice=invoice)
+            self.cache[key] = text
+            return text
+    '''
+)
+
+
+def test_a_python_skeleton_keeps_signatures_and_the_focus_function_whole() -> None:
+    out = compress(_PY_SOURCE, Focus(("compute_total",)), command="cat billing/invoices.py")
+    assert out is not None and out.kind == "code"
+    body = _PY_SOURCE[_PY_SOURCE.index("def compute_total") : _PY_SOURCE.index("class Renderer")].rstrip()
+    assert body in out.text  # the focus function, whole
+    for fact in (
+        "import decimal",
+        "class Renderer:",
+        "    def render(self, invoice):",
+        '        """Fill the template."""',
+    ):
+        assert fact in out.text
+    assert "self.cache[key] = text" not in out.text  # a body the focus does not name
+    assert "lines left out: lines 34-39" in out.text  # said by range, to be asked for
+
+
+def test_a_cut_range_of_numbered_python_is_read_by_indentation() -> None:
+    numbered = "\n".join(f"{n:6d}\t{line}" for n, line in enumerate(_PY_SOURCE.splitlines()[14:], start=15))
+    out = compress(numbered, Focus(("render",)), command="nl -ba billing/invoices.py | sed -n '15,40p'")
+    assert out is not None and out.kind == "code"
+    assert "    26\t    def __init__(self, template):" in out.text
+    assert "self.cache[key] = text" in out.text  # render: the focus
+    assert "self.rendered = []" not in out.text
+    assert "lines left out: 27-30" in out.text  # the file's own line numbers
+
+
+@pytest.mark.parametrize(
+    ("path", "source", "kept", "gone"),
+    [
+        (
+            "web/cart.js",
+            "import { price } from './price.js';\n\nexport function addItem(cart, item) {\n  const p = price(item);\n"
+            "  cart.items.push(item);\n  cart.total += p;\n  cart.count += 1;\n  return cart;\n}\n\n"
+            "export function removeItem(cart, id) {\n  const i = cart.items.findIndex(x => x.id === id);\n"
+            "  if (i < 0) throw new Error(`no item ${id}`);\n  cart.items.splice(i, 1);\n  cart.count -= 1;\n"
+            "  return cart;\n}\n",
+            ["export function addItem(cart, item) {", "if (i < 0) throw new Error(`no item ${id}`);"],
+            "cart.items.push(item);",
+        ),
+        (
+            "srv/handler.go",
+            'package srv\n\nimport "fmt"\n\nfunc Handle(w Writer, r *Request) error {\n\tid := r.ID\n'
+            '\tif id == "" {\n\t\treturn fmt.Errorf("no id")\n\t}\n\tw.Write(id)\n\treturn nil\n}\n\n'
+            "func Lookup(id string) (*Record, error) {\n\trec, ok := table[id]\n\tif !ok {\n"
+            "\t\treturn nil, ErrMissing\n\t}\n\trec.hits++\n\treturn rec, nil\n}\n",
+            ["func Handle(w Writer, r *Request) error {", "return nil, ErrMissing"],
+            "w.Write(id)",
+        ),
+        (
+            "src/store.rs",
+            "use std::collections::HashMap;\n\npub struct Store { map: HashMap<String, u64> }\n\nimpl Store {\n"
+            "    pub fn get(&self, key: &str) -> Option<u64> {\n        let v = self.map.get(key)?;\n"
+            "        let doubled = v * 2;\n        let halved = doubled / 2;\n        Some(halved)\n    }\n\n"
+            "    pub fn put(&mut self, key: String, value: u64) {\n        let old = self.map.insert(key, value);\n"
+            '        if old.is_some() {\n            eprintln!("replaced");\n        }\n'
+            "        self.len += 1;\n    }\n}\n",
+            ["pub fn get(&self, key: &str) -> Option<u64> {", "let old = self.map.insert(key, value);"],
+            "let doubled = v * 2;",
+        ),
+    ],
+)
+def test_other_languages_are_read_with_tree_sitter(path: str, source: str, kept: list[str], gone: str) -> None:
+    focus_name = {"web/cart.js": "removeItem", "srv/handler.go": "Lookup", "src/store.rs": "put"}[path]
+    out = compress(source, Focus((focus_name,)), command=f"cat {path}")
+    assert out is not None and out.kind == "code" and "tree-sitter" in out.summary
+    for fact in kept:
+        assert fact in out.text
+    assert gone not in out.text
+
+
+def _rows() -> list[dict[str, object]]:
+    rng = random.Random(7)
+    rows: list[dict[str, object]] = [
+        {"id": f"ord-{i:05d}", "region": "eu-west-1", "status": "settled", "amount": round(rng.uniform(10, 90), 2)}
+        for i in range(400)
+    ]
+    rows[123] = {**rows[123], "status": "failed", "error": "card declined: insufficient funds"}
+    rows[301] = {**rows[301], "amount": 48213.5}
+    rows[222] = {**rows[222], "note": "customer asked for invoice INV-2207"}
+    return rows
+
+
+def test_json_keeps_the_schema_the_constants_and_the_anomalous_rows() -> None:
+    rows = _rows()
+    text = json.dumps({"count": 400, "orders": rows}, indent=2)
+    out = compress(text, Focus(("INV-2207",)), command="curl -s localhost:8080/orders")
+    assert out is not None and out.kind == "json"
+    assert '"error": "card declined: insufficient funds"' in out.text  # the error row
+    assert '"amount": 48213.5' in out.text  # the outlier
+    assert "customer asked for invoice INV-2207" in out.text  # mentions the focus
+    assert '{"region": "eu-west-1"}' in out.text  # said once, as a constant
+    assert "ord-00200" not in out.text
+    assert len(out.text) < len(text) / 10
+
+
+_GREP = "\n".join(
+    [f"src/app/views.py:{10 + i}:    total = compute_total(order.lines)  # call site {i}" for i in range(30)]
+    + [f"src/app/jobs.py:{40 + i}:        compute_total(batch)" for i in range(12)]
+    + ["src/billing/totals.py:17:def compute_total(lines):", "src/billing/totals.py:30:    return compute_total(rest)"]
+    + [f"tests/test_totals.py:{i}:    assert compute_total([]) == 0" for i in range(20)]
+)
+
+
+def test_search_results_keep_every_file_and_the_definition_line() -> None:
+    out = compress(_GREP, Focus((), ("compute_total",)), command="grep -rn compute_total src tests")
+    assert out is not None and out.kind == "search"
+    assert "src/billing/totals.py:17:def compute_total(lines):" in out.text
+    for path, count in (("src/app/views.py", 30), ("src/app/jobs.py", 12), ("tests/test_totals.py", 20)):
+        assert f"{path} ({count} matches)" in out.text
+
+
+def test_search_results_without_a_focus_still_name_every_file_with_its_count() -> None:
+    out = compress(_GREP, NO_FOCUS, command="rg -n compute_total")
+    assert out is not None
+    assert "src/billing/totals.py (2 matches)" in out.text
+    assert len(out.text) < len(_GREP) / 2
+
+
+_DIFF = "\n".join(
+    [
+        "diff --git a/src/billing/totals.py b/src/billing/totals.py",
+        "index 1111111..2222222 100644",
+        "--- a/src/billing/totals.py",
+        "+++ b/src/billing/totals.py",
+        "@@ -14,7 +14,9 @@ import decimal",
+        " ",
+        " def compute_total(lines):",
+        "-    return sum(l.amount for l in lines) / len(lines)",
+        "+    if not lines:",
+        "+        return decimal.Decimal(0)",
+        "+    return sum(l.amount for l in lines) / len(lines)",
+        " ",
+        " ",
+    ]
+    + [
+        line
+        for n in range(6)
+        for line in (
+            f"diff --git a/docs/page{n}.md b/docs/page{n}.md",
+            "index 3333333..4444444 100644",
+            f"--- a/docs/page{n}.md",
+            f"+++ b/docs/page{n}.md",
+            "@@ -1,40 +1,40 @@",
+            *[f" unchanged line {k}" for k in range(30)],
+            *[f"-old wording {k}" for k in range(5)],
+            *[f"+new wording {k}" for k in range(5)],
+        )
+    ]
+)
+
+
+def test_a_diff_keeps_every_file_and_the_hunk_on_the_focus_whole() -> None:
+    out = compress(_DIFF, Focus(("compute_total",)), command="git diff")
+    assert out is not None and out.kind == "diff"
+    assert "+        return decimal.Decimal(0)" in out.text and " def compute_total(lines):" in out.text
+    for n in range(6):
+        assert f"diff --git a/docs/page{n}.md b/docs/page{n}.md" in out.text
+    assert "unchanged line 12" not in out.text
+    assert len(out.text) < len(_DIFF) / 2
+
+
+def test_a_listing_folds_by_directory_with_counts_and_keeps_the_focus() -> None:
+    paths = [f"./src/pkg/module_{i}.py" for i in range(60)] + [f"./tests/test_{i}.py" for i in range(40)]
+    paths.append("./src/pkg/conftest_special.yaml")
+    out = compress("\n".join(paths), Focus(("conftest_special.yaml",)), command="find . -type f")
+    assert out is not None and out.kind == "listing"
+    assert "./src/pkg/ (61:" in out.text and "./tests/ (40: 40 .py)" in out.text
+    assert "conftest_special.yaml" in out.text
+
+
+def test_the_router_uses_the_declared_type_then_the_command_then_sniffing() -> None:
+    assert route("anything", declared="json") == ("json", "")
+    assert route("x", command="cd /repo && pytest -x tests") == ("test", "")
+    assert route("x", command="nl -ba src/a.go | sed -n '1,40p'") == ("code", "go")
+    assert hint("grep -rn foo src")[0] == "search"
+    assert route(_DIFF) == ("diff", "")
+    assert route(json.dumps(_rows())) == ("json", "")
+    assert route("a quiet sentence of prose.") == ("", "")
+
+
+def test_sniffing_is_remembered_by_content_hash() -> None:
+    text = "\n".join(f"src/m{i}.py:{i}: hit" for i in range(40)) + "\nunique-7f3a"
+    before = len(SNIFFED)
+    assert route(text) == ("search", "")
+    assert len(SNIFFED) == before + 1
+    assert route(text) == ("search", "")
+    assert len(SNIFFED) == before + 1
+
+
+def test_a_tool_envelope_stays_as_it_is_around_the_compressed_content() -> None:
+    inner = _build_pytest()
+    text = f"<returncode>1</returncode>\n<output>\n{inner}</output>"
+    assert envelope(text)[1].startswith("=====")
+    out = compress(text, NO_FOCUS, command="pytest")
+    assert out is not None
+    assert out.text.startswith("<returncode>1</returncode>\n<output>\n") and out.text.endswith("</output>")
+
+
+def test_content_no_compressor_reads_is_left_alone() -> None:
+    assert compress("just a few words", NO_FOCUS) is None
+    assert compress(json.dumps([1, 2, 3]), NO_FOCUS) is None  # nothing long enough to crush
+
+
+def test_derived_focus_terms_must_look_like_identifiers() -> None:
+    focus = Focus(("error",), ("the", "file", "compute_total", "ValueError", "src/app.py"))
+    assert focus.terms == ("error", "compute_total", "ValueError", "src/app.py")
+    assert {"compute_total", "app.py"} <= focus.names and "py" not in focus.names
