@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -117,7 +118,13 @@ def _abstain(why: str) -> Verdict:
     return Verdict(False, "ABSTAIN", why)
 
 
-_NEVER_REPLACED_WITH = (ToolUseBlock, ReasoningBlock)
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
 _INSERTABLE = (TextBlock, ImageBlock, DocumentBlock)
 
 
@@ -245,16 +252,23 @@ class Judge:
 
 def _bad_replacement(entry: Entry, content: tuple[Block, ...]) -> str:
     """Why `content` cannot stand in for the entry's item ("" when it can): no empty text,
-    nothing forged (calls, reasoning), and a tool output keeps some text to answer its call."""
+    nothing forged (reasoning, calls other than the item's own: their inputs may be stood in
+    for by a JSON object), and a tool output keeps some text to answer its call."""
     role = entry.role
     parts = [p for b in content for p in (b.content if isinstance(b, ToolResultBlock) else (b,))]
     bad = [
         type(b).__name__
         for b in content
-        if isinstance(b, _NEVER_REPLACED_WITH) or (isinstance(b, ToolResultBlock) and role is not Role.TOOL)
+        if isinstance(b, ReasoningBlock) or (isinstance(b, ToolResultBlock) and role is not Role.TOOL)
     ]
     if bad:
         return f"the replacement for a {role.value} item holds {', '.join(bad)}"
+    calls = [(b.id, b.name) for b in content if isinstance(b, ToolUseBlock)]
+    if calls and calls != [(c.id, c.name) for c in entry.item.tool_uses]:
+        # Without calls, the item's own are kept; with calls, they must be those, in order.
+        return f"the replacement for a {role.value} item holds tool calls other than the item's own"
+    if any(isinstance(b, ToolUseBlock) and not _json_object(b.input_json) for b in content):
+        return "a tool call's input in the replacement is not a JSON object"
     if not parts or any(isinstance(p, TextBlock) and not p.text for p in parts):
         return f"the replacement for a {role.value} item is empty, or holds an empty text"
     if role is Role.TOOL and not any(isinstance(p, TextBlock) for p in parts):

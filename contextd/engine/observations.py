@@ -97,6 +97,8 @@ class ObservationIndex:
         self._tools = tools
         self._calls: dict[str, tuple[int, ToolUseBlock]] = {}
         self.by_seq: dict[int, Observation] = {}
+        self._answers: dict[str, int] = {}
+        """tool call id -> seq of its result."""
         self.completions: tuple[Completion, ...] = ()
         """Spans of work the client marked complete, in the order of the items that record them."""
         self._by_path: dict[str, tuple[int, ...]] = {}
@@ -118,6 +120,7 @@ class ObservationIndex:
         other._tools = self._tools
         other._calls = dict(self._calls)
         other.by_seq = dict(self.by_seq)
+        other._answers = dict(self._answers)
         other.completions = self.completions
         other._by_path = dict(self._by_path)
         other._by_name = dict(self._by_name)
@@ -147,6 +150,7 @@ class ObservationIndex:
             call_seq, call = self._calls[result.tool_use_id]
             seen = _observations.get((item, call, self._tools), partial(self._observe, item, call_seq, call))
             self.by_seq[item.seq] = seen
+            self._answers[result.tool_use_id] = item.seq
             for path in {*(r.path for r in seen.reads), *seen.writes}:
                 grown["path"].setdefault(path, []).append(item.seq)
             for path in seen.moves_lines:
@@ -225,6 +229,11 @@ class ObservationIndex:
     def next_run(self, seen: Observation) -> Observation | None:
         """The next call of the same tool with the same command (or arguments)."""
         return self._next(self._by_command.get((seen.tool, seen.command.strip()), ()), seen.seq)
+
+    def answer(self, call_id: str) -> Observation | None:
+        """The observation answering tool call `call_id` (None before its result is appended)."""
+        seq = self._answers.get(call_id)
+        return self.by_seq[seq] if seq is not None else None
 
     def next_success(self, tool: str, after: int) -> Observation | None:
         """The next call of `tool` after seq `after` that did not fail."""

@@ -357,10 +357,12 @@ def new_representation(entry: Entry, edit: Edit, reason: str) -> tuple[Block, ..
         )
         return (ToolResultBlock(result.tool_use_id, parts, result.is_error, result.name),)
     if item.role is Role.ASSISTANT and item.tool_uses:
-        # The transform may rewrite the text; the calls, and the signed
-        # reasoning that led to them, are the originals.
+        # The transform may rewrite the text, and stand in for the calls' inputs (the same
+        # calls, checked by eligibility); the calls, and the signed reasoning that led to
+        # them, are otherwise the originals.
         texts = tuple(b for b in edit.content if isinstance(b, TextBlock))
-        return with_calls(texts, item.content)
+        calls = tuple(b for b in edit.content if isinstance(b, ToolUseBlock))
+        return with_calls(texts, item.content, calls)
     return edit.content
 
 

@@ -72,12 +72,14 @@ def placeholder_blocks(item: Item, reason: str, note: str = "") -> tuple[Block, 
     return (text,)
 
 
-def with_calls(texts: tuple[Block, ...], original: tuple[Block, ...]) -> tuple[Block, ...]:
-    """`texts` in an assistant turn that keeps its original tool calls and signed reasoning.
+def with_calls(
+    texts: tuple[Block, ...], original: tuple[Block, ...], calls: tuple[ToolUseBlock, ...] = ()
+) -> tuple[Block, ...]:
+    """`texts` in an assistant turn that keeps its original tool calls (or `calls`, the same
+    calls with stand-ins for their inputs) and signed reasoning.
 
     Pairing needs the calls; providers that sign reasoning want it sent back,
     first in the turn, with the calls it led to.
     """
     signed = tuple(b for b in original if isinstance(b, ReasoningBlock) and (b.signature or b.redacted_data))
-    calls = tuple(b for b in original if isinstance(b, ToolUseBlock))
-    return (*signed, *texts, *calls)
+    return (*signed, *texts, *(calls or tuple(b for b in original if isinstance(b, ToolUseBlock))))

@@ -21,6 +21,10 @@ the cache). Each looks its evidence up in the session's observation index
 * ``errors`` (level 2): a failed call's output, once the same tool has
   succeeded since, keeps its residue: the error lines and the last frame of
   a traceback.
+* ``errored_inputs`` (level 2): an assistant turn whose call failed, once the
+  same tool has succeeded since, keeps the call (id, name) with a JSON stand-in
+  for its bulky input: what was left out, the error, where the tool succeeded,
+  the handle.
 * ``completed`` (level 3): an item in a span of work the client marked
   complete (metadata ``contextd.completes: FIRST-LAST`` on the item that
   records the outcome), while the outcome is shown in full.
@@ -37,14 +41,16 @@ A strategy never proposes for an item too small to be worth a placeholder
 from __future__ import annotations
 
 import fnmatch
+import json
 import posixpath
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from contextd.engine.compress import Compressed, Focus, compress
 from contextd.engine.memo import IdentityMemo
-from contextd.engine.model import Representation, TextBlock
+from contextd.engine.model import ReasoningBlock, Representation, TextBlock, ToolUseBlock
 from contextd.engine.observations import Observation, ObservationIndex
 from contextd.engine.placeholders import PREFIX, describe, handle_of
 from contextd.engine.shell import WHOLE, Read, covers
@@ -282,6 +288,62 @@ def error_lines(text: str, limit: int) -> list[str]:
     return [lines[i] for i in ordered]
 
 
+class ErroredInputs:
+    """Level 2: the bulky input of a failed call (a script written in a heredoc that did not
+    run, a patch that did not apply), once its tool has succeeded since. The call stays,
+    with its id and name, so its result still answers it; its input becomes a JSON object
+    saying what was left out, the error, and the handle of the whole turn."""
+
+    name: ClassVar[str] = "errored_inputs"
+    version: ClassVar[str] = "1"
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterator[Proposal]:
+        floor = params.get("min_input_chars", MIN_INPUT_CHARS)
+        for entry in candidates:
+            item = entry.item
+            if entry.representation is not Representation.FULL or not item.tool_uses:
+                continue
+            if any(isinstance(b, ReasoningBlock) for b in item.content):
+                continue  # signed reasoning is sent back with its calls exactly as it was
+            stand_ins: dict[str, str] = {}
+            successes: list[Observation] = []
+            for call in item.tool_uses:
+                seen = context.observations.answer(call.id)
+                if seen is None or not seen.failed or len(call.input_json) < floor:
+                    continue
+                success = context.observations.next_success(seen.tool, seen.seq)
+                if success is None:
+                    continue  # the latest failure of its tool: the agent may still be on it
+                answered = context.by_seq.get(seen.seq)
+                errors = error_lines(_output_text(answered), 12) if answered is not None else []
+                error = errors[-1] if errors else ""  # how it ended
+                stand_ins[call.id] = json.dumps(
+                    {
+                        "contextd": (
+                            f"input left out ({len(call.input_json):,} characters): this call failed"
+                            + (f" ({_short(error, 160)})" if error else "")
+                            + f"; {seen.tool} succeeded since, at seq {success.seq}; "
+                            f"retrieve the whole turn with handle {handle_of(item)}"
+                        )
+                    }
+                )
+                successes.append(success)
+            if not stand_ins:
+                continue
+            content = tuple(
+                replace(b, input_json=stand_ins[b.id]) if isinstance(b, ToolUseBlock) and b.id in stand_ins else b
+                for b in item.content
+            )
+            where = ", ".join(f"seq {s.seq}" for s in successes)
+            yield Proposal(Replace(entry.seq, content), 2, "errored_input", f"later calls succeeded ({where})")
+
+
+MIN_INPUT_CHARS = 400
+"""A failed call's input shorter than this stays: its stand-in would be about as long."""
+
+
 class Completed:
     """Level 3: an item inside a span of work the client marked complete, on the item that
     records its outcome (metadata ``contextd.completes: FIRST-LAST``), while that item is
@@ -351,4 +413,13 @@ _compressions: IdentityMemo[dict[tuple[str, ...], Compressed | None]] = Identity
 """Per item, its compressed form under each focus asked (None: none worth having)."""
 
 
-BUILT_IN_STRATEGIES = (Dedupe(), SameSource(), Supersede(), Snapshots(), Errors(), Completed(), Compress())
+BUILT_IN_STRATEGIES = (
+    Dedupe(),
+    SameSource(),
+    Supersede(),
+    Snapshots(),
+    Errors(),
+    ErroredInputs(),
+    Completed(),
+    Compress(),
+)

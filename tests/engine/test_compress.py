@@ -107,11 +107,14 @@ def test_test_output_keeps_every_failing_id_the_assertion_and_the_summary() -> N
         "E       AssertionError: assert ['say', 'a \\\\', 'b', 'c'] == ['say', 'a \"b\" c']",
         '>       assert parse(source) == ["say", \'a "b" c\']',
         "tests/test_parser.py:42: AssertionError",
-        "tests/test_parser.py ......F.....",
         "1 failed, 744 passed in 12.31s",
     ):
         assert fact in out.text
     assert "tests/test_mod7.py" not in out.text  # a file where everything passed
+    # Without the summary that names the failing test, its file's progress line says where.
+    without_summary = text[: text.index("=========================== short test summary")]
+    out = compress(without_summary, NO_FOCUS, command="pytest")
+    assert out is not None and "tests/test_parser.py ......F....." in out.text
 
 
 _PY_SOURCE = textwrap.dedent(
@@ -172,7 +175,7 @@ def test_a_python_skeleton_keeps_signatures_and_the_focus_function_whole() -> No
     ):
         assert fact in out.text
     assert "self.cache[key] = text" not in out.text  # a body the focus does not name
-    assert "lines left out: lines 34-39" in out.text  # said by range, to be asked for
+    assert "[… lines 34-39 left out …]" in out.text  # said by range, to be asked for
 
 
 def test_a_cut_range_of_numbered_python_is_read_by_indentation() -> None:
@@ -182,7 +185,7 @@ def test_a_cut_range_of_numbered_python_is_read_by_indentation() -> None:
     assert "    26\t    def __init__(self, template):" in out.text
     assert "self.cache[key] = text" in out.text  # render: the focus
     assert "self.rendered = []" not in out.text
-    assert "lines left out: 27-30" in out.text  # the file's own line numbers
+    assert "[… lines 27-30 left out …]" in out.text  # the file's own line numbers
 
 
 @pytest.mark.parametrize(
@@ -266,14 +269,15 @@ def test_search_results_keep_every_file_and_the_definition_line() -> None:
     out = compress(_GREP, Focus((), ("compute_total",)), command="grep -rn compute_total src tests")
     assert out is not None and out.kind == "search"
     assert "src/billing/totals.py:17:def compute_total(lines):" in out.text
-    for path, count in (("src/app/views.py", 30), ("src/app/jobs.py", 12), ("tests/test_totals.py", 20)):
-        assert f"{path} ({count} matches)" in out.text
+    assert "src/app/: views.py (30), jobs.py (12)" in out.text and "tests/: test_totals.py (20)" in out.text
+    # One line per distinct text, with how many more places hold it.
+    assert "src/app/jobs.py:40:        compute_total(batch)  [the same in 11 more places]" in out.text
 
 
 def test_search_results_without_a_focus_still_name_every_file_with_its_count() -> None:
     out = compress(_GREP, NO_FOCUS, command="rg -n compute_total")
     assert out is not None
-    assert "src/billing/totals.py (2 matches)" in out.text
+    assert "src/billing/: totals.py (2)" in out.text
     assert len(out.text) < len(_GREP) / 2
 
 
@@ -360,6 +364,17 @@ def test_a_tool_envelope_stays_as_it_is_around_the_compressed_content() -> None:
 def test_content_no_compressor_reads_is_left_alone() -> None:
     assert compress("just a few words", NO_FOCUS) is None
     assert compress(json.dumps([1, 2, 3]), NO_FOCUS) is None  # nothing long enough to crush
+    assert compress("\n".join(f"line {i} of prose" for i in range(12)), NO_FOCUS) is None  # too few lines
+
+
+def test_lines_no_other_compressor_reads_are_read_as_a_log() -> None:
+    page = "\n".join(
+        [*(f"<p>paragraph {i} of the generated page</p>" for i in range(60)), "WARNING: duplicate label intro"]
+    )
+    out = compress(page, NO_FOCUS, command="cd docs && sphinx-build -b html . _build")
+    assert out is not None and out.kind == "text"
+    assert "WARNING: duplicate label intro" in out.text and "<p>paragraph 0 of the generated page</p>" in out.text
+    assert "paragraph 30" not in out.text
 
 
 def test_derived_focus_terms_must_look_like_identifiers() -> None:

@@ -527,6 +527,14 @@ def test_edits_that_would_break_the_view_abstain() -> None:
         ("{name: n, transform: annotate, params: {after: 1}, when: {roles: [user]}}", "before the opening turn"),
         ("{name: e, transform: replace_with, params: {text: ''}, when: {roles: [tool]}}", "holds an empty text"),
         ("{name: i, transform: replace_with, params: {image: true}, when: {roles: [tool]}}", "must hold text"),
+        (
+            "{name: a, transform: replace_with, params: {text: x, call: c9}, when: {roles: [assistant]}}",
+            "holds tool calls other than the item's own",
+        ),
+        (
+            "{name: b, transform: replace_with, params: {text: x, call: c1, input: '[1]'}, when: {roles: [assistant]}}",
+            "input in the replacement is not a JSON object",
+        ),
         ("{name: o, transform: reverse, params: {identity: true}}", "the new order is the history's own"),
     ]
     for rule, why in cases:

@@ -73,6 +73,7 @@ def test_an_empty_document_is_the_default_policy() -> None:
         ("superseded-reads", "supersede"),
         ("snapshots", "snapshots"),
         ("old-errors", "errors"),
+        ("errored-inputs", "errored_inputs"),
         ("completed-work", "completed"),
         ("compress-outputs", "compress"),
     ]

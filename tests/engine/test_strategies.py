@@ -192,6 +192,53 @@ def test_a_failed_output_keeps_its_error_lines_once_the_tool_has_succeeded() -> 
     assert "line 3 of the body" not in view and handle_of(items[seq_of(1) - 1]) in view
 
 
+SCRIPT = "cat <<'EOF' > patch.py\n" + "\n".join(f"lines[{n}] = lines[{n}].replace('a', 'b')" for n in range(40))
+SCRIPT += "\nEOF\npython3 patch.py"
+INPUTS = """
+protection: {last_turns: 0, latest_error_per_tool: false}
+tools: {bash: {effect: shell}}
+rules: [{name: inputs, transform: errored_inputs, when: {roles: [assistant]}}]
+"""
+
+
+def run_inputs(items: list[Item]) -> RenderOutput:
+    inp = RenderInput(
+        make_session(len(items)),
+        items,
+        parse_policy(INPUTS, REGISTRY),
+        ViewRequest(ViewFormat.OPENAI_CHAT),
+        counter(),
+        REGISTRY,
+        ViewState(),
+    )
+    return render(inp)
+
+
+def test_a_failed_calls_bulky_input_goes_once_its_tool_has_succeeded() -> None:
+    items = session((SCRIPT, TRACEBACK, True), ("python3 reproduce.py", "ok\n" + BODY))
+    out = run_inputs(items)
+    call_seq = seq_of(1) - 1
+    assert pruned(out) == {call_seq: (2, "later calls succeeded (seq 6)")}
+    [turn] = [m for m in json.loads(out.view.messages_json) if m.get("tool_calls") and m["tool_calls"][0]["id"] == "c1"]
+    [call] = turn["tool_calls"]
+    stand_in = json.loads(call["function"]["arguments"])["contextd"]
+    # The call keeps its id and name (its result still answers it); its input says what went and why.
+    assert (call["id"], call["function"]["name"]) == ("c1", "bash")
+    assert f"input left out ({len(json.dumps({'command': SCRIPT})):,} characters)" in stand_in
+    assert "ValueError: not enough values to unpack (expected 2, got 1)" in stand_in
+    assert "bash succeeded since, at seq 6" in stand_in and handle_of(items[call_seq - 1]) in stand_in
+    assert "lines[17]" not in out.view.messages_json
+
+
+def test_a_failed_calls_input_stays_while_the_failure_is_the_latest_or_small() -> None:
+    still_failing = session((SCRIPT, TRACEBACK, True), ("python3 reproduce.py", TRACEBACK, True))
+    assert pruned(run_inputs(still_failing)) == {}
+    small = session(("python3 -c 'import app'", TRACEBACK, True), ("python3 reproduce.py", "ok"))
+    assert pruned(run_inputs(small)) == {}
+    succeeded = session((SCRIPT, "ok\n" + BODY), ("python3 reproduce.py", "ok"))
+    assert pruned(run_inputs(succeeded)) == {}
+
+
 def test_the_latest_failure_stays_whole_until_its_tool_succeeds() -> None:
     noisy = TRACEBACK.replace("<output>\n", "<output>\n" + BODY + "\n")
     items = session(("python3 reproduce.py", noisy, True), ("python3 reproduce.py", noisy, True))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
-from contextd.engine.model import Block, ImageBlock, ItemContent, Representation, Role, TextBlock
+from contextd.engine.model import Block, ImageBlock, ItemContent, Representation, Role, TextBlock, ToolUseBlock
 from contextd.engine.transforms import (
     Entry,
     Insert,
@@ -125,7 +125,8 @@ class Reverse:
 
 
 class ReplaceWith:
-    """Replace every candidate with the blocks `params` name: {text: ...} and/or {image: true}."""
+    """Replace every candidate with the blocks `params` name: {text: ...}, {image: true} and/or
+    {call: ID, input: JSON} (a tool call `bash` with that id)."""
 
     name: ClassVar[str] = "replace_with"
     version: ClassVar[str] = "1"
@@ -138,6 +139,8 @@ class ReplaceWith:
             blocks.append(TextBlock(params["text"]))
         if params.get("image"):
             blocks.append(ImageBlock("image/png", uri="https://example.com/a.png"))
+        if "call" in params:
+            blocks.append(ToolUseBlock(params["call"], "bash", params.get("input", "{}")))
         for entry in candidates:
             yield Proposal(Replace(entry.seq, tuple(blocks)), 2, "replaced")
 

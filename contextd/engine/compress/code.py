@@ -94,7 +94,7 @@ def compress_code(text: str, focus: Focus, language: str = "") -> Compressed | N
             return elided(start, stop, indent + comment)
         # Say the file's own line numbers, as the output shows them.
         first, last = (lines[i].split(maxsplit=1)[0] for i in (start, stop - 1))
-        return f"{' ' * 7}\t{indent}{comment}[… {stop - start:,} lines left out: {first}-{last} …]"
+        return f"{' ' * 7}\t{indent}{comment}[… lines {first}-{last} left out …]"
 
     summary = f"skeleton ({language}, {how}): {len(lines) - hidden:,} of {len(lines):,} lines kept, bodies left out"
     return Compressed("code", kept.write(marker), summary)
@@ -132,7 +132,8 @@ def _bodies(source: str, lines: Sequence[str], language: str) -> tuple[list[Body
     return list(_tree_sitter_bodies(parser.parse(source.encode()).root_node, lines)), "tree-sitter"
 
 
-def _python_bodies(tree: ast.AST, lines: Sequence[str]) -> Iterator[Body]:
+def _python_bodies(tree: ast.Module, lines: Sequence[str]) -> Iterator[Body]:
+    yield from _long_statements(tree.body, lines)
     for node in ast.walk(tree):
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
@@ -140,6 +141,7 @@ def _python_bodies(tree: ast.AST, lines: Sequence[str]) -> Iterator[Body]:
         first = body[0]
         if isinstance(node, ast.ClassDef):
             yield Body(node.name, node.lineno - 1, node.end_lineno or node.lineno, elidable=False)
+            yield from _long_statements(body, lines)
             continue
         if _is_docstring(first):
             if len(body) == 1 and first.end_lineno == first.lineno:
@@ -155,6 +157,24 @@ def _python_bodies(tree: ast.AST, lines: Sequence[str]) -> Iterator[Body]:
         if start >= stop or start <= node.lineno - 1:
             continue
         yield Body(node.name, start, stop)
+
+
+LONG_STATEMENT = 8
+"""A docstring or a statement (a table, a long literal) of a module or a class this many lines
+long or longer keeps its first line (of text, for a docstring)."""
+
+
+def _long_statements(body: Sequence[ast.stmt], lines: Sequence[str]) -> Iterator[Body]:
+    for statement in body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        end = statement.end_lineno or statement.lineno
+        if end - statement.lineno + 1 < LONG_STATEMENT:
+            continue
+        start = statement.lineno  # 0-based: the line after the statement's first
+        if _is_docstring(statement) and _QUOTES_ONLY.match(lines[statement.lineno - 1]):
+            start += 1
+        yield Body("", start, end)
 
 
 def _is_docstring(statement: ast.stmt) -> bool:
@@ -262,23 +282,44 @@ def _tree_sitter(language: str) -> Any | None:
     return tree_sitter.Parser(tree_sitter.Language(getattr(module, function)()))
 
 
+_DESCEND = _CONTAINERS | {
+    "program",
+    "source_file",
+    "export_statement",
+    "class_body",
+    "declaration_list",
+    "interface_body",
+    "enum_body",
+    "lexical_declaration",
+    "variable_declaration",
+    "variable_declarator",
+    "expression_statement",
+    "assignment_expression",
+    "pair",
+    "object",
+}
+"""Where definitions are found: a file's top level, classes, declarations (``const f = () =>``).
+The walk does not go into function bodies (what is in them goes with them) nor into
+other expressions, so a large file costs little more than its parse."""
+
+
 def _tree_sitter_bodies(root: Any, lines: Sequence[str]) -> Iterator[Body]:
     stack = [root]
     while stack:
         node = stack.pop()
-        stack.extend(reversed(node.children))
-        if node.type in _CONTAINERS:
+        kind = node.type
+        if kind in _FUNCTIONS:
+            body = node.child_by_field_name("body")
+            if body is not None and body.type in ("statement_block", "block", "constructor_body"):
+                # The lines strictly inside the braces: the signature and the closing brace stay.
+                start, stop = body.start_point[0] + 1, body.end_point[0]
+                if stop > start:
+                    yield Body(_name(node), start, stop)
+            continue
+        if kind in _CONTAINERS:
             yield Body(_name(node), node.start_point[0], node.end_point[0] + 1, elidable=False)
-            continue
-        if node.type not in _FUNCTIONS:
-            continue
-        body = node.child_by_field_name("body")
-        if body is None or body.type not in ("statement_block", "block", "constructor_body"):
-            continue
-        # The lines strictly inside the braces: the signature and the closing brace stay.
-        start, stop = body.start_point[0] + 1, body.end_point[0]
-        if stop > start:
-            yield Body(_name(node), start, stop)
+        if kind in _DESCEND:
+            stack.extend(reversed(node.children))
 
 
 def _name(node: Any) -> str:

@@ -75,21 +75,14 @@ def _write(value: Any, focus: Focus, path: str, notes: list[str], depth: int) ->
     return pad + _dump(value)
 
 
-def _type(value: Any) -> str:
-    return (
-        "null"
-        if value is None
-        else {bool: "bool", int: "int", float: "number", str: "string"}.get(
-            type(value), "array" if isinstance(value, list) else "object"
-        )
-    )
+_TYPE_NAMES = {type(None): "null", bool: "bool", int: "int", float: "number", str: "string", list: "array"}
 
 
 def _rows(rows: list[dict[str, Any]], focus: Focus, path: str, notes: list[str], pad: str) -> str:
     n = len(rows)
     counts: Counter[str] = Counter(k for r in rows for k in r)
     fields = list(dict.fromkeys(k for r in rows for k in r))
-    types = {k: sorted({_type(r[k]) for r in rows if k in r}) for k in fields}
+    types = {k: sorted({_TYPE_NAMES.get(type(r[k]), "object") for r in rows if k in r}) for k in fields}
     constant = {k: rows[0][k] for k in fields if counts[k] == n and all(_same(r[k], rows[0][k]) for r in rows[1:])}
     usual = {k for k in fields if counts[k] > n / 2}
     why: dict[int, str] = {0: "first", n - 1: "last"}
@@ -97,20 +90,32 @@ def _rows(rows: list[dict[str, Any]], focus: Focus, path: str, notes: list[str],
     def flag(i: int, reason: str) -> None:
         why[i] = why[i] + ", " + reason if i in why and reason not in why[i] else why.get(i, reason)
 
+    error_keys = {k for k in fields if _ERROR_KEYS.match(k)}
+    texts: dict[str, dict[str, list[int]]] = {}
+    """field -> each distinct text it holds -> the rows holding it."""
     for i, row in enumerate(rows):
-        keys = set(row)
-        if keys != usual:
+        if row.keys() != usual:
+            keys = set(row)
             missing, extra = sorted(usual - keys), sorted(keys - usual)
             flag(i, "fields " + " ".join([*(f"-{k}" for k in missing), *(f"+{k}" for k in extra)]))
         for k, v in row.items():
             if k in constant:
                 continue
-            if _ERROR_KEYS.match(k) and v not in (None, "", [], {}, 0, False):
-                flag(i, f"{k} set")
-            elif isinstance(v, str) and _ERRORISH.search(v):
-                flag(i, f"{k} says {v[:40]!r}")
-        if focus.terms and focus.mentions(_dump(row)):
-            flag(i, "mentions the focus")
+            if k in error_keys:
+                if v not in (None, "", [], {}, 0, False):
+                    flag(i, f"{k} set")
+            elif v is not None and not isinstance(v, (bool, int, float)):
+                texts.setdefault(k, {}).setdefault(v if isinstance(v, str) else _dump(v), []).append(i)
+    # Each field's distinct texts are searched together first: matches are rare.
+    for k, held in texts.items():
+        joined = "\n".join(held)
+        for test, why_text in ((_ERRORISH.search, f"{k} says"), (focus.mentions if focus.terms else None, "")):
+            if test is None or not test(joined):
+                continue
+            for text, where in held.items():
+                if test(text):
+                    for i in where:
+                        flag(i, f"{why_text} {text[:40]!r}" if why_text else "mentions the focus")
     for k in fields:
         if k in constant:
             continue
@@ -146,15 +151,19 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _rare_values(rows: Sequence[dict[str, Any]], key: str, flag: Any) -> None:
-    values = [r[key] for r in rows if key in r and (r[key] is None or isinstance(r[key], (str, bool)))]
+    # Keyed with the type: True and 1 are different values here.
+    values = [(type(r[key]), r[key]) for r in rows if key in r and (r[key] is None or type(r[key]) in (str, bool))]
     if len(values) < MIN_ROWS:
         return
-    counts = Counter(_dump(v) for v in values)
+    counts = Counter(values)
     if len(counts) > max(3, len(values) // 10):
         return  # a field of many values (names, ids): nothing is rare in it
     limit = max(1, int(len(values) * _RARE))
+    rare = {value for value, count in counts.items() if count <= limit}
+    if not rare:
+        return
     for i, row in enumerate(rows):
-        if key in row and _dump(row[key]) in counts and counts[_dump(row[key])] <= limit:
+        if key in row and (type(row[key]), row[key]) in rare:
             flag(i, f"rare {key}={row[key]!r:.40}")
 
 

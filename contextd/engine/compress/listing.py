@@ -10,12 +10,10 @@ mentions the focus.
 
 from __future__ import annotations
 
-import posixpath
-import re
 from collections import Counter
 from collections.abc import Sequence
 
-from contextd.engine.compress.text import Compressed, Focus
+from contextd.engine.compress.text import Compressed, Focus, Lines
 
 CHANGED_PER_FILE = 12
 """Changed lines shown per file outside the hunks the focus asks for."""
@@ -87,40 +85,51 @@ def _file(lines: list[str], focus: Focus) -> list[str]:
 
 
 def compress_listing(text: str, focus: Focus) -> Compressed | None:
-    lines = text.splitlines()
+    found = Lines(text)
+    lines = found.lines
+    mentioned = focus.selective(found).lines_mentioning(found)
     directories: dict[str, list[str]] = {}
-    order: list[str] = []
+    focused: set[tuple[str, str]] = set()
     current = "."
-    recursive = any(re.match(r"^\S.*:$", line) for line in lines)
-    for line in lines:
+    recursive = any(line.endswith(":") and line[:1].strip() for line in lines)
+    for i, line in enumerate(lines):
         stripped = line.strip()
         if not stripped:
             continue
-        if recursive and stripped.endswith(":") and not stripped.startswith(("total ",)):
+        if recursive and stripped.endswith(":"):
             current = stripped[:-1]
             directories.setdefault(current, [])
-            order.append(current)
             continue
         if recursive:
-            names = stripped.split()
-            directories.setdefault(current, []).extend(names)
+            parent, names = current, stripped.split()
         else:
-            path = stripped.split()[-1] if stripped.startswith(("M ", "A ", "D ", "?? ", "R ", " M")) else stripped
-            parent, name = posixpath.split(path.rstrip("/"))
-            directories.setdefault(parent or ".", []).append(name + ("/" if path.endswith("/") else ""))
+            path = stripped.split()[-1] if stripped.startswith(_STATUS) else stripped
+            parent, _, name = path.rstrip("/").rpartition("/")
+            parent, names = parent or ".", [name + ("/" if path.endswith("/") else "")]
+        directories.setdefault(parent, []).extend(names)
+        if i in mentioned:
+            focused.update((parent, n) for n in names if focus.mentions(f"{parent}/{n}"))
     if not directories:
         return None
     out: list[str] = []
-    entries = 0
-    for directory in sorted(directories, key=lambda d: (order.index(d) if d in order else -1, d)):
-        names = directories[directory]
-        entries += len(names)
-        kinds = Counter(posixpath.splitext(n)[1] or ("(dir)" if n.endswith("/") else "(none)") for n in names)
-        focused = [n for n in names if focus.mentions(posixpath.join(directory, n))]
-        shown = list(dict.fromkeys([*focused, *names[:NAMES_PER_DIRECTORY]]))
+    for directory, names in directories.items():
+        kinds = Counter(_extension(n) for n in names)
+        shown = list(dict.fromkeys([*(n for n in names if (directory, n) in focused), *names[:NAMES_PER_DIRECTORY]]))
         more = len(names) - len(shown)
         counts = ", ".join(f"{c} {k}" for k, c in kinds.most_common(5))
         tail = f" … +{more:,} more" if more else ""
         out.append(f"{directory}/ ({len(names):,}: {counts}): {'  '.join(shown)}{tail}")
+    entries = sum(len(names) for names in directories.values())
     summary = f"{len(directories):,} directories, {entries:,} entries, folded by directory with counts"
     return Compressed("listing", "\n".join(out), summary)
+
+
+_STATUS = ("M ", "A ", "D ", "?? ", "R ", " M", " D")
+"""How `git status --short` marks a path."""
+
+
+def _extension(name: str) -> str:
+    if name.endswith("/"):
+        return "(dir)"
+    stem, dot, extension = name.rpartition(".")
+    return f".{extension}" if dot and stem else "(none)"

@@ -6,7 +6,7 @@ per shape; tracebacks as the exception, the first frame and the frames in
 the user's own code (not the standard library or installed packages);
 test runners' failing test ids, failure headers, assertion details and
 summaries; lines that mention the focus. Repeated lines are folded with
-their count, runs of lines of one shape show the first and the last.
+their count.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from contextd.engine.compress.text import Compressed, Focus, Kept, Lines, fold_repeats, fold_similar, shape
+from contextd.engine.compress.text import Compressed, Focus, Kept, Lines, fold_repeats, shape
 
 _ERROR_WORDS = (
     "error", "errors", "exception", "fatal", "panic", "panicked", "traceback", "failed", "failure", "fail",
@@ -39,6 +39,7 @@ _FAILURE = re.compile(r"^_{3,} .* _{3,}\s*$")
 _DETAILS_HEAD, _DETAILS_TAIL = 12, 4
 """Assertion detail lines (``E ...``) shown per failure: the first ones and the last."""
 _LOCATION = re.compile(r"^\S+:\d+: (?:in \w+|\w+)")
+_RAISED = re.compile(r":\d+: [A-Z][\w.]*\s*$")
 _FAILING_SOURCE = re.compile(r"^>\s")
 _ID_STARTS = frozenset("FEXn-")
 """First characters of a failing test's line (FAILED, ERROR, XPASS, not ok, --- FAIL)."""
@@ -54,6 +55,8 @@ _SAME_SHAPE_KEPT = 2
 
 
 def compress_log(text: str, focus: Focus, *, kind: str = "log") -> Compressed:
+    """`kind`: ``log``, ``test`` (a test runner's output), or ``text`` (lines no other
+    compressor reads, read the same way)."""
     found = Lines(text)
     lines = found.lines
     kept = Kept(lines)
@@ -82,9 +85,8 @@ def compress_log(text: str, focus: Focus, *, kind: str = "log") -> Compressed:
     for seen in shown_shapes.values():
         kept.add(seen[-1])  # how it stood at the end
     nonblank = [i for i, line in enumerate(lines) if line.strip()]
-    kept.add(*nonblank[:_HEAD], *nonblank[-_TAIL:])
+    kept.add(*nonblank[: 1 if kind == "test" else _HEAD], *nonblank[-_TAIL:])
     fold_repeats(kept)
-    fold_similar(kept)
     shown = len(kept.keep)
     summary = f"{shown:,} of {len(lines):,} lines kept: errors with context, warnings once, " + (
         "failing tests and the summary" if kind == "test" else "the first and last lines"
@@ -138,19 +140,22 @@ def _tracebacks(lines: list[str], kept: Kept) -> set[int]:
 
 
 def _tests(lines: list[str], kept: Kept) -> set[int]:
-    """Test runners: failing ids, section rules and summaries, progress lines where something
-    failed; in each failure's report (pytest's ``____ name ____`` sections), what failed and
+    """Test runners: failing ids, section rules and summaries (progress lines where something
+    failed when no id is named); in each failure's report (pytest's ``____ name ____`` sections), what failed and
     where: the failing source line, the assertion details, the locations in the user's own code
-    and the last one. Return the lines of those reports (decided here, not by context)."""
+    and where it was raised. Return the lines of those reports (decided here, not by context)."""
     managed: set[int] = set()
     section: list[int] = []
+    progress: list[int] = []
+    ids: list[int] = []
 
     def close() -> None:
         locations = [i for i in section if _LOCATION.match(lines[i])]
         details = [i for i in section if lines[i].startswith("E ")]
         kept.add(*details[:_DETAILS_HEAD], *details[-_DETAILS_TAIL:])
         kept.add(*(i for i in section if _FAILING_SOURCE.match(lines[i])))
-        kept.add(*(i for i in locations if not _LIBRARY.search(lines[i])), *locations[-1:])
+        # Where the exception was raised (``path:12: ValueError``), and every frame in the user's own code.
+        kept.add(*(i for i in locations if not _LIBRARY.search(lines[i]) or _RAISED.search(lines[i])))
         managed.update(section)
         section.clear()
 
@@ -170,14 +175,18 @@ def _tests(lines: list[str], kept: Kept) -> set[int]:
         if line.endswith(("%]", ".", "F", "E")) and _PROGRESS.match(line):
             marks = line.split(" ", 1)[1]
             if "F" in marks or "E" in marks:
-                kept.add(i)
+                progress.append(i)
             continue
         failing = (line[:1] in _ID_STARTS or "::" in line) and _TEST_ID.search(line)
         summary = (" passed" in line or " failed" in line or " error" in line or line[:2] in ("OK", "FA")) and (
             _SUMMARY.search(line)
         )
+        if failing:
+            ids.append(i)
         if failing or summary:
             kept.add(i)
     if section:
         close()
+    if not ids:
+        kept.add(*progress)  # no failing test named: the files where something failed, at least
     return managed

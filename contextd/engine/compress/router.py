@@ -19,6 +19,7 @@ from contextd.engine.compress import code, jsondata, listing, logs, search
 from contextd.engine.compress.text import Compressed, Focus
 
 KINDS = ("log", "test", "json", "code", "search", "diff", "listing")
+"""What a client or a policy may declare an output to hold (``text``, the fallback, is read as a log)."""
 
 _TEST_COMMANDS = re.compile(
     r"^(?:\S+=\S+\s+)*(?:python\d?(?:\.\d+)? -m )?(?:pytest|py\.test|tox|nox|unittest|jest|vitest|mocha)\b"
@@ -135,6 +136,9 @@ class _Remembered:
     def __len__(self) -> int:
         return len(self._kinds)
 
+    def clear(self) -> None:
+        self._kinds.clear()
+
 
 SNIFFED = _Remembered(50_000)
 
@@ -171,18 +175,32 @@ def _log(text: str, focus: Focus, kind: str, _: str) -> Compressed | None:
     return logs.compress_log(text, focus, kind="test" if kind == "test" else "log")
 
 
+def _text(text: str, focus: Focus, _: str, __: str) -> Compressed | None:
+    """Lines no other compressor reads (a build's output, a page, a script's prints): read as a
+    log, when there are enough of them to be worth it."""
+    if text.count("\n") + 1 < TEXT_MIN_LINES:
+        return None
+    return logs.compress_log(text, focus, kind="text")
+
+
+TEXT_MIN_LINES = 20
+
+
+def _code(text: str, focus: Focus, _: str, language: str) -> Compressed | None:
+    return code.compress_code(text, focus, language)
+
+
 _READERS: dict[str, tuple[Callable[[str, Focus, str, str], Compressed | None], ...]] = {
     "log": (_log,),
     "test": (_log,),
-    "json": (lambda text, focus, _, __: jsondata.compress_json(text, focus),),
-    "code": (lambda text, focus, _, language: code.compress_code(text, focus, language),),
-    # grep over one file prints its lines without a path: they are code (or a log).
-    "search": (
-        lambda text, focus, _, __: search.compress_search(text, focus),
-        lambda text, focus, _, language: code.compress_code(text, focus, language),
-    ),
+    "json": (lambda text, focus, _, __: jsondata.compress_json(text, focus), _text),
+    # Code with no definition to skeleton (a cut range inside one body) is read as lines.
+    "code": (_code, _text),
+    # grep over one file prints its lines without a path: they are code (or lines).
+    "search": (lambda text, focus, _, __: search.compress_search(text, focus), _code, _text),
     "diff": (lambda text, focus, _, __: listing.compress_diff(text, focus),),
-    "listing": (lambda text, focus, _, __: listing.compress_listing(text, focus),),
+    "listing": (lambda text, focus, _, __: listing.compress_listing(text, focus), _text),
+    "": (_text,),
 }
 """Per kind, the compressors to try in order (the next when one cannot read the content)."""
 

@@ -1,16 +1,20 @@
-"""Search results (grep, rg, git grep): grouped by file, with a count per file.
+"""Search results (grep, rg, git grep): every file named with its count, the lines that matter.
 
-Kept verbatim: in every file, the first matches and every line that defines
-or mentions a symbol of the focus (or of the search itself); the other
-matches are counted. Every file keeps its name and count, so where the
-pattern occurs is never lost.
+Kept verbatim: every line that defines or mentions a symbol of the focus
+(or of the search itself, when few lines do), and one line for each
+distinct text the matches hold, with how many more places hold the same
+text (a call repeated across files is read once); context lines
+(``-A``/``-B``) go with the match they surround. Every file stays, by
+directory, with its count of matches, so where the pattern occurs is never
+lost; the other lines are one Retrieve away.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from contextd.engine.compress.text import Compressed, Focus, Lines
 
@@ -21,14 +25,13 @@ _DEFINES = (
     r"|\b{name}\s*(?::[^=]*)?=[^=])"
 )
 """A line that defines `name`: a definition keyword before it, or an assignment to it."""
-PER_FILE = 2
-"""Matches shown per file besides those the focus asks for."""
+SAMPLES = 12
+"""Distinct match texts shown beyond those the focus asks for (those most places hold)."""
 
 
 @dataclass(slots=True)
 class _File:
     path: str
-    lines: list[int] = field(default_factory=list)
     matches: int = 0
 
 
@@ -59,8 +62,9 @@ def compress_search(text: str, focus: Focus) -> Compressed | None:
     found = Lines(text)
     lines = found.lines
     files: dict[str, _File] = {}
-    loose: list[int] = []
     texts: dict[int, str] = {}
+    matches: list[int] = []
+    loose: list[int] = []
     for i, line in enumerate(lines):
         parsed = _parse(line)
         if parsed is None:
@@ -71,31 +75,52 @@ def compress_search(text: str, focus: Focus) -> Compressed | None:
         entry = files.get(path)
         if entry is None:
             entry = files[path] = _File(path)
-        entry.lines.append(i)
-        entry.matches += is_match
+        if is_match:
+            entry.matches += 1
+            matches.append(i)
     if not files:
         return None
-    # Definitions of a focus name; mentions of the focus terms that few lines share.
+    # Definitions of a focus name, and mentions of the focus terms few lines share.
     names = [n for n in focus.names if re.fullmatch(r"\w+", n)]
-    chosen = set()
-    for i, held in found.having(names).items():
-        if i in texts and any(re.search(_DEFINES.format(name=re.escape(n)), texts[i]) for n in held):
-            chosen.add(i)
-    chosen |= focus.selective(found).lines_mentioning(found)
-    out: list[str] = []
-    kept_lines = 0
+    chosen: set[int] = set()
+    if names:
+        defines = re.compile(_DEFINES.format(name="(?:" + "|".join(map(re.escape, names)) + ")"))
+        chosen = {i for i in found.having(names) if i in texts and defines.search(texts[i])}
+    chosen |= focus.selective(found).lines_mentioning(found) & texts.keys()
+    # One line per distinct text, at the first place it occurs: the texts most places hold first.
+    same: dict[str, list[int]] = {}
+    for i in matches:
+        same.setdefault(texts[i].strip(), []).append(i)
+    shown = set(chosen)
+    samples = sorted((p for p in same.values() if not set(p) & chosen), key=lambda p: (-len(p), p[0]))[:SAMPLES]
+    shown.update(places[0] for places in samples)
+    repeats = {places[0]: len(places) - 1 for places in samples if len(places) > 1}
+    # Context lines go with the shown match they surround.
+    for i in sorted(shown):
+        for step in (-1, 1):
+            j = i + step
+            while 0 <= j < len(lines) and j in texts and j not in matches:
+                shown.add(j)
+                j += step
+    out = [f"[{len(matches):,} matches in {len(files):,} files]"]
+    previous = -2
+    for i in sorted(shown):
+        if i != previous + 1 and previous >= 0:
+            out.append("--")
+        more = repeats.get(i, 0)
+        out.append(lines[i] + (f"  [the same in {more:,} more {'place' if more == 1 else 'places'}]" if more else ""))
+        previous = i
+    out.append("[matches per file]")
+    by_directory: dict[str, list[_File]] = {}
     for entry in files.values():
-        first = [i for i in entry.lines if i not in chosen][: max(0, PER_FILE - sum(i in chosen for i in entry.lines))]
-        shown = sorted({*first, *(i for i in entry.lines if i in chosen)})
-        left = len(entry.lines) - len(shown)
-        out.append(f"{entry.path} ({entry.matches:,} {'match' if entry.matches == 1 else 'matches'})")
-        out.extend(f"  {lines[i]}" for i in shown)
-        if left:
-            out.append(f"  [… {left:,} more {'line' if left == 1 else 'lines'} in this file …]")
-        kept_lines += len(shown)
+        by_directory.setdefault(posixpath.dirname(entry.path), []).append(entry)
+    for directory, entries in by_directory.items():
+        listed = ", ".join(f"{posixpath.basename(e.path)} ({e.matches:,})" for e in entries)
+        out.append(f"{directory + '/' if directory else ''}: {listed}")
     out.extend(lines[i] for i in loose[:5])
     if len(loose) > 5:
         out.append(f"[… {len(loose) - 5:,} other lines …]")
-    total = sum(len(f.lines) for f in files.values())
-    summary = f"{kept_lines:,} of {total:,} result lines kept in {len(files):,} files, every file counted"
+    summary = (
+        f"{len(shown):,} of {len(texts):,} result lines kept (the focus, one per distinct text), every file counted"
+    )
     return Compressed("search", "\n".join(out), summary)

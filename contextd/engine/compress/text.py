@@ -144,9 +144,8 @@ class Kept:
 
 def elided(start: int, stop: int, indent: str = "") -> str:
     """The marker for lines start..stop-1 (0-based) left out."""
-    count = stop - start
-    where = f"line {start + 1}" if count == 1 else f"lines {start + 1}-{stop}"
-    return f"{indent}[… {count:,} {'line' if count == 1 else 'lines'} left out: {where} …]"
+    where = f"line {start + 1}" if stop - start == 1 else f"lines {start + 1}-{stop}"
+    return f"{indent}[… {where} left out …]"
 
 
 def shape(line: str) -> bytes:
@@ -214,26 +213,3 @@ def fold_repeats(kept: Kept, min_run: int = 3) -> None:
             kept.add(i)
             kept.folded[i + 1] = (stop, f"[… the line above {stop - i - 1:,} more times (lines {i + 2}-{stop}) …]")
         i = j
-
-
-def fold_similar(kept: Kept, min_run: int = 4) -> None:
-    """Runs of `min_run` or more left-out lines of one shape (differing only in numbers and
-    ids): the first and the last are shown, the rest said with their count."""
-    lines = kept.lines
-    i, n = 0, len(lines)
-    while i < n:
-        if i in kept.keep or i in kept.folded or not lines[i].strip():
-            i += 1
-            continue
-        key = shape(lines[i])
-        j = i + 1
-        while j < n and j not in kept.keep and j not in kept.folded and shape(lines[j]) == key:
-            j += 1
-        if j - i >= min_run:
-            kept.add(i, j - 1)
-            kept.folded[i + 1] = (j - 1, f"[… {j - i - 2:,} more lines like these (lines {i + 2}-{j - 1}) …]")
-        i = j
-
-
-def count_lines(text: str) -> int:
-    return text.count("\n") + 1 if text else 0
