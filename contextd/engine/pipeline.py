@@ -646,8 +646,11 @@ def _eligible(
         content: tuple[Block, ...] = ()
         tokens = saving = 0
         if verdict.eligible:
-            content = _content_of(edit, draft.entries, proposal.reason)
-            tokens = _tokens(content, counter)
+            # A deferred edit is proposed again at every render, often as the same object.
+            sources = (proposal, edit, counter) if entry is None else (proposal, edit, counter, entry.item)
+            content, tokens = _represented.get(
+                sources, partial(_counted, edit, draft.entries, proposal.reason, counter)
+            )
             saving = entry.tokens - tokens if entry is not None else -tokens if isinstance(edit, Insert) else 0
             if entry is not None and saving <= 0:
                 verdict = replace(
@@ -862,6 +865,17 @@ def _messages(entries: Sequence[Entry], fmt: ViewFormat) -> int:
         side = this
         closed = len(entry.content) == 1 and isinstance(entry.content[0], TextBlock)
     return count
+
+
+_represented: IdentityMemo[tuple[tuple[Block, ...], int]] = IdentityMemo(50_000)
+"""What an edit gives its target, and its tokens, per proposal, edit and item."""
+
+
+def _counted(
+    edit: Edit, entries: Mapping[int, Entry], reason: str, counter: TokenCounter
+) -> tuple[tuple[Block, ...], int]:
+    content = _content_of(edit, entries, reason)
+    return content, _tokens(content, counter)
 
 
 def _content_of(edit: Edit, entries: Mapping[int, Entry], reason: str) -> tuple[Block, ...]:

@@ -49,6 +49,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from contextd.engine.compress import Compressed, Focus, compress
+from contextd.engine.compress.text import WORD
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import ReasoningBlock, Representation, TextBlock, ToolUseBlock
 from contextd.engine.observations import Observation, ObservationIndex
@@ -247,17 +248,25 @@ class Errors(_Strategy):
         success = context.observations.next_success(seen.tool, seen.seq)
         if success is None:
             return None  # the latest failure of its tool: the agent may still be on it
-        kept = error_lines(_output_text(entry), params.get("max_lines", 12))
-        residue = (
-            f"{PREFIX} {describe(entry.item)} reduced to its error lines (errored; {seen.tool} succeeded since, "
-            f"at seq {success.seq}); retrieve the whole with handle {handle_of(entry.item)}]"
-        )
-        return Proposal(
-            Replace(entry.seq, (TextBlock("\n".join([residue, *kept])),)),
-            2,
-            "errored",
-            f"a later call of {seen.tool} succeeded (seq {success.seq})",
-        )
+        held = _residues.get((entry.item,), dict)
+        key = (success.seq, params.get("max_lines", 12))
+        if key not in held:
+            kept = error_lines(_output_text(entry), key[1])
+            residue = (
+                f"{PREFIX} {describe(entry.item)} reduced to its error lines (errored; {seen.tool} succeeded since, "
+                f"at seq {success.seq}); retrieve the whole with handle {handle_of(entry.item)}]"
+            )
+            held[key] = Proposal(
+                Replace(entry.seq, (TextBlock("\n".join([residue, *kept])),)),
+                2,
+                "errored",
+                f"a later call of {seen.tool} succeeded (seq {success.seq})",
+            )
+        return held[key]
+
+
+_residues: IdentityMemo[dict[tuple[int, int], Proposal]] = IdentityMemo(20_000)
+"""Per failed output, its residue by the success that licenses it (the same object each render)."""
 
 
 _ERROR_LINE = re.compile(
@@ -380,37 +389,47 @@ class Compress(_Strategy):
         result = entry.item.tool_result
         if result is None or not all(isinstance(p, TextBlock) for p in result.content):
             return None  # images and documents are not read here
-        focus = Focus(context.requested_focus, context.focus)
+        text = _output_text(entry)
+        # Only the focus terms that may occur in the output change its compression: the key.
+        words = _words.get((entry.item,), lambda: frozenset(WORD.findall(text)))
+        focus = Focus(context.requested_focus, context.focus).within(words)
         declared = entry.item.metadata.get(CONTENT_KEY, "")
         if not declared and seen.tool in context.tool_effects:
             declared = getattr(context.tool_effects[seen.tool], "content", "")
         path = seen.reads[0].path if seen.reads else ""
-        text = _output_text(entry)
         held = _compressions.get((entry.item,), dict)
-        if focus.terms not in held:
-            held[focus.terms] = compress(text, focus, declared=declared, command=seen.command, path=path)
-        found = held[focus.terms]
-        if found is None or len(found.text) > params.get("max_ratio", MAX_RATIO) * len(text):
-            return None
-        header = (
-            f"{PREFIX} {describe(entry.item)} compressed as {found.kind}: {found.summary}; "
-            f"retrieve the whole with handle {handle_of(entry.item)}]"
-        )
-        return Proposal(
-            Replace(entry.seq, (TextBlock(header + "\n" + found.text),)),
-            0 if found.lossless else 4,
-            f"compressed_{found.kind}",
-            found.summary,
-            compression=True,
-        )
+        key = (focus.terms, params.get("max_ratio", MAX_RATIO))
+        if key not in held:
+            found = compress(text, focus, declared=declared, command=seen.command, path=path)
+            held[key] = (
+                _compressed(entry, found) if found is not None and len(found.text) <= key[1] * len(text) else None
+            )
+        return held[key]
+
+
+def _compressed(entry: Entry, found: Compressed) -> Proposal:
+    header = (
+        f"{PREFIX} {describe(entry.item)} compressed as {found.kind}: {found.summary}; "
+        f"retrieve the whole with handle {handle_of(entry.item)}]"
+    )
+    return Proposal(
+        Replace(entry.seq, (TextBlock(header + "\n" + found.text),)),
+        0 if found.lossless else 4,
+        f"compressed_{found.kind}",
+        found.summary,
+        compression=True,
+    )
 
 
 CONTENT_KEY = "contextd.content_type"
 """Item metadata declaring what a tool output holds (a compressor kind: log, json, code ...)."""
 MAX_RATIO = 0.7
 """A compression is proposed only when it keeps at most this share of the output's characters."""
-_compressions: IdentityMemo[dict[tuple[str, ...], Compressed | None]] = IdentityMemo(20_000)
-"""Per item, its compressed form under each focus asked (None: none worth having)."""
+_compressions: IdentityMemo[dict[tuple[tuple[str, ...], float], Proposal | None]] = IdentityMemo(20_000)
+"""Per item, its compression under each focus (and ratio) asked (None: none worth having); the same
+proposal object each render, so what follows from it is remembered too."""
+_words: IdentityMemo[frozenset[str]] = IdentityMemo(20_000)
+"""Per item, the words of its output."""
 
 
 BUILT_IN_STRATEGIES = (

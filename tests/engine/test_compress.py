@@ -11,6 +11,7 @@ import pytest
 
 from contextd.engine.compress import NO_FOCUS, Focus, compress, route
 from contextd.engine.compress.router import SNIFFED, envelope, hint
+from contextd.engine.compress.text import WORD
 
 
 def _build_log(seed: int = 1) -> str:
@@ -381,3 +382,19 @@ def test_derived_focus_terms_must_look_like_identifiers() -> None:
     focus = Focus(("error",), ("the", "file", "compute_total", "ValueError", "src/app.py"))
     assert focus.terms == ("error", "compute_total", "ValueError", "src/app.py")
     assert {"compute_total", "app.py"} <= focus.names and "py" not in focus.names
+
+
+@pytest.mark.parametrize(
+    ("text", "command"),
+    [(_build_log(), "python worker.py"), (_PY_SOURCE, "cat billing/invoices.py"), (_GREP, "grep -rn x"), (_DIFF, "")],
+)
+def test_terms_that_cannot_occur_in_an_output_do_not_change_its_compression(text: str, command: str) -> None:
+    words = frozenset(WORD.findall(text))
+    focus = Focus(
+        ("compute_total", "absent_name"),
+        ("billing.totals.compute_total", "render", "src/app/jobs.py", "nowhere/else.py", "Renderer.render", "QuotaX"),
+    )
+    narrowed = focus.within(words)
+    assert "absent_name" not in narrowed.terms and "nowhere/else.py" not in narrowed.terms
+    full, key = compress(text, focus, command=command), compress(text, narrowed, command=command)
+    assert full is not None and key is not None and full.text == key.text

@@ -8,6 +8,7 @@ can ask for exactly those lines back by handle.
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -41,11 +42,19 @@ class Focus:
         out = set()
         for term in self.terms:
             out.add(term)
-            base = term.rstrip("()")
-            last = base.rsplit("/", 1)[-1] if "/" in base else re.split(r"::|[.:]", base)[-1]
+            last = _last_part(term)
             if last:
                 out.add(last)
         return frozenset(out)
+
+    def within(self, words: frozenset[str]) -> Focus:
+        """The focus without the terms that cannot matter to a text made of `words` (its
+        ``\\w+`` runs): a term matters only where it, or its last part, occurs. The same
+        compression, and a key for remembering it that changes only when the text is concerned."""
+        return Focus(
+            tuple(t for t in self.given if _words_of_last(t) <= words),
+            tuple(t for t in self.derived if _words_of_last(t) <= words),
+        )
 
     @cached_property
     def _pattern(self) -> re.Pattern[str] | None:
@@ -77,6 +86,17 @@ class Focus:
 
 
 NO_FOCUS = Focus()
+WORD = re.compile(r"\w+")
+
+
+def _last_part(term: str) -> str:
+    base = term.rstrip("()")
+    return base.rsplit("/", 1)[-1] if "/" in base else re.split(r"::|[.:]", base)[-1]
+
+
+@functools.lru_cache(maxsize=4096)
+def _words_of_last(term: str) -> frozenset[str]:
+    return frozenset(WORD.findall(_last_part(term) or term))
 
 
 @dataclass(frozen=True, slots=True)
