@@ -264,10 +264,16 @@ def _build(data: dict[str, Any], document: str, registry: TransformRegistry, roo
             violations.append(FieldViolation(f"{path}.name", f"rule name {raw['name']!r} is used twice"))
         names.add(raw["name"])
         try:
-            registry.get(raw["transform"])
+            transform = registry.get(raw["transform"])
         except UnknownTransform:
             known = ", ".join(registry.names()) or "none"
             violations.append(FieldViolation(f"{path}.transform", f"unknown transform {raw['transform']!r} ({known})"))
+        else:
+            # A transform may check its params (optional `check(params) -> [(field, problem)]`).
+            check = getattr(transform, "check", None)
+            if check is not None:
+                for name, problem in check(raw.get("params", {})):
+                    violations.append(FieldViolation(f"{path}.params{'.' + name if name else ''}", problem))
         when, problems = _when(raw.get("when", {}), f"{path}.when")
         violations.extend(problems)
         if raw.get("enabled", True):
