@@ -11,18 +11,19 @@ are treated the same way, the rest is written as it was.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
-from contextd.engine.compress.text import Compressed, Focus
+from contextd.engine.compress.text import Compressed, Focus, Lines
 
 MIN_ROWS = 8
 """Shorter arrays are written whole."""
-_ERRORISH = re.compile(r"error|fail|exception|fatal|denied|invalid|timeout|refused|panic|critical", re.IGNORECASE)
+_ERRORISH = ("error", "fail", "exception", "fatal", "denied", "invalid", "timeout", "refused", "panic", "critical")
+"""A value holding one of these (in any case, inside any word) says something went wrong."""
 _ERROR_KEYS = re.compile(r"^(?:error|errors|err|exception|failure|fault)s?$", re.IGNORECASE)
 _RARE = 0.05
 """A value seen in at most this share of the rows, of a field that takes few values, stands out."""
@@ -78,49 +79,44 @@ def _write(value: Any, focus: Focus, path: str, notes: list[str], depth: int) ->
 _TYPE_NAMES = {type(None): "null", bool: "bool", int: "int", float: "number", str: "string", list: "array"}
 
 
+_MISSING = object()
+"""A row without the field (a column holds it where the row has no value)."""
+
+
 def _rows(rows: list[dict[str, Any]], focus: Focus, path: str, notes: list[str], pad: str) -> str:
+    # Read by column: each test runs over a list at C speed where it can.
     n = len(rows)
-    counts: Counter[str] = Counter(k for r in rows for k in r)
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-    types = {k: sorted({_TYPE_NAMES.get(type(r[k]), "object") for r in rows if k in r}) for k in fields}
-    constant = {k: rows[0][k] for k in fields if counts[k] == n and all(_same(r[k], rows[0][k]) for r in rows[1:])}
+    fields = list(dict.fromkeys(itertools.chain.from_iterable(rows)))
+    columns = {k: [r.get(k, _MISSING) for r in rows] for k in fields}
+    counts = {k: n - column.count(_MISSING) for k, column in columns.items()}
+    kinds = {k: set(map(type, column)) - {object} for k, column in columns.items()}
+    types = {k: sorted(_TYPE_NAMES.get(t, "object") for t in kinds[k]) for k in fields}
+    constant = {
+        k: column[0]
+        for k, column in columns.items()
+        if counts[k] == n and len(kinds[k]) == 1 and column.count(column[0]) == n
+    }
     usual = {k for k in fields if counts[k] > n / 2}
     why: dict[int, str] = {0: "first", n - 1: "last"}
 
     def flag(i: int, reason: str) -> None:
         why[i] = why[i] + ", " + reason if i in why and reason not in why[i] else why.get(i, reason)
 
-    error_keys = {k for k in fields if _ERROR_KEYS.match(k)}
-    texts: dict[str, dict[str, list[int]]] = {}
-    """field -> each distinct text it holds -> the rows holding it."""
-    for i, row in enumerate(rows):
-        if row.keys() != usual:
-            keys = set(row)
-            missing, extra = sorted(usual - keys), sorted(keys - usual)
-            flag(i, "fields " + " ".join([*(f"-{k}" for k in missing), *(f"+{k}" for k in extra)]))
-        for k, v in row.items():
-            if k in constant:
-                continue
-            if k in error_keys:
-                if v not in (None, "", [], {}, 0, False):
-                    flag(i, f"{k} set")
-            elif v is not None and not isinstance(v, (bool, int, float)):
-                texts.setdefault(k, {}).setdefault(v if isinstance(v, str) else _dump(v), []).append(i)
-    # Each field's distinct texts are searched together first: matches are rare.
-    for k, held in texts.items():
-        joined = "\n".join(held)
-        for test, why_text in ((_ERRORISH.search, f"{k} says"), (focus.mentions if focus.terms else None, "")):
-            if test is None or not test(joined):
-                continue
-            for text, where in held.items():
-                if test(text):
-                    for i in where:
-                        flag(i, f"{why_text} {text[:40]!r}" if why_text else "mentions the focus")
-    for k in fields:
+    for i in [i for i, row in enumerate(rows) if row.keys() != usual]:
+        keys = set(rows[i])
+        missing, extra = sorted(usual - keys), sorted(keys - usual)
+        flag(i, "fields " + " ".join([*(f"-{k}" for k in missing), *(f"+{k}" for k in extra)]))
+    for k, column in columns.items():
         if k in constant:
             continue
-        _rare_values(rows, k, flag)
-        _outliers(rows, k, flag)
+        if _ERROR_KEYS.match(k):
+            for i, v in enumerate(column):
+                if v is not _MISSING and v not in (None, "", [], {}, 0, False):
+                    flag(i, f"{k} set")
+            continue
+        _search(k, column, kinds[k], focus, flag)
+        _rare_values(k, column, flag)
+        _outliers(k, column, flag)
     shown = sorted(why)
     lines = [
         f"{pad}[contextd: JSON array at {path}: {n:,} objects; fields: "
@@ -150,9 +146,30 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _rare_values(rows: Sequence[dict[str, Any]], key: str, flag: Any) -> None:
+def _search(key: str, column: list[Any], kinds: set[type], focus: Focus, flag: Any) -> None:
+    """Flag the rows whose value in `column` says an error, or mentions the focus: each distinct
+    text once, all of them in one pass per word (matches are rare)."""
+    if kinds <= {bool, int, float, type(None)}:
+        return
+    held: dict[str, list[int]] = {}
+    for i, v in enumerate(column):
+        if type(v) is str:
+            held.setdefault(v, []).append(i)
+        elif v is not _MISSING and isinstance(v, (dict, list)):
+            held.setdefault(_dump(v), []).append(i)
+    values = list(held)
+    found = Lines.of(values)
+    for n in found.having(_ERRORISH, fold_case=True, anywhere=True):
+        for i in held[values[n]]:
+            flag(i, f"{key} says {values[n][:40]!r}")
+    for n in focus.lines_mentioning(found):
+        for i in held[values[n]]:
+            flag(i, "mentions the focus")
+
+
+def _rare_values(key: str, column: list[Any], flag: Any) -> None:
     # Keyed with the type: True and 1 are different values here.
-    values = [(type(r[key]), r[key]) for r in rows if key in r and (r[key] is None or type(r[key]) in (str, bool))]
+    values = [(type(v), v) for v in column if v is None or type(v) in (str, bool)]
     if len(values) < MIN_ROWS:
         return
     counts = Counter(values)
@@ -160,19 +177,13 @@ def _rare_values(rows: Sequence[dict[str, Any]], key: str, flag: Any) -> None:
         return  # a field of many values (names, ids): nothing is rare in it
     limit = max(1, int(len(values) * _RARE))
     rare = {value for value, count in counts.items() if count <= limit}
-    if not rare:
-        return
-    for i, row in enumerate(rows):
-        if key in row and (type(row[key]), row[key]) in rare:
-            flag(i, f"rare {key}={row[key]!r:.40}")
+    for i, v in enumerate(column):
+        if rare and (v is None or type(v) in (str, bool)) and (type(v), v) in rare:
+            flag(i, f"rare {key}={v!r:.40}")
 
 
-def _outliers(rows: Sequence[dict[str, Any]], key: str, flag: Any) -> None:
-    numbers = [
-        (i, float(r[key]))
-        for i, r in enumerate(rows)
-        if key in r and isinstance(r[key], (int, float)) and not isinstance(r[key], bool) and math.isfinite(r[key])
-    ]
+def _outliers(key: str, column: list[Any], flag: Any) -> None:
+    numbers = [(i, float(v)) for i, v in enumerate(column) if type(v) in (int, float) and math.isfinite(v)]
     if len(numbers) < MIN_ROWS:
         return
     ordered = sorted(v for _, v in numbers)
@@ -193,13 +204,16 @@ def _outliers(rows: Sequence[dict[str, Any]], key: str, flag: Any) -> None:
 def _scalars(values: list[Any], focus: Focus, path: str, notes: list[str], pad: str) -> str:
     n = len(values)
     keep = set(range(min(5, n))) | set(range(max(0, n - 3), n))
-    keep.update(i for i, v in enumerate(values) if isinstance(v, str) and (focus.mentions(v) or _ERRORISH.search(v)))
+    keep.update(
+        i
+        for i, v in enumerate(values)
+        if isinstance(v, str) and (focus.mentions(v) or any(word in v.lower() for word in _ERRORISH))
+    )
     numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
     described = f"{n:,} values"
     if len(numbers) == n:
         described += f", min {min(numbers):g}, max {max(numbers):g}"
-        rows = [{"v": v} for v in values]
-        _outliers(rows, "v", lambda i, _: keep.add(i))
+        _outliers("v", values, lambda i, _: keep.add(i))
     if len(keep) >= n:
         return pad + _dump(values)
     shown = sorted(keep)

@@ -12,7 +12,7 @@ their count.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from contextd.engine.compress.text import Compressed, Focus, Kept, Lines, fold_repeats, shape
 
@@ -61,7 +61,7 @@ def compress_log(text: str, focus: Focus, *, kind: str = "log") -> Compressed:
     lines = found.lines
     kept = Kept(lines)
     focus = focus.selective(found)
-    managed = _tracebacks(lines, kept)
+    managed = _tracebacks(found, kept) if _TRACEBACK in text else set()
     if kind == "test" or "::" in text or " passed" in text:
         managed |= _tests(lines, kept)
     kept.add(*focus.lines_mentioning(found))
@@ -84,14 +84,25 @@ def compress_log(text: str, focus: Focus, *, kind: str = "log") -> Compressed:
             kept.add(i)
     for seen in shown_shapes.values():
         kept.add(seen[-1])  # how it stood at the end
-    nonblank = [i for i, line in enumerate(lines) if line.strip()]
-    kept.add(*nonblank[: 1 if kind == "test" else _HEAD], *nonblank[-_TAIL:])
+    kept.add(*_nonblank(lines, range(len(lines)), 1 if kind == "test" else _HEAD))
+    kept.add(*_nonblank(lines, range(len(lines) - 1, -1, -1), _TAIL))
     fold_repeats(kept)
     shown = len(kept.keep)
     summary = f"{shown:,} of {len(lines):,} lines kept: errors with context, warnings once, " + (
         "failing tests and the summary" if kind == "test" else "the first and last lines"
     )
     return Compressed(kind, kept.write(), summary, lossless=kept.whole)
+
+
+def _nonblank(lines: Sequence[str], order: range, count: int) -> list[int]:
+    """The first `count` lines with something on them, in `order`."""
+    out: list[int] = []
+    for i in order:
+        if lines[i].strip():
+            out.append(i)
+            if len(out) == count:
+                break
+    return out
 
 
 def _offsets(text: str, needle: str) -> Iterator[int]:
@@ -101,18 +112,16 @@ def _offsets(text: str, needle: str) -> Iterator[int]:
         i = text.find(needle, i + 1)
 
 
-def _tracebacks(lines: list[str], kept: Kept) -> set[int]:
+def _tracebacks(found: Lines, kept: Kept) -> set[int]:
     """Keep what each Python traceback says: the exception, the first frame and the frames in
     the user's own code; return the lines the tracebacks span (decided here, not by context)."""
+    lines = found.lines
     managed: set[int] = set()
-    i = 0
-    while i < len(lines):
-        if lines[i].strip() != _TRACEBACK:
-            i += 1
+    for start in sorted(found.having([_TRACEBACK])):
+        if start in managed or lines[start].strip() != _TRACEBACK:
             continue
-        start = i
         frames: list[tuple[int, bool]] = []  # (line, in library code)
-        i += 1
+        i = start + 1
         while i < len(lines) and (lines[i].startswith((" ", "\t")) or not lines[i].strip()):
             match = _FRAME.match(lines[i])
             if match:
@@ -135,11 +144,10 @@ def _tracebacks(lines: list[str], kept: Kept) -> set[int]:
                 if source + 1 < i and set(lines[source + 1].strip()) <= {"^", "~"} and lines[source + 1].strip():
                     kept.add(source + 1)
         managed.update(range(start, end))
-        i = max(end, start + 1)
     return managed
 
 
-def _tests(lines: list[str], kept: Kept) -> set[int]:
+def _tests(lines: Sequence[str], kept: Kept) -> set[int]:
     """Test runners: failing ids, section rules and summaries (progress lines where something
     failed when no id is named); in each failure's report (pytest's ``____ name ____`` sections), what failed and
     where: the failing source line, the assertion details, the locations in the user's own code

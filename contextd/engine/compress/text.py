@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,11 @@ class Focus:
             tuple(t for t in self.given if _words_of_last(t) <= words),
             tuple(t for t in self.derived if _words_of_last(t) <= words),
         )
+
+    @property
+    def pattern(self) -> re.Pattern[str] | None:
+        """What a mention of the focus looks like (None without terms)."""
+        return self._pattern
 
     @cached_property
     def _pattern(self) -> re.Pattern[str] | None:
@@ -177,13 +183,15 @@ class Lines:
     """A text's lines and where each starts, to find the lines holding a word at C speed
     (`str.find` over the whole text) rather than a regex per line."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, lines: Sequence[str] | None = None) -> None:
         self.text = text
-        self.lines = text.split("\n")
-        starts = [0]
-        for line in self.lines:
-            starts.append(starts[-1] + len(line) + 1)
-        self.starts = starts
+        self.lines = text.split("\n") if lines is None else lines
+        self.starts = [0, *itertools.accumulate(len(line) + 1 for line in self.lines)]
+
+    @classmethod
+    def of(cls, parts: Sequence[str]) -> Lines:
+        """Texts that may hold newlines themselves, each looked up as one "line"."""
+        return cls("\n".join(parts), parts)
 
     @cached_property
     def lower(self) -> str:
@@ -192,9 +200,11 @@ class Lines:
     def line_of(self, offset: int) -> int:
         return bisect.bisect_right(self.starts, offset) - 1
 
-    def having(self, words: Iterable[str], *, fold_case: bool = False, suffix: bool = False) -> dict[int, set[str]]:
+    def having(
+        self, words: Iterable[str], *, fold_case: bool = False, suffix: bool = False, anywhere: bool = False
+    ) -> dict[int, set[str]]:
         """line -> the `words` it holds as whole words (with `suffix`, also at the end of a
-        longer word: ``ValueError`` holds ``error``)."""
+        longer word: ``ValueError`` holds ``error``; with `anywhere`, inside any word)."""
         hay = self.lower if fold_case else self.text
         found: dict[int, set[str]] = {}
         for word in words:
@@ -204,8 +214,9 @@ class Lines:
             i = hay.find(needle)
             while i != -1:
                 end = i + len(needle)
-                if (suffix or i == 0 or not _word_char(hay[i - 1], needle[0])) and (
-                    end == len(hay) or not _word_char(hay[end], needle[-1])
+                if anywhere or (
+                    (suffix or i == 0 or not _word_char(hay[i - 1], needle[0]))
+                    and (end == len(hay) or not _word_char(hay[end], needle[-1]))
                 ):
                     line = self.line_of(i)
                     found.setdefault(line, set()).add(word)
@@ -228,6 +239,9 @@ def fold_repeats(kept: Kept, min_run: int = 3) -> None:
         j = i + 1
         while j < n and lines[j] == lines[i]:
             j += 1
+        if j - i < min_run:
+            i = j
+            continue
         stop = next((k for k in range(i + 1, j) if k in kept.keep), j)
         if stop - i >= min_run and lines[i].strip():
             kept.add(i)
