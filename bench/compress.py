@@ -491,8 +491,8 @@ def main() -> int:
     print("command: python bench/compress.py " + " ".join(sys.argv[1:]))
     print(f"tokens: cl100k_base; median of {args.repeat} runs" + (f"; headroom-ai {version}" if version else ""))
     print()
-    head = "| payload | input tokens | contextd: out | reduction | ms | facts |"
-    rule = "| --- | ---: | ---: | ---: | ---: | --- |"
+    head = "| payload | KB | input tokens | contextd: out | reduction | ms | facts |"
+    rule = "| --- | ---: | ---: | ---: | ---: | ---: | --- |"
     if theirs:
         head += (
             " headroom compress(): out | reduction | ms | facts | headroom specialised | out | reduction | ms | facts |"
@@ -505,7 +505,8 @@ def main() -> int:
         output, ms = contextd_output(payload, args.repeat)
         if args.show and args.show == payload.name:
             print(output, file=sys.stderr)
-        cells = [payload.name, f"{tokens_in:,}", *_cells(payload, measure(payload, output, ms), tokens_in)]
+        size = f"{len(payload.text.encode()) / 1024:.1f}"
+        cells = [payload.name, size, f"{tokens_in:,}", *_cells(payload, measure(payload, output, ms), tokens_in)]
         if theirs:
             for method in ("compress", "specialised"):
                 found = theirs.get((payload.name, method), {})

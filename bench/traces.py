@@ -1,7 +1,7 @@
 """Replay real agent traces call by call and count what each model call is sent.
 
     python bench/traces.py [--traces ../shared/traces] [--probes bench/probes] [--policy FILE]
-                           [--gap SECONDS | --service [sqlite|postgres]]
+                           [--gap SECONDS | --service [sqlite|postgres]] [--composition]
 
 For every trace (the neutral format of ../shared/traces/README.md): append
 the messages in order and, before each assistant message (a model call),
@@ -25,6 +25,7 @@ the final view, recoverable through a handle it shows, or lost.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import json
 import os
@@ -49,7 +50,7 @@ from contextd.engine.pipeline import RenderInput, identity_view, render  # noqa:
 from contextd.engine.placeholders import handle_of  # noqa: E402
 from contextd.engine.policy import Policy, default_policy, parse_policy  # noqa: E402
 from contextd.engine.state import ViewState  # noqa: E402
-from contextd.engine.tokens import TiktokenCounter  # noqa: E402
+from contextd.engine.tokens import TiktokenCounter, block_tokens  # noqa: E402
 from contextd.engine.transforms import TransformRegistry  # noqa: E402
 from contextd.engine.view import ViewFormat, ViewRequest  # noqa: E402
 from tests import backends  # noqa: E402
@@ -217,9 +218,41 @@ def main() -> int:
         help="replay through a `contextd serve` process started for the run (default backend: sqlite)",
     )
     parser.add_argument("--postgres-url", default=os.environ.get("CONTEXTD_TEST_POSTGRES_URL"))
+    parser.add_argument(
+        "--composition", action="store_true", help="print where the raw tokens sent are (by kind of message), then stop"
+    )
     args = parser.parse_args()
+    if args.composition:
+        return composition(args.traces)
     with tempfile.TemporaryDirectory() as tmp, _server(args, Path(tmp)) as target:
         return _run(args, target)
+
+
+def composition(traces: Path) -> int:
+    """Where the tokens a raw history sends over all calls are: each message's tokens times
+    the number of model calls that send it, by kind of message, over all the traces."""
+    counter = TiktokenCounter()
+    sent: Counter[str] = Counter()
+    for path in sorted(traces.glob("*.json")):
+        items = [to_item(c, seq) for seq, c in enumerate(contents(json.loads(path.read_text())), start=1)]
+        calls = [i for i, item in enumerate(items) if item.role is Role.ASSISTANT]
+        for i, item in enumerate(items):
+            times = len(calls) - bisect.bisect_right(calls, i)  # the calls after it send it
+            if item.role is Role.TOOL:
+                kind = "tool outputs of 200 tokens or more" if item.token_count >= 200 else "smaller tool outputs"
+                sent[kind] += times * item.token_count
+            elif item.role is Role.ASSISTANT:
+                calls_tokens = sum(block_tokens(b, counter) for b in item.tool_uses)
+                sent["assistant: tool calls"] += times * calls_tokens
+                sent["assistant: text"] += times * (item.token_count - calls_tokens)
+            else:
+                sent[f"{item.role.value} messages"] += times * item.token_count
+    print("command: python bench/traces.py --composition\n")
+    print("| messages | tokens sent over all calls (raw) | share |\n| --- | --- | --- |")
+    total = sum(sent.values())
+    for kind, tokens in sent.most_common():
+        print(f"| {kind} | {tokens:,} | {tokens / total:.1%} |")
+    return 0
 
 
 @contextlib.contextmanager
