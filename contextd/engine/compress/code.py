@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from contextd.engine.compress.text import Compressed, Focus, Kept, elided
+from contextd.engine.compress.text import Compressed, Focus, Kept, Lines, elided
 
 _NUMBERED = re.compile(r"^\s*\d+(?:\t|  )")
 _MIN_BODY = 4
@@ -57,7 +57,7 @@ class Body:
 
 def compress_code(text: str, focus: Focus, language: str = "") -> Compressed | None:
     lines = text.splitlines()
-    numbered = sum(1 for line in lines if _NUMBERED.match(line)) >= 0.9 * max(1, len(lines))
+    numbered = _numbered(lines)
     source_lines = [_NUMBERED.sub("", line, count=1) for line in lines] if numbered else lines
     source = "\n".join(source_lines)
     language = language or sniff_language(source)
@@ -68,6 +68,7 @@ def compress_code(text: str, focus: Focus, language: str = "") -> Compressed | N
         return None
     kept = Kept(lines)
     kept.add_range(0, len(lines))
+    mentioned = focus.lines_mentioning(Lines(source, source_lines))
     whole = [(b.start, b.stop) for b in bodies if b.name in focus.names]
     hidden = 0
     for body in bodies:
@@ -79,7 +80,7 @@ def compress_code(text: str, focus: Focus, language: str = "") -> Compressed | N
             continue  # inside a body already left out
         for i in range(body.start, body.stop):
             kept.keep.discard(i)
-        mentions = [i for i in range(body.start, body.stop) if focus.mentions(source_lines[i])]
+        mentions = [i for i in range(body.start, body.stop) if i in mentioned]
         kept.add(*mentions)
         hidden += body.stop - body.start - len(mentions)
     if not hidden:
@@ -98,6 +99,14 @@ def compress_code(text: str, focus: Focus, language: str = "") -> Compressed | N
 
     summary = f"skeleton ({language}, {how}): {len(lines) - hidden:,} of {len(lines):,} lines kept, bodies left out"
     return Compressed("code", kept.write(marker), summary)
+
+
+def _numbered(lines: Sequence[str]) -> bool:
+    """Whether (nearly) every line starts with its number (``nl -ba``, ``cat -n``)."""
+    head = lines[:20]
+    if sum(1 for line in head if _NUMBERED.match(line)) < 0.9 * len(head):
+        return False  # most outputs: decided on their first lines
+    return sum(1 for line in lines if _NUMBERED.match(line)) >= 0.9 * max(1, len(lines))
 
 
 def sniff_language(source: str) -> str:
@@ -134,9 +143,7 @@ def _bodies(source: str, lines: Sequence[str], language: str) -> tuple[list[Body
 
 def _python_bodies(tree: ast.Module, lines: Sequence[str]) -> Iterator[Body]:
     yield from _long_statements(tree.body, lines)
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue
+    for node in _definitions(tree.body):
         body = node.body
         first = body[0]
         if isinstance(node, ast.ClassDef):
@@ -157,6 +164,20 @@ def _python_bodies(tree: ast.Module, lines: Sequence[str]) -> Iterator[Body]:
         if start >= stop or start <= node.lineno - 1:
             continue
         yield Body(node.name, start, stop)
+
+
+def _definitions(body: Sequence[ast.stmt]) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]:
+    """Every function and class, outer ones first, walking statements only (never into
+    expressions: a walk over every node costs more than the parse)."""
+    for statement in body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield statement
+        for name in ("body", "orelse", "finalbody"):
+            inner = getattr(statement, name, None)
+            if isinstance(inner, list):
+                yield from _definitions(inner)
+        for branch in getattr(statement, "handlers", None) or getattr(statement, "cases", None) or ():
+            yield from _definitions(branch.body)
 
 
 LONG_STATEMENT = 8
