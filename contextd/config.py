@@ -38,9 +38,16 @@ class Settings:
     )
     redis_url: str = _setting(
         "",
-        "Redis URL for the stash of pruned originals, e.g. redis://127.0.0.1:6379/0. The stash is not built yet: "
-        "for now the server only checks at start that this Redis answers.",
+        "Redis URL for the stash of pruned originals, shared by replicas, e.g. redis://127.0.0.1:6379/0; "
+        "without it the stash is in process (one replica). Either way the durable record answers a miss.",
     )
+    stash_ttl_seconds: float = _setting(
+        3600.0, "How long a pruned original stays in the stash unused (each Retrieve renews it)."
+    )
+    stash_session_bytes: int = _setting(
+        64 * 1_048_576, "Most bytes of originals one session keeps in the stash (least recently used go first)."
+    )
+    max_page_tokens: int = _setting(2000, "Most tokens one Retrieve page holds, whatever the client asks.")
     migrate_on_start: bool = _setting(
         True, "Upgrade the database schema when the server starts (one replica at a time on Postgres)."
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from contextd.engine.certificates import Certificate, Stamp, verify_chain
+from contextd.engine.certificates import Certificate, Decision, Stamp, verify_chain
 from contextd.engine.errors import InvalidArgument, LimitExceeded
 from contextd.engine.model import Item, Representation, Session
 from contextd.engine.pipeline import RenderInput, protection_map, render
@@ -61,11 +61,14 @@ class ViewService:
         counter: TokenCounter,
         registry: TransformRegistry,
         clock: Callable[[], float] = time.time,
+        on_pruned: Callable[[str, str, list[Item]], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.counter = counter
         self.registry = registry
         self.clock = clock
+        self.on_pruned = on_pruned
+        """Told, after a render commits, the items it took out of the view (the stash keeps them)."""
         self._policies: dict[str, Policy] = {}
         self._states = views.StateCache()
 
@@ -133,6 +136,9 @@ class ViewService:
                 check(result)
         if not dry_run:
             self._states.put(key, out.state, out.carry)  # committed now
+            pruned = [items[c.seq - 1] for c in out.certificates if c.decision is Decision.PRUNE and c.seq > 0]
+            if pruned and self.on_pruned is not None:
+                await self.on_pruned(tenant, session_id, pruned)
         view = out.view
         annotate(
             session_id=session_id,

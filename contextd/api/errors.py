@@ -22,6 +22,7 @@ from contextd.engine.errors import (
     IdempotencyKeyReused,
     InvalidArgument,
     NotImplementedYet,
+    OriginalNotFound,
     SessionBusy,
     SessionExists,
     SessionNotFound,
@@ -38,6 +39,7 @@ REASON_KEY = "contextd-reason"
 _CODES: list[tuple[type[ContextdError], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (SessionNotFound, grpc.StatusCode.NOT_FOUND),
+    (OriginalNotFound, grpc.StatusCode.NOT_FOUND),
     (SessionExists, grpc.StatusCode.ALREADY_EXISTS),
     (IdempotencyKeyReused, grpc.StatusCode.ALREADY_EXISTS),
     (VersionConflict, grpc.StatusCode.ABORTED),

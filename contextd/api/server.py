@@ -30,7 +30,11 @@ from contextd.engine.errors import StorageUnavailable
 from contextd.engine.tokens import TiktokenCounter
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.validation import Limits
+from contextd.recovery import RecoveryService
 from contextd.sessions import SessionService
+from contextd.stash import Stash
+from contextd.stash.memory import MemoryStash
+from contextd.stash.redis_stash import RedisStash
 from contextd.storage import migrate
 from contextd.storage.database import Database
 from contextd.storage.history import HistoryStore
@@ -48,11 +52,13 @@ class RunningServer:
     health: health.aio.HealthServicer
     db: Database
     port: int
+    stash: Stash
 
     async def stop(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
         await self.db.close()
+        await self.stash.close()
 
 
 class StartupError(Exception):
@@ -71,8 +77,14 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
         await _check_redis(settings.redis_url)
     limits = Limits(max_batch_items=settings.max_batch_items, max_item_bytes=settings.max_item_bytes)
     store, counter, registry = HistoryStore(db), TiktokenCounter(), TransformRegistry.default()
+    stash: Stash = (
+        RedisStash.from_url(settings.redis_url, settings.stash_ttl_seconds, settings.stash_session_bytes)
+        if settings.redis_url
+        else MemoryStash(settings.stash_ttl_seconds, settings.stash_session_bytes)
+    )
+    recovery = RecoveryService(store, stash, counter, settings.max_page_tokens)
     sessions = SessionService(store, counter, limits, registry)
-    views = ViewService(store, counter, registry)
+    views = ViewService(store, counter, registry, on_pruned=recovery.stash_items)
 
     server = grpc.aio.server(
         interceptors=[
@@ -91,7 +103,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
             ("grpc.so_reuseport", 0),
         ],
     )
-    servicer = ContextServicer(sessions, views, max_response_bytes=settings.max_message_bytes)
+    servicer = ContextServicer(sessions, views, recovery, max_response_bytes=settings.max_message_bytes)
     contextd_pb2_grpc.add_ContextServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -104,13 +116,14 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
         port = server.add_insecure_port(settings.listen)
     except RuntimeError as exc:  # grpc's way of saying the address is taken or invalid
         await db.close()
+        await stash.close()
         raise StartupError(f"cannot listen on {settings.listen}: {exc}") from None
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     host = settings.listen.rsplit(":", 1)[0]
     log.info("contextd serving on %s:%d (database: %s)", host, port, db.dialect)
-    return RunningServer(server, health_servicer, db, port)
+    return RunningServer(server, health_servicer, db, port, stash)
 
 
 async def serve(settings: Settings) -> bool:

@@ -15,6 +15,7 @@ from contextd.api import mapping
 from contextd.api.auth import current_tenant
 from contextd.engine.errors import InvalidArgument, NotImplementedYet, ViewTooLarge
 from contextd.engine.view import ViewFormat, ViewRequest
+from contextd.recovery import PageUnit, RecoveryService, RetrieveQuery
 from contextd.sessions import SessionService
 from contextd.storage.views import CertificateFilter, StoredCertificate
 from contextd.view_service import RenderResult, ViewService
@@ -42,9 +43,12 @@ def _certificate(session_id: str, stored: StoredCertificate) -> api.Certificate:
 
 
 class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
-    def __init__(self, sessions: SessionService, views: ViewService, max_response_bytes: int) -> None:
+    def __init__(
+        self, sessions: SessionService, views: ViewService, recovery: RecoveryService, max_response_bytes: int
+    ) -> None:
         self.sessions = sessions
         self.views = views
+        self.recovery = recovery
         self.max_response_bytes = max_response_bytes
 
     async def CreateSession(self, request: api.CreateSessionRequest, context: Context) -> api.CreateSessionResponse:
@@ -63,6 +67,7 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
 
     async def DeleteSession(self, request: api.DeleteSessionRequest, context: Context) -> api.DeleteSessionResponse:
         deleted = await self.sessions.delete_session(current_tenant(), request.session_id)
+        await self.recovery.forget(current_tenant(), request.session_id)
         return api.DeleteSessionResponse(items_deleted=deleted)
 
     async def UpdateSession(self, request: api.UpdateSessionRequest, context: Context) -> api.UpdateSessionResponse:
@@ -103,7 +108,28 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
         return responses[0]
 
     async def Retrieve(self, request: api.RetrieveRequest, context: Context) -> api.RetrieveResponse:
-        _unimplemented("Retrieve")
+        target = request.WhichOneof("target")
+        query = RetrieveQuery(
+            handle=request.handle if target == "handle" else "",
+            seq=request.seq if target == "seq" else 0,
+            unit=PageUnit.LINES if request.page_unit == api.PAGE_UNIT_LINES else PageUnit.TOKENS,
+            offset=request.offset,
+            size=request.page_size,
+            line_start=request.line_start,
+            line_end=request.line_end,
+            grep=request.grep,
+            context_lines=request.context_lines,
+        )
+        page = await self.recovery.retrieve(current_tenant(), request.session_id, query)
+        return api.RetrieveResponse(
+            handle=page.handle,
+            seq=page.seq,
+            content=page.content,
+            total_lines=page.total_lines,
+            total_tokens=page.total_tokens,
+            next_offset=page.next_offset,
+            served_from=page.served_from,
+        )
 
     async def Search(self, request: api.SearchRequest, context: Context) -> api.SearchResponse:
         _unimplemented("Search")

@@ -58,6 +58,15 @@ class SessionNotFound(ContextdError):
         super().__init__(f"session {session_id!r} not found", {"session_id": session_id})
 
 
+class OriginalNotFound(ContextdError):
+    """A handle (or seq) that names nothing of this session: never an empty answer."""
+
+    reason = "ORIGINAL_NOT_FOUND"
+
+    def __init__(self, session_id: str, what: str) -> None:
+        super().__init__(f"{what} names nothing in session {session_id!r}", {"session_id": session_id})
+
+
 class SessionExists(ContextdError):
     reason = "SESSION_EXISTS"
 

@@ -66,6 +66,14 @@ class TiktokenCounter:
     def count(self, text: str) -> int:
         return len(self._encoding.encode_ordinary(text)) if text else 0
 
+    def starts(self, text: str) -> list[int]:
+        """Where each token of `text` starts (a character offset): slicing there cuts
+        `text` into pieces that join back to it exactly."""
+        if not text:
+            return []
+        _, offsets = self._encoding.decode_with_offsets(self._encoding.encode_ordinary(text))
+        return list(offsets)
+
 
 def block_tokens(block: Block, counter: TokenCounter) -> int:
     """Tokens of one block as a model would read it."""

@@ -52,11 +52,14 @@ def seq_of(call: int) -> int:
 
 
 def run(items: list[Item], transform: str, params: str = "{}", latest_error: str = "false") -> RenderOutput:
-    policy = parse_policy(POLICY % (latest_error, transform, transform, params), REGISTRY)
+    return run_policy(items, POLICY % (latest_error, transform, transform, params))
+
+
+def run_policy(items: list[Item], document: str) -> RenderOutput:
     inp = RenderInput(
         make_session(len(items)),
         items,
-        policy,
+        parse_policy(document, REGISTRY),
         ViewRequest(ViewFormat.OPENAI_CHAT),
         counter(),
         REGISTRY,
@@ -202,16 +205,7 @@ rules: [{name: inputs, transform: errored_inputs, when: {roles: [assistant]}}]
 
 
 def run_inputs(items: list[Item]) -> RenderOutput:
-    inp = RenderInput(
-        make_session(len(items)),
-        items,
-        parse_policy(INPUTS, REGISTRY),
-        ViewRequest(ViewFormat.OPENAI_CHAT),
-        counter(),
-        REGISTRY,
-        ViewState(),
-    )
-    return render(inp)
+    return run_policy(items, INPUTS)
 
 
 def test_a_failed_calls_bulky_input_goes_once_its_tool_has_succeeded() -> None:

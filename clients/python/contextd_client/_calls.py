@@ -22,6 +22,7 @@ from contextd_client._types import (
     Certificate,
     Explanation,
     PruneOutcome,
+    Retrieved,
     Session,
     View,
     ViewFormat,
@@ -197,3 +198,35 @@ def list_certificates(
 
 def explain_item(session_id: str, seq: int) -> Call[Explanation]:
     return Call("ExplainItem", api.ExplainItemRequest(session_id=session_id, seq=seq), Explanation.from_proto)
+
+
+def retrieve(
+    session_id: str,
+    *,
+    handle: str = "",
+    seq: int = 0,
+    page_unit: str = "tokens",
+    offset: int = 0,
+    page_size: int = 0,
+    line_start: int = 0,
+    line_end: int = 0,
+    grep: str = "",
+    context_lines: int = 0,
+) -> Call[Retrieved]:
+    if page_unit not in ("tokens", "lines"):
+        raise ValueError(f"page_unit is 'tokens' or 'lines', not {page_unit!r}")
+    request = api.RetrieveRequest(
+        session_id=session_id,
+        page_unit=api.PAGE_UNIT_LINES if page_unit == "lines" else api.PAGE_UNIT_TOKENS,
+        offset=offset,
+        page_size=page_size,
+        line_start=line_start,
+        line_end=line_end,
+        grep=grep,
+        context_lines=context_lines,
+    )
+    if handle:
+        request.handle = handle
+    if seq:
+        request.seq = seq
+    return Call("Retrieve", request, Retrieved.from_proto)

@@ -20,10 +20,20 @@ from contextd_client._calls import list_sessions as _list_sessions
 from contextd_client._calls import pin as _pin
 from contextd_client._calls import propose_prune as _propose_prune
 from contextd_client._calls import render_view as _render_view
+from contextd_client._calls import retrieve as _retrieve
 from contextd_client._calls import update_session as _update_session
 from contextd_client._channel import ChannelConfig
 from contextd_client._retry import RetryPolicy
-from contextd_client._types import AppendResult, Certificate, Explanation, PruneOutcome, Session, View, ViewFormat
+from contextd_client._types import (
+    AppendResult,
+    Certificate,
+    Explanation,
+    PruneOutcome,
+    Retrieved,
+    Session,
+    View,
+    ViewFormat,
+)
 from contextd_client.formats import items_from_anthropic, items_from_openai
 from contextd_client.v1 import content_pb2 as pb
 from contextd_client.v1 import contextd_pb2_grpc
@@ -196,6 +206,12 @@ class Client:
     def explain_item(self, session_id: str, seq: int) -> Explanation:
         """How item `seq` is shown now, whether it is pinned or protected, and its certificates."""
         return self._run(_explain_item(session_id, seq))
+
+    def retrieve(self, session_id: str, handle: str = "", *, seq: int = 0, **paging: Any) -> Retrieved:
+        """A page of the original behind `handle` (or item `seq`): ``page_unit`` ("tokens" or
+        "lines"), ``offset``, ``page_size`` (the server caps it), ``line_start``/``line_end``
+        (1-based, inclusive), ``grep`` (a regular expression) with ``context_lines``."""
+        return self._run(_retrieve(session_id, handle=handle, seq=seq, **paging))
 
     # ------------------------------------------------------------ plumbing
 

@@ -274,5 +274,32 @@ class Explanation:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Retrieved:
+    """A page of an original that left a view."""
+
+    handle: str
+    seq: int
+    content: str
+    total_lines: int
+    total_tokens: int
+    next_offset: int
+    """Where the next page starts (in the unit asked); the total after the last page."""
+    served_from: str
+    """``stash`` or ``history``."""
+
+    @classmethod
+    def from_proto(cls, message: api.RetrieveResponse) -> Retrieved:
+        return cls(
+            handle=message.handle,
+            seq=message.seq,
+            content=message.content,
+            total_lines=message.total_lines,
+            total_tokens=message.total_tokens,
+            next_offset=message.next_offset,
+            served_from=message.served_from,
+        )
+
+
 def _representation(value: int) -> str:
     return api.Representation.Name(value).removeprefix("REPRESENTATION_").lower()  # type: ignore[arg-type]

@@ -1,0 +1,196 @@
+"""Getting originals back: Retrieve by handle or seq, bounded (DESIGN principle 2, section 7).
+
+A handle names an original this session holds: it is looked up in the stash
+(fast, shared by replicas), then in the durable history, which warms the
+stash again, so a handle never dangles. A handle this session does not hold
+is NOT_FOUND, never an empty answer. What comes back is bounded: a page of
+lines or tokens under the server's cap, a line range, or the lines matching
+a regular expression with context; every answer says the original's total
+lines and tokens, and pages cut by tokens join back to the exact original.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+from contextd.engine.errors import InvalidArgument, OriginalNotFound
+from contextd.engine.memo import IdentityMemo
+from contextd.engine.model import Item
+from contextd.engine.originals import original_text
+from contextd.engine.placeholders import handle_of
+from contextd.engine.tokens import TiktokenCounter
+from contextd.sessions import check_session_id
+from contextd.stash import Stash, Stashed, scope_of
+from contextd.storage.history import HistoryStore
+from contextd.telemetry import annotate
+
+MAX_PAGE_TOKENS = 2000
+"""The server's cap on one page, whatever the client asks."""
+MAX_GREP_CHARS = 1000
+MAX_CONTEXT_LINES = 50
+HANDLE = re.compile(r"[0-9a-f]{16}")
+
+
+class PageUnit(Enum):
+    TOKENS = "tokens"
+    LINES = "lines"
+
+
+@dataclass(frozen=True, slots=True)
+class RetrieveQuery:
+    handle: str = ""
+    seq: int = 0
+    unit: PageUnit = PageUnit.TOKENS
+    offset: int = 0
+    size: int = 0
+    """0: the cap."""
+    line_start: int = 0
+    line_end: int = 0
+    grep: str = ""
+    context_lines: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    handle: str
+    seq: int
+    content: str
+    total_lines: int
+    total_tokens: int
+    next_offset: int
+    """Where the next page starts, in the query's unit; the total of the selection after the last."""
+    served_from: str
+    """``stash`` or ``history``."""
+
+
+class RecoveryService:
+    def __init__(
+        self, store: HistoryStore, stash: Stash, counter: TiktokenCounter, max_page_tokens: int = MAX_PAGE_TOKENS
+    ) -> None:
+        self.store = store
+        self.stash = stash
+        self.counter = counter
+        self.max_page_tokens = max_page_tokens
+        self._handles: IdentityMemo[dict[str, Item]] = IdentityMemo(1024)
+        """Per loaded history (a list of items, by identity), its items by handle."""
+
+    async def stash_items(self, tenant: str, session_id: str, items: list[Item]) -> None:
+        """Keep the originals of `items` (taken out of a view) in the stash."""
+        scope = scope_of(tenant, session_id)
+        await asyncio.gather(
+            *(self.stash.put(scope, handle_of(item), Stashed(item.seq, original_text(item))) for item in items)
+        )
+
+    async def forget(self, tenant: str, session_id: str) -> None:
+        """Drop a deleted session's stash (its handles must not outlive it)."""
+        await self.stash.delete(scope_of(tenant, session_id))
+
+    async def retrieve(self, tenant: str, session_id: str, query: RetrieveQuery) -> Page:
+        check_session_id(session_id)
+        _check(query)
+        scope = scope_of(tenant, session_id)
+        found = await self.stash.get(scope, query.handle) if query.handle else None
+        served_from = "stash"
+        handle = query.handle
+        if found is None:
+            served_from = "history"
+            item = await self._durable(tenant, session_id, query)
+            handle = handle_of(item)
+            found = Stashed(item.seq, original_text(item))
+            await self.stash.put(scope, handle, found)  # warm again: the next ask is fast
+        content, total_lines, total_tokens, next_offset = self._page(found.text, query)
+        annotate(session_id=session_id, tenant=tenant, served_from=served_from, tokens=total_tokens)
+        return Page(handle, found.seq, content, total_lines, total_tokens, next_offset, served_from)
+
+    async def _durable(self, tenant: str, session_id: str, query: RetrieveQuery) -> Item:
+        _, items = await self.store.load_history(tenant, session_id)
+        if query.seq:
+            if query.seq > len(items):
+                raise OriginalNotFound(session_id, f"seq {query.seq}")
+            return items[query.seq - 1]
+        by_handle = self._handles.get((items,), lambda: {handle_of(i): i for i in items})
+        item = by_handle.get(query.handle)
+        if item is None:
+            raise OriginalNotFound(session_id, f"handle {query.handle!r}")
+        return item
+
+    def _page(self, text: str, query: RetrieveQuery) -> tuple[str, int, int, int]:
+        """(content, total lines, total tokens, next offset) of the part the query asks for."""
+        lines = text.splitlines(keepends=True)
+        total_lines, total_tokens = len(lines), self.counter.count(text)
+        if query.line_start or query.line_end:
+            end = query.line_end or len(lines)
+            if query.line_start > len(lines):
+                raise InvalidArgument.at("line_start", f"the original has {len(lines):,} lines")
+            lines = lines[max(query.line_start, 1) - 1 : end]
+        if query.grep:
+            lines = _grep(lines, query.grep, query.context_lines, first=max(query.line_start, 1))
+        size = min(query.size or self.max_page_tokens, self.max_page_tokens)
+        if query.unit is PageUnit.LINES:
+            content, next_offset = self._lines_page(lines, query.offset, query.size)
+            return content, total_lines, total_tokens, next_offset
+        selection = "".join(lines)
+        starts = self.counter.starts(selection)
+        if query.offset > len(starts):
+            raise InvalidArgument.at("offset", f"past the end ({len(starts):,} tokens)")
+        stop = query.offset + size
+        end = starts[stop] if stop < len(starts) else len(selection)
+        begin = starts[query.offset] if query.offset < len(starts) else len(selection)
+        return selection[begin:end], total_lines, total_tokens, min(stop, len(starts))
+
+    def _lines_page(self, lines: list[str], offset: int, size: int) -> tuple[str, int]:
+        """Up to `size` lines from `offset`, as many as fit under the token cap (at least one)."""
+        if offset > len(lines):
+            raise InvalidArgument.at("offset", f"past the end ({len(lines):,} lines)")
+        taken: list[str] = []
+        tokens = 0
+        for line in lines[offset : offset + size if size else len(lines)]:
+            cost = self.counter.count(line)
+            if taken and tokens + cost > self.max_page_tokens:
+                break
+            if not taken and cost > self.max_page_tokens:
+                raise InvalidArgument.at(
+                    "page_unit",
+                    f"line {offset + 1} alone is {cost:,} tokens, over the {self.max_page_tokens:,}-token page cap: "
+                    "page by tokens",
+                )
+            taken.append(line)
+            tokens += cost
+        return "".join(taken), offset + len(taken)
+
+
+def _check(query: RetrieveQuery) -> None:
+    if bool(query.handle) == bool(query.seq):
+        raise InvalidArgument.at("target", "give a handle or a seq")
+    if query.handle and not HANDLE.fullmatch(query.handle):
+        raise InvalidArgument.at("handle", "a handle is 16 lowercase hex characters")
+    if query.line_end and query.line_end < query.line_start:
+        raise InvalidArgument.at("line_end", "before line_start")
+    if len(query.grep) > MAX_GREP_CHARS:
+        raise InvalidArgument.at("grep", f"over {MAX_GREP_CHARS:,} characters")
+    if query.context_lines > MAX_CONTEXT_LINES:
+        raise InvalidArgument.at("context_lines", f"over the maximum of {MAX_CONTEXT_LINES}")
+
+
+def _grep(lines: list[str], pattern: str, context: int, first: int) -> list[str]:
+    """The lines matching `pattern` with `context` lines around them, each prefixed by its
+    line number (``12:`` for a match, ``12-`` for context), groups apart by ``--``."""
+    try:
+        matcher = re.compile(pattern)
+    except re.error as exc:
+        raise InvalidArgument.at("grep", f"not a regular expression: {exc}") from None
+    hits = [i for i, line in enumerate(lines) if matcher.search(line)]
+    shown = sorted({j for i in hits for j in range(max(0, i - context), min(len(lines), i + context + 1))})
+    out: list[str] = []
+    previous = -2
+    hit = set(hits)
+    for j in shown:
+        if out and j != previous + 1:
+            out.append("--\n")
+        line = lines[j] if lines[j].endswith("\n") else lines[j] + "\n"
+        out.append(f"{first + j}{':' if j in hit else '-'}{line}")
+        previous = j
+    return out
