@@ -119,7 +119,7 @@ class RecoveryService:
 
     def _page(self, text: str, query: RetrieveQuery) -> tuple[str, int, int, int]:
         """(content, total lines, total tokens, next offset) of the part the query asks for."""
-        lines = text.splitlines(keepends=True)
+        lines = lines_of(text)
         total_lines, total_tokens = len(lines), self.counter.count(text)
         if query.line_start or query.line_end:
             end = query.line_end or len(lines)
@@ -194,3 +194,11 @@ def _grep(lines: list[str], pattern: str, context: int, first: int) -> list[str]
         out.append(f"{first + j}{':' if j in hit else '-'}{line}")
         previous = j
     return out
+
+
+def lines_of(text: str) -> list[str]:
+    """The text's lines, each with its newline: split at ``\\n`` only, as the compressors count
+    them (a form feed or U+2028 inside a line does not end it); they join back to the text."""
+    parts = text.split("\n")
+    lines = [part + "\n" for part in parts[:-1]]
+    return [*lines, parts[-1]] if parts[-1] else lines

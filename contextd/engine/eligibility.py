@@ -118,11 +118,14 @@ def _abstain(why: str) -> Verdict:
     return Verdict(False, "ABSTAIN", why)
 
 
-def _json_object(text: str) -> bool:
+def _stand_in(text: str) -> bool:
+    """Whether a call's input is a stand-in for the original (an object holding only a
+    ``contextd`` note): never another command the model would read as its own."""
     try:
-        return isinstance(json.loads(text), dict)
+        value = json.loads(text)
     except ValueError:
         return False
+    return isinstance(value, dict) and list(value) == ["contextd"] and isinstance(value["contextd"], str)
 
 
 _INSERTABLE = (TextBlock, ImageBlock, DocumentBlock)
@@ -186,7 +189,7 @@ class Judge:
             return _abstain(proposal.evidence or "the transform could not establish that it is safe")
         if not 0 <= proposal.level <= 4:
             return _abstain(f"level {proposal.level} is not on the evidence ladder (0-4)")
-        allowed = proposal.compression and self._policy.compression
+        allowed = proposal.compression and isinstance(proposal.edit, Replace) and self._policy.compression
         if control is ControlMode.RULE and proposal.level > self._policy.max_level and not allowed:
             return _abstain(
                 f"level {proposal.level} ({LEVELS[proposal.level]}) is above the policy's maximum "
@@ -263,12 +266,14 @@ def _bad_replacement(entry: Entry, content: tuple[Block, ...]) -> str:
     ]
     if bad:
         return f"the replacement for a {role.value} item holds {', '.join(bad)}"
-    calls = [(b.id, b.name) for b in content if isinstance(b, ToolUseBlock)]
-    if calls and calls != [(c.id, c.name) for c in entry.item.tool_uses]:
+    calls = [b for b in content if isinstance(b, ToolUseBlock)]
+    originals = entry.item.tool_uses
+    if calls and [(c.id, c.name) for c in calls] != [(c.id, c.name) for c in originals]:
         # Without calls, the item's own are kept; with calls, they must be those, in order.
         return f"the replacement for a {role.value} item holds tool calls other than the item's own"
-    if any(isinstance(b, ToolUseBlock) and not _json_object(b.input_json) for b in content):
-        return "a tool call's input in the replacement is not a JSON object"
+    for call, original in zip(calls, originals, strict=False):
+        if call.input_json != original.input_json and not _stand_in(call.input_json):
+            return 'a tool call\'s input in the replacement is neither its own nor a stand-in ({"contextd": TEXT})'
     if not parts or any(isinstance(p, TextBlock) and not p.text for p in parts):
         return f"the replacement for a {role.value} item is empty, or holds an empty text"
     if role is Role.TOOL and not any(isinstance(p, TextBlock) for p in parts):

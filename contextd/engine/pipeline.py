@@ -47,6 +47,7 @@ from contextd.engine.state import (
     edit_key,
     first_divergence,
 )
+from contextd.engine.strategies import Compress
 from contextd.engine.timing import Costed, schedule, value_now
 from contextd.engine.tokens import TokenCounter, block_tokens
 from contextd.engine.transforms import (
@@ -619,7 +620,12 @@ def _proposed(
             matched = [e for e in carried[0][index] if e.seq not in taken] + matched
         pools.append(tuple(matched))
         picked = [e for e in matched if holds_now(when, e, context)] if changes_with_time(when) else matched
-        out.extend(_Candidate(p, rule.name, ControlMode.RULE) for p in transform.propose(context, picked, rule.params))
+        proposals: Iterable[Proposal] = transform.propose(context, picked, rule.params)
+        if not isinstance(transform, Compress):
+            # Only the built-in compressors' claim is taken: another transform saying
+            # `compression` is held to the ladder like any edit.
+            proposals = (replace(p, compression=False) if p.compression else p for p in proposals)
+        out.extend(_Candidate(p, rule.name, ControlMode.RULE) for p in proposals)
     return out, tuple(pools)
 
 
@@ -647,10 +653,13 @@ def _eligible(
         tokens = saving = 0
         if verdict.eligible:
             # A deferred edit is proposed again at every render, often as the same object.
-            sources = (proposal, edit, counter) if entry is None else (proposal, edit, counter, entry.item)
-            content, tokens = _represented.get(
-                sources, partial(_counted, edit, draft.entries, proposal.reason, counter)
-            )
+            if edit is proposal.edit:
+                sources = (proposal, edit, counter) if entry is None else (proposal, edit, counter, entry.item)
+                content, tokens = _represented.get(
+                    sources, partial(_counted, edit, draft.entries, proposal.reason, counter)
+                )
+            else:  # normalized afresh each render: nothing to remember it by
+                content, tokens = _counted(edit, draft.entries, proposal.reason, counter)
             saving = entry.tokens - tokens if entry is not None else -tokens if isinstance(edit, Insert) else 0
             if entry is not None and saving <= 0:
                 verdict = replace(

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import posixpath
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -56,6 +57,8 @@ from contextd.engine.observations import Observation, ObservationIndex
 from contextd.engine.placeholders import PREFIX, describe, handle_of
 from contextd.engine.shell import WHOLE, Read, covers
 from contextd.engine.transforms import Entry, Proposal, Remove, Replace, TransformContext
+
+log = logging.getLogger(__name__)
 
 MIN_TOKENS = 40
 """Below this an output is about the size of the placeholder that would replace it."""
@@ -390,19 +393,28 @@ class Compress(_Strategy):
         if result is None or not all(isinstance(p, TextBlock) for p in result.content):
             return None  # images and documents are not read here
         text = _output_text(entry)
-        # Only the focus terms that may occur in the output change its compression: the key.
-        words = _words.get((entry.item,), lambda: frozenset(WORD.findall(text)))
-        focus = Focus(context.requested_focus, context.focus).within(words)
+        focus = Focus(context.requested_focus, context.focus)
+        if "\\" not in text:
+            # Only the focus terms that may occur in the output change its compression: the
+            # key. (Escapes, as in JSON, hide words from this reading: the whole focus then.)
+            focus = focus.within(_words.get((entry.item,), lambda: frozenset(WORD.findall(text))))
         declared = entry.item.metadata.get(CONTENT_KEY, "")
         if not declared and seen.tool in context.tool_effects:
             declared = getattr(context.tool_effects[seen.tool], "content", "")
         path = seen.reads[0].path if seen.reads else ""
         held = _compressions.get((entry.item,), dict)
-        key = (focus.terms, params.get("max_ratio", MAX_RATIO))
+        ratio = params.get("max_ratio", MAX_RATIO)
+        key = (focus.terms, ratio, declared, seen.command, path)
         if key not in held:
-            found = compress(text, focus, declared=declared, command=seen.command, path=path)
+            if len(held) >= HELD_PER_ITEM:
+                held.clear()  # an output asked under many foci: the recent ones matter
+            try:
+                found = compress(text, focus, declared=declared, command=seen.command, path=path)
+            except Exception:  # a compressor's bug must not fail the render: the output stays whole
+                log.exception("compressing the output at seq %d failed; it is left whole", entry.seq)
+                found = None
             held[key] = (
-                _compressed(entry, found) if found is not None and len(found.text) <= key[1] * len(text) else None
+                _compressed(entry, found) if found is not None and len(found.text) <= ratio * len(text) else None
             )
         return held[key]
 
@@ -425,7 +437,8 @@ CONTENT_KEY = "contextd.content_type"
 """Item metadata declaring what a tool output holds (a compressor kind: log, json, code ...)."""
 MAX_RATIO = 0.7
 """A compression is proposed only when it keeps at most this share of the output's characters."""
-_compressions: IdentityMemo[dict[tuple[tuple[str, ...], float], Proposal | None]] = IdentityMemo(20_000)
+HELD_PER_ITEM = 8
+_compressions: IdentityMemo[dict[tuple[Any, ...], Proposal | None]] = IdentityMemo(20_000)
 """Per item, its compression under each focus (and ratio) asked (None: none worth having); the same
 proposal object each render, so what follows from it is remembered too."""
 _words: IdentityMemo[frozenset[str]] = IdentityMemo(20_000)

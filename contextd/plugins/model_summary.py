@@ -21,6 +21,8 @@ Its own cost is accounted: the tokens each summary took (the endpoint's
 
 from __future__ import annotations
 
+import atexit
+import concurrent.futures
 import hashlib
 import json
 import logging
@@ -53,6 +55,10 @@ RETRY_AFTER_SECONDS = 60.0
 """A failed request is not asked again before this."""
 CACHE_SIZE = 10_000
 MIN_TOKENS = 400
+MAX_INPUT_CHARS = 200_000
+"""Longer outputs are not sent to the model (params.max_input_chars)."""
+MAX_PENDING = 64
+"""Requests waiting at once; past this, candidates wait for a later render."""
 
 _tokens_counter = metrics.get_meter("contextd").create_counter(
     "contextd.model_summary.tokens", unit="{token}", description="Tokens the model-backed summaries cost"
@@ -74,6 +80,7 @@ class Settings:
     words: int = 120
     timeout_seconds: float = 30.0
     min_tokens: int = MIN_TOKENS
+    max_input_chars: int = MAX_INPUT_CHARS
 
     @classmethod
     def of(cls, params: Mapping[str, Any]) -> Settings:
@@ -84,6 +91,7 @@ class Settings:
             words=int(params.get("words", 120)),
             timeout_seconds=float(params.get("timeout_seconds", 30.0)),
             min_tokens=int(params.get("min_tokens", MIN_TOKENS)),
+            max_input_chars=int(params.get("max_input_chars", MAX_INPUT_CHARS)),
         )
 
 
@@ -93,6 +101,8 @@ class ModelSummary:
 
     def __init__(self, workers: int = 2) -> None:
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="contextd-summary")
+        # Queued requests must not hold the interpreter at exit.
+        atexit.register(self.close)
         self._lock = threading.Lock()
         self._summaries: OrderedDict[tuple[str, str, str], Summary] = OrderedDict()
         self._pending: dict[tuple[str, str, str], Future[None]] = {}
@@ -106,7 +116,7 @@ class ModelSummary:
         endpoint = str(params.get("endpoint", ""))
         if endpoint and not endpoint.startswith(("http://", "https://")):
             problems.append(("endpoint", "must be an http:// or https:// URL"))
-        for key, low in (("words", 10), ("timeout_seconds", 0.1), ("min_tokens", 1)):
+        for key, low in (("words", 10), ("timeout_seconds", 0.1), ("min_tokens", 1), ("max_input_chars", 100)):
             value = params.get(key)
             if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < low):
                 problems.append((key, f"must be a number of at least {low}"))
@@ -121,8 +131,8 @@ class ModelSummary:
             if entry.representation is not Representation.FULL or entry.tokens < settings.min_tokens or result is None:
                 continue
             text = "\n".join(p.text for p in result.content if isinstance(p, TextBlock))
-            if not text:
-                continue
+            if not text or len(text) > settings.max_input_chars:
+                continue  # nothing to summarize, or more than the model is asked to read
             key = (settings.endpoint, settings.model, hashlib.sha256(f"{PROMPT_VERSION}\0{text}".encode()).hexdigest())
             found = self._cached(key)
             if found is None:
@@ -144,8 +154,7 @@ class ModelSummary:
         """Until the requests asked so far are answered (tests, benchmarks)."""
         with self._lock:
             pending = list(self._pending.values())
-        for future in pending:
-            future.result(timeout=timeout)
+        concurrent.futures.wait(pending, timeout=timeout)
 
     def _cached(self, key: tuple[str, str, str]) -> Summary | None:
         with self._lock:
@@ -155,24 +164,31 @@ class ModelSummary:
             return found
 
     def _ask(self, key: tuple[str, str, str], settings: Settings, text: str) -> None:
+        now = time.monotonic()
         with self._lock:
-            if (
-                key in self._pending
-                or time.monotonic() - self._failed_at.get(key, -RETRY_AFTER_SECONDS) < RETRY_AFTER_SECONDS
-            ):
+            if key in self._pending or len(self._pending) >= MAX_PENDING:
+                return  # asked already, or the model is behind: a later render asks again
+            if now - self._failed_at.get(key, -RETRY_AFTER_SECONDS) < RETRY_AFTER_SECONDS:
                 return
-            self._pending[key] = self._executor.submit(self._fetch, key, settings, text)
+            try:
+                self._pending[key] = self._executor.submit(self._fetch, key, settings, text)
+            except RuntimeError:  # shutting down
+                return
 
     def _fetch(self, key: tuple[str, str, str], settings: Settings, text: str) -> None:
         try:
             summary = _request(settings, text)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except Exception as exc:  # whatever the endpoint does, it is counted, never raised into a render
             log.warning("model summary from %s failed: %s", settings.endpoint, exc)
             with self._lock:
                 self.failures += 1
                 self._failed_at[key] = time.monotonic()
-                del self._pending[key]
+                if len(self._failed_at) > CACHE_SIZE:
+                    self._failed_at.pop(next(iter(self._failed_at)))
             return
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
         _tokens_counter.add(summary.input_tokens, {"model": settings.model, "kind": "input"})
         _tokens_counter.add(summary.output_tokens, {"model": settings.model, "kind": "output"})
         with self._lock:
@@ -182,7 +198,10 @@ class ModelSummary:
             if len(self._summaries) > CACHE_SIZE:
                 self._summaries.popitem(last=False)
             self._failed_at.pop(key, None)
-            del self._pending[key]
+
+    def close(self) -> None:
+        """Stop asking: requests not started are dropped (the process is leaving)."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _request(settings: Settings, text: str) -> Summary:

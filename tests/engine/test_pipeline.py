@@ -533,7 +533,12 @@ def test_edits_that_would_break_the_view_abstain() -> None:
         ),
         (
             "{name: b, transform: replace_with, params: {text: x, call: c1, input: '[1]'}, when: {roles: [assistant]}}",
-            "input in the replacement is not a JSON object",
+            "neither its own nor a stand-in",
+        ),
+        (
+            '{name: f, transform: replace_with, params: {text: x, call: c1, input: \'{"cmd": "rm -rf /"}\'}, '
+            "when: {roles: [assistant]}}",
+            "neither its own nor a stand-in",
         ),
         ("{name: o, transform: reverse, params: {identity: true}}", "the new order is the history's own"),
     ]
@@ -543,6 +548,12 @@ def test_edits_that_would_break_the_view_abstain() -> None:
             c for c in out.certificates if c.decision in (Decision.PRUNE, Decision.APPLY) and c.reason != "patch"
         ]
         assert any(why in c.rationale for c in by_decision(out, Decision.ABSTAIN)), (rule, out.certificates)
+    # Only the built-in compressors' claim lets an edit past the policy's maximum level.
+    claimed = "{name: c, transform: replace_with, params: {text: x, compression: true}, when: {roles: [tool]}}"
+    out = run(items, f"protection: {{last_turns: 1}}\nevidence: {{max_level: 1}}\nrules: [{claimed}]")
+    assert not by_decision(out, Decision.PRUNE)
+    assert all("above the policy's maximum of 1" in c.rationale for c in by_decision(out, Decision.ABSTAIN))
+    assert by_decision(out, Decision.ABSTAIN)
 
 
 def test_the_agent_hears_back_each_time_it_asks() -> None:

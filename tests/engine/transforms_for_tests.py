@@ -126,7 +126,8 @@ class Reverse:
 
 class ReplaceWith:
     """Replace every candidate with the blocks `params` name: {text: ...}, {image: true} and/or
-    {call: ID, input: JSON} (a tool call `bash` with that id)."""
+    {call: ID, input: JSON} (a tool call `bash` with that id); {compression: true} claims the
+    proposal is a compression."""
 
     name: ClassVar[str] = "replace_with"
     version: ClassVar[str] = "1"
@@ -142,7 +143,9 @@ class ReplaceWith:
         if "call" in params:
             blocks.append(ToolUseBlock(params["call"], "bash", params.get("input", "{}")))
         for entry in candidates:
-            yield Proposal(Replace(entry.seq, tuple(blocks)), 2, "replaced")
+            yield Proposal(
+                Replace(entry.seq, tuple(blocks)), 2, "replaced", compression=params.get("compression", False)
+            )
 
 
 def registry() -> TransformRegistry:

@@ -32,6 +32,8 @@ class Stub:
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.fail = False
+        self.answer: dict[str, Any] | None = None
+        """What to answer instead of a summary (a malformed answer)."""
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -43,7 +45,7 @@ class Stub:
                     self.send_response(503)
                     self.end_headers()
                     return
-                answer = {
+                answer = stub.answer or {
                     "choices": [{"message": {"role": "assistant", "content": "80 lines collected; none failed."}}],
                     "usage": {"prompt_tokens": 1234, "completion_tokens": 9},
                 }
@@ -158,6 +160,11 @@ def test_a_failing_endpoint_never_breaks_a_render_and_is_not_hammered(stub: Stub
     again = run(registry, policy(stub.url), out.state)
     plugin.wait()
     assert again.certificates == () and plugin.failures == 1 and len(stub.requests) == 1
+    malformed = ModelSummary()
+    stub.fail, stub.answer = False, {"choices": []}
+    run(registry_with(malformed), policy(stub.url))
+    malformed.wait()
+    assert malformed.failures == 1 and not malformed._pending  # counted, and asked again after the pause
     unreachable = ModelSummary()
     run(registry_with(unreachable), policy("http://127.0.0.1:9/v1", extra=", timeout_seconds: 2"))
     unreachable.wait()

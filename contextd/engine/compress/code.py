@@ -25,6 +25,7 @@ from typing import Any
 from contextd.engine.compress.text import Compressed, Focus, Kept, Lines, elided
 
 _NUMBERED = re.compile(r"^\s*\d+(?:\t|  )")
+_NUMBER = re.compile(r"^\s*(\d+)(?:\t|  )")
 _MIN_BODY = 4
 """Bodies shorter than this many lines are shown: a marker would save little."""
 
@@ -56,7 +57,7 @@ class Body:
 
 
 def compress_code(text: str, focus: Focus, language: str = "") -> Compressed | None:
-    lines = text.splitlines()
+    lines = text.split("\n")  # not splitlines(): a form feed or U+2028 inside a line is not a line break
     numbered = _numbered(lines)
     source_lines = [_NUMBERED.sub("", line, count=1) for line in lines] if numbered else lines
     source = "\n".join(source_lines)
@@ -91,27 +92,32 @@ def compress_code(text: str, focus: Focus, language: str = "") -> Compressed | N
     def marker(start: int, stop: int) -> str:
         line = source_lines[start]
         indent = line[: len(line) - len(line.lstrip())]
-        if not numbered:
+        numbers = [m.group(1) for i in range(start, stop) if (m := _NUMBER.match(lines[i]))]
+        if not numbers:
             return elided(start, stop, indent + comment)
         # Say the file's own line numbers, as the output shows them.
-        first, last = (lines[i].split(maxsplit=1)[0] for i in (start, stop - 1))
-        return f"{' ' * 7}\t{indent}{comment}[… lines {first}-{last} left out …]"
+        return f"{' ' * 7}\t{indent}{comment}[… lines {numbers[0]}-{numbers[-1]} left out …]"
 
     summary = f"skeleton ({language}, {how}): {len(lines) - hidden:,} of {len(lines):,} lines kept, bodies left out"
     return Compressed("code", kept.write(marker), summary)
 
 
 def _numbered(lines: Sequence[str]) -> bool:
-    """Whether (nearly) every line starts with its number (``nl -ba``, ``cat -n``)."""
-    head = lines[:20]
+    """Whether (nearly) every line with something on it starts with its number (``nl -ba``,
+    ``cat -n``; plain ``nl`` leaves blank lines unnumbered)."""
+    head = [line for line in lines[:30] if line.strip()]
     if sum(1 for line in head if _NUMBERED.match(line)) < 0.9 * len(head):
         return False  # most outputs: decided on their first lines
-    return sum(1 for line in lines if _NUMBERED.match(line)) >= 0.9 * max(1, len(lines))
+    filled = [line for line in lines if line.strip()]
+    return sum(1 for line in filled if _NUMBERED.match(line)) >= 0.9 * max(1, len(filled))
 
 
 def sniff_language(source: str) -> str:
     head = source[:4000]
-    if re.search(r"^\s*(?:def|class|async def) \w+.*:\s*$|^\s*(?:from \S+ )?import \w", head, re.MULTILINE):
+    # A definition, or imports at the margin (two of them: a README may say `import x` once).
+    if re.search(r"^\s*(?:def|class|async def) \w+.*:\s*$", head, re.MULTILINE) or (
+        len(re.findall(r"^(?:from \S+ )?import \w", head, re.MULTILINE)) >= 2
+    ):
         return "python"
     if re.search(r"^package \w+|^func (?:\(\w+ \*?\w+\) )?\w+\(", head, re.MULTILINE):
         return "go"
@@ -132,7 +138,7 @@ def _bodies(source: str, lines: Sequence[str], language: str) -> tuple[list[Body
     if language == "python":
         try:
             tree = ast.parse(source)
-        except (SyntaxError, ValueError):
+        except (SyntaxError, ValueError, RecursionError, MemoryError):  # deep nesting recurses in the parser
             return list(_indented_bodies(lines)), "by indentation"
         return list(_python_bodies(tree, lines)), "ast"
     parser = _tree_sitter(language)
@@ -187,8 +193,8 @@ long or longer keeps its first line (of text, for a docstring)."""
 
 def _long_statements(body: Sequence[ast.stmt], lines: Sequence[str]) -> Iterator[Body]:
     for statement in body:
-        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue
+        if not isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr)):
+            continue  # definitions, and blocks that may hold them (if, try ...), are read inside
         end = statement.end_lineno or statement.lineno
         if end - statement.lineno + 1 < LONG_STATEMENT:
             continue
@@ -209,6 +215,7 @@ def _is_docstring(statement: ast.stmt) -> bool:
 _QUOTES_ONLY = re.compile(r"^\s*[rRbBuU]?(?:\"\"\"|\'\'\')\s*$")
 """A docstring that opens on a line of its own: its text starts on the next line."""
 _PY_DEF = re.compile(r"^(\s*)(?:async\s+def|def|class)\s+(\w+)")
+SIGNATURE_LINES = 20
 
 
 def _indented_bodies(lines: Sequence[str]) -> Iterator[Body]:
@@ -216,24 +223,25 @@ def _indented_bodies(lines: Sequence[str]) -> Iterator[Body]:
     deeper than it that follow its signature; lines a cut range opens with, deeper than the
     first definition, are the rest of a body (its first line stays)."""
     first_def = next((i for i, line in enumerate(lines) if _PY_DEF.match(line)), len(lines))
-    margin = _indent(lines[first_def]) if first_def < len(lines) else 0
-    opening = next((i for i, line in enumerate(lines) if line.strip()), 0)
-    if first_def < len(lines) or opening < len(lines):
+    if first_def == len(lines):
+        return  # no definition: nothing to make a skeleton of (the lines are read another way)
+    margin = _indent(lines[first_def])
+    opening = next(i for i, line in enumerate(lines) if line.strip())
+    if opening < first_def and _indent(lines[opening]) > margin:
         stop = opening + 1
-        while stop < first_def and (
-            not lines[stop].strip() or _indent(lines[stop]) > margin or first_def == len(lines)
-        ):
+        while stop < first_def and (not lines[stop].strip() or _indent(lines[stop]) > margin):
             stop += 1
-        if first_def == len(lines) or _indent(lines[opening]) > margin:
-            yield Body("", opening + 1, stop)
+        yield Body("", opening + 1, stop)
     for i, line in enumerate(lines):
         match = _PY_DEF.match(line)
         if not match:
             continue
         indent = _indent(line)
-        j = i
-        while j < len(lines) and not lines[j].rstrip().endswith(":"):
-            j += 1  # a signature over several lines
+        # The signature: up to the line ending with ':' (a few lines at most; a one-line
+        # definition, `def f(): return 1`, has no body of its own to leave out).
+        j = next((k for k in range(i, min(i + SIGNATURE_LINES, len(lines))) if lines[k].rstrip().endswith(":")), None)
+        if j is None:
+            continue
         start = j + 1
         stop = start
         while stop < len(lines) and (not lines[stop].strip() or _indent(lines[stop]) > indent):

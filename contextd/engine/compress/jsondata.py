@@ -191,8 +191,10 @@ def _outliers(key: str, column: list[Any], flag: Any) -> None:
     spread = q3 - q1
     if spread == 0:
         median = ordered[len(ordered) // 2]
+        counts = Counter(ordered)
+        limit = max(1, int(len(numbers) * _RARE))
         for i, v in numbers:
-            if v != median and sum(1 for _, w in numbers if w == v) <= max(1, int(len(numbers) * _RARE)):
+            if v != median and counts[v] <= limit:
                 flag(i, f"{key}={v:g} (all but a few are {median:g})")
         return
     low, high = q1 - _FENCE * spread, q3 + _FENCE * spread

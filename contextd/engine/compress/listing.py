@@ -27,7 +27,7 @@ def looks_like_diff(lines: Sequence[str]) -> bool:
 
 
 def compress_diff(text: str, focus: Focus) -> Compressed | None:
-    lines = text.splitlines()
+    lines = text.split("\n")
     out: list[str] = []
     files = 0
     i = 0

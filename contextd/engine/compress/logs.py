@@ -69,11 +69,11 @@ def compress_log(text: str, focus: Focus, *, kind: str = "log") -> Compressed:
         found.having(_ERROR_SUFFIXES, fold_case=True, suffix=True)
     )
     errors.update(found.line_of(i + 1) for i in _offsets(text, "\nE "))
-    errors.update(found.line_of(i) for i in _offsets(text, "^") if _CARET.match(lines[found.line_of(i)]))
+    errors.update(i for i in found.holding("^") if _CARET.match(lines[i]))
     warnings = set(found.having(_WARNING_WORDS, fold_case=True)) | set(
         found.having(_WARNING_SUFFIXES, fold_case=True, suffix=True)
     )
-    kept.add(*(found.line_of(i) for i in _offsets(text, "<") if _MARKUP.match(lines[found.line_of(i)])))
+    kept.add(*(i for i in found.holding("<") if _MARKUP.match(lines[i])))
     shown_shapes: dict[bytes, list[int]] = {}
     for i in sorted((errors | warnings) - managed):
         seen = shown_shapes.setdefault(shape(lines[i]), [])

@@ -96,10 +96,11 @@ def compress_search(text: str, focus: Focus) -> Compressed | None:
     shown.update(places[0] for places in samples)
     repeats = {places[0]: len(places) - 1 for places in samples if len(places) > 1}
     # Context lines go with the shown match they surround.
+    matched = set(matches)
     for i in sorted(shown):
         for step in (-1, 1):
             j = i + step
-            while 0 <= j < len(lines) and j in texts and j not in matches:
+            while 0 <= j < len(lines) and j in texts and j not in matched:
                 shown.add(j)
                 j += step
     out = [f"[{len(matches):,} matches in {len(files):,} files]"]

@@ -195,7 +195,22 @@ class Lines:
 
     @cached_property
     def lower(self) -> str:
-        return self.text.lower()
+        """The text in lower case, character for character (offsets stay those of the text:
+        a character whose lower case is longer, such as ``İ``, is left as it is)."""
+        lowered = self.text.lower()
+        if len(lowered) == len(self.text):
+            return lowered
+        return "".join(c if len(c.lower()) != 1 else c.lower() for c in self.text)
+
+    def holding(self, needle: str) -> list[int]:
+        """The lines holding `needle` (each once, however often it holds it)."""
+        out: list[int] = []
+        i = self.text.find(needle)
+        while i != -1:
+            line = self.line_of(i)
+            out.append(line)
+            i = self.text.find(needle, self.starts[line + 1]) if line + 1 < len(self.starts) else -1
+        return out
 
     def line_of(self, offset: int) -> int:
         return bisect.bisect_right(self.starts, offset) - 1
