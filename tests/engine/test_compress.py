@@ -12,6 +12,15 @@ import pytest
 from contextd.engine.compress import NO_FOCUS, Focus, compress, route
 from contextd.engine.compress.router import SNIFFED, envelope, hint
 from contextd.engine.compress.text import WORD
+from contextd.engine.model import ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
+from contextd.engine.pipeline import RenderInput, render
+from contextd.engine.policy import parse_policy
+from contextd.engine.state import ViewState
+from contextd.engine.transforms import TransformRegistry
+from contextd.engine.view import ViewFormat, ViewRequest
+from tests.helpers import counter, make_session, stored_items
+
+REGISTRY = TransformRegistry.default()
 
 
 def _build_log(seed: int = 1) -> str:
@@ -398,3 +407,168 @@ def test_terms_that_cannot_occur_in_an_output_do_not_change_its_compression(text
     assert "absent_name" not in narrowed.terms and "nowhere/else.py" not in narrowed.terms
     full, key = compress(text, focus, command=command), compress(text, narrowed, command=command)
     assert full is not None and key is not None and full.text == key.text
+
+
+# ------------------------------------------------------- found by a second reading
+
+
+def test_inputs_that_broke_compressors_are_read_or_left_whole() -> None:
+    # A lower case longer than its letter (İ) must not shift where lines are found.
+    turkish = "\n".join([*(f"Kullanıcı: {'İ' * 40} {n}" for n in range(30)), "ERROR build failed"])
+    out = compress(turkish, NO_FOCUS, command="make")
+    assert out is not None and "ERROR build failed" in out.text
+    rows = [{"id": n, "city": "İ" * 20} for n in range(19)] + [{"id": 19, "city": "error"}]
+    assert compress(json.dumps(rows, ensure_ascii=False), NO_FOCUS) is not None
+    # Plain `nl` leaves blank lines unnumbered.
+    source = "import os\n" + "".join(
+        f'def f{k}(x):\n    """S.\n\n    More.\n    """\n' + "    a = 1\n" * 8 + "    return a\n" for k in range(5)
+    )
+    numbered = "\n".join("" if not line.strip() else f"{n:6d}\t{line}" for n, line in enumerate(source.split("\n"), 1))
+    out = compress(numbered, NO_FOCUS, command="nl s.py")
+    assert out is not None and "     2\tdef f0(x):" in out.text
+    # Nesting deeper than the parser recurses: read another way, not raised.
+    deep = "def f():\n  x = 1\n  y = 2\n  z = 3\n  return x\nX = " + " + ".join(['"s"'] * 3000)
+    compress(deep, NO_FOCUS, command="cat gen.py")
+
+
+def test_markers_count_the_lines_of_the_whole_output_envelope_included() -> None:
+    body = "\n".join(f"2024-01-01 10:00:{n:02d} INFO tick {n}" for n in range(60))
+    text = f"<returncode>0</returncode>\n<output>\n{body}\n</output>"
+    out = compress(text, NO_FOCUS, command="python loop.py")
+    assert out is not None
+    original = text.split("\n")
+    marker = next(line for line in out.text.split("\n") if "left out" in line)
+    first, last = (int(n) for n in marker.split("lines ")[1].split(" ")[0].split("-"))
+    shown = out.text.split("\n")
+    before, after = shown[shown.index(marker) - 1], shown[shown.index(marker) + 1]
+    assert original[first - 2] == before and original[last] == after  # the range is exactly what is missing
+
+
+def test_outputs_whose_every_line_is_a_fact_are_left_whole() -> None:
+    status = "On branch main\nChanges not staged for commit:\n" + "\n".join(
+        f"\tmodified:   src/module_{n}.py" for n in range(40)
+    )
+    assert compress(status, NO_FOCUS, command="git status") is None
+    ruff = "\n".join(f"src/m{n}.py:{n + 1}:8: F401 `os` imported but unused" for n in range(40))
+    assert compress(ruff, NO_FOCUS, command="ruff check .") is None
+    assert compress(ruff, NO_FOCUS) is None  # sniffed as diagnostics without the command too
+    config = "\n".join(f"  service_{n}:\n    image: app:{n}\n    restart: always" for n in range(20))
+    assert compress(config, NO_FOCUS, command="cat docker-compose.yml") is None
+
+
+def test_every_compiler_error_keeps_its_block() -> None:
+    blocks = [
+        f"error[E0308]: mismatched types\n --> src/h{n}.rs:3:5\n  |\n3 |     x\n"
+        "  |     ^ expected `i32`, found `&str`\n"
+        for n in range(5)
+    ]
+    text = "\n".join(["   Compiling app v0.1.0", *(f"   Compiling dep{n} v1.0.0" for n in range(40)), *blocks])
+    out = compress(text, NO_FOCUS, command="make build")
+    assert out is not None
+    for n in range(5):
+        assert f"--> src/h{n}.rs:3:5" in out.text
+    assert out.text.count("expected `i32`, found `&str`") == 5
+
+
+def test_an_indented_traceback_keeps_its_exception_and_what_follows() -> None:
+    ticks = "\n".join(f"2024-05-01 10:00:{n:02d} INFO tick {n}" for n in range(30))
+    crash = (
+        "2024-05-01 10:00:31 ERROR worker crashed:\n    Traceback (most recent call last):\n"
+        '      File "/app/worker.py", line 30, in run\n        cfg = load(path)\n'
+        "    KeyError: 'database_url'\n    Retrying connection to shard-7: permission denied for role app"
+    )
+    out = compress(f"{ticks}\n{crash}\n{ticks}", NO_FOCUS, command="python worker.py")
+    assert out is not None
+    assert "    KeyError: 'database_url'" in out.text and "permission denied for role app" in out.text
+
+
+def test_a_javascript_test_runner_keeps_what_failed() -> None:
+    passing = "\n".join(f"  ✓ works {n} (3 ms)" for n in range(30))
+    failure = (
+        "  ● Cart › computes total\n\n    expect(received).toBe(expected)\n\n    Expected: 4\n    Received: 3\n\n"
+        "       9 |   const cart = new Cart();\n    > 11 |   expect(cart.total()).toBe(4);\n"
+        "      at Object.<anonymous> (src/cart.test.js:11:24)\n      at node_modules/jest-circus/run.js:3:1"
+    )
+    text = f"PASS src/ok.test.js\n{passing}\nFAIL src/cart.test.js\n    ✕ computes total (5 ms)\n\n{failure}\n"
+    text += "\nTests:       1 failed, 30 passed, 31 total\nSnapshots:   0 total\n"
+    text += "Time:        1.2 s\nRan all test suites."
+    out = compress(text, NO_FOCUS, command="npx jest")
+    assert out is not None and out.kind == "test"
+    for fact in (
+        "✕ computes total",
+        "● Cart › computes total",
+        "Expected: 4",
+        "Received: 3",
+        "> 11 |",
+        "src/cart.test.js:11:24",
+    ):
+        assert fact in out.text
+    assert "jest-circus" not in out.text
+
+
+def test_a_merge_diff_keeps_both_sides_and_git_log_keeps_every_commit() -> None:
+    combined = "\n".join(
+        [
+            "diff --cc src/config.py",
+            "index 1111111,2222222..0000000",
+            "--- a/src/config.py",
+            "+++ b/src/config.py",
+            "@@@ -1,5 -1,5 +1,9 @@@",
+            "++<<<<<<< HEAD",
+            " +TIMEOUT = 30",
+            "++=======",
+            "+ TIMEOUT = 60",
+            "++>>>>>>> feature",
+            *(f"  unchanged {n}" for n in range(40)),
+        ]
+    )
+    out = compress(combined, NO_FOCUS, command="git diff")
+    assert out is not None and " +TIMEOUT = 30" in out.text and "+ TIMEOUT = 60" in out.text
+    commits = []
+    for n in range(1, 4):
+        commits += [f"commit {n:040x}", "Author: A <a@example.com>", "", f"    Fix bug number {n}", ""]
+        commits += [f"diff --git a/f{n}.py b/f{n}.py", f"--- a/f{n}.py", f"+++ b/f{n}.py", "@@ -1,30 +1,30 @@"]
+        commits += [*(f" same {k}" for k in range(30)), f"-old {n}", f"+new {n}"]
+    out = compress("\n".join(commits), NO_FOCUS, command="git log -p")
+    assert out is not None
+    for n in range(1, 4):
+        assert f"    Fix bug number {n}" in out.text and f"commit {n:040x}" in out.text and f"+new {n}" in out.text
+
+
+def test_json_rows_with_a_value_of_another_type_are_kept() -> None:
+    rows = [{"id": n, "status": "ok", "latency_ms": 20 + n % 5, "tags": ["a"]} for n in range(40)]
+    rows[17]["latency_ms"] = None
+    rows[23]["latency_ms"] = "n/a"
+    rows[29]["tags"] = []
+    out = compress(json.dumps(rows), NO_FOCUS)
+    assert out is not None
+    for n in (17, 23, 29):
+        assert f'"id": {n},' in out.text
+    messages = json.dumps({"errors": [f"field 'items[{n}].sku' is required" for n in range(20)]}, indent=2)
+    assert compress(messages, NO_FOCUS) is None  # a short list of messages: each one may be the fact
+
+
+def test_a_compressor_that_fails_leaves_the_output_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    from contextd.engine import strategies
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a compressor bug")
+
+    monkeypatch.setattr(strategies, "compress", broken)
+    monkeypatch.setattr(strategies, "_compressions", strategies.IdentityMemo(10))
+    items = stored_items(
+        [
+            ItemContent(role=Role.USER, content=(TextBlock("Run it."),)),
+            ItemContent(role=Role.ASSISTANT, content=(ToolUseBlock("c1", "bash", '{"command": "python w.py"}'),)),
+            ItemContent(role=Role.TOOL, content=(ToolResultBlock("c1", (TextBlock(_build_log()),), name="bash"),)),
+            ItemContent(role=Role.ASSISTANT, content=(TextBlock("Done."),)),
+            ItemContent(role=Role.USER, content=(TextBlock("Next."),)),
+            ItemContent(role=Role.ASSISTANT, content=(TextBlock("Ok."),)),
+        ]
+    )
+    policy = parse_policy("protection: {last_turns: 0}\nrules: [{name: c, transform: compress}]", REGISTRY)
+    inp = RenderInput(
+        make_session(len(items)), items, policy, ViewRequest(ViewFormat.OPENAI_CHAT), counter(), REGISTRY, ViewState()
+    )
+    out = render(inp)
+    assert out.certificates == () and "processed batch 1000" in out.view.messages_json

@@ -56,7 +56,7 @@ class Body:
     focus on its name keeps whole."""
 
 
-def compress_code(text: str, focus: Focus, language: str = "") -> Compressed | None:
+def compress_code(text: str, focus: Focus, language: str = "", first_line: int = 1) -> Compressed | None:
     lines = text.split("\n")  # not splitlines(): a form feed or U+2028 inside a line is not a line break
     numbered = _numbered(lines)
     source_lines = [_NUMBERED.sub("", line, count=1) for line in lines] if numbered else lines
@@ -67,7 +67,7 @@ def compress_code(text: str, focus: Focus, language: str = "") -> Compressed | N
     bodies, how = _bodies(source, source_lines, language)
     if bodies is None:
         return None
-    kept = Kept(lines)
+    kept = Kept(lines, first_line)
     kept.add_range(0, len(lines))
     mentioned = focus.lines_mentioning(Lines(source, source_lines))
     whole = [(b.start, b.stop) for b in bodies if b.name in focus.names]
@@ -94,7 +94,7 @@ def compress_code(text: str, focus: Focus, language: str = "") -> Compressed | N
         indent = line[: len(line) - len(line.lstrip())]
         numbers = [m.group(1) for i in range(start, stop) if (m := _NUMBER.match(lines[i]))]
         if not numbers:
-            return elided(start, stop, indent + comment)
+            return elided(start, stop, indent + comment, first_line)
         # Say the file's own line numbers, as the output shows them.
         return f"{' ' * 7}\t{indent}{comment}[… lines {numbers[0]}-{numbers[-1]} left out …]"
 

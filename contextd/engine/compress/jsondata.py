@@ -21,6 +21,8 @@ from typing import Any
 from contextd.engine.compress.text import Compressed, Focus, Lines
 
 MIN_ROWS = 8
+MAX_WHOLE_TEXTS = 50
+"""A list of strings this long or shorter is written whole."""
 """Shorter arrays are written whole."""
 _ERRORISH = ("error", "fail", "exception", "fatal", "denied", "invalid", "timeout", "refused", "panic", "critical")
 """A value holding one of these (in any case, inside any word) says something went wrong."""
@@ -115,6 +117,7 @@ def _rows(rows: list[dict[str, Any]], focus: Focus, path: str, notes: list[str],
                     flag(i, f"{k} set")
             continue
         _search(k, column, kinds[k], focus, flag)
+        _odd_types(k, column, flag)
         _rare_values(k, column, flag)
         _outliers(k, column, flag)
     shown = sorted(why)
@@ -167,6 +170,30 @@ def _search(key: str, column: list[Any], kinds: set[type], focus: Focus, flag: A
             flag(i, "mentions the focus")
 
 
+def _odd_types(key: str, column: list[Any], flag: Any) -> None:
+    """Flag the rows whose value is of another type than most rows' (a null, a string among
+    numbers) or an empty array or object where most are not empty."""
+    present = [(i, v) for i, v in enumerate(column) if v is not _MISSING]
+    kinds = Counter(_kind(v) for _, v in present)
+    if len(kinds) < 2:
+        return
+    usual, count = kinds.most_common(1)[0]
+    if count < len(present) / 2:
+        return  # no usual type to stand out from
+    for i, v in present:
+        kind = _kind(v)
+        if kind != usual:
+            flag(i, f"{key} is {kind}" + ("" if kind.startswith("empty") else f" where most are {usual}"))
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, (list, dict)) and not value:
+        return f"empty {_TYPE_NAMES.get(type(value), 'object')}"
+    if type(value) is float:
+        return "int"  # numbers are one kind here: 1 and 1.5 do not stand out from each other
+    return _TYPE_NAMES.get(type(value), "object")
+
+
 def _rare_values(key: str, column: list[Any], flag: Any) -> None:
     # Keyed with the type: True and 1 are different values here.
     values = [(type(v), v) for v in column if v is None or type(v) in (str, bool)]
@@ -205,6 +232,8 @@ def _outliers(key: str, column: list[Any], flag: Any) -> None:
 
 def _scalars(values: list[Any], focus: Focus, path: str, notes: list[str], pad: str) -> str:
     n = len(values)
+    if n <= MAX_WHOLE_TEXTS and all(isinstance(v, str) for v in values):
+        return pad + _dump(values)  # a list of messages or names: each may be the fact
     keep = set(range(min(5, n))) | set(range(max(0, n - 3), n))
     keep.update(
         i

@@ -10,6 +10,7 @@ mentions the focus.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 
@@ -26,61 +27,74 @@ def looks_like_diff(lines: Sequence[str]) -> bool:
     )
 
 
+_COMMIT = re.compile(r"^commit [0-9a-f]{7,64}\b")
+
+
 def compress_diff(text: str, focus: Focus) -> Compressed | None:
     lines = text.split("\n")
+    headers = any(line.startswith("diff ") for line in lines)
     out: list[str] = []
     files = 0
-    i = 0
-    # What precedes the first file (a commit header, a status line) stays.
-    while i < len(lines) and not lines[i].startswith(("diff ", "--- ")):
-        out.append(lines[i])
-        i += 1
-    while i < len(lines):
-        start = i
-        i += 1
-        while (
-            i < len(lines)
-            and not lines[i].startswith("diff ")
-            and not (
-                lines[i].startswith("--- ")
-                and i + 1 < len(lines)
-                and lines[i + 1].startswith("+++ ")
-                and lines[i - 1][:1] not in "+- @"
-            )
-        ):
-            i += 1
-        out.extend(_file(lines[start:i], focus))
-        files += 1
-    written = "\n".join(out)
+    for kind, segment in _segments(lines, headers):
+        if kind == "file":
+            out.extend(_file(segment, focus))
+            files += 1
+        else:
+            out.extend(segment)  # what is not a file's diff (a commit's header and message) stays
     summary = f"{files:,} files: headers and counts, changed lines, hunks on the focus whole"
-    return Compressed("diff", written, summary)
+    return Compressed("diff", "\n".join(out), summary)
+
+
+def _segments(lines: list[str], headers: bool) -> list[tuple[str, list[str]]]:
+    """The diff cut into files (from a ``diff`` line, or a ``---``/``+++`` pair when there are
+    none) and what lies between them (a commit's header in ``git log -p``)."""
+    out: list[tuple[str, list[str]]] = [("other", [])]
+    for n, line in enumerate(lines):
+        starts_file = (
+            line.startswith("diff ")
+            if headers
+            else line.startswith("--- ") and n + 1 < len(lines) and lines[n + 1].startswith("+++ ")
+        )
+        if starts_file:
+            out.append(("file", [line]))
+        elif _COMMIT.match(line):
+            out.append(("other", [line]))
+        else:
+            out[-1][1].append(line)
+    return [(kind, segment) for kind, segment in out if segment]
 
 
 def _file(lines: list[str], focus: Focus) -> list[str]:
-    header = [
-        line for line in lines[:6] if not line.startswith(("@@", "+", "-", " ")) or line.startswith(("---", "+++"))
-    ]
+    first_hunk = next((n for n, line in enumerate(lines) if line.startswith("@@")), len(lines))
+    header = lines[:first_hunk]
+    # A combined diff (`diff --cc`, a merge) marks each line in one column per parent.
+    width = 2 if header and header[0].startswith(("diff --cc", "diff --combined")) else 1
     hunks: list[list[str]] = []
-    for line in lines[len(header) :]:
+    for line in lines[first_hunk:]:
         if line.startswith("@@") or not hunks:
             hunks.append([])
         hunks[-1].append(line)
-    added = sum(1 for h in hunks for line in h[1:] if line.startswith("+"))
-    removed = sum(1 for h in hunks for line in h[1:] if line.startswith("-"))
+
+    def changed(line: str) -> bool:
+        return any(c in "+-" for c in line[:width])
+
+    added = sum(1 for h in hunks for line in h[1:] if "+" in line[:width])
+    removed = sum(1 for h in hunks for line in h[1:] if "-" in line[:width])
     out = [*header, f"[{len(hunks):,} hunks, +{added:,} -{removed:,}]"]
+    whole = focus.mentions("\n".join(header))  # the file the focus names: all of it
     budget = CHANGED_PER_FILE
     for hunk in hunks:
-        if focus.mentions("\n".join(hunk)):
+        if whole or focus.mentions("\n".join(hunk)):
             out.extend(hunk)
             continue
-        changed = [line for line in hunk[1:] if line[:1] in "+-"]
-        shown = changed[:budget]
+        changes = [line for line in hunk[1:] if changed(line)]
+        shown = changes[:budget]
         budget -= len(shown)
         out.append(hunk[0])
         out.extend(shown)
         left = len(hunk) - 1 - len(shown)
         if left:
-            out.append(f"[… {left:,} more lines of this hunk ({len(changed) - len(shown):,} changed) …]")
+            out.append(f"[… {left:,} more lines of this hunk ({len(changes) - len(shown):,} changed) …]")
     return out
 
 
@@ -91,24 +105,30 @@ def compress_listing(text: str, focus: Focus) -> Compressed | None:
     directories: dict[str, list[str]] = {}
     focused: set[tuple[str, str]] = set()
     current = "."
-    recursive = any(line.endswith(":") and line[:1].strip() for line in lines)
+    # `ls -R`: a directory's header is its path and a colon, nothing else.
+    recursive = any(_HEADER.fullmatch(line) for line in lines)
+    if not recursive and not _paths(lines):
+        return None  # not a listing (a search's code lines, a message): another reader's
     for i, line in enumerate(lines):
         stripped = line.strip()
-        if not stripped:
+        if not stripped or stripped.startswith("total "):
             continue
-        if recursive and stripped.endswith(":"):
+        if recursive and _HEADER.fullmatch(stripped):
             current = stripped[:-1]
             directories.setdefault(current, [])
             continue
+        long = _LONG.match(stripped)
+        if long:  # `ls -l`: the name is what follows the date (a link: before its arrow)
+            stripped = long.group(1).split(" -> ")[0]
         if recursive:
-            parent, names = current, stripped.split()
+            parent, names = current, [stripped] if long else stripped.split()
         else:
             path = stripped.split()[-1] if stripped.startswith(_STATUS) else stripped
             parent, _, name = path.rstrip("/").rpartition("/")
             parent, names = parent or ".", [name + ("/" if path.endswith("/") else "")]
         directories.setdefault(parent, []).extend(names)
         if i in mentioned:
-            focused.update((parent, n) for n in names if focus.mentions(f"{parent}/{n}"))
+            focused.update((parent, n) for n in names if focus.mentions(f"{parent}/{n}") or focus.mentions(n))
     if not directories:
         return None
     out: list[str] = []
@@ -126,6 +146,20 @@ def compress_listing(text: str, focus: Focus) -> Compressed | None:
 
 _STATUS = ("M ", "A ", "D ", "?? ", "R ", " M", " D")
 """How `git status --short` marks a path."""
+_HEADER = re.compile(r"[^\s:][^\s]*:")
+_LONG = re.compile(r"^[-dlcbps][-rwxsStT@+.]{9,10}\s+\d+\s+\S+\s+\S+\s+[\d,]+\s+\S+\s+\S+\s+\S+\s+(.+)$")
+"""An `ls -l` line: mode, links, owner, group, size, date (three fields), name."""
+
+
+def _paths(lines: Sequence[str]) -> bool:
+    """Whether (nearly) every line is a path (or an `ls -l` or `git status --short` entry)."""
+    filled = [line.strip() for line in lines if line.strip() and not line.startswith("total ")]
+    pathlike = sum(
+        1
+        for line in filled
+        if _LONG.match(line) or line.startswith(_STATUS) or ((" " not in line or "/" in line) and len(line) < 512)
+    )
+    return bool(filled) and pathlike >= 0.9 * len(filled)
 
 
 def _extension(name: str) -> str:

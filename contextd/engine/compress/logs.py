@@ -39,6 +39,8 @@ _FAILURE = re.compile(r"^_{3,} .* _{3,}\s*$")
 _DETAILS_HEAD, _DETAILS_TAIL = 12, 4
 """Assertion detail lines (``E ...``) shown per failure: the first ones and the last."""
 _LOCATION = re.compile(r"^\S+:\d+: (?:in \w+|\w+)")
+_JEST_SOURCE = re.compile(r"^\s*>\s*\d+\s*\|")
+_JEST_FRAME = re.compile(r"\(?[^\s()]+:\d+:\d+\)?$")
 _RAISED = re.compile(r":\d+: [A-Z][\w.]*\s*$")
 _FAILING_SOURCE = re.compile(r"^>\s")
 _ID_STARTS = frozenset("FEXn-")
@@ -49,17 +51,18 @@ _SUMMARY = re.compile(
 )
 
 _HEAD, _TAIL = 2, 3
-_CONTEXT_BEFORE, _CONTEXT_AFTER = 1, 2
-_SAME_SHAPE_KEPT = 2
-"""A warning or error of one shape is shown this many times (then the last one)."""
+_CONTEXT_BEFORE, _BLOCK_AFTER = 1, 8
+_SAME_SHAPE_KEPT = 20
+"""An error of one shape (the same line but for its numbers) is shown this many times, then its
+last; a warning once, then its last."""
 
 
-def compress_log(text: str, focus: Focus, *, kind: str = "log") -> Compressed:
+def compress_log(text: str, focus: Focus, *, kind: str = "log", first_line: int = 1) -> Compressed:
     """`kind`: ``log``, ``test`` (a test runner's output), or ``text`` (lines no other
     compressor reads, read the same way)."""
     found = Lines(text)
     lines = found.lines
-    kept = Kept(lines)
+    kept = Kept(lines, first_line)
     focus = focus.selective(found)
     managed = _tracebacks(found, kept) if _TRACEBACK in text else set()
     if kind == "test" or "::" in text or " passed" in text:
@@ -79,7 +82,10 @@ def compress_log(text: str, focus: Focus, *, kind: str = "log") -> Compressed:
         seen = shown_shapes.setdefault(shape(lines[i]), [])
         seen.append(i)
         if i in errors and len(seen) <= _SAME_SHAPE_KEPT:
-            kept.add(*(j for j in range(i - _CONTEXT_BEFORE, i + _CONTEXT_AFTER + 1) if j not in managed))
+            # The line before, and the error's block after it (a compiler's location,
+            # source and annotations run to the next blank line).
+            kept.add(*(j for j in range(i - _CONTEXT_BEFORE, i) if j not in managed), i)
+            kept.add(*_block_after(lines, i, managed))
         elif len(seen) <= 1:
             kept.add(i)
     for seen in shown_shapes.values():
@@ -92,6 +98,32 @@ def compress_log(text: str, focus: Focus, *, kind: str = "log") -> Compressed:
         "failing tests and the summary" if kind == "test" else "the first and last lines"
     )
     return Compressed(kind, kept.write(), summary, lossless=kept.whole)
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _block_after(lines: Sequence[str], i: int, managed: set[int]) -> list[int]:
+    """The lines after an error line, up to the next blank one (at most `_BLOCK_AFTER`)."""
+    out: list[int] = []
+    for j in range(i + 1, min(len(lines), i + 1 + _BLOCK_AFTER)):
+        if not lines[j].strip() or j in managed:
+            break
+        out.append(j)
+    return out
+
+
+def _jest(line: str) -> bool:
+    """A line of a JavaScript test runner's failure report (jest, vitest): a failed test (✕),
+    a failure's header (●), what was expected and received, the failing source line, a stack
+    frame in the user's code."""
+    stripped = line.strip()
+    return (
+        stripped.startswith(("✕", "×", "●", "Expected:", "Received:", "Expected ", "Received "))
+        or _JEST_SOURCE.match(line) is not None
+        or (stripped.startswith("at ") and _JEST_FRAME.search(stripped) is not None and "node_modules" not in stripped)
+    )
 
 
 def _nonblank(lines: Sequence[str], order: range, count: int) -> list[int]:
@@ -121,13 +153,14 @@ def _tracebacks(found: Lines, kept: Kept) -> set[int]:
         if start in managed or lines[start].strip() != _TRACEBACK:
             continue
         frames: list[tuple[int, bool]] = []  # (line, in library code)
+        margin = _indent(lines[start])  # a logger may indent the whole traceback
         i = start + 1
-        while i < len(lines) and (lines[i].startswith((" ", "\t")) or not lines[i].strip()):
+        while i < len(lines) and (_indent(lines[i]) > margin or not lines[i].strip()):
             match = _FRAME.match(lines[i])
             if match:
                 frames.append((i, bool(_LIBRARY.search(match.group(2)))))
             i += 1
-        # The exception: the first line back at the margin, and its continuation.
+        # The exception: the first line back at the traceback's margin, and its continuation.
         end = i
         while end < len(lines) and end - i < 4 and lines[end].strip():
             end += 1
@@ -191,7 +224,7 @@ def _tests(lines: Sequence[str], kept: Kept) -> set[int]:
         )
         if failing:
             ids.append(i)
-        if failing or summary:
+        if failing or summary or _jest(line):
             kept.add(i)
     if section:
         close()

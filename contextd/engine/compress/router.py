@@ -13,21 +13,32 @@ import re
 import shlex
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from contextd.engine.compress import code, jsondata, listing, logs, search
 from contextd.engine.compress.text import Compressed, Focus
 
-KINDS = ("log", "test", "json", "code", "search", "diff", "listing")
-"""What a client or a policy may declare an output to hold (``text``, the fallback, is read as a log)."""
+KINDS = ("log", "test", "json", "code", "search", "diff", "listing", "diagnostics", "status", "file")
+"""What a client or a policy may declare an output to hold. ``diagnostics`` (a linter's or a
+compiler's findings), ``status`` (``git status``: every line a fact) and ``file`` (a file's
+contents no reader understands: a config, a document) are left whole; ``text``, the fallback
+for other lines, is read as a log."""
 
 _TEST_COMMANDS = re.compile(
-    r"^(?:\S+=\S+\s+)*(?:python\d?(?:\.\d+)? -m )?(?:pytest|py\.test|tox|nox|unittest|jest|vitest|mocha)\b"
+    r"^(?:\S+=\S+\s+)*(?:python\d?(?:\.\d+)? -m |npx |pnpm exec |yarn )?"
+    r"(?:pytest|py\.test|tox|nox|unittest|jest|vitest|mocha)\b"
     r"|^(?:go|cargo) test\b|^(?:npm|yarn|pnpm) (?:run )?test\b|\bruntests\.py\b|manage\.py test\b"
 )
 _SEARCH_COMMANDS = re.compile(r"^(?:grep|egrep|fgrep|rg|ag|ack)\b|^git grep\b")
 _DIFF_COMMANDS = re.compile(r"^git (?:diff|show|log -p|stash show)\b|^diff -[a-zA-Z]*u")
-_LISTING_COMMANDS = re.compile(r"^(?:ls|find|tree|du|fd)\b|^git (?:status|ls-files)\b")
+_LISTING_COMMANDS = re.compile(r"^(?:ls|find|fd)\b|^git ls-files\b")
+_DIAGNOSTICS_COMMANDS = re.compile(
+    r"^(?:\S+=\S+\s+)*(?:python\d?(?:\.\d+)? -m |npx |uv run |poetry run )?"
+    r"(?:ruff|mypy|pyright|flake8|pylint|eslint|tsc|shellcheck|golangci-lint|go vet)\b|^cargo (?:check|clippy)\b"
+)
+_DIAGNOSTIC_LINE = re.compile(
+    r"^\S+?(?::\d+:\d+:?|:\d+: (?:error|warning|note)\b|\(\d+,\d+\): (?:error|warning))|^(?:error|warning)\[\w+\]:"
+)
 _READ_COMMANDS = re.compile(r"^(?:cat|head|tail|sed -n|nl|less|more|bat)\b")
 _LOG_COMMANDS = re.compile(r"^(?:pip|pip3|npm|yarn|make|cmake|cargo|docker|kubectl|journalctl|mvn|gradle)\b")
 _LOG_LINE = re.compile(
@@ -73,6 +84,10 @@ def hint(command: str = "", path: str = "") -> tuple[str, str]:
         last = _last_command(command)
         if _TEST_COMMANDS.search(last) or _TEST_COMMANDS.search(command.strip()):
             return "test", ""
+        if _DIAGNOSTICS_COMMANDS.match(last):
+            return "diagnostics", ""
+        if last.startswith("git status"):
+            return "status", ""
         if _SEARCH_COMMANDS.match(last):
             return "search", ""
         if _DIFF_COMMANDS.match(last):
@@ -91,6 +106,8 @@ def hint(command: str = "", path: str = "") -> tuple[str, str]:
             return "json", ""
         if extension in (".log", ".out"):
             return "log", ""
+        if extension and command and _READ_COMMANDS.match(_last_command(command)):
+            return "file", ""  # a config, a document: its lines are all its own
     return "", ""
 
 
@@ -104,6 +121,9 @@ def sniff(text: str) -> str:
         return "diff"
     if _TEST_OUTPUT.search(head):
         return "test"
+    nonblank = [line for line in lines[:200] if line.strip()]
+    if nonblank and sum(1 for line in nonblank if _DIAGNOSTIC_LINE.match(line)) >= 0.5 * len(nonblank):
+        return "diagnostics"
     if lines and sum(1 for line in lines[:200] if _LOG_LINE.match(line)) >= 0.3 * min(len(lines), 200):
         return "log"
     if search.looks_like_search(lines[:200]):
@@ -159,9 +179,10 @@ def compress(text: str, focus: Focus, *, declared: str = "", command: str = "", 
     """The compressed form of a tool output, or None when no compressor reads it or it saves nothing."""
     opening, inner, closing = envelope(text)
     kind, language = route(inner, declared=declared, command=command, path=path)
+    reading = Reading(kind, language or hint("", _path_of(_last_command(command)))[1], opening.count("\n") + 1)
     found: Compressed | None = None
     for reader in _READERS.get(kind, ()):
-        found = reader(inner, focus, kind, language or hint("", _path_of(_last_command(command)))[1])
+        found = reader(inner, focus, reading)
         if found is not None:
             break
     if found is None:
@@ -171,35 +192,67 @@ def compress(text: str, focus: Focus, *, declared: str = "", command: str = "", 
     return found if len(found.text) < len(text) else None
 
 
-def _log(text: str, focus: Focus, kind: str, _: str) -> Compressed | None:
-    return logs.compress_log(text, focus, kind="test" if kind == "test" else "log")
+@dataclass(frozen=True, slots=True)
+class Reading:
+    kind: str
+    language: str
+    first_line: int
+    """The number of the content's first line in the whole output (after a tool's envelope)."""
 
 
-def _text(text: str, focus: Focus, _: str, __: str) -> Compressed | None:
+Reader = Callable[[str, Focus, Reading], "Compressed | None"]
+
+
+def _log(text: str, focus: Focus, reading: Reading) -> Compressed | None:
+    kind = "test" if reading.kind == "test" else "log"
+    return logs.compress_log(text, focus, kind=kind, first_line=reading.first_line)
+
+
+def _text(text: str, focus: Focus, reading: Reading) -> Compressed | None:
     """Lines no other compressor reads (a build's output, a page, a script's prints): read as a
     log, when there are enough of them to be worth it."""
     if text.count("\n") + 1 < TEXT_MIN_LINES:
         return None
-    return logs.compress_log(text, focus, kind="text")
+    return logs.compress_log(text, focus, kind="text", first_line=reading.first_line)
 
 
 TEXT_MIN_LINES = 20
 
 
-def _code(text: str, focus: Focus, _: str, language: str) -> Compressed | None:
-    return code.compress_code(text, focus, language)
+def _code(text: str, focus: Focus, reading: Reading) -> Compressed | None:
+    return code.compress_code(text, focus, reading.language, reading.first_line)
 
 
-_READERS: dict[str, tuple[Callable[[str, Focus, str, str], Compressed | None], ...]] = {
+def _json(text: str, focus: Focus, _: Reading) -> Compressed | None:
+    return jsondata.compress_json(text, focus)
+
+
+def _search(text: str, focus: Focus, _: Reading) -> Compressed | None:
+    return search.compress_search(text, focus)
+
+
+def _diff(text: str, focus: Focus, _: Reading) -> Compressed | None:
+    return listing.compress_diff(text, focus)
+
+
+def _listing(text: str, focus: Focus, _: Reading) -> Compressed | None:
+    return listing.compress_listing(text, focus)
+
+
+_READERS: dict[str, tuple[Reader, ...]] = {
     "log": (_log,),
     "test": (_log,),
-    "json": (lambda text, focus, _, __: jsondata.compress_json(text, focus), _text),
+    "json": (_json,),
     # Code with no definition to skeleton (a cut range inside one body) is read as lines.
     "code": (_code, _text),
-    # grep over one file prints its lines without a path: they are code (or lines).
-    "search": (lambda text, focus, _, __: search.compress_search(text, focus), _code, _text),
-    "diff": (lambda text, focus, _, __: listing.compress_diff(text, focus),),
-    "listing": (lambda text, focus, _, __: listing.compress_listing(text, focus), _text),
+    # grep over one file prints its lines without a path: they are code (or lines);
+    # grep -l prints paths: a listing.
+    "search": (_search, _listing, _code, _text),
+    "diff": (_diff,),
+    "listing": (_listing, _text),
+    "diagnostics": (),
+    "status": (),
+    "file": (),
     "": (_text,),
 }
 """Per kind, the compressors to try in order (the next when one cannot read the content)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from contextd.engine.compress.text import Compressed, Focus, Lines
 
+_SPACED = re.compile(r"^(?P<path>[^:\n]*[/.][^:\n]*?):(?P<line>\d+):(?P<text>.*)$")
 _CONTEXT = re.compile(r"^(?P<path>[^\s:]*[./][^\s:]*?)-(?P<line>\d+)-(?P<text>.*)$")
 """A context line (grep -A/-B/-C): ``path-12-text``."""
 _DEFINES = (
@@ -44,6 +45,9 @@ def _parse(line: str) -> tuple[str, bool, str] | None:
             rest = line[colon + 1 :]
             number, sep, text = rest.partition(":")
             return (path, True, text) if sep and number.isdigit() else (path, True, rest)
+    spaced = _SPACED.match(line)  # a path with spaces: only with a line number after it
+    if spaced:
+        return spaced["path"], True, spaced["text"]
     if "-" in line:
         context = _CONTEXT.match(line)
         if context:

@@ -121,6 +121,8 @@ class Kept:
     """A choice of lines of a text to show; the rest is said by ranges."""
 
     lines: Sequence[str]
+    first: int = 1
+    """The number of the first of `lines` in the whole output (markers say the output's own lines)."""
     keep: set[int] = field(default_factory=set)
     folded: dict[int, tuple[int, str]] = field(default_factory=dict)
     """start -> (stop, what to say): a range of left-out lines said in its own words
@@ -136,7 +138,7 @@ class Kept:
         """The kept lines in order; each run of left-out lines becomes one marker line."""
         out: list[str] = []
         lines, keep, folded = self.lines, self.keep, self.folded
-        say = marker or elided
+        say = marker or (lambda start, stop: elided(start, stop, first=self.first))
         i, n = 0, len(lines)
         while i < n:
             if i in keep:
@@ -168,9 +170,9 @@ class Kept:
         return len(shown) >= len(self.lines)
 
 
-def elided(start: int, stop: int, indent: str = "") -> str:
-    """The marker for lines start..stop-1 (0-based) left out."""
-    where = f"line {start + 1}" if stop - start == 1 else f"lines {start + 1}-{stop}"
+def elided(start: int, stop: int, indent: str = "", first: int = 1) -> str:
+    """The marker for lines start..stop-1 (0-based, counted from the output's line `first`) left out."""
+    where = f"line {start + first}" if stop - start == 1 else f"lines {start + first}-{stop + first - 1}"
     return f"{indent}[… {where} left out …]"
 
 
@@ -260,5 +262,9 @@ def fold_repeats(kept: Kept, min_run: int = 3) -> None:
         stop = next((k for k in range(i + 1, j) if k in kept.keep), j)
         if stop - i >= min_run and lines[i].strip():
             kept.add(i)
-            kept.folded[i + 1] = (stop, f"[… the line above {stop - i - 1:,} more times (lines {i + 2}-{stop}) …]")
+            at = kept.first + i + 1
+            kept.folded[i + 1] = (
+                stop,
+                f"[… the line above {stop - i - 1:,} more times (lines {at}-{at + stop - i - 2}) …]",
+            )
         i = j
