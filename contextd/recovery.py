@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from contextd.engine.errors import InvalidArgument, OriginalNotFound
 from contextd.engine.memo import IdentityMemo
@@ -30,6 +32,8 @@ from contextd.telemetry import annotate
 MAX_PAGE_TOKENS = 2000
 """The server's cap on one page, whatever the client asks."""
 MAX_GREP_CHARS = 1000
+TOKENIZED_KEPT = 32
+"""Originals (or selections of them) whose token offsets are remembered for paging."""
 MAX_CONTEXT_LINES = 50
 HANDLE = re.compile(r"[0-9a-f]{16}")
 
@@ -75,6 +79,7 @@ class RecoveryService:
         self.counter = counter
         self.max_page_tokens = max_page_tokens
         self._handles: IdentityMemo[dict[str, Item]] = IdentityMemo(1024)
+        self._tokenized: OrderedDict[tuple[Any, ...], list[int]] = OrderedDict()
         """Per loaded history (a list of items, by identity), its items by handle."""
 
     async def stash_items(self, tenant: str, session_id: str, items: list[Item]) -> None:
@@ -101,7 +106,7 @@ class RecoveryService:
             handle = handle_of(item)
             found = Stashed(item.seq, original_text(item))
             await self.stash.put(scope, handle, found)  # warm again: the next ask is fast
-        content, total_lines, total_tokens, next_offset = self._page(found.text, query)
+        content, total_lines, total_tokens, next_offset = self._page(handle, found.text, query)
         annotate(session_id=session_id, tenant=tenant, served_from=served_from, tokens=total_tokens)
         return Page(handle, found.seq, content, total_lines, total_tokens, next_offset, served_from)
 
@@ -117,10 +122,22 @@ class RecoveryService:
             raise OriginalNotFound(session_id, f"handle {query.handle!r}")
         return item
 
-    def _page(self, text: str, query: RetrieveQuery) -> tuple[str, int, int, int]:
+    def _starts(self, key: tuple[Any, ...], text: str) -> list[int]:
+        """Where each token of `text` starts, remembered by `key` (an original never changes
+        under its handle): paging through a long original tokenizes it once, not per page."""
+        found = self._tokenized.get(key)
+        if found is None:
+            found = self._tokenized[key] = self.counter.starts(text)
+            if len(self._tokenized) > TOKENIZED_KEPT:
+                self._tokenized.popitem(last=False)
+        else:
+            self._tokenized.move_to_end(key)
+        return found
+
+    def _page(self, handle: str, text: str, query: RetrieveQuery) -> tuple[str, int, int, int]:
         """(content, total lines, total tokens, next offset) of the part the query asks for."""
         lines = lines_of(text)
-        total_lines, total_tokens = len(lines), self.counter.count(text)
+        total_lines, total_tokens = len(lines), len(self._starts((handle,), text))
         if query.line_start or query.line_end:
             end = query.line_end or len(lines)
             if query.line_start > len(lines):
@@ -133,7 +150,8 @@ class RecoveryService:
             content, next_offset = self._lines_page(lines, query.offset, query.size)
             return content, total_lines, total_tokens, next_offset
         selection = "".join(lines)
-        starts = self.counter.starts(selection)
+        selected = (query.line_start, query.line_end, query.grep, query.context_lines)
+        starts = self._starts((handle, *selected), selection) if any(selected) else self._starts((handle,), text)
         if query.offset > len(starts):
             raise InvalidArgument.at("offset", f"past the end ({len(starts):,} tokens)")
         stop = query.offset + size
