@@ -1,4 +1,4 @@
-"""Retrieve latency over loopback: from the Redis stash, and from the durable record.
+"""Retrieve and Search latency over loopback: the Redis stash, the durable record, full text.
 
     python bench/retrieve.py [--postgres-url URL] [--redis-url URL] [--repeat 300]
 
@@ -8,8 +8,9 @@ session whose older tool outputs a masking policy takes out of the view,
 then times Retrieve with the blocking client: by handle with the original
 in the stash; by handle after the stash lost it (the key deleted before each
 call, outside the timed part), so the durable record answers and warms the
-stash again; and a page of a 40,000-token original. Prints a Markdown table
-and the command that produced it.
+stash again; and a page of a 40,000-token original; then Search over the session (full
+text, substring, regex). Prints a Markdown table and the command that
+produced it.
 """
 
 from __future__ import annotations
@@ -98,6 +99,26 @@ def main() -> int:
                     timed(args.repeat, lambda: store.delete(entry), lambda: client.retrieve(session, handle)),
                 ),
             ]
+            rows += [
+                (
+                    "Search, full text (1,000 items): a word one output holds",
+                    timed(args.repeat, lambda: None, lambda: client.search(session, "module_250.py")),
+                ),
+                (
+                    "Search, full text (1,000 items): a word every output holds, first page",
+                    timed(args.repeat, lambda: None, lambda: client.search(session, "compute")),
+                ),
+                (
+                    "Search, substring (1,000 items)",
+                    timed(args.repeat, lambda: None, lambda: client.search(session, "(17, 250)", mode="substring")),
+                ),
+                (
+                    "Search, regex (1,000 items)",
+                    timed(
+                        args.repeat, lambda: None, lambda: client.search(session, r"compute\(29, 49\d\)", mode="regex")
+                    ),
+                ),
+            ]
             big = "".join(
                 f"{n:05d} status={'FAIL' if n == 4321 else 'ok'} value={n * 37 % 1009}\n" for n in range(6000)
             )
@@ -129,7 +150,7 @@ def main() -> int:
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; Postgres, Redis\n"
     )
-    print("| Retrieve | calls | p50 | p99 |")
+    print("| call | calls | p50 | p99 |")
     print("| --- | --- | --- | --- |")
     for name, samples in rows:
         ordered = sorted(samples)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -24,14 +24,19 @@ from contextd.engine.model import Item
 from contextd.engine.originals import original_text
 from contextd.engine.placeholders import handle_of
 from contextd.engine.tokens import TiktokenCounter
+from contextd.engine.transforms import target_of
 from contextd.sessions import check_session_id
 from contextd.stash import Stash, Stashed, scope_of
+from contextd.storage import search, views
 from contextd.storage.history import HistoryStore
 from contextd.telemetry import annotate
 
 MAX_PAGE_TOKENS = 2000
 """The server's cap on one page, whatever the client asks."""
 MAX_GREP_CHARS = 1000
+MAX_QUERY_CHARS = 1000
+DEFAULT_HITS, MAX_HITS = 10, 50
+"""Search results per page: by default, and at most whatever the client asks."""
 TOKENIZED_KEPT = 32
 """Originals (or selections of them) whose token offsets are remembered for paging."""
 MAX_CONTEXT_LINES = 50
@@ -110,6 +115,34 @@ class RecoveryService:
         annotate(session_id=session_id, tenant=tenant, served_from=served_from, tokens=total_tokens)
         return Page(handle, found.seq, content, total_lines, total_tokens, next_offset, served_from)
 
+    async def search(self, tenant: str, session_id: str, query: SearchQuery) -> tuple[list[Hit], str]:
+        """The session's items matching `query`, best first (full text) or in order, a page at a
+        time: the hits and the token of the next page ("" after the last)."""
+        check_session_id(session_id)
+        if not query.query.strip():
+            raise InvalidArgument.at("query", "empty")
+        if len(query.query) > MAX_QUERY_CHARS:
+            raise InvalidArgument.at("query", f"over {MAX_QUERY_CHARS:,} characters")
+        size = min(query.page_size or DEFAULT_HITS, MAX_HITS)
+        offset = _offset(query.page_token)
+        pattern = _pattern(query.query) if query.mode is SearchMode.REGEX else None
+        async with self.store.db.read() as conn:
+            row, _, items = await self.store.history_in(conn, tenant, session_id)
+            where = query.where
+            if query.only_out_of_view:
+                state = await views.load_state(conn, row["key"])
+                reduced = {target_of(a.edit) for a in (*await views.load_mutations(conn, row["key"]), *state.applied)}
+                where = replace(where, seqs=tuple(sorted(s for s in reduced if s is not None and s > 0)))
+            if pattern is not None:
+                found = await search.regex(conn, row["key"], pattern, where, size + 1, offset)
+            elif query.mode is SearchMode.SUBSTRING:
+                found = await search.substring(conn, row["key"], query.query, where, size + 1, offset)
+            else:
+                found = await search.full_text(conn, row["key"], query.query, where, size + 1, offset)
+        hits = [_hit(items[f.seq - 1], f) for f in found[:size]]
+        annotate(session_id=session_id, tenant=tenant, items=len(hits))
+        return hits, str(offset + size) if len(found) > size else ""
+
     async def _durable(self, tenant: str, session_id: str, query: RetrieveQuery) -> Item:
         _, items = await self.store.load_history(tenant, session_id)
         if query.seq:
@@ -180,6 +213,32 @@ class RecoveryService:
         return "".join(taken), offset + len(taken)
 
 
+class SearchMode(Enum):
+    FULL_TEXT = "full_text"
+    SUBSTRING = "substring"
+    REGEX = "regex"
+
+
+@dataclass(frozen=True, slots=True)
+class SearchQuery:
+    query: str
+    mode: SearchMode = SearchMode.FULL_TEXT
+    where: search.Where = field(default_factory=search.Where)
+    only_out_of_view: bool = False
+    page_size: int = 0
+    page_token: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    seq: int
+    handle: str
+    snippet: str
+    score: float
+    role: str
+    tool: str
+
+
 def _check(query: RetrieveQuery) -> None:
     if bool(query.handle) == bool(query.seq):
         raise InvalidArgument.at("target", "give a handle or a seq")
@@ -212,6 +271,27 @@ def _grep(lines: list[str], pattern: str, context: int, first: int) -> list[str]
         out.append(f"{first + j}{':' if j in hit else '-'}{line}")
         previous = j
     return out
+
+
+def _hit(item: Item, found: search.Found) -> Hit:
+    result = item.tool_result
+    tool = result.name if result is not None else ",".join(u.name for u in item.tool_uses)
+    return Hit(found.seq, handle_of(item), found.snippet, found.score, item.role.value, tool)
+
+
+def _offset(token: str) -> int:
+    if not token:
+        return 0
+    if not token.isdigit() or len(token) > 9:
+        raise InvalidArgument.at("page_token", "not a token this service gave")
+    return int(token)
+
+
+def _pattern(query: str) -> re.Pattern[str]:
+    try:
+        return re.compile(query)
+    except re.error as exc:
+        raise InvalidArgument.at("query", f"not a regular expression: {exc}") from None
 
 
 def lines_of(text: str) -> list[str]:

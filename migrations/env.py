@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from contextd.config import Settings
-from contextd.storage.schema import metadata
+from contextd.storage.schema import include_object, metadata
 
 
 def run_on(connection: Connection) -> None:
@@ -25,6 +25,7 @@ def run_on(connection: Connection) -> None:
         # SQLite cannot ALTER most things; batch mode rebuilds tables instead.
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        include_object=include_object,
     )
     with context.begin_transaction():
         context.run_migrations()

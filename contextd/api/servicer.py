@@ -14,9 +14,11 @@ from contextd_client.v1 import contextd_pb2_grpc
 from contextd.api import mapping
 from contextd.api.auth import current_tenant
 from contextd.engine.errors import InvalidArgument, NotImplementedYet, ViewTooLarge
+from contextd.engine.model import Role
 from contextd.engine.view import ViewFormat, ViewRequest
-from contextd.recovery import PageUnit, RecoveryService, RetrieveQuery
+from contextd.recovery import PageUnit, RecoveryService, RetrieveQuery, SearchMode, SearchQuery
 from contextd.sessions import SessionService
+from contextd.storage.search import Where
 from contextd.storage.views import CertificateFilter, StoredCertificate
 from contextd.view_service import RenderResult, ViewService
 
@@ -132,7 +134,44 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
         )
 
     async def Search(self, request: api.SearchRequest, context: Context) -> api.SearchResponse:
-        _unimplemented("Search")
+        modes = {
+            api.SEARCH_MODE_UNSPECIFIED: SearchMode.FULL_TEXT,
+            api.SEARCH_MODE_FULL_TEXT: SearchMode.FULL_TEXT,
+            api.SEARCH_MODE_SUBSTRING: SearchMode.SUBSTRING,
+            api.SEARCH_MODE_REGEX: SearchMode.REGEX,
+        }
+        if request.mode not in modes:
+            raise InvalidArgument.at("mode", f"{request.mode} is not a search mode this service knows")
+        roles = []
+        for n, role in enumerate(request.roles):
+            if role not in mapping.ROLES:
+                raise InvalidArgument.at(f"roles[{n}]", f"{role} is not a role")
+            roles.append(mapping.ROLES[role].value)
+        if request.max_seq and request.max_seq < request.min_seq:
+            raise InvalidArgument.at("max_seq", "below min_seq")
+        query = SearchQuery(
+            query=request.query,
+            mode=modes[request.mode],
+            where=Where(request.min_seq, request.max_seq, tuple(roles), tuple(request.tools)),
+            only_out_of_view=request.only_out_of_view,
+            page_size=request.page_size,
+            page_token=request.page_token,
+        )
+        hits, token = await self.recovery.search(current_tenant(), request.session_id, query)
+        return api.SearchResponse(
+            hits=[
+                api.SearchHit(
+                    seq=h.seq,
+                    handle=h.handle,
+                    snippet=h.snippet,
+                    score=h.score,
+                    role=mapping.ROLE_TO_PROTO[Role(h.role)],
+                    tool_name=h.tool,
+                )
+                for h in hits
+            ],
+            next_page_token=token,
+        )
 
     async def Pin(self, request: api.PinRequest, context: Context) -> api.PinResponse:
         pinned = await self.views.pin(current_tenant(), request.session_id, list(request.seqs))

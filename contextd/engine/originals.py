@@ -13,7 +13,7 @@ from contextd.engine.model import (
     Block,
     DocumentBlock,
     ImageBlock,
-    Item,
+    ItemContent,
     ReasoningBlock,
     TextBlock,
     ToolResultBlock,
@@ -21,7 +21,7 @@ from contextd.engine.model import (
 )
 
 
-def original_text(item: Item) -> str:
+def original_text(item: ItemContent) -> str:
     return "\n".join(_text(block) for block in item.content)
 
 

@@ -40,6 +40,7 @@ from contextd.engine.model import (
     ToolEffectKind,
     ToolUseBlock,
 )
+from contextd.engine.originals import original_text
 from contextd.engine.validation import ToolCall, link_tool_results
 from contextd.storage import schema
 from contextd.storage.database import Database
@@ -71,6 +72,7 @@ _IN_CHUNK = 1000
 
 # Rows a session owns besides its items, deleted with it.
 _SESSION_CHILDREN = (
+    schema.item_texts,
     schema.tool_uses,
     schema.appends,
     schema.view_states,
@@ -250,6 +252,13 @@ class HistoryStore:
         ]
         last = first + len(rows) - 1
         await conn.execute(insert(schema.items), rows)
+        await conn.execute(
+            insert(schema.item_texts),
+            [
+                {"session_key": key, "seq": row["seq"], "text": searchable(content)}
+                for row, content in zip(rows, contents, strict=True)
+            ],
+        )
         uses = [
             {"session_key": key, "tool_use_id": b.id, "seq": row["seq"], "name": b.name}
             for row, content in zip(rows, contents, strict=True)
@@ -357,6 +366,12 @@ async def _session_row(conn: AsyncConnection, tenant: str, session_id: str, idem
     if row is None:
         raise SessionNotFound(session_id)
     return row
+
+
+def searchable(content: ItemContent) -> str:
+    """The text search reads: the original's, NULs replaced (a Postgres text cannot hold them;
+    the original itself is kept whole in the item)."""
+    return original_text(content).replace("\x00", "\ufffd")
 
 
 def _session(row: Any) -> Session:

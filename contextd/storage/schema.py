@@ -45,7 +45,7 @@ AutoKey = BigInteger().with_variant(Integer(), "sqlite")
 Json = JSON()
 UtcTime = DateTime(timezone=True)
 
-APPEND_ONLY_TABLES = ("items", "tool_uses", "appends", "certificates", "mutations")
+APPEND_ONLY_TABLES = ("items", "tool_uses", "appends", "certificates", "mutations", "item_texts")
 
 sessions = Table(
     "sessions",
@@ -92,6 +92,35 @@ items = Table(
     # A call has at most one result (NULLs, on non-tool items, never collide).
     Index("uq_items_session_key_tool_use_id", "session_key", "tool_use_id", unique=True),
 )
+
+# Each item's text (what Retrieve returns), for search. Indexed outside this
+# declaration (migration 0003): a stored tsvector column `tsv` with a GIN index
+# on Postgres, an FTS5 table on SQLite; `include_object` keeps schema
+# comparisons off them.
+item_texts = Table(
+    "item_texts",
+    metadata,
+    Column("session_key", BigInteger, ForeignKey("sessions.key"), primary_key=True),
+    Column("seq", BigInteger, primary_key=True),
+    Column("text", Text, nullable=False),
+)
+
+FULL_TEXT_OBJECTS = frozenset(
+    {
+        "ix_item_texts_fts",
+        "item_texts_fts",
+        "item_texts_fts_data",
+        "item_texts_fts_idx",
+        "item_texts_fts_docsize",
+        "item_texts_fts_config",
+    }
+)
+
+
+def include_object(obj: object, name: str | None, type_: str, reflected: bool, compare_to: object) -> bool:
+    """For schema comparisons (alembic): the full-text index objects are the migration's alone."""
+    return name not in FULL_TEXT_OBJECTS and not (type_ == "column" and name == "tsv")
+
 
 tool_uses = Table(
     "tool_uses",

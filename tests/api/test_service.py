@@ -252,7 +252,6 @@ def test_errors_carry_standard_rich_details(server: ServerThread, session_id: st
 
 
 UNIMPLEMENTED = {
-    "Search": api.SearchRequest(session_id="s", query="q"),
     "ReportUsage": api.ReportUsageRequest(session_id="s"),
     "GetStatus": api.GetStatusRequest(session_id="s"),
 }

@@ -14,6 +14,7 @@ from contextd_client import Client, ContextdError, RetryPolicy
 from contextd_client.v1 import content_pb2 as pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from contextd.storage import migrate
 from tests.integration.processes import ServerProcess
 
 
@@ -167,7 +168,7 @@ def contextd(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subpro
 def test_migrate_up_and_down(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'm.db'}"
     up = contextd("migrate", "--database-url", url, cwd=tmp_path)
-    assert up.returncode == 0 and "database at revision 0002" in up.stdout
+    assert up.returncode == 0 and f"database at revision {migrate.head_revision()}" in up.stdout
     down = contextd("migrate", "--database-url", url, "--downgrade", "base", cwd=tmp_path)
     assert down.returncode == 0 and "database at revision base" in down.stdout
 
@@ -195,7 +196,7 @@ def test_startup_problems_are_explained_without_a_traceback(tmp_path: Path) -> N
     for result, code, words in [
         (taken, 1, f"cannot start: cannot listen on {running.target}"),
         (unreachable, 1, "cannot start: cannot reach the database at postgresql+asyncpg://nobody@127.0.0.1:1/none"),
-        (unmigrated, 1, "has schema revision none, not 0002: run `contextd migrate`"),
+        (unmigrated, 1, f"has schema revision none, not {migrate.head_revision()}: run `contextd migrate`"),
         (in_memory, 2, "an in-memory SQLite database cannot be shared"),
         (unknown, 2, "database_url must be postgresql://user@host/db or sqlite:///path/file.db"),
     ]:

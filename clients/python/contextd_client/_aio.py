@@ -21,6 +21,7 @@ from contextd_client._calls import pin as _pin
 from contextd_client._calls import propose_prune as _propose_prune
 from contextd_client._calls import render_view as _render_view
 from contextd_client._calls import retrieve as _retrieve
+from contextd_client._calls import search as _search
 from contextd_client._calls import update_session as _update_session
 from contextd_client._channel import ChannelConfig
 from contextd_client._retry import RetryPolicy
@@ -30,6 +31,7 @@ from contextd_client._types import (
     Explanation,
     PruneOutcome,
     Retrieved,
+    SearchResults,
     Session,
     View,
     ViewFormat,
@@ -187,6 +189,12 @@ class AsyncClient:
     async def explain_item(self, session_id: str, seq: int) -> Explanation:
         """How item `seq` is shown now, whether it is pinned or protected, and its certificates."""
         return await self._run(_explain_item(session_id, seq))
+
+    async def search(self, session_id: str, query: str, **options: Any) -> SearchResults:
+        """Items of the session matching `query`: ``mode`` ("full_text", "substring" or "regex"),
+        ``tools``, ``roles``, ``min_seq``/``max_seq``, ``only_out_of_view``, ``page_size`` (the
+        server caps it), ``page_token`` (from the previous page)."""
+        return await self._run(_search(session_id, query, **options))
 
     async def retrieve(self, session_id: str, handle: str = "", *, seq: int = 0, **paging: Any) -> Retrieved:
         """A page of the original behind `handle` (or item `seq`): ``page_unit`` ("tokens" or

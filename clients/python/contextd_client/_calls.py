@@ -23,6 +23,7 @@ from contextd_client._types import (
     Explanation,
     PruneOutcome,
     Retrieved,
+    SearchResults,
     Session,
     View,
     ViewFormat,
@@ -230,3 +231,44 @@ def retrieve(
     if seq:
         request.seq = seq
     return Call("Retrieve", request, Retrieved.from_proto)
+
+
+_SEARCH_MODES = {
+    "full_text": api.SEARCH_MODE_FULL_TEXT,
+    "substring": api.SEARCH_MODE_SUBSTRING,
+    "regex": api.SEARCH_MODE_REGEX,
+}
+_ROLES = {"system": pb.ROLE_SYSTEM, "user": pb.ROLE_USER, "assistant": pb.ROLE_ASSISTANT, "tool": pb.ROLE_TOOL}
+
+
+def search(
+    session_id: str,
+    query: str,
+    *,
+    mode: str = "full_text",
+    tools: Sequence[str] = (),
+    roles: Sequence[str] = (),
+    min_seq: int = 0,
+    max_seq: int = 0,
+    only_out_of_view: bool = False,
+    page_size: int = 0,
+    page_token: str = "",
+) -> Call[SearchResults]:
+    if mode not in _SEARCH_MODES:
+        raise ValueError(f"mode is one of {', '.join(_SEARCH_MODES)}, not {mode!r}")
+    unknown = [r for r in roles if r not in _ROLES]
+    if unknown:
+        raise ValueError(f"roles are among {', '.join(_ROLES)}: not {', '.join(unknown)}")
+    request = api.SearchRequest(
+        session_id=session_id,
+        query=query,
+        mode=_SEARCH_MODES[mode],
+        tools=list(tools),
+        roles=[_ROLES[r] for r in roles],
+        min_seq=min_seq,
+        max_seq=max_seq,
+        only_out_of_view=only_out_of_view,
+        page_size=page_size,
+        page_token=page_token,
+    )
+    return Call("Search", request, SearchResults.from_proto)

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from contextd_client.v1 import content_pb2 as pb
 from contextd_client.v1 import contextd_pb2 as api
 
 
@@ -299,6 +300,39 @@ class Retrieved:
             next_offset=message.next_offset,
             served_from=message.served_from,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    seq: int
+    handle: str
+    snippet: str
+    """The match in its context, marked «like this» (full text and substring)."""
+    score: float
+    role: str
+    tool_name: str
+
+    @classmethod
+    def from_proto(cls, message: api.SearchHit) -> SearchHit:
+        return cls(
+            seq=message.seq,
+            handle=message.handle,
+            snippet=message.snippet,
+            score=message.score,
+            role=pb.Role.Name(message.role).removeprefix("ROLE_").lower(),
+            tool_name=message.tool_name,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResults:
+    hits: tuple[SearchHit, ...]
+    next_page_token: str
+    """Pass it back for the next page; empty after the last."""
+
+    @classmethod
+    def from_proto(cls, message: api.SearchResponse) -> SearchResults:
+        return cls(tuple(SearchHit.from_proto(h) for h in message.hits), message.next_page_token)
 
 
 def _representation(value: int) -> str:

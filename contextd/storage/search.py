@@ -1,0 +1,159 @@
+"""Searching a session's item texts: full text, exact substring, regular expression.
+
+Full text is the database's own: Postgres ranks with `ts_rank` over the
+stored `simple` tsvector (migration 0003), SQLite with FTS5's BM25; both
+give a snippet around the match. Substring search is the database's too
+(`strpos`, `instr`). Regular expressions are Python's, on both backends
+alike, over the texts the filters leave (a session's worth, bounded).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sqlalchemy import bindparam, text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+SNIPPET_CHARS = 240
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """Which items a search looks at (all of them when nothing is set)."""
+
+    min_seq: int = 0
+    max_seq: int = 0
+    roles: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    seqs: tuple[int, ...] | None = None
+    """Only these (the items out of the view)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    seq: int
+    score: float
+    """Higher is better (full text); 0 for substring and regex matches, which come in seq order."""
+    snippet: str
+
+
+def _filters(where: Where) -> tuple[str, dict[str, object]]:
+    sql: list[str] = []
+    params: dict[str, object] = {}
+    if where.min_seq:
+        sql.append("t.seq >= :min_seq")
+        params["min_seq"] = where.min_seq
+    if where.max_seq:
+        sql.append("t.seq <= :max_seq")
+        params["max_seq"] = where.max_seq
+    if where.roles or where.tools:
+        inner = ["i.session_key = t.session_key", "i.seq = t.seq"]
+        if where.roles:
+            inner.append("i.role IN :roles")
+            params["roles"] = list(where.roles)
+        if where.tools:
+            inner.append("i.tool_name IN :tools")
+            params["tools"] = list(where.tools)
+        sql.append(f"EXISTS (SELECT 1 FROM items i WHERE {' AND '.join(inner)})")
+    if where.seqs is not None:
+        sql.append("t.seq IN :seqs")
+        params["seqs"] = list(where.seqs) or [0]
+    return "".join(f" AND {s}" for s in sql), params
+
+
+def _bound(statement: str, params: dict[str, object]) -> object:
+    query = text(statement)
+    for name in ("roles", "tools", "seqs"):
+        if name in params:
+            query = query.bindparams(bindparam(name, expanding=True))
+    return query
+
+
+async def full_text(conn: AsyncConnection, key: int, query: str, where: Where, limit: int, offset: int) -> list[Found]:
+    extra, params = _filters(where)
+    params |= {"key": key, "limit": limit, "offset": offset}
+    if conn.dialect.name == "postgresql":
+        params["query"] = query
+        statement = f"""
+            WITH q AS (SELECT websearch_to_tsquery('simple'::regconfig, :query) AS q),
+            hits AS (
+                SELECT t.seq, ts_rank(t.tsv, q.q) AS score
+                FROM item_texts t, q
+                WHERE t.session_key = :key AND t.tsv @@ q.q{extra}
+                ORDER BY score DESC, t.seq LIMIT :limit OFFSET :offset
+            )
+            SELECT h.seq, h.score, ts_headline('simple'::regconfig, left(t.text, 100000), q.q,
+                   'MaxFragments=1, MaxWords=24, MinWords=8, StartSel=«, StopSel=»') AS snippet
+            FROM hits h JOIN item_texts t ON t.session_key = :key AND t.seq = h.seq, q
+            ORDER BY h.score DESC, h.seq
+        """
+    else:
+        params["query"] = fts5_query(query)
+        if not params["query"]:
+            return []
+        statement = f"""
+            SELECT t.seq, -bm25(item_texts_fts) AS score,
+                   snippet(item_texts_fts, 0, '«', '»', '…', 24) AS snippet
+            FROM item_texts_fts JOIN item_texts t ON t.rowid = item_texts_fts.rowid
+            WHERE item_texts_fts MATCH :query AND t.session_key = :key{extra}
+            ORDER BY score DESC, t.seq LIMIT :limit OFFSET :offset
+        """
+    rows = await conn.execute(_bound(statement, params), params)  # type: ignore[call-overload]
+    return [Found(int(r.seq), float(r.score), _short(r.snippet)) for r in rows]
+
+
+def fts5_query(query: str) -> str:
+    """The words of a query as FTS5 phrases, all required: its own syntax (AND, NEAR, *, :)
+    is not exposed, so any text searches for itself."""
+    words = re.findall(r"\w+", query)
+    return " ".join(f'"{w}"' for w in words)
+
+
+async def substring(conn: AsyncConnection, key: int, needle: str, where: Where, limit: int, offset: int) -> list[Found]:
+    extra, params = _filters(where)
+    position = "strpos(t.text, :needle)" if conn.dialect.name == "postgresql" else "instr(t.text, :needle)"
+    window = "greatest(1, {p} - 80)" if conn.dialect.name == "postgresql" else "max(1, {p} - 80)"
+    params |= {"key": key, "needle": needle, "limit": limit, "offset": offset, "span": len(needle) + 160}
+    statement = f"""
+        SELECT t.seq, substr(t.text, {window.format(p=position)}, :span) AS around
+        FROM item_texts t
+        WHERE t.session_key = :key AND {position} > 0{extra}
+        ORDER BY t.seq LIMIT :limit OFFSET :offset
+    """
+    rows = await conn.execute(_bound(statement, params), params)  # type: ignore[call-overload]
+    return [Found(int(r.seq), 0.0, _mark(r.around, needle)) for r in rows]
+
+
+async def regex(
+    conn: AsyncConnection, key: int, pattern: re.Pattern[str], where: Where, limit: int, offset: int
+) -> list[Found]:
+    extra, params = _filters(where)
+    params["key"] = key
+    statement = f"SELECT t.seq, t.text FROM item_texts t WHERE t.session_key = :key{extra} ORDER BY t.seq"
+    rows = await conn.stream(_bound(statement, params), params)  # type: ignore[call-overload]
+    out: list[Found] = []
+    skipped = 0
+    async for row in rows:
+        match = pattern.search(row.text)
+        if match is None:
+            continue
+        if skipped < offset:
+            skipped += 1
+            continue
+        start = max(0, match.start() - 80)
+        around = row.text[start : match.end() + 80]
+        out.append(Found(int(row.seq), 0.0, _mark(around, match.group(0))))
+        if len(out) >= limit:
+            break
+    await rows.close()
+    return out
+
+
+def _mark(around: str, found: str) -> str:
+    return _short(around.replace(found, f"«{found}»", 1) if found else around)
+
+
+def _short(snippet: str) -> str:
+    flat = " ".join(snippet.split())
+    return flat if len(flat) <= SNIPPET_CHARS else flat[: SNIPPET_CHARS - 1] + "…"
