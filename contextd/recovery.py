@@ -20,9 +20,9 @@ from typing import Any
 
 from contextd.engine.errors import InvalidArgument, OriginalNotFound
 from contextd.engine.memo import IdentityMemo
-from contextd.engine.model import Item
+from contextd.engine.model import Item, ToolUseBlock
 from contextd.engine.originals import original_text
-from contextd.engine.placeholders import handle_of
+from contextd.engine.placeholders import arguments_digest, handle_of
 from contextd.engine.tokens import TiktokenCounter
 from contextd.engine.transforms import target_of
 from contextd.sessions import check_session_id
@@ -143,6 +143,39 @@ class RecoveryService:
         annotate(session_id=session_id, tenant=tenant, items=len(hits))
         return hits, str(offset + size) if len(found) > size else ""
 
+    async def status(self, tenant: str, session_id: str) -> Status:
+        """Where the session stands: its size, its latest view, what is out of it and why."""
+        check_session_id(session_id)
+        async with self.store.db.read() as conn:
+            row, session, items = await self.store.history_in(conn, tenant, session_id)
+            state = await views.load_state(conn, row["key"])
+            in_force = (*await views.load_mutations(conn, row["key"]), *state.applied)
+        latest = max(state.renders.values(), key=lambda r: r.rendered_at, default=None)
+        offloaded = []
+        for applied in in_force:
+            seq = target_of(applied.edit)
+            if seq is None or not 0 < seq <= len(items):
+                continue
+            item = items[seq - 1]
+            offloaded.append(
+                Offloaded(
+                    seq,
+                    handle_of(item),
+                    _tool_of(item, items),
+                    _digest_of(item, items),
+                    item.token_count,
+                    applied.reason,
+                )
+            )
+        return Status(
+            version=session.version,
+            history_tokens=session.token_count,
+            view_tokens=latest.view_tokens if latest is not None else 0,
+            offloaded=sorted(offloaded, key=lambda o: o.seq),
+            pending_deferred=len(state.pending),
+            stash_hit_rate=self.stash.stats.hit_rate,
+        )
+
     async def _durable(self, tenant: str, session_id: str, query: RetrieveQuery) -> Item:
         _, items = await self.store.load_history(tenant, session_id)
         if query.seq:
@@ -239,6 +272,29 @@ class Hit:
     tool: str
 
 
+@dataclass(frozen=True, slots=True)
+class Offloaded:
+    seq: int
+    handle: str
+    tool: str
+    arguments_digest: str
+    tokens: int
+    """The original's tokens (what the view does not show of it)."""
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    version: int
+    history_tokens: int
+    view_tokens: int
+    """Tokens of the latest render (any format); 0 before the first."""
+    offloaded: list[Offloaded]
+    pending_deferred: int
+    stash_hit_rate: float
+    """Of this process's stash, since it started."""
+
+
 def _check(query: RetrieveQuery) -> None:
     if bool(query.handle) == bool(query.seq):
         raise InvalidArgument.at("target", "give a handle or a seq")
@@ -271,6 +327,29 @@ def _grep(lines: list[str], pattern: str, context: int, first: int) -> list[str]
         out.append(f"{first + j}{':' if j in hit else '-'}{line}")
         previous = j
     return out
+
+
+def _call_of(item: Item, items: list[Item]) -> ToolUseBlock | None:
+    """The call a tool output answers."""
+    result = item.tool_result
+    if result is None:
+        return None
+    for other in reversed(items[: item.seq - 1]):
+        for use in other.tool_uses:
+            if use.id == result.tool_use_id:
+                return use
+    return None
+
+
+def _tool_of(item: Item, items: list[Item]) -> str:
+    call = _call_of(item, items)
+    return call.name if call is not None else ",".join(u.name for u in item.tool_uses)
+
+
+def _digest_of(item: Item, items: list[Item]) -> str:
+    call = _call_of(item, items)
+    calls = [call] if call is not None else list(item.tool_uses)
+    return ",".join(arguments_digest(c.input_json) for c in calls)
 
 
 def _hit(item: Item, found: search.Found) -> Hit:

@@ -222,7 +222,25 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
         _unimplemented("ReportUsage")
 
     async def GetStatus(self, request: api.GetStatusRequest, context: Context) -> api.GetStatusResponse:
-        _unimplemented("GetStatus")
+        status = await self.recovery.status(current_tenant(), request.session_id)
+        return api.GetStatusResponse(
+            version=status.version,
+            history_tokens=status.history_tokens,
+            view_tokens=status.view_tokens,
+            offloaded=[
+                api.OffloadedItem(
+                    seq=o.seq,
+                    handle=o.handle,
+                    tool_name=o.tool,
+                    arguments_digest=o.arguments_digest,
+                    tokens=o.tokens,
+                    reason=o.reason,
+                )
+                for o in status.offloaded
+            ],
+            pending_deferred=status.pending_deferred,
+            stash_hit_rate=status.stash_hit_rate,
+        )
 
     async def WatchSession(
         self, request: api.WatchSessionRequest, context: Context

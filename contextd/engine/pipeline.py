@@ -482,7 +482,11 @@ def render(inp: RenderInput) -> RenderOutput:
         renders={
             **state.renders,
             inp.request.format.value: PreviousRender(
-                inp.now, segments, known_offsets=assembly.offsets, known_total=assembly.offset
+                inp.now,
+                segments,
+                view.total_tokens,
+                known_offsets=assembly.offsets,
+                known_total=assembly.offset,
             ),
         },
         applied=(*in_force, *applied_now),

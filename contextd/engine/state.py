@@ -72,6 +72,8 @@ class PreviousRender:
     rendered_at: float
     """Seconds since the epoch."""
     segments: tuple[Segment, ...]
+    view_tokens: int = 0
+    """The view's `total_tokens` (message framing included), as RenderView said it."""
     known_offsets: Mapping[int, int] | None = field(default=None, compare=False, repr=False)
     """`offsets()`, when the render that made it counted them already (not stored)."""
     known_total: int | None = field(default=None, compare=False, repr=False)
@@ -244,7 +246,7 @@ _pieces: IdentityMemo[str] = IdentityMemo(200_000)
 
 def _render_json(render: PreviousRender) -> str:
     segments = [[s.seq, s.digest, s.tokens] for s in render.segments]
-    return _json({"rendered_at": render.rendered_at, "segments": segments})
+    return _json({"rendered_at": render.rendered_at, "segments": segments, "view_tokens": render.view_tokens})
 
 
 def _applied_json(applied: AppliedEdit) -> str:
@@ -261,7 +263,7 @@ def state_from_json(text: str) -> ViewState:
         view_version=data["view_version"],
         policy_version=data["policy_version"],
         renders={
-            name: PreviousRender(r["rendered_at"], tuple(Segment(*s) for s in r["segments"]))
+            name: PreviousRender(r["rendered_at"], tuple(Segment(*s) for s in r["segments"]), r.get("view_tokens", 0))
             for name, r in data["renders"].items()
         },
         applied=tuple(applied_from_json(a) for a in data["applied"]),

@@ -234,3 +234,19 @@ def test_with_redis_down_appends_renders_and_retrieves_go_on_and_the_stash_comes
             assert client.retrieve(session, handle).served_from == "stash"
     finally:
         own.stop()
+
+
+def test_status_says_what_is_out_of_the_view_and_how_to_get_it_back(client: Client) -> None:
+    session = client.create_session(f"status-{uuid.uuid4().hex[:10]}", policy=MASK_OLD).id
+    before = client.get_status(session)
+    assert (before.version, before.view_tokens, before.offloaded) == (0, 0, ())
+    conversation(client, session, rounds=3)
+    view = client.render_view(session, ViewFormat.OPENAI_CHAT)
+    status = client.get_status(session)
+    assert status.version == 8 and status.view_tokens == view.total_tokens < status.history_tokens
+    assert [(o.seq, o.tool_name, o.reason) for o in status.offloaded] == [(4, "bash", "masked"), (6, "bash", "masked")]
+    assert {o.handle for o in status.offloaded} == {c.handle for c in view.certificates if c.decision == "prune"}
+    first = status.offloaded[0]
+    assert first.arguments_digest.startswith("sha256:") and first.tokens > 0
+    assert client.retrieve(session, first.handle).content == "output number 0\n" * 20
+    assert status.pending_deferred == 0 and 0.0 <= status.stash_hit_rate <= 1.0

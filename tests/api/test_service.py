@@ -253,7 +253,6 @@ def test_errors_carry_standard_rich_details(server: ServerThread, session_id: st
 
 UNIMPLEMENTED = {
     "ReportUsage": api.ReportUsageRequest(session_id="s"),
-    "GetStatus": api.GetStatusRequest(session_id="s"),
 }
 
 

@@ -975,7 +975,11 @@ def test_the_stored_state_is_the_plain_serialization_of_the_state() -> None:
             "view_version": state.view_version,
             "policy_version": state.policy_version,
             "renders": {
-                name: {"rendered_at": r.rendered_at, "segments": [[s.seq, s.digest, s.tokens] for s in r.segments]}
+                name: {
+                    "rendered_at": r.rendered_at,
+                    "segments": [[s.seq, s.digest, s.tokens] for s in r.segments],
+                    "view_tokens": r.view_tokens,
+                }
                 for name, r in sorted(state.renders.items())
             },
             "applied": [applied_to_json(a) for a in state.applied],

@@ -25,6 +25,7 @@ from contextd_client._types import (
     Retrieved,
     SearchResults,
     Session,
+    Status,
     View,
     ViewFormat,
 )
@@ -272,3 +273,7 @@ def search(
         page_token=page_token,
     )
     return Call("Search", request, SearchResults.from_proto)
+
+
+def get_status(session_id: str) -> Call[Status]:
+    return Call("GetStatus", api.GetStatusRequest(session_id=session_id), Status.from_proto)

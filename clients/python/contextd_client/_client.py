@@ -15,6 +15,7 @@ from contextd_client._calls import create_session as _create_session
 from contextd_client._calls import delete_session as _delete_session
 from contextd_client._calls import explain_item as _explain_item
 from contextd_client._calls import get_session as _get_session
+from contextd_client._calls import get_status as _get_status
 from contextd_client._calls import list_certificates as _list_certificates
 from contextd_client._calls import list_sessions as _list_sessions
 from contextd_client._calls import pin as _pin
@@ -33,6 +34,7 @@ from contextd_client._types import (
     Retrieved,
     SearchResults,
     Session,
+    Status,
     View,
     ViewFormat,
 )
@@ -208,6 +210,10 @@ class Client:
     def explain_item(self, session_id: str, seq: int) -> Explanation:
         """How item `seq` is shown now, whether it is pinned or protected, and its certificates."""
         return self._run(_explain_item(session_id, seq))
+
+    def get_status(self, session_id: str) -> Status:
+        """Where the session stands: its size, its latest view, what is out of the view and why."""
+        return self._run(_get_status(session_id))
 
     def search(self, session_id: str, query: str, **options: Any) -> SearchResults:
         """Items of the session matching `query`: ``mode`` ("full_text", "substring" or "regex"),

@@ -335,5 +335,42 @@ class SearchResults:
         return cls(tuple(SearchHit.from_proto(h) for h in message.hits), message.next_page_token)
 
 
+@dataclass(frozen=True, slots=True)
+class Offloaded:
+    """An item out of the view, and how to get it back."""
+
+    seq: int
+    handle: str
+    tool_name: str
+    arguments_digest: str
+    tokens: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    version: int
+    history_tokens: int
+    view_tokens: int
+    """Tokens of the latest view (0 before the first render)."""
+    offloaded: tuple[Offloaded, ...]
+    pending_deferred: int
+    stash_hit_rate: float
+
+    @classmethod
+    def from_proto(cls, message: api.GetStatusResponse) -> Status:
+        return cls(
+            version=message.version,
+            history_tokens=message.history_tokens,
+            view_tokens=message.view_tokens,
+            offloaded=tuple(
+                Offloaded(o.seq, o.handle, o.tool_name, o.arguments_digest, o.tokens, o.reason)
+                for o in message.offloaded
+            ),
+            pending_deferred=message.pending_deferred,
+            stash_hit_rate=message.stash_hit_rate,
+        )
+
+
 def _representation(value: int) -> str:
     return api.Representation.Name(value).removeprefix("REPRESENTATION_").lower()  # type: ignore[arg-type]
