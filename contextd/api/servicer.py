@@ -11,6 +11,7 @@ import grpc
 from contextd_client.v1 import contextd_pb2 as api
 from contextd_client.v1 import contextd_pb2_grpc
 
+from contextd import agent_tools
 from contextd.api import mapping
 from contextd.api.auth import current_tenant
 from contextd.engine.errors import InvalidArgument, NotImplementedYet, ViewTooLarge
@@ -172,6 +173,9 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
             ],
             next_page_token=token,
         )
+
+    async def GetAgentTools(self, request: api.GetAgentToolsRequest, context: Context) -> api.GetAgentToolsResponse:
+        return api.GetAgentToolsResponse(tools_json=agent_tools.definitions_json(mapping.view_format(request.format)))
 
     async def Pin(self, request: api.PinRequest, context: Context) -> api.PinResponse:
         pinned = await self.views.pin(current_tenant(), request.session_id, list(request.seqs))

@@ -10,6 +10,7 @@
 Depends on grpcio and protobuf only.
 """
 
+from contextd_client._agent import AgentTools, AsyncAgentTools
 from contextd_client._aio import AsyncClient
 from contextd_client._client import Client
 from contextd_client._errors import (
@@ -48,8 +49,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "NO_RETRY",
+    "AgentTools",
     "AlreadyExists",
     "AppendResult",
+    "AsyncAgentTools",
     "AsyncClient",
     "Certificate",
     "Client",

@@ -1034,6 +1034,46 @@ class SearchResponse(_message.Message):
 Global___SearchResponse: _TypeAlias = SearchResponse  # noqa: Y015
 
 @_typing.final
+class GetAgentToolsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FORMAT_FIELD_NUMBER: _builtins.int
+    format: Global___ViewFormat.ValueType
+    """The provider format to write the definitions in."""
+    def __init__(
+        self,
+        *,
+        format: Global___ViewFormat.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["format", b"format"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetAgentToolsRequest: _TypeAlias = GetAgentToolsRequest  # noqa: Y015
+
+@_typing.final
+class GetAgentToolsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOLS_JSON_FIELD_NUMBER: _builtins.int
+    tools_json: _builtins.str
+    """A JSON array of tool definitions, ready for the provider's `tools`."""
+    def __init__(
+        self,
+        *,
+        tools_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tools_json", b"tools_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetAgentToolsResponse: _TypeAlias = GetAgentToolsResponse  # noqa: Y015
+
+@_typing.final
 class PinRequest(_message.Message):
     """----------------------------------------------------------------- control"""
 

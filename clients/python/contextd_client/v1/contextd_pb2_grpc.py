@@ -80,6 +80,11 @@ class ContextServiceStub:
                 request_serializer=contextd_dot_v1_dot_contextd__pb2.SearchRequest.SerializeToString,
                 response_deserializer=contextd_dot_v1_dot_contextd__pb2.SearchResponse.FromString,
                 _registered_method=True)
+        self.GetAgentTools = channel.unary_unary(
+                '/contextd.v1.ContextService/GetAgentTools',
+                request_serializer=contextd_dot_v1_dot_contextd__pb2.GetAgentToolsRequest.SerializeToString,
+                response_deserializer=contextd_dot_v1_dot_contextd__pb2.GetAgentToolsResponse.FromString,
+                _registered_method=True)
         self.Pin = channel.unary_unary(
                 '/contextd.v1.ContextService/Pin',
                 request_serializer=contextd_dot_v1_dot_contextd__pb2.PinRequest.SerializeToString,
@@ -192,6 +197,15 @@ class ContextServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetAgentTools(self, request, context):
+        """Tool definitions an agent hands its model so the model can recover
+        and steer its own context (retrieve, search, pin, unpin, propose a
+        prune, status), in a provider's tool format.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Pin(self, request, context):
         """Pinned items are never pruned from a view.
         """
@@ -294,6 +308,11 @@ def add_ContextServiceServicer_to_server(servicer, server):
                     servicer.Search,
                     request_deserializer=contextd_dot_v1_dot_contextd__pb2.SearchRequest.FromString,
                     response_serializer=contextd_dot_v1_dot_contextd__pb2.SearchResponse.SerializeToString,
+            ),
+            'GetAgentTools': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAgentTools,
+                    request_deserializer=contextd_dot_v1_dot_contextd__pb2.GetAgentToolsRequest.FromString,
+                    response_serializer=contextd_dot_v1_dot_contextd__pb2.GetAgentToolsResponse.SerializeToString,
             ),
             'Pin': grpc.unary_unary_rpc_method_handler(
                     servicer.Pin,
@@ -580,6 +599,33 @@ class ContextService:
             '/contextd.v1.ContextService/Search',
             contextd_dot_v1_dot_contextd__pb2.SearchRequest.SerializeToString,
             contextd_dot_v1_dot_contextd__pb2.SearchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAgentTools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextd.v1.ContextService/GetAgentTools',
+            contextd_dot_v1_dot_contextd__pb2.GetAgentToolsRequest.SerializeToString,
+            contextd_dot_v1_dot_contextd__pb2.GetAgentToolsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -65,6 +65,11 @@ class ContextServiceStub:
     """
     Search: _grpc.UnaryUnaryMultiCallable[_contextd_pb2.SearchRequest, _contextd_pb2.SearchResponse]
     """Searches a session's items and originals."""
+    GetAgentTools: _grpc.UnaryUnaryMultiCallable[_contextd_pb2.GetAgentToolsRequest, _contextd_pb2.GetAgentToolsResponse]
+    """Tool definitions an agent hands its model so the model can recover
+    and steer its own context (retrieve, search, pin, unpin, propose a
+    prune, status), in a provider's tool format.
+    """
     Pin: _grpc.UnaryUnaryMultiCallable[_contextd_pb2.PinRequest, _contextd_pb2.PinResponse]
     """Pinned items are never pruned from a view."""
     Unpin: _grpc.UnaryUnaryMultiCallable[_contextd_pb2.UnpinRequest, _contextd_pb2.UnpinResponse]
@@ -111,6 +116,11 @@ class ContextServiceAsyncStub(ContextServiceStub):
     """
     Search: _aio.UnaryUnaryMultiCallable[_contextd_pb2.SearchRequest, _contextd_pb2.SearchResponse]  # type: ignore[assignment]
     """Searches a session's items and originals."""
+    GetAgentTools: _aio.UnaryUnaryMultiCallable[_contextd_pb2.GetAgentToolsRequest, _contextd_pb2.GetAgentToolsResponse]  # type: ignore[assignment]
+    """Tool definitions an agent hands its model so the model can recover
+    and steer its own context (retrieve, search, pin, unpin, propose a
+    prune, status), in a provider's tool format.
+    """
     Pin: _aio.UnaryUnaryMultiCallable[_contextd_pb2.PinRequest, _contextd_pb2.PinResponse]  # type: ignore[assignment]
     """Pinned items are never pruned from a view."""
     Unpin: _aio.UnaryUnaryMultiCallable[_contextd_pb2.UnpinRequest, _contextd_pb2.UnpinResponse]  # type: ignore[assignment]
@@ -208,6 +218,17 @@ class ContextServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_contextd_pb2.SearchResponse, _abc.Awaitable[_contextd_pb2.SearchResponse]]:
         """Searches a session's items and originals."""
+
+    @_abc_1.abstractmethod
+    def GetAgentTools(
+        self,
+        request: _contextd_pb2.GetAgentToolsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_contextd_pb2.GetAgentToolsResponse, _abc.Awaitable[_contextd_pb2.GetAgentToolsResponse]]:
+        """Tool definitions an agent hands its model so the model can recover
+        and steer its own context (retrieve, search, pin, unpin, propose a
+        prune, status), in a provider's tool format.
+        """
 
     @_abc_1.abstractmethod
     def Pin(

@@ -1,0 +1,235 @@
+"""Tools for the model: contextd's retrieve, search, pin, unpin, propose-prune and status,
+handed to the model with the agent's own tools, and an executor that answers the calls
+the model makes with them.
+
+    tools = AgentTools(client, session_id, "openai_chat")
+    response = model(messages, tools=[*my_tools, *tools.definitions()])
+    for call in response_tool_calls:
+        result = tools.execute(call) if tools.handles(call) else run_my_tool(call)   # the one line
+
+`execute` takes the call as the provider gave it (OpenAI: ``{"id", "type": "function",
+"function": {"name", "arguments"}}``; Anthropic: ``{"type": "tool_use", "id", "name",
+"input"}``) and returns the tool result in the same format (an OpenAI ``tool`` message; an
+Anthropic ``tool_result`` block), never raising: a failed call is an error result the model
+reads. Results are bounded (the server caps pages and hits; the status lists at most 50
+items), so recovering context never floods it again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from contextd_client._calls import Call, get_status, pin, propose_prune, retrieve, search
+from contextd_client._errors import ContextdError
+from contextd_client._types import PruneOutcome, Retrieved, SearchResults, Status, ViewFormat
+from contextd_client.v1 import contextd_pb2 as api
+
+if TYPE_CHECKING:
+    from contextd_client._aio import AsyncClient
+    from contextd_client._client import Client
+
+PREFIX = "contextd_"
+STATUS_ITEMS = 50
+"""Items out of the view a status result lists (then their count)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    call: Call[Any]
+    say: Callable[[Any], str]
+
+
+class _Tools:
+    """What the sync and async executors share: reading the model's call, planning the RPC,
+    writing its result."""
+
+    def __init__(self, session_id: str, view_format: ViewFormat | str) -> None:
+        self.session_id = session_id
+        self.format = ViewFormat(view_format)
+        self._definitions: list[dict[str, Any]] | None = None
+
+    def handles(self, call: Mapping[str, Any]) -> bool:
+        """Whether `call` is one of contextd's tools."""
+        return _name_of(call).startswith(PREFIX)
+
+    def _plan(self, name: str, arguments: Mapping[str, Any]) -> _Planned:
+        session = self.session_id
+        match name.removeprefix(PREFIX):
+            case "retrieve":
+                return _Planned(retrieve(session, **_only(arguments, _RETRIEVE)), _say_retrieved)
+            case "search":
+                return _Planned(search(session, **_only(arguments, _SEARCH)), _say_found)
+            case "pin":
+                return _Planned(pin(session, _seqs(arguments), True), lambda seqs: f"pinned: {_list(seqs)}")
+            case "unpin":
+                return _Planned(pin(session, _seqs(arguments), False), lambda seqs: f"unpinned: {_list(seqs)}")
+            case "propose_prune":
+                reason = str(arguments.get("reason", ""))
+                return _Planned(propose_prune(session, _seqs(arguments), reason), _say_proposed)
+            case "status":
+                return _Planned(get_status(session), _say_status)
+        raise ValueError(f"no contextd tool is called {name!r}")
+
+    def _prepare(self, call: Mapping[str, Any]) -> tuple[str, _Planned | str]:
+        """(the call's id, its plan, or why it cannot be made)."""
+        try:
+            call_id, name, arguments = _read(call)
+        except (KeyError, TypeError, ValueError) as exc:
+            return str(call.get("id", "")), f"the tool call could not be read: {exc}"
+        try:
+            return call_id, self._plan(name, arguments)
+        except (TypeError, ValueError) as exc:
+            return call_id, f"bad arguments for {name}: {exc}"
+
+    def _result(self, call_id: str, text: str, is_error: bool) -> dict[str, Any]:
+        if self.format is ViewFormat.ANTHROPIC_MESSAGES:
+            return {"type": "tool_result", "tool_use_id": call_id, "content": text, "is_error": is_error}
+        return {"role": "tool", "tool_call_id": call_id, "content": f"error: {text}" if is_error else text}
+
+    def _definitions_call(self) -> Call[list[dict[str, Any]]]:
+        fmt = (
+            api.VIEW_FORMAT_ANTHROPIC_MESSAGES
+            if self.format is ViewFormat.ANTHROPIC_MESSAGES
+            else api.VIEW_FORMAT_OPENAI_CHAT
+        )
+        return Call(
+            "GetAgentTools", api.GetAgentToolsRequest(format=fmt), lambda response: json.loads(response.tools_json)
+        )
+
+
+class AgentTools(_Tools):
+    """contextd's tools for a model, over the blocking client."""
+
+    def __init__(self, client: Client, session_id: str, view_format: ViewFormat | str = ViewFormat.OPENAI_CHAT) -> None:
+        super().__init__(session_id, view_format)
+        self.client = client
+
+    def definitions(self) -> list[dict[str, Any]]:
+        """The tool definitions to add to the model's `tools` (asked of the service once)."""
+        if self._definitions is None:
+            self._definitions = self.client._run(self._definitions_call())
+        return self._definitions
+
+    def execute(self, call: Mapping[str, Any]) -> dict[str, Any]:
+        """The tool result answering the model's `call` (an error result when it fails)."""
+        call_id, planned = self._prepare(call)
+        if isinstance(planned, str):
+            return self._result(call_id, planned, True)
+        try:
+            return self._result(call_id, planned.say(self.client._run(planned.call)), False)
+        except ContextdError as exc:
+            return self._result(call_id, exc.message, True)
+
+
+class AsyncAgentTools(_Tools):
+    """contextd's tools for a model, over the asyncio client."""
+
+    def __init__(
+        self, client: AsyncClient, session_id: str, view_format: ViewFormat | str = ViewFormat.OPENAI_CHAT
+    ) -> None:
+        super().__init__(session_id, view_format)
+        self.client = client
+
+    async def definitions(self) -> list[dict[str, Any]]:
+        if self._definitions is None:
+            self._definitions = await self.client._run(self._definitions_call())
+        return self._definitions
+
+    async def execute(self, call: Mapping[str, Any]) -> dict[str, Any]:
+        call_id, planned = self._prepare(call)
+        if isinstance(planned, str):
+            return self._result(call_id, planned, True)
+        try:
+            return self._result(call_id, planned.say(await self.client._run(planned.call)), False)
+        except ContextdError as exc:
+            return self._result(call_id, exc.message, True)
+
+
+# ------------------------------------------------------------------ reading
+
+
+def _name_of(call: Mapping[str, Any]) -> str:
+    function = call.get("function")
+    return str(function.get("name", "")) if isinstance(function, Mapping) else str(call.get("name", ""))
+
+
+def _read(call: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
+    """(id, name, arguments) of a call in either provider's format."""
+    function = call.get("function")
+    if isinstance(function, Mapping):  # OpenAI: arguments are a JSON string
+        raw = function.get("arguments") or "{}"
+        arguments = json.loads(raw) if isinstance(raw, str) else raw
+        name = function["name"]
+    else:  # Anthropic: input is an object
+        arguments, name = call.get("input") or {}, call["name"]
+    if not isinstance(arguments, Mapping):
+        raise ValueError("the arguments are not a JSON object")
+    return str(call["id"]), str(name), arguments
+
+
+_RETRIEVE = ("handle", "offset", "page_unit", "line_start", "line_end", "grep", "context_lines")
+_SEARCH = ("query", "mode", "only_out_of_view", "page_token")
+
+
+def _only(arguments: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    unknown = sorted(set(arguments) - set(names))
+    if unknown:
+        raise ValueError(f"unknown arguments {', '.join(unknown)}")
+    return dict(arguments)
+
+
+def _seqs(arguments: Mapping[str, Any]) -> list[int]:
+    seqs = arguments.get("seqs")
+    if not isinstance(seqs, list) or not seqs or not all(isinstance(s, int) and s > 0 for s in seqs):
+        raise ValueError("seqs must be a list of item numbers")
+    return seqs
+
+
+# ------------------------------------------------------------------ writing
+
+
+def _list(seqs: list[int]) -> str:
+    return ", ".join(str(s) for s in seqs) or "nothing"
+
+
+def _say_retrieved(page: Retrieved) -> str:
+    header = (
+        f"[seq {page.seq}, handle {page.handle}: {page.total_lines:,} lines, {page.total_tokens:,} tokens; "
+        f"this page ends at offset {page.next_offset:,}]"
+    )
+    return f"{header}\n{page.content}"
+
+
+def _say_found(results: SearchResults) -> str:
+    if not results.hits:
+        return "no match"
+    lines = [
+        f"seq {h.seq} ({h.role}{', ' + h.tool_name if h.tool_name else ''}), handle {h.handle}: {h.snippet}"
+        for h in results.hits
+    ]
+    if results.next_page_token:
+        lines.append(f"[more: search again with page_token {results.next_page_token!r}]")
+    return "\n".join(lines)
+
+
+def _say_proposed(outcomes: list[PruneOutcome]) -> str:
+    return "\n".join(
+        f"seq {o.seq}: {'accepted' if o.accepted else 'refused'}{' (' + o.reason + ')' if o.reason else ''}"
+        for o in outcomes
+    )
+
+
+def _say_status(status: Status) -> str:
+    lines = [
+        f"context: {status.view_tokens:,} tokens shown of {status.history_tokens:,} in the conversation "
+        f"({status.version:,} items); {len(status.offloaded):,} out of it:"
+    ]
+    for o in status.offloaded[:STATUS_ITEMS]:
+        tool = f"{o.tool_name} " if o.tool_name else ""
+        lines.append(f"seq {o.seq}: {tool}{o.tokens:,} tokens, {o.reason}; handle {o.handle}")
+    if len(status.offloaded) > STATUS_ITEMS:
+        lines.append(f"[… {len(status.offloaded) - STATUS_ITEMS:,} more]")
+    return "\n".join(lines)

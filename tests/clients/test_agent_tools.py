@@ -1,0 +1,119 @@
+"""The agent tools: definitions the service publishes in both provider formats, and the
+client's executor answering a model's tool calls (JSON in, a tool result out)."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+import jsonschema
+import pytest
+from contextd_client import AgentTools, AsyncAgentTools, AsyncClient, Client, ViewFormat
+
+from tests.api.test_recovery import MASK_OLD
+from tests.api.test_view_engine import conversation
+from tests.conftest import ServerThread
+
+
+def pruned_session(client: Client) -> tuple[str, dict[int, str]]:
+    session = client.create_session(f"tools-{uuid.uuid4().hex[:10]}", policy=MASK_OLD).id
+    conversation(client, session, rounds=3)
+    view = client.render_view(session, ViewFormat.OPENAI_CHAT)
+    return session, {c.seq: c.handle for c in view.certificates if c.decision == "prune"}
+
+
+def openai_call(name: str, arguments: dict[str, object], call_id: str = "call_1") -> dict[str, object]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def anthropic_call(name: str, arguments: dict[str, object], call_id: str = "toolu_1") -> dict[str, object]:
+    return {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
+
+
+def test_the_definitions_are_valid_tools_in_each_format(server: ServerThread) -> None:
+    with Client(server.target) as client:
+        session = client.create_session().id
+        openai = AgentTools(client, session, "openai_chat").definitions()
+        anthropic = AgentTools(client, session, "anthropic_messages").definitions()
+    names = [
+        "contextd_retrieve",
+        "contextd_search",
+        "contextd_pin",
+        "contextd_unpin",
+        "contextd_propose_prune",
+        "contextd_status",
+    ]
+    assert [t["function"]["name"] for t in openai] == names and all(t["type"] == "function" for t in openai)
+    assert [t["name"] for t in anthropic] == names
+    for tool in anthropic:
+        assert tool["input_schema"]["type"] == "object" and tool["description"]
+    # As the providers take them: names of 1-64 letters, digits, _ or -; parameters a JSON Schema object.
+    for name, schema in [(t["function"]["name"], t["function"]["parameters"]) for t in openai] + [
+        (t["name"], t["input_schema"]) for t in anthropic
+    ]:
+        assert re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", name)
+        jsonschema.Draft202012Validator.check_schema(schema)
+        assert schema["type"] == "object"
+
+
+def test_a_model_call_in_openai_format_gets_an_openai_tool_message(server: ServerThread) -> None:
+    with Client(server.target) as client:
+        session, handles = pruned_session(client)
+        tools = AgentTools(client, session, "openai_chat")
+        call = openai_call("contextd_retrieve", {"handle": handles[4]})
+        assert tools.handles(call) and not tools.handles(openai_call("bash", {}))
+        result = tools.execute(call)
+        assert result["role"] == "tool" and result["tool_call_id"] == "call_1"
+        assert result["content"].endswith("output number 0\n" * 20) and f"handle {handles[4]}" in result["content"]
+        found = tools.execute(openai_call("contextd_search", {"query": "number 1", "mode": "substring"}))
+        assert f"seq 6 (tool, bash), handle {handles[6]}" in found["content"]
+        status = tools.execute(openai_call("contextd_status", {}))["content"]
+        assert "seq 4: bash" in status and handles[4] in status
+        assert tools.execute(openai_call("contextd_pin", {"seqs": [4]}))["content"] == "pinned: 4"
+        proposed = tools.execute(openai_call("contextd_propose_prune", {"seqs": [1], "reason": "done"}))
+        assert proposed["content"].startswith("seq 1: refused")  # the system prompt is protected
+        assert tools.execute(openai_call("contextd_unpin", {"seqs": [4]}))["content"] == "unpinned: 4"
+
+
+def test_a_model_call_in_anthropic_format_gets_a_tool_result_block(server: ServerThread) -> None:
+    with Client(server.target) as client:
+        session, handles = pruned_session(client)
+        tools = AgentTools(client, session, "anthropic_messages")
+        call = anthropic_call("contextd_retrieve", {"handle": handles[6], "page_unit": "lines", "line_end": 2})
+        result = tools.execute(call)
+        assert (result["type"], result["tool_use_id"], result["is_error"]) == ("tool_result", "toolu_1", False)
+        assert result["content"].startswith(f"[seq 6, handle {handles[6]}: 20 lines, ")
+        assert result["content"].endswith("]\noutput number 1\noutput number 1\n")
+
+
+@pytest.mark.parametrize(
+    ("call", "said"),
+    [
+        (openai_call("contextd_retrieve", {"handle": "0123456789abcdef"}), "names nothing"),
+        (openai_call("contextd_retrieve", {"handle": "x", "bogus": 1}), "unknown arguments bogus"),
+        (openai_call("contextd_pin", {"seqs": "all"}), "seqs must be a list"),
+        (
+            {"id": "c9", "type": "function", "function": {"name": "contextd_search", "arguments": "{not json"}},
+            "could not be read",
+        ),
+        (openai_call("contextd_nothing", {}), "no contextd tool"),
+    ],
+)
+def test_a_failed_call_is_an_error_result_never_an_exception(
+    server: ServerThread, call: dict[str, object], said: str
+) -> None:
+    with Client(server.target) as client:
+        tools = AgentTools(client, client.create_session().id, "anthropic_messages")
+        result = tools.execute(call)
+    assert result["is_error"] is True and said in result["content"]
+
+
+async def test_the_asyncio_executor_answers_the_same(server: ServerThread) -> None:
+    with Client(server.target) as client:
+        session, handles = pruned_session(client)
+    async with AsyncClient(server.target) as client:
+        tools = AsyncAgentTools(client, session, "openai_chat")
+        assert len(await tools.definitions()) == 6
+        result = await tools.execute(openai_call("contextd_retrieve", {"handle": handles[4]}))
+        assert result["content"].endswith("output number 0\n" * 20)
