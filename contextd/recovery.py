@@ -171,6 +171,7 @@ class RecoveryService:
             version=session.version,
             history_tokens=session.token_count,
             view_tokens=latest.view_tokens if latest is not None else 0,
+            budget_tokens=latest.budget_tokens if latest is not None else 0,
             offloaded=sorted(offloaded, key=lambda o: o.seq),
             pending_deferred=len(state.pending),
             stash_hit_rate=self.stash.stats.hit_rate,
@@ -202,25 +203,26 @@ class RecoveryService:
 
     def _page(self, handle: str, text: str, query: RetrieveQuery) -> tuple[str, int, int, int]:
         """(content, total lines, total tokens, next offset) of the part the query asks for."""
-        lines = lines_of(text)
-        total_lines, total_tokens = len(lines), len(self._starts((handle,), text))
-        if query.line_start or query.line_end:
-            end = query.line_end or len(lines)
-            if query.line_start > len(lines):
-                raise InvalidArgument.at("line_start", f"the original has {len(lines):,} lines")
-            lines = lines[max(query.line_start, 1) - 1 : end]
-        if query.grep:
-            lines = _grep(lines, query.grep, query.context_lines, first=max(query.line_start, 1))
-        size = min(query.size or self.max_page_tokens, self.max_page_tokens)
-        if query.unit is PageUnit.LINES:
-            content, next_offset = self._lines_page(lines, query.offset, query.size)
-            return content, total_lines, total_tokens, next_offset
-        selection = "".join(lines)
+        total_lines = text.count("\n") + (0 if not text or text.endswith("\n") else 1)
+        total_tokens = len(self._starts((handle,), text))
         selected = (query.line_start, query.line_end, query.grep, query.context_lines)
+        selection = text
+        if any(selected) or query.unit is PageUnit.LINES:
+            lines = lines_of(text)
+            if query.line_start or query.line_end:
+                if query.line_start > len(lines):
+                    raise InvalidArgument.at("line_start", f"the original has {len(lines):,} lines")
+                lines = lines[max(query.line_start, 1) - 1 : query.line_end or len(lines)]
+            if query.grep:
+                lines = _grep(lines, query.grep, query.context_lines, first=max(query.line_start, 1))
+            if query.unit is PageUnit.LINES:
+                content, next_offset = self._lines_page(lines, query.offset, query.size)
+                return content, total_lines, total_tokens, next_offset
+            selection = "".join(lines)
         starts = self._starts((handle, *selected), selection) if any(selected) else self._starts((handle,), text)
         if query.offset > len(starts):
             raise InvalidArgument.at("offset", f"past the end ({len(starts):,} tokens)")
-        stop = query.offset + size
+        stop = query.offset + min(query.size or self.max_page_tokens, self.max_page_tokens)
         end = starts[stop] if stop < len(starts) else len(selection)
         begin = starts[query.offset] if query.offset < len(starts) else len(selection)
         return selection[begin:end], total_lines, total_tokens, min(stop, len(starts))
@@ -289,6 +291,8 @@ class Status:
     history_tokens: int
     view_tokens: int
     """Tokens of the latest render (any format); 0 before the first."""
+    budget_tokens: int
+    """The budget that render was asked to fit (0: none)."""
     offloaded: list[Offloaded]
     pending_deferred: int
     stash_hit_rate: float

@@ -231,6 +231,7 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
             version=status.version,
             history_tokens=status.history_tokens,
             view_tokens=status.view_tokens,
+            budget_tokens=status.budget_tokens,
             offloaded=[
                 api.OffloadedItem(
                     seq=o.seq,

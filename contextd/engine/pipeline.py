@@ -485,6 +485,7 @@ def render(inp: RenderInput) -> RenderOutput:
                 inp.now,
                 segments,
                 view.total_tokens,
+                inp.request.budget_tokens,
                 known_offsets=assembly.offsets,
                 known_total=assembly.offset,
             ),

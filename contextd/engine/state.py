@@ -74,6 +74,8 @@ class PreviousRender:
     segments: tuple[Segment, ...]
     view_tokens: int = 0
     """The view's `total_tokens` (message framing included), as RenderView said it."""
+    budget_tokens: int = 0
+    """The budget the render was asked to fit (0: none)."""
     known_offsets: Mapping[int, int] | None = field(default=None, compare=False, repr=False)
     """`offsets()`, when the render that made it counted them already (not stored)."""
     known_total: int | None = field(default=None, compare=False, repr=False)
@@ -246,7 +248,14 @@ _pieces: IdentityMemo[str] = IdentityMemo(200_000)
 
 def _render_json(render: PreviousRender) -> str:
     segments = [[s.seq, s.digest, s.tokens] for s in render.segments]
-    return _json({"rendered_at": render.rendered_at, "segments": segments, "view_tokens": render.view_tokens})
+    return _json(
+        {
+            "rendered_at": render.rendered_at,
+            "segments": segments,
+            "view_tokens": render.view_tokens,
+            "budget_tokens": render.budget_tokens,
+        }
+    )
 
 
 def _applied_json(applied: AppliedEdit) -> str:
@@ -263,7 +272,12 @@ def state_from_json(text: str) -> ViewState:
         view_version=data["view_version"],
         policy_version=data["policy_version"],
         renders={
-            name: PreviousRender(r["rendered_at"], tuple(Segment(*s) for s in r["segments"]), r.get("view_tokens", 0))
+            name: PreviousRender(
+                r["rendered_at"],
+                tuple(Segment(*s) for s in r["segments"]),
+                r.get("view_tokens", 0),
+                r.get("budget_tokens", 0),
+            )
             for name, r in data["renders"].items()
         },
         applied=tuple(applied_from_json(a) for a in data["applied"]),

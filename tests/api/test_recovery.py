@@ -241,9 +241,10 @@ def test_status_says_what_is_out_of_the_view_and_how_to_get_it_back(client: Clie
     before = client.get_status(session)
     assert (before.version, before.view_tokens, before.offloaded) == (0, 0, ())
     conversation(client, session, rounds=3)
-    view = client.render_view(session, ViewFormat.OPENAI_CHAT)
+    view = client.render_view(session, ViewFormat.OPENAI_CHAT, budget_tokens=5000)
     status = client.get_status(session)
     assert status.version == 8 and status.view_tokens == view.total_tokens < status.history_tokens
+    assert status.budget_tokens == 5000
     assert [(o.seq, o.tool_name, o.reason) for o in status.offloaded] == [(4, "bash", "masked"), (6, "bash", "masked")]
     assert {o.handle for o in status.offloaded} == {c.handle for c in view.certificates if c.decision == "prune"}
     first = status.offloaded[0]

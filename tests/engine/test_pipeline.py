@@ -979,6 +979,7 @@ def test_the_stored_state_is_the_plain_serialization_of_the_state() -> None:
                     "rendered_at": r.rendered_at,
                     "segments": [[s.seq, s.digest, s.tokens] for s in r.segments],
                     "view_tokens": r.view_tokens,
+                    "budget_tokens": r.budget_tokens,
                 }
                 for name, r in sorted(state.renders.items())
             },

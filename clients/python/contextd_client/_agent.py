@@ -223,8 +223,9 @@ def _say_proposed(outcomes: list[PruneOutcome]) -> str:
 
 
 def _say_status(status: Status) -> str:
+    budget = f" (budget {status.budget_tokens:,})" if status.budget_tokens else ""
     lines = [
-        f"context: {status.view_tokens:,} tokens shown of {status.history_tokens:,} in the conversation "
+        f"context: {status.view_tokens:,} tokens shown{budget} of {status.history_tokens:,} in the conversation "
         f"({status.version:,} items); {len(status.offloaded):,} out of it:"
     ]
     for o in status.offloaded[:STATUS_ITEMS]:

@@ -353,6 +353,8 @@ class Status:
     history_tokens: int
     view_tokens: int
     """Tokens of the latest view (0 before the first render)."""
+    budget_tokens: int
+    """The budget that view was asked to fit (0: none)."""
     offloaded: tuple[Offloaded, ...]
     pending_deferred: int
     stash_hit_rate: float
@@ -363,6 +365,7 @@ class Status:
             version=message.version,
             history_tokens=message.history_tokens,
             view_tokens=message.view_tokens,
+            budget_tokens=message.budget_tokens,
             offloaded=tuple(
                 Offloaded(o.seq, o.handle, o.tool_name, o.arguments_digest, o.tokens, o.reason)
                 for o in message.offloaded
