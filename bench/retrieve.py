@@ -30,7 +30,7 @@ from contextd_client import Client, ViewFormat
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from contextd.stash import keys, scope_of  # noqa: E402
+from contextd.stash import keys  # noqa: E402
 from tests import backends  # noqa: E402
 from tests.integration.processes import ServerProcess  # noqa: E402
 
@@ -83,7 +83,8 @@ def main() -> int:
             view = client.render_view(session, ViewFormat.OPENAI_CHAT)
             handles = [c.handle for c in view.certificates if c.decision == "prune"]
             handle = handles[len(handles) // 2]
-            entry = keys.entry(scope_of("default", session), handle)
+            # The entry's name holds the session's key: found once by its handle.
+            entry = next(iter(store.scan_iter(match=f"{keys.PREFIX}:*:e:{handle}")))
             client.retrieve(session, handle)  # in the stash from here on
             rows = [
                 (

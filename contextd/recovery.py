@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import re
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
+
+import re2
 
 from contextd.engine.errors import InvalidArgument, OriginalNotFound
 from contextd.engine.memo import IdentityMemo
@@ -34,6 +37,7 @@ from contextd.telemetry import annotate
 MAX_PAGE_TOKENS = 2000
 """The server's cap on one page, whatever the client asks."""
 MAX_GREP_CHARS = 1000
+STASH_WRITES_AT_ONCE = 16
 MAX_QUERY_CHARS = 1000
 DEFAULT_HITS, MAX_HITS = 10, 50
 """Search results per page: by default, and at most whatever the client asks."""
@@ -83,25 +87,30 @@ class RecoveryService:
         self.stash = stash
         self.counter = counter
         self.max_page_tokens = max_page_tokens
-        self._handles: IdentityMemo[dict[str, Item]] = IdentityMemo(1024)
-        self._tokenized: OrderedDict[tuple[Any, ...], list[int]] = OrderedDict()
+        self._handles: IdentityMemo[dict[str, Item]] = IdentityMemo(64)
+        self._tokenized: OrderedDict[tuple[Any, ...], array[int]] = OrderedDict()
         """Per loaded history (a list of items, by identity), its items by handle."""
 
-    async def stash_items(self, tenant: str, session_id: str, items: list[Item]) -> None:
-        """Keep the originals of `items` (taken out of a view) in the stash."""
-        scope = scope_of(tenant, session_id)
-        await asyncio.gather(
-            *(self.stash.put(scope, handle_of(item), Stashed(item.seq, original_text(item))) for item in items)
-        )
+    async def stash_items(self, tenant: str, session_key: int, items: list[Item]) -> None:
+        """Keep the originals of `items` (taken out of a view) in the stash, a few at a time
+        (a render may prune hundreds: they must not take every connection at once)."""
+        scope = scope_of(tenant, session_key)
+        for start in range(0, len(items), STASH_WRITES_AT_ONCE):
+            batch = items[start : start + STASH_WRITES_AT_ONCE]
+            await asyncio.gather(
+                *(self.stash.put(scope, handle_of(item), Stashed(item.seq, original_text(item))) for item in batch)
+            )
 
-    async def forget(self, tenant: str, session_id: str) -> None:
-        """Drop a deleted session's stash (its handles must not outlive it)."""
-        await self.stash.delete(scope_of(tenant, session_id))
+    async def forget(self, tenant: str, session_key: int) -> None:
+        """Drop a deleted session's stash (what it held is unreachable anyway: a new session of
+        the same name has another key; this frees it now rather than at its TTL)."""
+        await self.stash.delete(scope_of(tenant, session_key))
 
     async def retrieve(self, tenant: str, session_id: str, query: RetrieveQuery) -> Page:
         check_session_id(session_id)
         _check(query)
-        scope = scope_of(tenant, session_id)
+        # The session must exist now (a stash entry alone proves nothing once it is deleted).
+        scope = scope_of(tenant, await self.store.session_key(tenant, session_id))
         found = await self.stash.get(scope, query.handle) if query.handle else None
         served_from = "stash"
         handle = query.handle
@@ -121,11 +130,17 @@ class RecoveryService:
         check_session_id(session_id)
         if not query.query.strip():
             raise InvalidArgument.at("query", "empty")
+        for name, value in (("query", query.query), *((f"tools[{n}]", t) for n, t in enumerate(query.where.tools))):
+            if "\x00" in value:
+                raise InvalidArgument.at(name, "holds a NUL character")
+        for name, number in (("min_seq", query.where.min_seq), ("max_seq", query.where.max_seq)):
+            if number >= 2**63:
+                raise InvalidArgument.at(name, "past any seq")
         if len(query.query) > MAX_QUERY_CHARS:
             raise InvalidArgument.at("query", f"over {MAX_QUERY_CHARS:,} characters")
         size = min(query.page_size or DEFAULT_HITS, MAX_HITS)
         offset = _offset(query.page_token)
-        pattern = _pattern(query.query) if query.mode is SearchMode.REGEX else None
+        pattern = compile_pattern(query.query, "query") if query.mode is SearchMode.REGEX else None
         async with self.store.db.read() as conn:
             row, _, items = await self.store.history_in(conn, tenant, session_id)
             where = query.where
@@ -183,18 +198,20 @@ class RecoveryService:
             if query.seq > len(items):
                 raise OriginalNotFound(session_id, f"seq {query.seq}")
             return items[query.seq - 1]
-        by_handle = self._handles.get((items,), lambda: {handle_of(i): i for i in items})
+        # Keyed by the first and the last item (the same objects while the session is cached):
+        # the list itself is new at every load.
+        by_handle = self._handles.get((items[0], items[-1]), lambda: {handle_of(i): i for i in items}) if items else {}
         item = by_handle.get(query.handle)
         if item is None:
             raise OriginalNotFound(session_id, f"handle {query.handle!r}")
         return item
 
-    def _starts(self, key: tuple[Any, ...], text: str) -> list[int]:
+    def _starts(self, key: tuple[Any, ...], text: str) -> array[int]:
         """Where each token of `text` starts, remembered by `key` (an original never changes
         under its handle): paging through a long original tokenizes it once, not per page."""
         found = self._tokenized.get(key)
         if found is None:
-            found = self._tokenized[key] = self.counter.starts(text)
+            found = self._tokenized[key] = array("I", self.counter.starts(text))  # 4 bytes an offset
             if len(self._tokenized) > TOKENIZED_KEPT:
                 self._tokenized.popitem(last=False)
         else:
@@ -217,7 +234,8 @@ class RecoveryService:
                 lines = _grep(lines, query.grep, query.context_lines, first=max(query.line_start, 1))
             if query.unit is PageUnit.LINES:
                 content, next_offset = self._lines_page(lines, query.offset, query.size)
-                return content, total_lines, total_tokens, next_offset
+                # The totals of what was selected: the last page ends at them.
+                return content, len(lines), self.counter.count("".join(lines)), next_offset
             selection = "".join(lines)
         starts = self._starts((handle, *selected), selection) if any(selected) else self._starts((handle,), text)
         if query.offset > len(starts):
@@ -225,6 +243,11 @@ class RecoveryService:
         stop = query.offset + min(query.size or self.max_page_tokens, self.max_page_tokens)
         end = starts[stop] if stop < len(starts) else len(selection)
         begin = starts[query.offset] if query.offset < len(starts) else len(selection)
+        if any(selected):  # the totals of what was selected: the last page ends at them
+            total_lines, total_tokens = (
+                selection.count("\n") + (not selection.endswith("\n") and bool(selection)),
+                len(starts),
+            )
         return selection[begin:end], total_lines, total_tokens, min(stop, len(starts))
 
     def _lines_page(self, lines: list[str], offset: int, size: int) -> tuple[str, int]:
@@ -315,11 +338,8 @@ def _check(query: RetrieveQuery) -> None:
 def _grep(lines: list[str], pattern: str, context: int, first: int) -> list[str]:
     """The lines matching `pattern` with `context` lines around them, each prefixed by its
     line number (``12:`` for a match, ``12-`` for context), groups apart by ``--``."""
-    try:
-        matcher = re.compile(pattern)
-    except re.error as exc:
-        raise InvalidArgument.at("grep", f"not a regular expression: {exc}") from None
-    hits = [i for i, line in enumerate(lines) if matcher.search(line)]
+    matcher = compile_pattern(pattern, "grep")
+    hits = [i for i, line in enumerate(lines) if matcher.search(line.rstrip("\r\n"))]
     shown = sorted({j for i in hits for j in range(max(0, i - context), min(len(lines), i + context + 1))})
     out: list[str] = []
     previous = -2
@@ -370,11 +390,15 @@ def _offset(token: str) -> int:
     return int(token)
 
 
-def _pattern(query: str) -> re.Pattern[str]:
+def compile_pattern(pattern: str, field: str) -> Any:
+    """A client's (or a model's) regular expression, compiled by RE2: matching takes time
+    linear in the text whatever the pattern (no backtracking, so no backreferences or
+    lookaround), so no pattern can stall the server."""
     try:
-        return re.compile(query)
-    except re.error as exc:
-        raise InvalidArgument.at("query", f"not a regular expression: {exc}") from None
+        return re2.compile(pattern)
+    except re2.error as exc:
+        message = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise InvalidArgument.at(field, f"not a regular expression RE2 reads: {message}") from None
 
 
 def lines_of(text: str) -> list[str]:

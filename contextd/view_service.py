@@ -61,7 +61,7 @@ class ViewService:
         counter: TokenCounter,
         registry: TransformRegistry,
         clock: Callable[[], float] = time.time,
-        on_pruned: Callable[[str, str, list[Item]], Awaitable[None]] | None = None,
+        on_pruned: Callable[[str, int, list[Item]], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.counter = counter
@@ -138,7 +138,7 @@ class ViewService:
             self._states.put(key, out.state, out.carry)  # committed now
             pruned = [items[c.seq - 1] for c in out.certificates if c.decision is Decision.PRUNE and c.seq > 0]
             if pruned and self.on_pruned is not None:
-                await self.on_pruned(tenant, session_id, pruned)
+                await self.on_pruned(tenant, key, pruned)
         view = out.view
         annotate(
             session_id=session_id,

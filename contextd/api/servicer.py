@@ -18,7 +18,7 @@ from contextd.engine.errors import InvalidArgument, NotImplementedYet, ViewTooLa
 from contextd.engine.model import Role
 from contextd.engine.view import ViewFormat, ViewRequest
 from contextd.recovery import PageUnit, RecoveryService, RetrieveQuery, SearchMode, SearchQuery
-from contextd.sessions import SessionService
+from contextd.sessions import SessionService, check_session_id
 from contextd.storage.search import Where
 from contextd.storage.views import CertificateFilter, StoredCertificate
 from contextd.view_service import RenderResult, ViewService
@@ -69,8 +69,10 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
         return api.ListSessionsResponse(sessions=[mapping.session_to_proto(s) for s in sessions], next_page_token=token)
 
     async def DeleteSession(self, request: api.DeleteSessionRequest, context: Context) -> api.DeleteSessionResponse:
+        check_session_id(request.session_id)
+        key = await self.recovery.store.session_key(current_tenant(), request.session_id)
         deleted = await self.sessions.delete_session(current_tenant(), request.session_id)
-        await self.recovery.forget(current_tenant(), request.session_id)
+        await self.recovery.forget(current_tenant(), key)
         return api.DeleteSessionResponse(items_deleted=deleted)
 
     async def UpdateSession(self, request: api.UpdateSessionRequest, context: Context) -> api.UpdateSessionResponse:
@@ -112,6 +114,8 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
 
     async def Retrieve(self, request: api.RetrieveRequest, context: Context) -> api.RetrieveResponse:
         target = request.WhichOneof("target")
+        if request.page_unit not in (api.PAGE_UNIT_UNSPECIFIED, api.PAGE_UNIT_TOKENS, api.PAGE_UNIT_LINES):
+            raise InvalidArgument.at("page_unit", f"{request.page_unit} is not a page unit this service knows")
         query = RetrieveQuery(
             handle=request.handle if target == "handle" else "",
             seq=request.seq if target == "seq" else 0,

@@ -48,9 +48,10 @@ class StashStats:
         return self.hits / asked if asked else 0.0
 
 
-def scope_of(tenant: str, session_id: str) -> str:
-    """The stash's name for a session: a digest, so no id can reach into another's keys."""
-    return hashlib.sha256(f"{tenant}\0{session_id}".encode()).hexdigest()[:32]
+def scope_of(tenant: str, session_key: int) -> str:
+    """The stash's name for a session: a digest of its tenant and its key (never handed out
+    again), so no id reaches into another's entries, nor a new session of a deleted one's name."""
+    return hashlib.sha256(f"{tenant}\0{session_key}".encode()).hexdigest()[:32]
 
 
 class Stash(Protocol):

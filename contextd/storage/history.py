@@ -135,6 +135,17 @@ class HistoryStore:
             return _session(await _session_row(conn, tenant, session_id))
 
     @traced("storage.get_session")
+    async def session_key(self, tenant: str, session_id: str) -> int:
+        """The session's key: never handed out again, even after the session is deleted."""
+        s = schema.sessions
+        async with self.db.read() as conn:
+            key = (
+                await conn.execute(select(s.c.key).where(s.c.tenant == tenant, s.c.id == session_id, ~s.c.deleting))
+            ).scalar_one_or_none()
+        if key is None:
+            raise SessionNotFound(session_id)
+        return int(key)
+
     async def get_session(self, tenant: str, session_id: str) -> Session:
         annotate(session_id=session_id, tenant=tenant)
         async with self.db.read() as conn:

@@ -113,6 +113,7 @@ FULL_TEXT_OBJECTS = frozenset(
         "item_texts_fts_idx",
         "item_texts_fts_docsize",
         "item_texts_fts_config",
+        "item_texts_fts_content",
     }
 )
 

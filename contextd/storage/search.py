@@ -1,7 +1,9 @@
 """Searching a session's item texts: full text, exact substring, regular expression.
 
-Full text is the database's own: Postgres ranks with `ts_rank` over the
-stored `simple` tsvector (migration 0003), SQLite with FTS5's BM25; both
+Full text is the database's own: every word of the query must be there
+(no operators, on either backend); Postgres ranks with `ts_rank` over the
+stored `simple` tsvector (migration 0003), SQLite orders by FTS5's BM25
+(its score is not returned: it weighs words by every tenant's texts); both
 give a snippet around the match. Substring search is the database's too
 (`strpos`, `instr`). Regular expressions are Python's, on both backends
 alike, over the texts the filters leave (a session's worth, bounded).
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import bindparam, text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -76,7 +79,7 @@ async def full_text(conn: AsyncConnection, key: int, query: str, where: Where, l
     if conn.dialect.name == "postgresql":
         params["query"] = query
         statement = f"""
-            WITH q AS (SELECT websearch_to_tsquery('simple'::regconfig, :query) AS q),
+            WITH q AS (SELECT plainto_tsquery('simple'::regconfig, :query) AS q),
             hits AS (
                 SELECT t.seq, ts_rank(t.tsv, q.q) AS score
                 FROM item_texts t, q
@@ -93,21 +96,27 @@ async def full_text(conn: AsyncConnection, key: int, query: str, where: Where, l
         if not params["query"]:
             return []
         statement = f"""
-            SELECT t.seq, -bm25(item_texts_fts) AS score,
+            SELECT t.seq, bm25(item_texts_fts) AS rank,
                    snippet(item_texts_fts, 0, '«', '»', '…', 24) AS snippet
             FROM item_texts_fts JOIN item_texts t ON t.rowid = item_texts_fts.rowid
             WHERE item_texts_fts MATCH :query AND t.session_key = :key{extra}
-            ORDER BY score DESC, t.seq LIMIT :limit OFFSET :offset
+            ORDER BY rank, t.seq LIMIT :limit OFFSET :offset
         """
+        rows = await conn.execute(_bound(statement, params), params)  # type: ignore[call-overload]
+        # BM25 weighs words by the whole table (every tenant's texts): only the order is
+        # told, never the value (1/(1 + place in the results)).
+        return [Found(int(r.seq), 1 / (1 + offset + n), _short(r.snippet)) for n, r in enumerate(rows)]
     rows = await conn.execute(_bound(statement, params), params)  # type: ignore[call-overload]
     return [Found(int(r.seq), float(r.score), _short(r.snippet)) for r in rows]
 
 
 def fts5_query(query: str) -> str:
     """The words of a query as FTS5 phrases, all required: its own syntax (AND, NEAR, *, :)
-    is not exposed, so any text searches for itself."""
-    words = re.findall(r"\w+", query)
-    return " ".join(f'"{w}"' for w in words)
+    is not exposed, so any text searches for itself (as Postgres' `plainto_tsquery` reads
+    it; an identifier's parts must also be in a row here)."""
+    # One phrase per whitespace-separated piece: `ch_7Hq2LwQz` or a UUID is its words in a row.
+    phrases = [" ".join(re.findall(r"\w+", piece)) for piece in query.split()]
+    return " ".join(f'"{p}"' for p in phrases if p)
 
 
 async def substring(conn: AsyncConnection, key: int, needle: str, where: Where, limit: int, offset: int) -> list[Found]:
@@ -125,9 +134,8 @@ async def substring(conn: AsyncConnection, key: int, needle: str, where: Where, 
     return [Found(int(r.seq), 0.0, _mark(r.around, needle)) for r in rows]
 
 
-async def regex(
-    conn: AsyncConnection, key: int, pattern: re.Pattern[str], where: Where, limit: int, offset: int
-) -> list[Found]:
+async def regex(conn: AsyncConnection, key: int, pattern: Any, where: Where, limit: int, offset: int) -> list[Found]:
+    """`pattern`: a compiled expression with `search` (RE2's: linear time)."""
     extra, params = _filters(where)
     params["key"] = key
     statement = f"SELECT t.seq, t.text FROM item_texts t WHERE t.session_key = :key{extra} ORDER BY t.seq"

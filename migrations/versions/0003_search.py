@@ -4,8 +4,8 @@
 in the same transaction as the item and append-only like it. On Postgres a
 stored generated column holds its `simple` tsvector (identifiers kept as
 they are: no stemming, no stop words), GIN-indexed, so ranking reads it
-rather than parsing the text again; on SQLite an FTS5 table fed by a
-trigger. Existing items are filled in.
+rather than parsing the text again; on SQLite an FTS5 table of the same
+first characters, fed by a trigger. Existing items are filled in.
 
 Revision ID: 0003
 Revises: 0002
@@ -28,8 +28,11 @@ down_revision = "0002"
 branch_labels = None
 depends_on = None
 
-TSVECTOR = "to_tsvector('simple'::regconfig, left(text, 500000))"
-"""The stored vector's expression (a tsvector holds at most 1 MB)."""
+INDEXED_CHARS = 100_000
+TSVECTOR = f"to_tsvector('simple'::regconfig, left(text, {INDEXED_CHARS}))"
+"""The stored vector's expression: a tsvector holds at most 1 MB, and 100,000 characters stay
+under it whatever they are (a lexeme of 4-byte characters, its position and its entry: at most
+10 bytes a character). Past it, full text does not see an item (substring and regex do)."""
 
 
 def upgrade() -> None:
@@ -54,14 +57,16 @@ def upgrade() -> None:
             "FOR EACH STATEMENT EXECUTE FUNCTION contextd_refuse_truncate()"
         )
     else:
-        op.execute("CREATE VIRTUAL TABLE item_texts_fts USING fts5(text, content='item_texts', content_rowid='rowid')")
+        # Its own copy of the first characters (as many as Postgres indexes), so ranking
+        # and snippets read those, not a whole long output.
+        op.execute("CREATE VIRTUAL TABLE item_texts_fts USING fts5(text)")
         op.execute(
-            "CREATE TRIGGER item_texts_fts_insert AFTER INSERT ON item_texts "
-            "BEGIN INSERT INTO item_texts_fts(rowid, text) VALUES (new.rowid, new.text); END"
+            "CREATE TRIGGER item_texts_fts_insert AFTER INSERT ON item_texts BEGIN "
+            f"INSERT INTO item_texts_fts(rowid, text) VALUES (new.rowid, substr(new.text, 1, {INDEXED_CHARS})); END"
         )
         op.execute(
-            "CREATE TRIGGER item_texts_fts_delete AFTER DELETE ON item_texts BEGIN "
-            "INSERT INTO item_texts_fts(item_texts_fts, rowid, text) VALUES ('delete', old.rowid, old.text); END"
+            "CREATE TRIGGER item_texts_fts_delete AFTER DELETE ON item_texts "
+            "BEGIN DELETE FROM item_texts_fts WHERE rowid = old.rowid; END"
         )
         op.execute(
             "CREATE TRIGGER item_texts_no_update BEFORE UPDATE ON item_texts "
@@ -80,7 +85,12 @@ def _fill() -> None:
     conn = op.get_bind()
     items = sa.table("items", sa.column("session_key"), sa.column("seq"), sa.column("role"), sa.column("content"))
     texts = sa.table("item_texts", sa.column("session_key"), sa.column("seq"), sa.column("text"))
-    rows = conn.execute(sa.select(items.c.session_key, items.c.seq, items.c.role, items.c.content)).all()
+    # Streamed (a server-side cursor for this one statement): the history may be large.
+    rows = conn.execute(
+        sa.select(items.c.session_key, items.c.seq, items.c.role, items.c.content).execution_options(
+            stream_results=True, yield_per=1000
+        )
+    )
     batch = []
     for key, seq, role, content in rows:
         blocks = blocks_from_json(json.loads(content) if isinstance(content, str) else content)

@@ -251,3 +251,28 @@ def test_status_says_what_is_out_of_the_view_and_how_to_get_it_back(client: Clie
     assert first.arguments_digest.startswith("sha256:") and first.tokens > 0
     assert client.retrieve(session, first.handle).content == "output number 0\n" * 20
     assert status.pending_deferred == 0 and 0.0 <= status.stash_hit_rate <= 1.0
+
+
+def test_a_render_that_prunes_many_items_stashes_them_all(make_server: object, redis_url: str) -> None:
+    server = make_server(redis_url=redis_url)  # type: ignore[operator]
+    with Client(server.target, timeout=30) as client:
+        session = client.create_session("many", policy=MASK_OLD).id
+        conversation(client, session, rounds=150)
+        handles = pruned_handles(client, session)
+        assert len(handles) == 149
+        assert {client.retrieve(session, h).served_from for h in handles.values()} == {"stash"}
+
+
+def test_a_selection_pages_to_its_own_end(make_server: object) -> None:
+    server = make_server()  # type: ignore[operator]
+    with Client(server.target) as client:
+        session = client.create_session("sel").id
+        client.append_openai(session, [{"role": "user", "content": "".join(f"line {n}\n" for n in range(100))}])
+        first = client.retrieve(session, seq=1, line_start=3, line_end=5, page_size=2)
+        assert first.total_lines == 3
+        pages, offset = [], 0
+        while offset < first.total_tokens:
+            page = client.retrieve(session, seq=1, line_start=3, line_end=5, page_size=2, offset=offset)
+            pages.append(page.content)
+            offset = page.next_offset
+        assert "".join(pages) == "line 2\nline 3\nline 4\n"

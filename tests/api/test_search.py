@@ -87,3 +87,41 @@ def test_bad_searches_say_which_field(client: Client, session_id: str, options: 
     with pytest.raises(ContextdError) as bad:
         client.search(session_id, query, **rest)
     assert bad.value.code == "INVALID_ARGUMENT" and field in bad.value.message
+
+
+def test_a_huge_output_is_stored_and_searchable_and_patterns_cannot_stall(server: ServerThread) -> None:
+    ids = [str(uuid.UUID(int=n * 7919 + 12345)) for n in range(14_000)]  # 518 KB of identifiers
+    with Client(server.target, timeout=30) as client:
+        session = client.create_session(f"huge-{uuid.uuid4().hex[:10]}").id
+        call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+        client.append_openai(
+            session,
+            [
+                {"role": "user", "content": "List them."},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "\n".join([*ids, "a" * 40 + "!"])},
+            ],
+        )
+        assert [h.seq for h in client.search(session, ids[3]).hits] == [3]  # full text: its first 100,000 characters
+        assert [h.seq for h in client.search(session, ids[-1], mode="substring").hits] == [3]  # all of it
+        # A pattern that backtracks for ever in a backtracking engine answers at once (RE2).
+        assert client.search(session, "^(a+)+$", mode="regex").hits == ()
+        assert client.retrieve(session, seq=3, page_unit="lines", grep="^(a+)+$").content == ""
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"query": "a\x00b"}, "query"),
+        ({"query": "x", "tools": ["ba\x00sh"]}, "tools[0]"),
+        ({"query": "x", "min_seq": 2**63}, "min_seq"),
+    ],
+)
+def test_searches_that_cannot_be_stored_values_are_refused(
+    client: Client, session_id: str, options: dict[str, object], field: str
+) -> None:
+    rest = dict(options)
+    query = str(rest.pop("query"))
+    with pytest.raises(ContextdError) as bad:
+        client.search(session_id, query, **rest)
+    assert bad.value.code == "INVALID_ARGUMENT" and field in bad.value.message

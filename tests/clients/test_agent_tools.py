@@ -83,7 +83,7 @@ def test_a_model_call_in_anthropic_format_gets_a_tool_result_block(server: Serve
         call = anthropic_call("contextd_retrieve", {"handle": handles[6], "page_unit": "lines", "line_end": 2})
         result = tools.execute(call)
         assert (result["type"], result["tool_use_id"], result["is_error"]) == ("tool_result", "toolu_1", False)
-        assert result["content"].startswith(f"[seq 6, handle {handles[6]}: 20 lines, ")
+        assert result["content"].startswith(f"[seq 6, handle {handles[6]}: 2 lines, ")  # the selection's
         assert result["content"].endswith("]\noutput number 1\noutput number 1\n")
 
 
@@ -117,3 +117,27 @@ async def test_the_asyncio_executor_answers_the_same(server: ServerThread) -> No
         assert len(await tools.definitions()) == 6
         result = await tools.execute(openai_call("contextd_retrieve", {"handle": handles[4]}))
         assert result["content"].endswith("output number 0\n" * 20)
+
+
+class SdkCall:
+    """Like a provider SDK's tool call object: a pydantic model with `model_dump`."""
+
+    def __init__(self, data: dict[str, object]) -> None:
+        self._data = data
+
+    def model_dump(self) -> dict[str, object]:
+        return self._data
+
+
+def test_sdk_objects_and_hostile_arguments_are_answered(server: ServerThread) -> None:
+    with Client(server.target) as client:
+        session, handles = pruned_session(client)
+        tools = AgentTools(client, session, "openai_chat")
+        call = SdkCall(openai_call("contextd_retrieve", {"handle": handles[4]}))
+        assert tools.handles(call) and tools.execute(call)["content"].endswith("output number 0\n" * 20)
+        deep = {"id": "c", "type": "function", "function": {"name": "contextd_search", "arguments": "[" * 100_000}}
+        assert tools.execute(deep)["content"].startswith("error: the tool call could not be read")
+        assert not tools.handles(object())
+        too_many = tools.execute(openai_call("contextd_pin", {"seqs": list(range(1, 200))}))
+        assert "at most 100 seqs" in too_many["content"]
+        assert "seqs must be" in tools.execute(openai_call("contextd_pin", {"seqs": [True]}))["content"]

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from contextd_client._client import Client
 
 PREFIX = "contextd_"
+MAX_SEQS = 100
 STATUS_ITEMS = 50
 """Items out of the view a status result lists (then their count)."""
 
@@ -51,9 +52,9 @@ class _Tools:
         self.format = ViewFormat(view_format)
         self._definitions: list[dict[str, Any]] | None = None
 
-    def handles(self, call: Mapping[str, Any]) -> bool:
+    def handles(self, call: Any) -> bool:
         """Whether `call` is one of contextd's tools."""
-        return _name_of(call).startswith(PREFIX)
+        return _name_of(_as_mapping(call)).startswith(PREFIX)
 
     def _plan(self, name: str, arguments: Mapping[str, Any]) -> _Planned:
         session = self.session_id
@@ -73,12 +74,13 @@ class _Tools:
                 return _Planned(get_status(session), _say_status)
         raise ValueError(f"no contextd tool is called {name!r}")
 
-    def _prepare(self, call: Mapping[str, Any]) -> tuple[str, _Planned | str]:
+    def _prepare(self, given: Any) -> tuple[str, _Planned | str]:
         """(the call's id, its plan, or why it cannot be made)."""
+        call = _as_mapping(given)
         try:
             call_id, name, arguments = _read(call)
-        except (KeyError, TypeError, ValueError) as exc:
-            return str(call.get("id", "")), f"the tool call could not be read: {exc}"
+        except (KeyError, TypeError, ValueError, RecursionError) as exc:
+            return str(call.get("id", "")), f"the tool call could not be read: {type(exc).__name__}: {exc}"
         try:
             return call_id, self._plan(name, arguments)
         except (TypeError, ValueError) as exc:
@@ -113,8 +115,9 @@ class AgentTools(_Tools):
             self._definitions = self.client._run(self._definitions_call())
         return self._definitions
 
-    def execute(self, call: Mapping[str, Any]) -> dict[str, Any]:
-        """The tool result answering the model's `call` (an error result when it fails)."""
+    def execute(self, call: Any) -> dict[str, Any]:
+        """The tool result answering the model's `call` (an error result when it fails): a
+        mapping as the provider's JSON has it, or the provider SDK's object for it."""
         call_id, planned = self._prepare(call)
         if isinstance(planned, str):
             return self._result(call_id, planned, True)
@@ -138,7 +141,7 @@ class AsyncAgentTools(_Tools):
             self._definitions = await self.client._run(self._definitions_call())
         return self._definitions
 
-    async def execute(self, call: Mapping[str, Any]) -> dict[str, Any]:
+    async def execute(self, call: Any) -> dict[str, Any]:
         call_id, planned = self._prepare(call)
         if isinstance(planned, str):
             return self._result(call_id, planned, True)
@@ -149,6 +152,18 @@ class AsyncAgentTools(_Tools):
 
 
 # ------------------------------------------------------------------ reading
+
+
+def _as_mapping(call: Any) -> Mapping[str, Any]:
+    """The call as a mapping: as given, or an SDK object's dump (pydantic's `model_dump`)."""
+    if isinstance(call, Mapping):
+        return call
+    dump = getattr(call, "model_dump", None)
+    if callable(dump):
+        dumped = dump()
+        if isinstance(dumped, Mapping):
+            return dumped
+    return {}
 
 
 def _name_of(call: Mapping[str, Any]) -> str:
@@ -183,8 +198,10 @@ def _only(arguments: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any
 
 def _seqs(arguments: Mapping[str, Any]) -> list[int]:
     seqs = arguments.get("seqs")
-    if not isinstance(seqs, list) or not seqs or not all(isinstance(s, int) and s > 0 for s in seqs):
+    if not isinstance(seqs, list) or not seqs or not all(type(s) is int and s > 0 for s in seqs):
         raise ValueError("seqs must be a list of item numbers")
+    if len(seqs) > MAX_SEQS:
+        raise ValueError(f"at most {MAX_SEQS} seqs at once")
     return seqs
 
 
