@@ -98,8 +98,10 @@ async def full_text(conn: AsyncConnection, key: int, query: str, where: Where, l
         statement = f"""
             SELECT t.seq, bm25(item_texts_fts) AS rank,
                    snippet(item_texts_fts, 0, '«', '»', '…', 24) AS snippet
-            FROM item_texts_fts JOIN item_texts t ON t.rowid = item_texts_fts.rowid
-            WHERE item_texts_fts MATCH :query AND t.session_key = :key{extra}
+            FROM item_texts_fts JOIN item_texts t
+                ON t.session_key = :key AND t.seq = item_texts_fts.rowid - :key * 4294967296
+            WHERE item_texts_fts MATCH :query
+                AND item_texts_fts.rowid BETWEEN :key * 4294967296 AND :key * 4294967296 + 4294967295{extra}
             ORDER BY rank, t.seq LIMIT :limit OFFSET :offset
         """
         rows = await conn.execute(_bound(statement, params), params)  # type: ignore[call-overload]

@@ -29,6 +29,8 @@ branch_labels = None
 depends_on = None
 
 INDEXED_CHARS = 100_000
+FTS_ROWID = "{row}.session_key * 4294967296 + {row}.seq"
+"""SQLite's full-text rowid of an item (contextd/storage/search.py reads it back the same way)."""
 TSVECTOR = f"to_tsvector('simple'::regconfig, left(text, {INDEXED_CHARS}))"
 """The stored vector's expression: a tsvector holds at most 1 MB, and 100,000 characters stay
 under it whatever they are (a lexeme of 4-byte characters, its position and its entry: at most
@@ -60,13 +62,16 @@ def upgrade() -> None:
         # Its own copy of the first characters (as many as Postgres indexes), so ranking
         # and snippets read those, not a whole long output.
         op.execute("CREATE VIRTUAL TABLE item_texts_fts USING fts5(text)")
+        # Its rowid is the item's (session key, seq) in one number, not item_texts' own rowid
+        # (which VACUUM may renumber): a session's entries are one rowid range.
         op.execute(
             "CREATE TRIGGER item_texts_fts_insert AFTER INSERT ON item_texts BEGIN "
-            f"INSERT INTO item_texts_fts(rowid, text) VALUES (new.rowid, substr(new.text, 1, {INDEXED_CHARS})); END"
+            f"INSERT INTO item_texts_fts(rowid, text) VALUES ({FTS_ROWID.format(row='new')}, "
+            f"substr(new.text, 1, {INDEXED_CHARS})); END"
         )
         op.execute(
             "CREATE TRIGGER item_texts_fts_delete AFTER DELETE ON item_texts "
-            "BEGIN DELETE FROM item_texts_fts WHERE rowid = old.rowid; END"
+            f"BEGIN DELETE FROM item_texts_fts WHERE rowid = {FTS_ROWID.format(row='old')}; END"
         )
         op.execute(
             "CREATE TRIGGER item_texts_no_update BEFORE UPDATE ON item_texts "
