@@ -1,12 +1,16 @@
-"""Getting originals back: Retrieve by handle or seq, bounded (DESIGN principle 2, section 7).
+"""Getting back what left a view (DESIGN principle 2, section 7): Retrieve, Search, and the
+status that lists what is out of the view.
 
-A handle names an original this session holds: it is looked up in the stash
-(fast, shared by replicas), then in the durable history, which warms the
-stash again, so a handle never dangles. A handle this session does not hold
-is NOT_FOUND, never an empty answer. What comes back is bounded: a page of
-lines or tokens under the server's cap, a line range, or the lines matching
-a regular expression with context; every answer says the original's total
-lines and tokens, and pages cut by tokens join back to the exact original.
+Retrieve: a handle names an original this session holds: it is looked up in
+the stash (fast, shared by replicas), then in the durable history, which
+warms the stash again, so a handle never dangles. A handle this session
+does not hold is NOT_FOUND, never an empty answer. What comes back is
+bounded: a page of lines or tokens under the server's cap, a line range, or
+the lines matching a regular expression with context; every answer says the
+totals of what was asked for, and pages cut by tokens join back to it
+exactly. Search finds items by full text, substring or regular expression
+(storage/search.py); regular expressions, from clients and models alike,
+run in RE2 (linear time). The stash is filled here too, after each render.
 """
 
 from __future__ import annotations
@@ -88,8 +92,9 @@ class RecoveryService:
         self.counter = counter
         self.max_page_tokens = max_page_tokens
         self._handles: IdentityMemo[dict[str, Item]] = IdentityMemo(64)
+        """Per loaded history (by its first and last item), its items by handle."""
         self._tokenized: OrderedDict[tuple[Any, ...], array[int]] = OrderedDict()
-        """Per loaded history (a list of items, by identity), its items by handle."""
+        """Per original (or selection of one), where its tokens start."""
 
     async def stash_items(self, tenant: str, session_key: int, items: list[Item]) -> None:
         """Keep the originals of `items` (taken out of a view) in the stash, a few at a time
