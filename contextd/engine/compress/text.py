@@ -57,11 +57,6 @@ class Focus:
             tuple(t for t in self.derived if _words_of_last(t) <= words),
         )
 
-    @property
-    def pattern(self) -> re.Pattern[str] | None:
-        """What a mention of the focus looks like (None without terms)."""
-        return self._pattern
-
     @cached_property
     def _pattern(self) -> re.Pattern[str] | None:
         if not self.terms:
