@@ -26,3 +26,8 @@ def recency(scope: str) -> str:
 def sizes(scope: str) -> str:
     """Hash: handle -> bytes of its entry."""
     return f"{PREFIX}:{{{scope}}}:size"
+
+
+def total(scope: str) -> str:
+    """Integer: the bytes of all the session's entries (kept by the scripts as they change)."""
+    return f"{PREFIX}:{{{scope}}}:total"

@@ -17,6 +17,8 @@ import logging
 import time
 
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from contextd.stash import (
@@ -32,42 +34,54 @@ from contextd.stash import (
 
 log = logging.getLogger(__name__)
 
+DELETE_BATCH = 500
 REST_SECONDS = 1.0
 """After Redis fails to answer, how long the stash is skipped before it is tried again."""
 
 # Put an entry, mark it used, bound the session: the least recently used entries
-# (other than this one) go until the session's entries fit. Atomic in Redis.
-# KEYS: entry, recency, sizes. ARGV: handle, value, ttl, now, bound, entry prefix.
+# (other than this one) go until the session's entries fit. The session's byte total
+# is kept as it changes (not summed again at each put). Atomic in Redis.
+# KEYS: entry, recency, sizes, total. ARGV: handle, value, ttl, now, bound, entry prefix.
 _PUT = """
+local size = string.len(ARGV[2])
+local before = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0')
 redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
-redis.call('HSET', KEYS[3], ARGV[1], string.len(ARGV[2]))
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-redis.call('EXPIRE', KEYS[3], ARGV[3])
-local total = 0
-for _, size in ipairs(redis.call('HVALS', KEYS[3])) do total = total + tonumber(size) end
+redis.call('HSET', KEYS[3], ARGV[1], size)
+local total = redis.call('INCRBY', KEYS[4], size - before)
+for i = 2, 4 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
 local evicted = 0
 while total > tonumber(ARGV[5]) do
   local oldest = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
   if oldest == nil or oldest == ARGV[1] then break end
-  total = total - tonumber(redis.call('HGET', KEYS[3], oldest) or '0')
+  local gone = tonumber(redis.call('HGET', KEYS[3], oldest) or '0')
   redis.call('DEL', ARGV[6] .. oldest)
   redis.call('ZREM', KEYS[2], oldest)
   redis.call('HDEL', KEYS[3], oldest)
+  total = redis.call('DECRBY', KEYS[4], gone)
   evicted = evicted + 1
 end
 return evicted
 """
 
+# Drop one entry and its share of the session's total. KEYS: entry, recency, sizes, total.
+# ARGV: handle.
+_DROP = """
+local gone = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0')
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+if gone > 0 then redis.call('DECRBY', KEYS[4], gone) end
+return gone
+"""
+
 # Get an entry and renew it (its TTL, its place in the recency order, the session's
-# index keys). KEYS: entry, recency, sizes. ARGV: handle, ttl, now.
+# other keys). KEYS: entry, recency, sizes, total. ARGV: handle, ttl, now.
 _GET = """
 local value = redis.call('GET', KEYS[1])
 if not value then return false end
-redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-redis.call('EXPIRE', KEYS[2], ARGV[2])
-redis.call('EXPIRE', KEYS[3], ARGV[2])
+for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[2]) end
 return value
 """
 
@@ -86,11 +100,13 @@ class RedisStash:
         self._resting_until = 0.0
         """After a failure, calls are skipped until then (a down Redis costs no timeouts)."""
         self._put = client.register_script(_PUT)
+        self._drop = client.register_script(_DROP)
         self._get = client.register_script(_GET)
 
     @classmethod
     def from_url(cls, url: str, ttl_seconds: float, session_bytes: int) -> RedisStash:
-        client = Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
+        # One quick retry for a dropped connection; an outage is the rest's business, not retries'.
+        client = Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5, retry=Retry(NoBackoff(), 1))
         return cls(client, ttl_seconds, session_bytes)
 
     @property
@@ -108,7 +124,7 @@ class RedisStash:
             return
         try:
             evicted = await self._put(
-                keys=[keys.entry(scope, handle), keys.recency(scope), keys.sizes(scope)],
+                keys=[keys.entry(scope, handle), keys.recency(scope), keys.sizes(scope), keys.total(scope)],
                 args=[handle, encode(stashed), self._ttl, time.time(), self.session_bytes, keys.entry_prefix(scope)],
             )
         except (RedisError, OSError) as exc:
@@ -123,7 +139,7 @@ class RedisStash:
             return None
         try:
             value = await self._get(
-                keys=[keys.entry(scope, handle), keys.recency(scope), keys.sizes(scope)],
+                keys=[keys.entry(scope, handle), keys.recency(scope), keys.sizes(scope), keys.total(scope)],
                 args=[handle, self._ttl, time.time()],
             )
         except (RedisError, OSError) as exc:
@@ -140,21 +156,23 @@ class RedisStash:
         return await self.get(scope, handle) is not None
 
     async def delete(self, scope: str, handle: str | None = None) -> None:
+        if self._resting():
+            return
         try:
             if handle is not None:
-                async with self.client.pipeline(transaction=True) as pipe:
-                    pipe.delete(keys.entry(scope, handle))
-                    pipe.zrem(keys.recency(scope), handle)
-                    pipe.hdel(keys.sizes(scope), handle)
-                    await pipe.execute()
+                session = [keys.entry(scope, handle), keys.recency(scope), keys.sizes(scope), keys.total(scope)]
+                await self._drop(keys=session, args=[handle])
                 return
-            handles = await self.client.hkeys(keys.sizes(scope))
-            names = [keys.entry(scope, _text(h)) for h in handles]
-            await self.client.delete(*names, keys.recency(scope), keys.sizes(scope))
+            handles = [_text(h) for h in await self.client.hkeys(keys.sizes(scope))]
+            for start in range(0, len(handles), DELETE_BATCH):  # not one command with every key
+                await self.client.delete(*(keys.entry(scope, h) for h in handles[start : start + DELETE_BATCH]))
+            await self.client.delete(keys.recency(scope), keys.sizes(scope), keys.total(scope))
         except (RedisError, OSError) as exc:
             self._skipped("delete", exc)
 
     async def manifest(self, scope: str) -> list[StashEntry]:
+        if self._resting():
+            return []
         try:
             async with self.client.pipeline(transaction=False) as pipe:
                 pipe.zrange(keys.recency(scope), 0, -1, withscores=True)

@@ -82,7 +82,7 @@ async def test_every_redis_key_carries_a_ttl(redis_url: str) -> None:
     here = scope()
     await stash.put(here, "1" * 16, ENTRY)
     await stash.get(here, "1" * 16)
-    names = [keys.entry(here, "1" * 16), keys.recency(here), keys.sizes(here)]
+    names = [keys.entry(here, "1" * 16), keys.recency(here), keys.sizes(here), keys.total(here)]
     ttls = [await client.ttl(name) for name in names]
     assert all(0 < ttl <= 30 for ttl in ttls), ttls
     assert sorted(k.decode() for k in await client.keys(f"{keys.PREFIX}:{{{here}}}:*")) == sorted(names)
@@ -90,11 +90,26 @@ async def test_every_redis_key_carries_a_ttl(redis_url: str) -> None:
 
 
 async def test_an_unreachable_redis_is_counted_never_raised() -> None:
-    stash = RedisStash(redis.asyncio.Redis(host="127.0.0.1", port=9, socket_connect_timeout=0.2))
+    stash = RedisStash.from_url("redis://127.0.0.1:9/0", ttl_seconds=60, session_bytes=350)
     here = scope()
     await stash.put(here, "1" * 16, ENTRY)
     assert await stash.get(here, "1" * 16) is None
     await stash.delete(here)
     assert await stash.manifest(here) == []
     assert stash.stats.skipped >= 2 and stash.stats.writes == 0
+    await stash.close()
+
+
+async def test_the_redis_session_total_follows_puts_evictions_and_deletes(redis_url: str) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    stash = RedisStash(client, ttl_seconds=60, session_bytes=350)
+    here = scope()
+    for handle in ("1" * 16, "2" * 16, "3" * 16, "4" * 16, "2" * 16):  # one evicted, one put again
+        await stash.put(here, handle, ENTRY)
+    await stash.put(here, "5" * 16, Stashed(1, "short"))
+    await stash.delete(here, "3" * 16)
+    sizes = [int(v) for v in (await client.hgetall(keys.sizes(here))).values()]
+    assert int(await client.get(keys.total(here))) == sum(sizes) <= 350
+    await stash.delete(here)
+    assert await client.exists(keys.total(here), keys.sizes(here), keys.recency(here)) == 0
     await stash.close()
