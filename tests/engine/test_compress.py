@@ -9,12 +9,12 @@ import textwrap
 
 import pytest
 
-from contextd.engine.compress import NO_FOCUS, Focus, compress, route
+from contextd.engine.compress import KINDS, NO_FOCUS, Focus, compress, route
 from contextd.engine.compress.router import SNIFFED, envelope, hint
 from contextd.engine.compress.text import WORD
 from contextd.engine.model import ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.pipeline import RenderInput, render
-from contextd.engine.policy import parse_policy
+from contextd.engine.policy import parse_policy, schema
 from contextd.engine.state import ViewState
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.view import ViewFormat, ViewRequest
@@ -572,3 +572,8 @@ def test_a_compressor_that_fails_leaves_the_output_whole(monkeypatch: pytest.Mon
     )
     out = render(inp)
     assert out.certificates == () and "processed batch 1000" in out.view.messages_json
+
+
+def test_the_policy_schema_names_exactly_the_kinds_the_router_knows() -> None:
+    tool = schema()["properties"]["tools"]["additionalProperties"]["properties"]["content"]
+    assert tuple(tool["enum"]) == KINDS
