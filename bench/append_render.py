@@ -28,8 +28,8 @@ from contextd_client.v1 import content_pb2 as pb
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from contextd.lab.service import ServerProcess  # noqa: E402
 from tests import backends  # noqa: E402 - reuse the suite's database helpers
-from tests.integration.processes import ServerProcess  # noqa: E402
 
 PARAGRAPH = (
     'Traceback (most recent call last):\n  File "src/app/parse.py", line 41, in parse_header\n'

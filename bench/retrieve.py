@@ -30,9 +30,9 @@ from contextd_client import Client, ViewFormat
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from contextd.lab.service import ServerProcess  # noqa: E402
 from contextd.stash import keys  # noqa: E402
 from tests import backends  # noqa: E402
-from tests.integration.processes import ServerProcess  # noqa: E402
 
 MASK_OLD = (
     "cache: {prices: {input: 3, cache_write: 3.75, cache_read: 0.3, ttl_seconds: 0.000001}}\n"

@@ -53,9 +53,9 @@ from contextd.engine.state import ViewState  # noqa: E402
 from contextd.engine.tokens import TiktokenCounter, block_tokens  # noqa: E402
 from contextd.engine.transforms import TransformRegistry  # noqa: E402
 from contextd.engine.view import ViewFormat, ViewRequest  # noqa: E402
+from contextd.lab.service import ServerProcess  # noqa: E402
 from tests import backends  # noqa: E402
 from tests.helpers import make_session, to_item  # noqa: E402
-from tests.integration.processes import ServerProcess  # noqa: E402
 
 
 def contents(trace: dict[str, Any]) -> list[ItemContent]:

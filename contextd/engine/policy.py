@@ -357,12 +357,17 @@ def _when(raw: Mapping[str, Any], path: str) -> tuple[When, list[FieldViolation]
     return when, problems
 
 
+def default_policy_text() -> str:
+    """The shipped default policy's document (YAML)."""
+    return files("contextd.engine").joinpath("default_policy.yaml").read_text()
+
+
 @cache
 def default_policy() -> Policy:
     """The shipped default (`default_policy.yaml`): protection on, evidence up to
     level 3, Anthropic prices, the built-in strategies."""
     from contextd.engine.strategies import BUILT_IN_STRATEGIES  # they build on the transforms this module names
 
-    document = files("contextd.engine").joinpath("default_policy.yaml").read_text()
+    document = default_policy_text()
     data = yaml.load(document, Loader=_PolicyLoader)
     return _build(data, document, TransformRegistry(BUILT_IN_STRATEGIES), "default policy")

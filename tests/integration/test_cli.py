@@ -14,8 +14,8 @@ from contextd_client import Client, ContextdError, RetryPolicy
 from contextd_client.v1 import content_pb2 as pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from contextd.lab.service import ServerProcess
 from contextd.storage import migrate
-from tests.integration.processes import ServerProcess
 
 
 def user(text: str) -> pb.Item:

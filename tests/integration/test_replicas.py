@@ -12,9 +12,9 @@ import pytest
 from contextd_client import AppendResult, Client, RetryPolicy, ViewFormat
 from contextd_client.v1 import content_pb2 as pb
 
+from contextd.lab.service import ServerProcess
 from contextd.storage import migrate
 from tests import backends
-from tests.integration.processes import ServerProcess
 
 REPLICAS = 3
 CLIENTS = 30

@@ -1,4 +1,5 @@
-"""`contextd serve` as a real child process, for multi-replica and CLI tests."""
+"""`contextd serve` as a real child process: the lab replays through it, and the multi-replica
+and CLI tests and the benchmarks run against it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ SERVING = re.compile(r"contextd serving on [^:]+:(\d+)")
 
 class ServerProcess:
     def __init__(self, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+        """`contextd serve` on a free loopback port, with `args` (flags) in `cwd`."""
         command = [sys.executable, "-m", "contextd", "serve", "--listen", "127.0.0.1:0", *args]
         self.process = subprocess.Popen(
             command,
@@ -70,3 +72,9 @@ class ServerProcess:
                 self.process.kill()
                 self.process.wait()
         self._reader.join(30)
+
+    def __enter__(self) -> ServerProcess:
+        return self.wait_serving()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,152 @@
+"""The lab's conditions, each a policy the service runs as it runs any other (issue 6).
+
+* ``A-raw``: nothing pruned.
+* ``B-duplicates``: exact duplicates only (level 0).
+* ``C-errors``: B, and failed calls reduced to their error lines and their bulky inputs left out,
+  once their tool succeeded.
+* ``D-superseded``: C, and superseded observations (a source read again, a test run again).
+* ``E-aggressive``: D, and level-4 heuristics (the same call keeps its latest output; tool outputs
+  older than 4 turns masked): placeholders only, never summaries. The upper-risk condition.
+* ``F-oracle``: exactly what the fixture labels unnecessary (its labels ride on the items'
+  metadata; only fixtures have them).
+* ``default``: the shipped default policy (strategies and compressions).
+* The known baselines, from their public descriptions: ``masking`` (tool outputs older than
+  10 turns replaced by a placeholder), ``latest-call`` (same tool and arguments: only the
+  latest output stays), ``keep-last-3`` (only the last three tool outputs stay). They act at
+  once, as they do where they come from: their policies price the cache as saving nothing,
+  so the service never waits for a cache-safe point, and protect only user turns.
+
+Conditions B–F keep the default protection and cache pricing: contextd's own timing decides
+when their edits apply.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, ClassVar
+
+import yaml
+
+from contextd.engine.model import Representation, TextBlock, ToolUseBlock
+from contextd.engine.placeholders import handle_of
+from contextd.engine.policy import default_policy_text
+from contextd.engine.transforms import Entry, Proposal, Remove, Replace, TransformContext
+
+ORACLE = "lab.oracle"
+"""Item metadata: what the oracle does with the item (``placeholder`` or ``residue``)."""
+RESIDUE = "lab.residue"
+"""Item metadata: the residue the oracle leaves of a tool output."""
+
+SHELL_TOOLS = {"bash": {"effect": "shell", "command_arg": "command"}}
+
+_AGE = {"roles": ["tool"], "age_turns": {"min": 4}}
+_B = [{"name": "duplicates", "transform": "dedupe", "when": {"roles": ["tool"]}}]
+_C = [
+    *_B,
+    {"name": "old-errors", "transform": "errors", "when": _AGE},
+    {"name": "errored-inputs", "transform": "errored_inputs", "when": {**_AGE, "roles": ["assistant"]}},
+]
+_SNAPSHOT_COMMANDS = ["pytest*", "python -m pytest*", "python3 -m pytest*", "git status*", "git diff*"]
+_D = [
+    *_C,
+    {"name": "same-source", "transform": "same_source", "when": {"roles": ["tool"]}},
+    {"name": "superseded-reads", "transform": "supersede", "when": {"roles": ["tool"]}},
+    {
+        "name": "snapshots",
+        "transform": "snapshots",
+        "params": {"commands": _SNAPSHOT_COMMANDS},
+        "when": {"roles": ["tool"]},
+    },
+]
+_E = [
+    *_D,
+    {"name": "same-call", "transform": "baseline_latest_call", "when": {"roles": ["tool"]}},
+    {"name": "mask-old", "transform": "mask", "when": _AGE},
+]
+_NO_WAITING = {"provider": "anthropic", "prices": {"input": 3, "cache_write": 3, "cache_read": 3, "ttl_seconds": 300}}
+_BASELINE = {"protection": {"last_turns": 0, "latest_error_per_tool": False}, "cache": _NO_WAITING}
+
+CONDITIONS: dict[str, dict[str, Any] | None] = {
+    "A-raw": {"rules": []},
+    "B-duplicates": {"rules": _B},
+    "C-errors": {"rules": _C},
+    "D-superseded": {"rules": _D},
+    "E-aggressive": {"evidence": {"max_level": 4}, "rules": _E},
+    "F-oracle": {"evidence": {"max_level": 4}, "rules": [{"name": "oracle", "transform": "lab_oracle"}]},
+    "default": None,
+    "masking": {
+        **_BASELINE,
+        "evidence": {"max_level": 4},
+        "rules": [{"name": "masking", "transform": "mask", "when": {"roles": ["tool"], "age_turns": {"min": 10}}}],
+    },
+    "latest-call": {
+        **_BASELINE,
+        "evidence": {"max_level": 4},
+        "rules": [{"name": "latest-call", "transform": "baseline_latest_call", "when": {"roles": ["tool"]}}],
+    },
+    "keep-last-3": {
+        **_BASELINE,
+        "evidence": {"max_level": 4},
+        "rules": [{"name": "keep-last-3", "transform": "baseline_keep_last", "params": {"keep": 3}}],
+    },
+}
+"""Each condition's policy (None: the shipped default), before the trace's tools are added."""
+
+
+def policy_text(condition: str, tools: Mapping[str, Any] | None = None, *, at_once: bool = False) -> str:
+    """The policy document of `condition` for a trace whose tools are `tools` ("" for the shipped
+    default). `at_once`: its edits apply as soon as they are found (the cache priced as saving
+    nothing), so what a condition finds is measured apart from when its timing lets it apply."""
+    policy = CONDITIONS[condition]
+    if policy is None:
+        if not at_once and tools is None:
+            return ""
+        policy = yaml.safe_load(default_policy_text())
+        policy["tools"] = {**policy["tools"], **(tools or {})}
+    else:
+        policy = {**policy, "tools": dict(tools or SHELL_TOOLS)}
+    if at_once:
+        policy = {**policy, "cache": _NO_WAITING}
+    return json.dumps(policy, sort_keys=True)
+
+
+def oracle_metadata(labels: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """The fixture's labels as the item metadata the oracle reads (condition F only)."""
+    out = []
+    for label in labels:
+        if label.get("oracle"):
+            out.append({ORACLE: label["oracle"], RESIDUE: label.get("residue", "")})
+        else:
+            out.append({})
+    return out
+
+
+class Oracle:
+    """Condition F: what the labels say, nothing else. A tool output labelled ``residue`` is shown as
+    its residue; an assistant turn so labelled keeps its text and calls, its inputs left out; a
+    ``placeholder`` goes behind one. Level 4: it rests on labels, not on evidence the engine checks."""
+
+    name: ClassVar[str] = "lab_oracle"
+    version: ClassVar[str] = "1"
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterator[Proposal]:
+        for entry in candidates:
+            what = entry.item.metadata.get(ORACLE)
+            if what is None or entry.representation is not Representation.FULL:
+                continue
+            if what == "placeholder":
+                yield Proposal(Remove(entry.seq), 4, "oracle", "labelled unnecessary")
+            elif entry.item.tool_uses:
+                stand_in = json.dumps({"contextd": f"input left out; handle {handle_of(entry.item)}"})
+                content = tuple(
+                    replace(b, input_json=stand_in) if isinstance(b, ToolUseBlock) else b for b in entry.item.content
+                )
+                yield Proposal(Replace(entry.seq, content), 4, "oracle", "labelled: its input is not needed")
+            else:
+                residue = entry.item.metadata.get(RESIDUE, "")
+                text = f"[contextd: residue; handle {handle_of(entry.item)}]\n{residue}"
+                yield Proposal(Replace(entry.seq, (TextBlock(text),)), 4, "oracle", "labelled: its residue is enough")

@@ -1,0 +1,237 @@
+"""Replay a trace through a running contextd, call by call, and record what each call sent.
+
+An agent's loop, reproduced from a trace (the neutral format of
+``../shared/traces/README.md``): the messages up to each assistant message
+are appended over gRPC, then the view is rendered, as the agent would before
+its model call; the assistant message is the model's answer, appended with
+what follows it. Each call's prompt (the rendered messages) goes through the
+prompt-cache model of both providers (`contextd.lab.cache`), ``gap`` seconds
+after the previous one, and is priced. At the end the probes are checked: a
+fact is visible in the last view, recoverable through a handle that view
+shows (fetched back with Retrieve, from the service), or lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from contextd_client import Client, ViewFormat
+from contextd_client.v1 import content_pb2 as pb
+
+from contextd.lab.cache import Billed, PromptCache, Segment
+
+PROVIDERS = ("anthropic", "openai")
+COMPRESSION = "compressed_"
+"""The reason codes of compressions start with this: the item stays, its facts verbatim (not a prune)."""
+
+
+@dataclass
+class Call:
+    """One model call of a replay."""
+
+    tokens: int
+    render_ms: float
+    billed: dict[str, Billed]
+    prompt: tuple[Segment, ...]
+    divergence: int | None = None
+    """Tokens before the first message that differs from the previous call's prompt, when this
+    call does not extend that prompt as it was (a prefix broken); None when it does."""
+    radius: int = 0
+    """Tokens of the previous prompt past the divergence: what the change made the provider read again."""
+
+
+@dataclass
+class Run:
+    trace_id: str
+    condition: str
+    calls: list[Call] = field(default_factory=list)
+    item_tokens: dict[int, int] = field(default_factory=dict)
+    """Each item's own tokens (as the service counted them at append)."""
+    worst: dict[int, str] = field(default_factory=dict)
+    """Per item taken out of a view at some call (placeholder, reduced, omitted), by a prune:
+    the least it was ever shown as."""
+    rule_of: dict[int, str] = field(default_factory=dict)
+    compressed: set[int] = field(default_factory=set)
+    saved_by_rule: Counter[str] = field(default_factory=Counter)
+    """Tokens not sent, over all calls, net of what stands in for them."""
+    decisions: Counter[str] = field(default_factory=Counter)
+    final: list[tuple[int, str, int, str]] = field(default_factory=list)
+    """The last view's items: seq, representation, tokens, handle."""
+    final_text: str = ""
+    probes: dict[str, str] = field(default_factory=dict)
+    """Each probe's answer: visible, recoverable or lost."""
+
+    @property
+    def sent(self) -> int:
+        return sum(c.tokens for c in self.calls)
+
+    def cost(self, provider: str) -> float:
+        return sum(c.billed[provider].dollars for c in self.calls)
+
+    def cached(self, provider: str) -> tuple[int, int, int]:
+        """Cache read, cache write and uncached tokens over all calls."""
+        bills = [c.billed[provider] for c in self.calls]
+        return (
+            sum(b.cache_read for b in bills),
+            sum(b.cache_write for b in bills),
+            sum(b.uncached for b in bills),
+        )
+
+
+def trace_items(trace: Mapping[str, Any], metadata: Sequence[Mapping[str, str]] | None = None) -> list[pb.Item]:
+    """The trace's messages as items (reasoning text is left out: providers do not take it back).
+    `metadata`, one mapping per message, adds to what a message carries itself."""
+    out = []
+    for index, message in enumerate(trace["messages"]):
+        role, text = message["role"], message.get("content") or ""
+        blocks: list[pb.ContentBlock] = []
+        if role == "tool":
+            result = pb.ToolResultBlock(
+                tool_use_id=message["tool_call_id"],
+                content=[pb.ContentBlock(text=pb.TextBlock(text=text))] if text else [],
+                is_error=bool(message.get("is_error")),
+                name=message.get("name", ""),
+            )
+            blocks.append(pb.ContentBlock(tool_result=result))
+        else:
+            if text:
+                blocks.append(pb.ContentBlock(text=pb.TextBlock(text=text)))
+            for call in message.get("tool_calls") or ():
+                use = pb.ToolUseBlock(id=call["id"], name=call["name"], input_json=json.dumps(call["arguments"]))
+                blocks.append(pb.ContentBlock(tool_use=use))
+            if not blocks:
+                blocks.append(pb.ContentBlock(text=pb.TextBlock(text="(empty)")))
+        extra = {**(message.get("metadata") or {}), **(metadata[index] if metadata else {})}
+        out.append(pb.Item(role=_ROLES[role], content=blocks, metadata=extra))
+    return out
+
+
+_ROLES = {"system": pb.ROLE_SYSTEM, "user": pb.ROLE_USER, "assistant": pb.ROLE_ASSISTANT, "tool": pb.ROLE_TOOL}
+
+
+def replay(
+    client: Client,
+    trace: Mapping[str, Any],
+    condition: str,
+    policy: str,
+    *,
+    probes: Iterable[Mapping[str, Any]] = (),
+    gap: float = 30.0,
+    metadata: Sequence[Mapping[str, str]] | None = None,
+) -> Run:
+    """Replay `trace` under `policy` (its text; "" for the default policy) on a new session."""
+    items = trace_items(trace, metadata)
+    run = Run(trace["id"], condition)
+    caches = {provider: PromptCache(provider) for provider in PROVIDERS}
+    session = client.create_session(policy=policy).id
+    try:
+        ends = [i for i, m in enumerate(trace["messages"]) if m["role"] == "assistant"] + [len(items)]
+        appended, previous = 0, None
+        for number, end in enumerate(ends):
+            if end > appended:
+                result = client.append_items(session, items[appended:end])
+                run.item_tokens.update((r.seq, r.token_count) for r in result.receipts)
+                appended = end
+            started = time.perf_counter()
+            view = client.render_view(session, ViewFormat.OPENAI_CHAT)
+            elapsed = (time.perf_counter() - started) * 1000
+            for certificate in view.certificates:
+                run.decisions[certificate.decision] += 1
+                if certificate.decision == "prune":
+                    if certificate.reason.startswith(COMPRESSION):
+                        run.compressed.add(certificate.seq)
+                    else:
+                        run.rule_of[certificate.seq] = certificate.rule
+            for shown in view.items:
+                if shown.representation == "full":
+                    continue
+                saved = run.item_tokens.get(shown.seq, shown.tokens) - shown.tokens
+                if end < len(items):
+                    run.saved_by_rule[run.rule_of.get(shown.seq, "compressions")] += saved
+                if shown.seq in run.rule_of:
+                    run.worst[shown.seq] = _worse(run.worst.get(shown.seq), shown.representation)
+            if end == len(items):  # the view after the last message: what the probes are checked on
+                run.final = [(s.seq, s.representation, s.tokens, s.handle) for s in view.items]
+                run.final_text = view.messages_json
+                break
+            prompt = _segments(view.messages, view.items, view.framing_tokens)
+            at = number * gap
+            call = Call(view.total_tokens, elapsed, {p: caches[p].call(prompt, at) for p in PROVIDERS}, prompt)
+            if previous is not None:
+                shared = _shared(previous.prompt, prompt)
+                if shared < len(previous.prompt):
+                    call.divergence = sum(s.tokens for s in prompt[:shared])
+                    call.radius = sum(s.tokens for s in previous.prompt[shared:])
+            run.calls.append(call)
+            previous = call
+        run.probes = check_probes(client, session, run, probes)
+    finally:
+        client.delete_session(session)
+    return run
+
+
+_ORDER = {"reduced": 0, "placeholder": 1, "omitted": 2}
+
+
+def _worse(a: str | None, b: str) -> str:
+    return b if a is None or _ORDER.get(b, 0) > _ORDER.get(a, 0) else a
+
+
+def _segments(messages: Sequence[Mapping[str, Any]], items: Iterable[Any], framing: int) -> tuple[Segment, ...]:
+    """One segment per rendered message: a digest of its bytes, and its tokens (its items'
+    tokens and an even share of the framing)."""
+    tokens = Counter[int]()
+    for shown in items:
+        tokens[shown.message_index] += shown.tokens
+    share = framing // max(1, len(messages))
+    out = []
+    for index, message in enumerate(messages):
+        digest = hashlib.sha256(json.dumps(message, sort_keys=True).encode()).hexdigest()
+        out.append(Segment(digest, tokens[index] + share))
+    return tuple(out)
+
+
+def _shared(a: Sequence[Segment], b: Sequence[Segment]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x.digest != y.digest:
+            break
+        n += 1
+    return n
+
+
+def check_probes(client: Client, session: str, run: Run, probes: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Each probe's answer: visible in the last view, recoverable through a handle it shows
+    (the original fetched back from the service, page by page), or lost."""
+    originals: dict[str, str] = {}
+    outcome: dict[str, str] = {}
+    handles = [handle for _, representation, _, handle in run.final if representation != "full" and handle]
+    for probe in probes:
+        answer = probe["answer"]
+        if json.dumps(answer)[1:-1] in run.final_text:
+            outcome[answer] = "visible"
+            continue
+        outcome[answer] = "lost"
+        for handle in handles:
+            if handle not in originals:
+                originals[handle] = _original(client, session, handle)
+            if answer in originals[handle]:
+                outcome[answer] = "recoverable"
+                break
+    return outcome
+
+
+def _original(client: Client, session: str, handle: str) -> str:
+    pages, offset = [], 0
+    while True:
+        page = client.retrieve(session, handle, offset=offset)
+        pages.append(page.content)
+        if page.next_offset <= offset or page.next_offset >= page.total_tokens:
+            return "".join(pages)
+        offset = page.next_offset

@@ -1,0 +1,75 @@
+"""The lab through the real service: conditions on the fixtures, and `contextd-lab` end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from contextd_client import Client
+
+from contextd.lab import fixtures, report
+from contextd.lab.cli import main
+
+CONDITIONS = ["B-duplicates", "C-errors", "D-superseded", "E-aggressive", "F-oracle", "latest-call"]
+
+
+def test_b_to_d_prune_only_what_is_unnecessary_and_lose_no_probe(client: Client) -> None:
+    traces = [fixtures.generate(seed).trace() for seed in (0, 1)]
+    results = report.run(client, traces, {t["id"]: t["probes"] for t in traces}, CONDITIONS, 30, at_once=True)
+    recall = {}
+    for condition in CONDITIONS:
+        qualities = [results.quality(t["id"], condition) for t in traces]
+        assert all(q is not None for q in qualities)
+        prunes = sum(q.prunes for q in qualities if q)
+        false = [seq for q in qualities if q for seq in q.false_prunes]
+        recall[condition] = sum(q.taken for q in qualities if q) / sum(q.oracle for q in qualities if q)
+        lost = [a for t in traces for a, o in results.runs[t["id"], condition].probes.items() if o == "lost"]
+        assert not lost, (condition, lost)  # every original stays one handle away, whatever the condition
+        if condition in {"B-duplicates", "C-errors", "D-superseded", "F-oracle"}:
+            assert prunes and not false, (condition, false)
+        else:
+            assert false, condition  # the traps catch the level-4 rules: counted, not hidden
+    assert recall["F-oracle"] == 1.0
+    assert recall["B-duplicates"] < recall["C-errors"] < recall["D-superseded"] < 1.0
+    # Reduction is counted on the same service: each condition sends less than raw.
+    for trace in traces:
+        raw = results.runs[trace["id"], "A-raw"].sent
+        assert all(results.runs[trace["id"], c].sent < raw for c in CONDITIONS)
+
+
+@pytest.mark.parametrize("backend", ["embedded", "postgres+redis"])
+def test_contextd_lab_report_runs_end_to_end(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    trace = fixtures.generate(7, episodes=8).trace()  # a generated trace stands in for a real one
+    del trace["labels"]
+    (traces / "t.json").write_text(json.dumps(trace))
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    (probes / f"{trace['id']}.json").write_text(json.dumps({"probes": trace.pop("probes")}))
+    (traces / "t.json").write_text(json.dumps(trace))
+    args = [
+        "report",
+        "--traces",
+        str(traces),
+        "--probes",
+        str(probes),
+        "--seeds",
+        "0",
+        "--out",
+        str(tmp_path / "lab.md"),
+    ]
+    if backend != "embedded":
+        args += ["--database-url", request.getfixturevalue("postgres_url")]
+        args += ["--redis-url", request.getfixturevalue("redis_url")]
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 0
+    text = (tmp_path / "lab.md").read_text()
+    for heading in ("## Fixtures", "## Real traces", "### The default policy against observation masking"):
+        assert heading in text
+    assert "| F-oracle | " in text and "| masking | " in text and f"| {trace['id']} | " in text
+    for plot in ("tokens-per-call", "cost-vs-saved", "precision-recall"):
+        assert (tmp_path / "lab" / f"{plot}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,109 @@
+"""The lab's metrics on tiny cases computed by hand."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from contextd.lab.cache import Billed, Segment
+from contextd.lab.metrics import percentile, quality, summarize
+from contextd.lab.replay import Call, Run, _segments, _shared
+
+
+def label(index: int, keep: str, needs: tuple[int, ...] = (), oracle: str | None = None) -> dict[str, Any]:
+    return {"index": index, "category": f"c{index}", "keep": keep, "needs": list(needs), "oracle": oracle}
+
+
+# Items (seq = index + 1): 1 needed whole; 2 and 3 copies of each other (the oracle prunes 3);
+# 4 an error whose residue is enough (the oracle reduces it); 5 superseded by 6 (the oracle prunes 5).
+LABELS = [
+    label(0, "full"),
+    label(1, "none", needs=(2,)),
+    label(2, "none", needs=(1,), oracle="placeholder"),
+    label(3, "residue", oracle="residue"),
+    label(4, "none", needs=(5,), oracle="placeholder"),
+    label(5, "full"),
+]
+
+
+def test_the_oracles_own_prunes_are_all_true_and_all_found() -> None:
+    q = quality({3: "placeholder", 4: "reduced", 5: "placeholder"}, LABELS)
+    assert (q.prunes, q.false_prunes, q.oracle, q.taken) == (3, (), 3, 3)
+    assert (q.precision, q.recall) == (1.0, 1.0)
+
+
+def test_the_other_copy_of_a_duplicate_counts_for_the_oracles() -> None:
+    q = quality({2: "placeholder"}, LABELS)  # the older copy instead of the newer
+    assert (q.false_prunes, q.taken, q.recall) == ((), 1, pytest.approx(1 / 3))
+
+
+def test_false_prunes_whole_items_residues_behind_placeholders_and_both_copies() -> None:
+    q = quality({1: "reduced", 2: "placeholder", 3: "placeholder", 4: "placeholder", 6: "placeholder"}, LABELS)
+    # 1 is needed whole (even reduced is wrong); 2 and 3 both went, each needing the other;
+    # 4 needed its residue; 6 is needed whole.
+    assert q.false_prunes == (1, 2, 3, 4, 6)
+    assert q.precision == 0.0
+    assert q.taken == 0
+    assert q.by_category == {"c0": 1, "c1": 1, "c2": 1, "c3": 1, "c5": 1}
+
+
+def test_a_condition_that_prunes_nothing_is_precise_and_finds_nothing() -> None:
+    q = quality({}, LABELS)
+    assert (q.precision, q.recall) == (1.0, 0.0)
+    assert quality({}, [label(0, "full")]).recall == 1.0  # nothing to find
+
+
+def test_a_pruned_item_whose_needed_partner_stayed_is_true() -> None:
+    q = quality({5: "placeholder"}, LABELS)
+    assert (q.false_prunes, q.taken) == ((), 1)
+    assert quality({5: "placeholder", 6: "placeholder"}, LABELS).false_prunes == (5, 6)
+
+
+def test_percentile_by_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([], 50) == 0.0
+
+
+def call(tokens: int, dollars: float, divergence: int | None = None, radius: int = 0, ms: float = 1.0) -> Call:
+    billed = {p: Billed(tokens // 2, 0, tokens - tokens // 2, dollars) for p in ("anthropic", "openai")}
+    return Call(tokens, ms, billed, (), divergence, radius)
+
+
+def test_summary_of_a_run_against_the_raw_one() -> None:
+    raw = Run("t", "A-raw", calls=[call(1000, 0.5), call(2000, 0.5)])
+    run = Run("t", "X", calls=[call(800, 0.25, ms=2.0), call(1200, 0.5, divergence=300, radius=500, ms=4.0)])
+    run.decisions = Counter(prune=3, abstain=1)
+    run.probes = {"a": "visible", "b": "recoverable"}
+    run.final = [(1, "full", 10, ""), (2, "placeholder", 5, "h2"), (3, "reduced", 4, "h3")]
+    s = summarize(run, raw, user_seqs={1, 3})
+    assert s.sent == 2000
+    assert s.reduction == pytest.approx(1 - 2000 / 3000)
+    assert s.cost["anthropic"] == pytest.approx(0.75)
+    assert s.cache["openai"] == (400 + 600, 0, 400 + 600)
+    assert (s.breaks, s.radius, s.first_divergence) == (1, 500, 300.0)
+    assert s.abstention == 0.25
+    assert (s.render_p50, s.render_p99) == (2.0, 4.0)
+    assert s.probes == {"visible": 1, "recoverable": 1}
+    assert s.user_turns_reduced == 1  # user turn 3 shown reduced
+
+
+class Shown:
+    def __init__(self, message_index: int, tokens: int) -> None:
+        self.message_index, self.tokens = message_index, tokens
+
+
+def test_a_prompts_segments_are_its_messages_with_their_tokens() -> None:
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    items = [Shown(0, 10), Shown(1, 7), Shown(1, 3)]  # two items in one message
+    first = _segments(messages, items, framing=8)
+    assert [s.tokens for s in first] == [14, 14]
+    again = _segments([messages[0], {"role": "user", "content": "changed"}], items, framing=8)
+    assert again[0] == first[0] and again[1] != first[1]
+    assert _shared(first, again) == 1
+    assert _shared(first, (*first, Segment("x", 1))) == 2
