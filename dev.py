@@ -3,6 +3,8 @@
 
     python3 dev.py serve [contextd serve flags]   install, then run the daemon (embedded default)
     python3 dev.py test [pytest args]             install with test tools, then run the test suite
+    python3 dev.py lab [contextd-lab args]        install with the lab's plotting, then run the lab
+                                                  (default: `report`, regenerating docs/lab.md)
     python3 dev.py check                          lint: ruff, mypy, API stubs, buf (when installed)
     python3 dev.py lock                           re-pin requirements/constraints.txt from .venv
 
@@ -69,6 +71,11 @@ def test(args: list[str]) -> int:
     return run(PYTHON, "-m", "pytest", *args)
 
 
+def lab(args: list[str]) -> int:
+    install("[lab]")
+    return run(BIN / "contextd-lab", *(args or ["report"]))
+
+
 def check(_: list[str]) -> int:
     install("[test]")
     steps = [
@@ -102,7 +109,7 @@ def lock(_: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"serve": serve, "test": test, "check": check, "lock": lock}
+COMMANDS = {"serve": serve, "test": test, "lab": lab, "check": check, "lock": lock}
 
 
 def main() -> int:

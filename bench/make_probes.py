@@ -7,7 +7,9 @@ trace's messages and seen again in its last third (so a late turn needed
 it): file paths, exception messages (``SomeError: ...`` lines), test names
 (``test_...``), identifiers the task statement names (code spans and
 CamelCase or snake_case names of the first user message), and the commands
-the agent ran more than once. Each is written in the probe format of
+the agent ran more than once; and, apart, up to four facts (paths, exception
+messages, test names) that a tool output brought in, first seen there in the
+first third and seen again in the last. Each is written in the probe format of
 ../shared/traces/README.md. The selection is mechanical and deterministic:
 the same traces give the same files.
 """
@@ -73,6 +75,41 @@ def probes_for(trace: dict[str, Any]) -> list[dict[str, Any]]:
             chosen += 1
             if chosen == MAX_PER_KIND:
                 break
+    return out + output_facts(trace, messages, early, late, {p["answer"] for p in out})
+
+
+def output_facts(
+    trace: dict[str, Any], messages: list[str], early: int, late: int, taken: set[str]
+) -> list[dict[str, Any]]:
+    """Facts a tool output brought in early (first seen in one), needed again late: the probes
+    that say most about pruning, since the rules act on tool outputs."""
+    out: list[dict[str, Any]] = []
+    for index in range(early):
+        if trace["messages"][index]["role"] != "tool":
+            continue
+        for kind in ("error_message", "test_name", "file_path"):
+            for match in KINDS[kind].finditer(messages[index]):
+                answer = match.group(0).strip()
+                seen = [i for i, text in enumerate(messages) if answer in text]
+                if answer in taken or len(answer) < 4 or seen[0] != index or seen[-1] < late:
+                    continue
+                taken.add(answer)
+                out.append(
+                    {
+                        "trace_id": trace["id"],
+                        "kind": kind,
+                        "question": f"Which {kind.replace('_', ' ')} did the tool output of message {index} "
+                        f"show, needed again at message {seen[-1]}?",
+                        "answer": answer,
+                        "message_index": index,
+                        "role_at_index": "tool",
+                        "last_seen_index": seen[-1],
+                        "n_messages": len(messages),
+                        "occurrences": len(seen),
+                    }
+                )
+                if len(out) == MAX_PER_KIND:
+                    return out
     return out
 
 

@@ -1,7 +1,7 @@
 """Replay real agent traces call by call and count what each model call is sent.
 
     python bench/traces.py [--traces ../shared/traces] [--probes bench/probes] [--policy FILE]
-                           [--gap SECONDS | --service [sqlite|postgres]] [--composition]
+                           [--gap SECONDS] [--composition]
 
 For every trace (the neutral format of ../shared/traces/README.md): append
 the messages in order and, before each assistant message (a model call),
@@ -10,13 +10,12 @@ carry, --gap seconds after it (30 by default: the prompt cache warm, so
 edits to what was sent are priced and may wait; past the cache's TTL every
 call finds it cold, and what is eligible applies at once). It runs the
 engine in-process, as the service does under its lock, with the default
-policy unless --policy names another; with --service, through a `contextd
-serve` process started for the run, over gRPC, appending the messages
-before each call (on the service's own clock: calls back to back).
+policy unless --policy names another. The same through a running service,
+over gRPC, with the prompt cache priced: `contextd-lab replay` (the lab).
 
 Prints, per trace and in total: tokens sent over all calls with the policy
 and with the raw history, the reduction, the median time of a render (the
-engine's own in-process; the whole RenderView call with --service), what each rule removed (tokens not
+engine's own), what each rule removed (tokens not
 sent, summed over calls, net of what stands in for them), and the probes
 (facts from early turns needed late; bench/probes/<trace>.json): visible in
 the final view, recoverable through a handle it shows, or lost.
@@ -26,14 +25,11 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import contextlib
 import json
-import os
 import sys
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,8 +37,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from contextd_client import Client  # noqa: E402
-from contextd_client.v1 import content_pb2 as pb  # noqa: E402
 
 from contextd.engine.codec import canonical_json, item_to_json  # noqa: E402
 from contextd.engine.model import Item, ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock  # noqa: E402
@@ -53,8 +47,6 @@ from contextd.engine.state import ViewState  # noqa: E402
 from contextd.engine.tokens import TiktokenCounter, block_tokens  # noqa: E402
 from contextd.engine.transforms import TransformRegistry  # noqa: E402
 from contextd.engine.view import ViewFormat, ViewRequest  # noqa: E402
-from contextd.lab.service import ServerProcess  # noqa: E402
-from tests import backends  # noqa: E402
 from tests.helpers import make_session, to_item  # noqa: E402
 
 
@@ -119,55 +111,6 @@ def replay(
     return out
 
 
-def replay_service(trace: dict[str, Any], target: str, policy: str, counter: TiktokenCounter) -> Replay:
-    """The same through a running service: append the messages before each model call
-    over gRPC, then render, as an agent would (on the service's own clock: calls come
-    back to back, the prompt cache warm)."""
-    items = [to_item(c, seq) for seq, c in enumerate(contents(trace), start=1)]
-    out = Replay(trace["id"], items=items)
-    request = ViewRequest(ViewFormat.OPENAI_CHAT)
-    ends = [i for i, m in enumerate(trace["messages"]) if m["role"] == "assistant"] + [len(items)]
-    rule_of: dict[int, str] = {}
-    with Client(target, timeout=120) as client:
-        session_id = client.create_session(policy=policy).id
-        appended = 0
-        for end in ends:
-            if end > appended:
-                client.append_items(session_id, [_to_proto(i) for i in items[appended:end]])
-                appended = end
-            started = time.perf_counter()
-            view = client.render_view(session_id, ViewFormat.OPENAI_CHAT)
-            out.engine_ms.append((time.perf_counter() - started) * 1000)  # here: the whole call
-            out.decisions.update(c.decision for c in view.certificates)
-            rule_of.update((c.seq, c.rule) for c in view.certificates if c.decision == "prune")
-            if end == len(items):
-                out.final_view = view.messages_json + json.dumps(view.system or "")
-                break
-            out.calls += 1
-            out.sent += view.total_tokens
-            out.raw += identity_view(make_session(end), items[:end], request, counter).total_tokens
-            for shown in view.items:
-                if shown.seq in rule_of and shown.representation != "full":
-                    out.by_rule[rule_of[shown.seq]] += items[shown.seq - 1].token_count - shown.tokens
-    return out
-
-
-def _to_proto(item: Item) -> pb.Item:
-    role = {Role.SYSTEM: pb.ROLE_SYSTEM, Role.USER: pb.ROLE_USER, Role.ASSISTANT: pb.ROLE_ASSISTANT}
-    blocks = []
-    for block in item.content:
-        if isinstance(block, TextBlock):
-            blocks.append(pb.ContentBlock(text=pb.TextBlock(text=block.text)))
-        elif isinstance(block, ToolUseBlock):
-            use = pb.ToolUseBlock(id=block.id, name=block.name, input_json=block.input_json)
-            blocks.append(pb.ContentBlock(tool_use=use))
-        elif isinstance(block, ToolResultBlock):
-            parts = [pb.ContentBlock(text=pb.TextBlock(text=p.text)) for p in block.content if isinstance(p, TextBlock)]
-            result = pb.ToolResultBlock(tool_use_id=block.tool_use_id, content=parts, is_error=block.is_error)
-            blocks.append(pb.ContentBlock(tool_result=result))
-    return pb.Item(role=role.get(item.role, pb.ROLE_TOOL), content=blocks)
-
-
 def check_probes(result: Replay, probes: Sequence[dict[str, Any]]) -> Counter[str]:
     """Each probe's answer: visible in the final view, behind a handle the view shows, or lost."""
     view = result.final_view
@@ -211,21 +154,12 @@ def main() -> int:
         "--gap", type=float, default=30.0, help="seconds between calls (past the cache TTL: every call finds it cold)"
     )
     parser.add_argument(
-        "--service",
-        nargs="?",
-        const="sqlite",
-        choices=["sqlite", "postgres"],
-        help="replay through a `contextd serve` process started for the run (default backend: sqlite)",
-    )
-    parser.add_argument("--postgres-url", default=os.environ.get("CONTEXTD_TEST_POSTGRES_URL"))
-    parser.add_argument(
         "--composition", action="store_true", help="print where the raw tokens sent are (by kind of message), then stop"
     )
     args = parser.parse_args()
     if args.composition:
         return composition(args.traces)
-    with tempfile.TemporaryDirectory() as tmp, _server(args, Path(tmp)) as target:
-        return _run(args, target)
+    return _run(args)
 
 
 def composition(traces: Path) -> int:
@@ -255,45 +189,16 @@ def composition(traces: Path) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _server(args: argparse.Namespace, tmp: Path) -> Iterator[str | None]:
-    if not args.service:
-        yield None
-        return
-    database = None
-    if args.service == "postgres":
-        if not args.postgres_url:
-            raise SystemExit("--service postgres needs --postgres-url or CONTEXTD_TEST_POSTGRES_URL")
-        database = backends.create_database(args.postgres_url, "contextd_traces")
-        server = ServerProcess("--database-url", database)
-    else:
-        server = ServerProcess(cwd=tmp)
-    try:
-        yield server.wait_serving().target
-    finally:
-        server.stop()
-        if database is not None:
-            backends.drop_database(args.postgres_url, database)
-
-
-def _run(args: argparse.Namespace, target: str | None) -> int:
-
+def _run(args: argparse.Namespace) -> int:
     counter, registry = TiktokenCounter(), TransformRegistry.default()
     policy = parse_policy(args.policy.read_text(), registry) if args.policy else default_policy()
     print(f"command: python bench/traces.py {' '.join(sys.argv[1:])}".rstrip())
-    where = (
-        f"through a `contextd serve` process ({args.service}), calls back to back"
-        if target
-        else f"in-process, {args.gap:g} s between calls"
-    )
+    where = f"in-process, {args.gap:g} s between calls"
     print(f"policy: {policy.version} ({args.policy or 'the default policy'}); {where}\n")
     rows, totals, rules, probes_total, decisions = [], Counter[str](), Counter[str](), Counter[str](), Counter[str]()
     for path in sorted(args.traces.glob("*.json")):
         trace = json.loads(path.read_text())
-        if target is None:
-            result = replay(trace, policy, counter, registry, args.gap)
-        else:
-            result = replay_service(trace, target, args.policy.read_text() if args.policy else "", counter)
+        result = replay(trace, policy, counter, registry, args.gap)
         probe_file = args.probes / f"{trace['id']}.json"
         probes = json.loads(probe_file.read_text())["probes"] if probe_file.exists() else []
         kept = check_probes(result, probes)

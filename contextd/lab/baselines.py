@@ -6,8 +6,10 @@ the built-in `mask` with an age (``when: {age_turns: {min: N}}``).
 * ``baseline_latest_call``: of the tool outputs whose call had the same tool and the same
   arguments, only the latest stays; the earlier ones become placeholders. (The trap it falls
   into: a test run again after an edit has the same call and another output.)
-* ``baseline_keep_last``: only the last `params.keep` tool outputs (3 by default) stay; every
-  earlier one becomes a placeholder.
+* ``baseline_keep_last``: tool-result clearing as Anthropic's API publishes it: once the view
+  holds more than `params.trigger_tokens` (100,000 by default), every tool output but the last
+  `params.keep` (3) becomes a placeholder, provided that takes out at least
+  `params.clear_at_least` tokens (0); what is cleared stays cleared.
 """
 
 from __future__ import annotations
@@ -49,9 +51,18 @@ class KeepLast:
         self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
     ) -> Iterator[Proposal]:
         keep = int(params.get("keep", 3))
+        if context.view_tokens <= int(params.get("trigger_tokens", 100_000)):
+            return
         outputs = sorted(context.observations.by_seq)
         kept = set(outputs[-keep:]) if keep > 0 else set()
-        for entry in candidates:
-            old = entry.seq in context.observations.by_seq and entry.seq not in kept
-            if old and entry.representation is Representation.FULL:
-                yield Proposal(Remove(entry.seq), 4, "not_recent", f"not among the last {keep} tool outputs")
+        cleared = [
+            entry
+            for entry in candidates
+            if entry.seq in context.observations.by_seq
+            and entry.seq not in kept
+            and entry.representation is Representation.FULL
+        ]
+        if sum(entry.tokens for entry in cleared) < int(params.get("clear_at_least", 0)):
+            return
+        for entry in cleared:
+            yield Proposal(Remove(entry.seq), 4, "not_recent", f"not among the last {keep} tool outputs")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -23,7 +24,7 @@ from typing import Any
 from contextd_client import Client
 
 from contextd.lab import fixtures
-from contextd.lab.conditions import CONDITIONS
+from contextd.lab.conditions import CONDITIONS, DEFAULT_VARIANTS
 from contextd.lab.service import ServerProcess
 
 
@@ -38,7 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     one = commands.add_parser("replay", help="replay one trace under each condition and print its figures")
     one.add_argument("trace", type=Path)
     one.add_argument("--probes", type=Path, help="a probe file (default: the trace's own, for a fixture)")
-    one.add_argument("--condition", action="append", choices=sorted(CONDITIONS), help="repeatable; default: all")
+    names = [*CONDITIONS, *DEFAULT_VARIANTS]
+    one.add_argument("--condition", action="append", choices=names, help="repeatable; default: all")
     one.add_argument(
         "--at-once", action="store_true", help="edits apply when found (the cache priced as saving nothing)"
     )
@@ -52,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _service_options(report)
 
     args = parser.parse_args(argv)
+    if argv is None:  # the command itself: stopped from outside, unwind so the service started for it stops too
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.command == "fixtures":
         return _write_fixtures(args.seeds, args.out)
     from contextd.lab import report as lab  # matplotlib only where it draws
@@ -59,14 +63,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     with _service(args) as target, Client(target, timeout=120) as client:
         if args.command == "replay":
             trace = json.loads(args.trace.read_text())
-            conditions = args.condition or list(CONDITIONS)
+            conditions = args.condition or names
             by_trace = {trace["id"]: _probes(trace, args.probes)}
             results = lab.run(client, [trace], by_trace, conditions, args.gap, at_once=args.at_once)
             print(lab.replay_table(results))
             return 1 if results.lost() else 0
         traces = [json.loads(p.read_text()) for p in sorted(args.traces.glob("*.json"))]
         if not traces:
-            parser.error(f"no traces in {args.traces}")
+            print(f"no traces in {args.traces} (--traces): the report covers the fixtures only", file=sys.stderr)
         made_fixtures = [fixtures.generate(seed).trace() for seed in args.seeds]
         probes = {t["id"]: _probes(t, args.probes / f"{t['id']}.json") for t in traces}
         probes.update((f["id"], _probes(f, None)) for f in made_fixtures)
@@ -86,7 +90,12 @@ def _seeds(text: str) -> list[int]:
 
 
 def _service_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gap", type=float, default=30.0, help="seconds between model calls for the cache model")
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=30.0,
+        help="seconds between model calls in the lab's cache model (the service itself sees the calls back to back)",
+    )
     parser.add_argument("--target", help="a running contextd (host:port); else one is started for the run")
     parser.add_argument("--database-url", help="for the service started: e.g. postgresql+asyncpg://user@host/db")
     parser.add_argument("--redis-url", help="for the service started: its stash, e.g. redis://127.0.0.1:6379/0")

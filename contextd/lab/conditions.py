@@ -11,10 +11,13 @@
   metadata; only fixtures have them).
 * ``default``: the shipped default policy (strategies and compressions).
 * The known baselines, from their public descriptions: ``masking`` (tool outputs older than
-  10 turns replaced by a placeholder), ``latest-call`` (same tool and arguments: only the
-  latest output stays), ``keep-last-3`` (only the last three tool outputs stay). They act at
-  once, as they do where they come from: their policies price the cache as saving nothing,
-  so the service never waits for a cache-safe point, and protect only user turns.
+  10 turns replaced by a placeholder; a turn as the engine counts them: each user or assistant
+  message), ``latest-call`` (same tool and arguments: only the latest output stays),
+  ``keep-last-3`` (Anthropic's tool-result clearing with its published defaults: past 100,000
+  tokens, all but the last three tool outputs cleared; the traces here stay under it) and
+  ``keep-last-3-eager`` (the same from the first call). They act at once, as they do where
+  they come from: their policies price the cache as saving nothing, so the service never
+  waits for a cache-safe point, and protect only user turns.
 
 Conditions B–F keep the default protection and cache pricing: contextd's own timing decides
 when their edits apply.
@@ -38,6 +41,8 @@ ORACLE = "lab.oracle"
 """Item metadata: what the oracle does with the item (``placeholder`` or ``residue``)."""
 RESIDUE = "lab.residue"
 """Item metadata: the residue the oracle leaves of a tool output."""
+NEEDS = "lab.needs"
+"""Item metadata: the seqs (comma-separated) that carry what the item held; the oracle waits for them."""
 
 SHELL_TOOLS = {"bash": {"effect": "shell", "command_arg": "command"}}
 
@@ -91,20 +96,40 @@ CONDITIONS: dict[str, dict[str, Any] | None] = {
         "evidence": {"max_level": 4},
         "rules": [{"name": "keep-last-3", "transform": "baseline_keep_last", "params": {"keep": 3}}],
     },
+    "keep-last-3-eager": {
+        **_BASELINE,
+        "evidence": {"max_level": 4},
+        "rules": [
+            {
+                "name": "keep-last-3-eager",
+                "transform": "baseline_keep_last",
+                "params": {"keep": 3, "trigger_tokens": 0},
+            }
+        ],
+    },
 }
 """Each condition's policy (None: the shipped default), before the trace's tools are added."""
+
+DEFAULT_VARIANTS: dict[str, dict[str, Any]] = {
+    "default, expected_calls 10": {"expected_calls": 10},
+    "default, expected_calls auto": {"expected_calls": "auto"},
+}
+"""The shipped default with another guess of the calls left to pay back a cache rewrite
+(the default's is 20): the report's sensitivity to it, on the real traces."""
 
 
 def policy_text(condition: str, tools: Mapping[str, Any] | None = None, *, at_once: bool = False) -> str:
     """The policy document of `condition` for a trace whose tools are `tools` ("" for the shipped
     default). `at_once`: its edits apply as soon as they are found (the cache priced as saving
     nothing), so what a condition finds is measured apart from when its timing lets it apply."""
-    policy = CONDITIONS[condition]
+    policy = CONDITIONS.get(condition)
     if policy is None:
-        if not at_once and tools is None:
+        variant = DEFAULT_VARIANTS.get(condition)
+        if not at_once and tools is None and variant is None:
             return ""
         policy = yaml.safe_load(default_policy_text())
         policy["tools"] = {**policy["tools"], **(tools or {})}
+        policy["cache"] = {**policy.get("cache", {}), **(variant or {})}
     else:
         policy = {**policy, "tools": dict(tools or SHELL_TOOLS)}
     if at_once:
@@ -117,7 +142,8 @@ def oracle_metadata(labels: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]
     out = []
     for label in labels:
         if label.get("oracle"):
-            out.append({ORACLE: label["oracle"], RESIDUE: label.get("residue", "")})
+            needs = ",".join(str(n + 1) for n in label.get("needs", ()))
+            out.append({ORACLE: label["oracle"], RESIDUE: label.get("residue", ""), NEEDS: needs})
         else:
             out.append({})
     return out
@@ -126,7 +152,8 @@ def oracle_metadata(labels: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]
 class Oracle:
     """Condition F: what the labels say, nothing else. A tool output labelled ``residue`` is shown as
     its residue; an assistant turn so labelled keeps its text and calls, its inputs left out; a
-    ``placeholder`` goes behind one. Level 4: it rests on labels, not on evidence the engine checks."""
+    ``placeholder`` goes behind one, once the items that carry what it held are in the session.
+    Level 4: it rests on labels, not on evidence the engine checks."""
 
     name: ClassVar[str] = "lab_oracle"
     version: ClassVar[str] = "1"
@@ -138,6 +165,9 @@ class Oracle:
             what = entry.item.metadata.get(ORACLE)
             if what is None or entry.representation is not Representation.FULL:
                 continue
+            needs = [int(n) for n in entry.item.metadata.get(NEEDS, "").split(",") if n]
+            if not all(n in context.by_seq for n in needs):
+                continue  # unnecessary once what carries it is there, not before
             if what == "placeholder":
                 yield Proposal(Remove(entry.seq), 4, "oracle", "labelled unnecessary")
             elif entry.item.tool_uses:

@@ -173,14 +173,15 @@ class _Draw:
         self.used: set[str] = set()
 
     def name(self) -> str:
-        while True:
-            candidate = f"{self.rng.choice(_VERBS)}_{self.rng.choice(_WORDS)}"
-            if candidate not in self.used:
-                self.used.add(candidate)
-                return candidate
+        """A name not drawn before in this fixture."""
+        candidate = f"{self.rng.choice(_VERBS)}_{self.rng.choice(_WORDS)}"
+        while candidate in self.used:  # once the pairs run short, a number makes it new
+            candidate = f"{self.rng.choice(_VERBS)}_{self.rng.choice(_WORDS)}{len(self.used)}"
+        self.used.add(candidate)
+        return candidate
 
     def path(self, folder: str = "src") -> str:
-        return f"{folder}/{self.name().split('_')[1]}_{self.rng.randrange(100, 999)}.py"
+        return f"{folder}/{self.name()}.py"
 
     def hexid(self, n: int) -> str:
         return "".join(self.rng.choice("0123456789abcdef") for _ in range(n))
@@ -240,7 +241,7 @@ def _duplicate_read(f: Fixture, d: _Draw) -> Iterator[None]:
 
 def _changed_output(f: Fixture, d: _Draw) -> Iterator[None]:
     """Trap: the same command again with another output; the first still says something the second does not."""
-    script = f"scripts/check_{d.rng.choice(_WORDS)}.py"
+    script = f"scripts/{d.name()}.py"
     migration = f"{d.rng.randrange(10, 99):04d}_add_{d.name()}_index"
     before = _shell(f"checked 14 tables\npending migration: {migration}\nrows without owner: {d.rng.randrange(3, 90)}")
     _, old = f.call("bash", {"command": f"python {script}"}, before, "changed_output", thought="Check the database.")
@@ -287,7 +288,8 @@ def _superseded(f: Fixture, d: _Draw) -> Iterator[None]:
     _, first = f.call("read_file", {"path": path}, old, "superseded", keep="none", thought=f"Open {path}.")
     yield
     new = old.replace(f"def {names[1]}(", f"def {names[1]}_v2(")
-    f.call("write_file", {"path": path, "content": new}, f"wrote {path}", "plain", thought="Rename it.")
+    rename = {"command": f"python scripts/rename.py {path} {names[1]} {names[1]}_v2"}
+    f.call("bash", rename, _shell("renamed 1 definition"), "plain", thought="Rename it.")
     yield
     _, second = f.call("read_file", {"path": path}, new, "superseded", thought="Check the result.")
     f.labels[first].update(needs=[second], oracle="placeholder")
@@ -323,7 +325,7 @@ def _partial_ranges(f: Fixture, d: _Draw) -> Iterator[None]:
 
 def _test_runs(f: Fixture, d: _Draw) -> Iterator[None]:
     """A failing test run, a fix, the run again passing: the old run's summary is its residue."""
-    test = f"tests/test_{d.rng.choice(_WORDS)}.py"
+    test = f"tests/test_{d.name()}.py"
     failing = f"{test}::test_{d.name()}"
     case = failing.rpartition("::")[2]
     body = [f"{test} ..F.", "", "=" * 20 + " FAILURES " + "=" * 20, "_" * 20 + f" {case} " + "_" * 20, ""]
@@ -333,11 +335,11 @@ def _test_runs(f: Fixture, d: _Draw) -> Iterator[None]:
     body += ["short test summary info", f"FAILED {failing} - AssertionError", "1 failed, 3 passed in 0.41s"]
     _, old = f.call(
         "bash", {"command": f"pytest {test}"}, _shell("\n".join(body), 1), "snapshot", error=True,
-        keep="residue", oracle="residue", residue="1 failed, 3 passed in 0.41s",
+        keep="residue", oracle="residue", residue=f"FAILED {failing} - AssertionError\n1 failed, 3 passed in 0.41s",
     )  # fmt: skip
     f.probe("test_name", "Which test failed first?", failing, old)
     yield
-    f.call("write_file", {"path": f"src/{d.rng.choice(_WORDS)}_fix.py", "content": "FIXED = True\n"}, "ok", "plain")
+    f.call("write_file", {"path": f"src/{d.name()}_fix.py", "content": "FIXED = True\n"}, "ok", "plain")
     yield
     f.call("bash", {"command": f"pytest {test}"}, _shell(f"{test} ....\n4 passed in 0.38s"), "snapshot")
 
@@ -381,13 +383,14 @@ def _identifier(f: Fixture, d: _Draw) -> Iterator[None]:
     """Trap for age-based rules: an old output holds the id a late turn needs."""
     commit = d.hexid(40)
     log = f"commit {commit}\nAuthor: dev <dev@example.com>\n\n    Pin the {d.name()} schema"
-    _, index = f.call("bash", {"command": "git log -1"}, _shell(log), "identifier", thought="Which commit is this?")
+    command = f"git log -1 {d.name()}"
+    _, index = f.call("bash", {"command": command}, _shell(log), "identifier", thought="Which commit is this?")
     f.probe("identifier", "Which commit was checked out?", commit, index)
     yield
 
 
 def _rejected(f: Fixture, d: _Draw) -> Iterator[None]:
-    option = f"monkeypatching `os.{d.rng.choice(['replace', 'rename', 'fsync'])}`"
+    option = f"monkeypatching `{d.name()}`"
     text = f"Option rejected: {option}, because it breaks on Windows. I will use a temporary file instead."
     index = f.add({"role": "assistant", "content": text}, "rejected")
     f.probe("constraint", "Which option was rejected?", option, index)
@@ -396,8 +399,9 @@ def _rejected(f: Fixture, d: _Draw) -> Iterator[None]:
 
 
 def _listing(f: Fixture, d: _Draw) -> Iterator[None]:
-    files = "\n".join(sorted(d.path() for _ in range(12)))
-    f.call("bash", {"command": "ls -R src"}, _shell(files), "plain", thought="What is here?")
+    folder = d.name()
+    files = "\n".join(sorted(d.path(folder) for _ in range(12)))
+    f.call("bash", {"command": f"ls -R {folder}"}, _shell(files), "plain", thought="What is here?")
     yield
 
 

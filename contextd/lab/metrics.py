@@ -8,8 +8,10 @@ a reduced form (a residue) or omitted; a compression (the item stays, its facts
 verbatim) is counted apart. Against a fixture's labels (seq = index + 1):
 
 * a prune is **false** when the label keeps the item ``full``; when it keeps a
-  ``residue`` and the item went behind a placeholder; when it keeps ``none`` but
-  an item it ``needs`` was pruned too (both copies of a duplicate gone);
+  ``residue`` and the item went behind a placeholder; when it keeps ``none`` but,
+  at the render that pruned it, an item it ``needs`` was not there yet or was
+  pruned by then, or in the same render (of two copies of a duplicate pruned in
+  one render, only the later one is the false prune);
 * **precision** = true prunes / prunes (1.0 when nothing was pruned: nothing was
   wrong);
 * **recall** = the oracle's prunes the condition also made / the oracle's prunes;
@@ -47,9 +49,29 @@ class Quality:
         return 1.0 if not self.oracle else self.taken / self.oracle
 
 
-def quality(pruned: Mapping[int, str], labels: Sequence[Mapping[str, Any]]) -> Quality:
-    """`pruned`: seq → the least the item was shown as ("reduced", "placeholder", "omitted")."""
+def quality(
+    pruned: Mapping[int, str],
+    labels: Sequence[Mapping[str, Any]],
+    pruned_at: Mapping[int, int] | None = None,
+    shown_at: Mapping[int, int] | None = None,
+) -> Quality:
+    """`pruned`: seq → the least the item was shown as ("reduced", "placeholder", "omitted");
+    `pruned_at`: seq → the render that first showed it pruned; `shown_at`: seq → the first
+    render that had it (without them, every prune counts as made in one render)."""
     label_of = {label["index"] + 1: label for label in labels}
+    when = pruned_at or dict.fromkeys(pruned, 0)
+    first = shown_at or {}
+
+    def carried(seq: int, need: int) -> bool:
+        """Whether `need` carried what `seq` held when `seq` was pruned."""
+        if first.get(need, 0) > when[seq]:
+            return False  # not there yet
+        if need not in pruned or when[need] > when[seq]:
+            return True
+        # Two copies, each the other's carrier, pruned in one render: the later one is the false prune.
+        mutual = seq - 1 in label_of[need]["needs"]
+        return mutual and when[need] == when[seq] and need > seq
+
     false: list[int] = []
     categories: Counter[str] = Counter()
     for seq, shown in sorted(pruned.items()):
@@ -59,7 +81,7 @@ def quality(pruned: Mapping[int, str], labels: Sequence[Mapping[str, Any]]) -> Q
         if (
             keep == "full"
             or (keep == "residue" and shown != "reduced")
-            or (keep == "none" and any(n + 1 in pruned for n in label["needs"]))
+            or (keep == "none" and not all(carried(seq, n + 1) for n in label["needs"]))
         ):
             false.append(seq)
     oracle = [seq for seq, label in label_of.items() if label.get("oracle")]
@@ -105,11 +127,15 @@ class Summary:
     first_divergence: float
     """Mean position (tokens) of the first difference, over the calls that broke the prefix."""
     abstention: float
-    """Certificates saying ABSTAIN / certificates with a decision on a candidate."""
+    """Certificates saying ABSTAIN because safety could not be established / all certificates."""
+    no_gain: float
+    """Certificates saying ABSTAIN because the edit would not make the item smaller / all certificates."""
     render_p50: float
     render_p99: float
     probes: Mapping[str, int]
-    """visible / recoverable / lost."""
+    """visible / recoverable / lost, in the last view."""
+    needed: Mapping[str, int]
+    """The same in the view of the call that used each probe (those with such a call)."""
     user_turns_reduced: int
     """Protected items (user turns) not shown whole at the end: 0 unless a policy allowed it."""
 
@@ -128,8 +154,10 @@ def summarize(run: Run, raw: Run, user_seqs: set[int]) -> Summary:
         radius=sum(c.radius for c in breaks),
         first_divergence=sum(c.divergence or 0 for c in breaks) / len(breaks) if breaks else 0.0,
         abstention=run.decisions["abstain"] / decided if decided else 0.0,
+        no_gain=run.decisions["no_gain"] / decided if decided else 0.0,
         render_p50=percentile(renders, 50),
         render_p99=percentile(renders, 99),
-        probes=Counter(run.probes.values()),
+        probes=Counter(run.probes),
+        needed=Counter(o for o in run.needed if o),
         user_turns_reduced=sum(1 for seq, shown, _, _ in run.final if seq in user_seqs and shown != "full"),
     )

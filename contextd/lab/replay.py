@@ -8,7 +8,8 @@ what follows it. Each call's prompt (the rendered messages) goes through the
 prompt-cache model of both providers (`contextd.lab.cache`), ``gap`` seconds
 after the previous one, and is priced. At the end the probes are checked: a
 fact is visible in the last view, recoverable through a handle that view
-shows (fetched back with Retrieve, from the service), or lost.
+shows (fetched back with Retrieve, from the service), or lost; and the same in
+the view of the model call that used it, where the probe says one did.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from contextd_client import Client, ViewFormat
+from contextd_client import Client, View, ViewFormat
 from contextd_client.v1 import content_pb2 as pb
 
 from contextd.lab.cache import Billed, PromptCache, Segment
@@ -29,6 +30,8 @@ from contextd.lab.cache import Billed, PromptCache, Segment
 PROVIDERS = ("anthropic", "openai")
 COMPRESSION = "compressed_"
 """The reason codes of compressions start with this: the item stays, its facts verbatim (not a prune)."""
+NO_GAIN = "what would replace it is not smaller"
+"""The engine's ABSTAIN when an edit would not make the item smaller: no gain, not a doubt about safety."""
 
 
 @dataclass
@@ -56,6 +59,10 @@ class Run:
     worst: dict[int, str] = field(default_factory=dict)
     """Per item taken out of a view at some call (placeholder, reduced, omitted), by a prune:
     the least it was ever shown as."""
+    pruned_at: dict[int, int] = field(default_factory=dict)
+    """Per item in `worst`: the render (0, 1, ...) that first showed it pruned."""
+    shown_at: dict[int, int] = field(default_factory=dict)
+    """Per item: the first render that had it."""
     rule_of: dict[int, str] = field(default_factory=dict)
     compressed: set[int] = field(default_factory=set)
     saved_by_rule: Counter[str] = field(default_factory=Counter)
@@ -64,8 +71,11 @@ class Run:
     final: list[tuple[int, str, int, str]] = field(default_factory=list)
     """The last view's items: seq, representation, tokens, handle."""
     final_text: str = ""
-    probes: dict[str, str] = field(default_factory=dict)
-    """Each probe's answer: visible, recoverable or lost."""
+    probes: list[str] = field(default_factory=list)
+    """Each probe's outcome in the last view, in the order given: visible, recoverable or lost."""
+    needed: list[str | None] = field(default_factory=list)
+    """Each probe's outcome in the view of the call that used it (the model call that wrote its
+    last sighting, when that is an assistant turn after the first); None for the others."""
 
     @property
     def sent(self) -> int:
@@ -128,6 +138,14 @@ def replay(
     """Replay `trace` under `policy` (its text; "" for the default policy) on a new session."""
     items = trace_items(trace, metadata)
     run = Run(trace["id"], condition)
+    probes = list(probes)
+    run.needed = [None] * len(probes)
+    used_at: dict[int, list[int]] = {}  # message index -> the probes its model call used
+    for n, probe in enumerate(probes):
+        last = probe.get("last_seen_index", -1)
+        if last > probe.get("message_index", last) and trace["messages"][last]["role"] == "assistant":
+            used_at.setdefault(last, []).append(n)
+    originals: dict[str, str] = {}
     caches = {provider: PromptCache(provider) for provider in PROVIDERS}
     session = client.create_session(policy=policy).id
     try:
@@ -142,13 +160,15 @@ def replay(
             view = client.render_view(session, ViewFormat.OPENAI_CHAT)
             elapsed = (time.perf_counter() - started) * 1000
             for certificate in view.certificates:
-                run.decisions[certificate.decision] += 1
+                no_gain = certificate.decision == "abstain" and certificate.rationale == NO_GAIN
+                run.decisions["no_gain" if no_gain else certificate.decision] += 1
                 if certificate.decision == "prune":
                     if certificate.reason.startswith(COMPRESSION):
                         run.compressed.add(certificate.seq)
                     else:
                         run.rule_of[certificate.seq] = certificate.rule
             for shown in view.items:
+                run.shown_at.setdefault(shown.seq, number)
                 if shown.representation == "full":
                     continue
                 saved = run.item_tokens.get(shown.seq, shown.tokens) - shown.tokens
@@ -156,9 +176,13 @@ def replay(
                     run.saved_by_rule[run.rule_of.get(shown.seq, "compressions")] += saved
                 if shown.seq in run.rule_of:
                     run.worst[shown.seq] = _worse(run.worst.get(shown.seq), shown.representation)
+                    run.pruned_at.setdefault(shown.seq, number)
+            for n in used_at.get(end, ()):
+                run.needed[n] = probe_outcome(client, session, probes[n]["answer"], view, originals)
             if end == len(items):  # the view after the last message: what the probes are checked on
                 run.final = [(s.seq, s.representation, s.tokens, s.handle) for s in view.items]
                 run.final_text = view.messages_json
+                run.probes = [probe_outcome(client, session, p["answer"], view, originals) for p in probes]
                 break
             prompt = _segments(view.messages, view.items, view.framing_tokens)
             at = number * gap
@@ -170,7 +194,6 @@ def replay(
                     call.radius = sum(s.tokens for s in previous.prompt[shared:])
             run.calls.append(call)
             previous = call
-        run.probes = check_probes(client, session, run, probes)
     finally:
         client.delete_session(session)
     return run
@@ -189,11 +212,11 @@ def _segments(messages: Sequence[Mapping[str, Any]], items: Iterable[Any], frami
     tokens = Counter[int]()
     for shown in items:
         tokens[shown.message_index] += shown.tokens
-    share = framing // max(1, len(messages))
+    share, left = divmod(framing, max(1, len(messages)))
     out = []
     for index, message in enumerate(messages):
         digest = hashlib.sha256(json.dumps(message, sort_keys=True).encode()).hexdigest()
-        out.append(Segment(digest, tokens[index] + share))
+        out.append(Segment(digest, tokens[index] + share + (index < left)))
     return tuple(out)
 
 
@@ -206,25 +229,19 @@ def _shared(a: Sequence[Segment], b: Sequence[Segment]) -> int:
     return n
 
 
-def check_probes(client: Client, session: str, run: Run, probes: Iterable[Mapping[str, Any]]) -> dict[str, str]:
-    """Each probe's answer: visible in the last view, recoverable through a handle it shows
-    (the original fetched back from the service, page by page), or lost."""
-    originals: dict[str, str] = {}
-    outcome: dict[str, str] = {}
-    handles = [handle for _, representation, _, handle in run.final if representation != "full" and handle]
-    for probe in probes:
-        answer = probe["answer"]
-        if json.dumps(answer)[1:-1] in run.final_text:
-            outcome[answer] = "visible"
+def probe_outcome(client: Client, session: str, answer: str, view: View, originals: dict[str, str]) -> str:
+    """Visible in `view`, recoverable through a handle it shows (the original fetched back from
+    the service, page by page, kept in `originals`), or lost."""
+    if json.dumps(answer)[1:-1] in view.messages_json + (json.dumps(view.system) if view.system else ""):
+        return "visible"
+    for shown in view.items:
+        if shown.representation == "full" or not shown.handle:
             continue
-        outcome[answer] = "lost"
-        for handle in handles:
-            if handle not in originals:
-                originals[handle] = _original(client, session, handle)
-            if answer in originals[handle]:
-                outcome[answer] = "recoverable"
-                break
-    return outcome
+        if shown.handle not in originals:
+            originals[shown.handle] = _original(client, session, shown.handle)
+        if answer in originals[shown.handle]:
+            return "recoverable"
+    return "lost"
 
 
 def _original(client: Client, session: str, handle: str) -> str:

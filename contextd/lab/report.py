@@ -7,6 +7,7 @@ condition sends fewer tokens yet costs more with the prompt cache, the tables sa
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,12 +16,13 @@ from typing import Any
 
 from contextd_client import Client
 
-from contextd.engine.policy import PROVIDER_PRICES
-from contextd.lab.conditions import CONDITIONS, oracle_metadata, policy_text
+from contextd.engine.policy import PROVIDER_PRICES, default_policy
+from contextd.lab.conditions import CONDITIONS, DEFAULT_VARIANTS, oracle_metadata, policy_text
 from contextd.lab.metrics import Quality, Summary, percentile, quality, summarize
 from contextd.lab.replay import PROVIDERS, Run, replay
 
 RAW = "A-raw"
+_PROBES = "probes vis. / rec. / lost at the end (of them, only in tool outputs); when used"
 _PROVIDER_NAMES = {"anthropic": "Anthropic", "openai": "OpenAI"}
 FIXTURE_CONDITIONS = list(CONDITIONS)
 TRACE_CONDITIONS = [c for c in CONDITIONS if c != "F-oracle"]  # real traces have no labels
@@ -32,6 +34,9 @@ class Results:
     runs: dict[tuple[str, str], Run] = field(default_factory=dict)
     """By (trace id, condition)."""
     gap: float = 30.0
+    at_risk: dict[str, list[bool]] = field(default_factory=dict)
+    """By trace id, for each probe: whether its answer is only in tool outputs (what rules prune);
+    the others sit in user, system or assistant text as well, which tool-output rules never touch."""
 
     def conditions(self, trace_id: str) -> list[str]:
         return [c for (t, c) in self.runs if t == trace_id]
@@ -45,10 +50,17 @@ class Results:
         trace = next(t for t in self.traces if t["id"] == trace_id)
         if "labels" not in trace:
             return None
-        return quality(self.runs[trace_id, condition].worst, trace["labels"])
+        run = self.runs[trace_id, condition]
+        return quality(run.worst, trace["labels"], run.pruned_at, run.shown_at)
 
     def lost(self) -> int:
-        return sum(1 for run in self.runs.values() for outcome in run.probes.values() if outcome == "lost")
+        """Probes lost, at the end or when used."""
+        return sum(1 for run in self.runs.values() for outcome in [*run.probes, *run.needed] if outcome == "lost")
+
+    def risky(self, trace_id: str, condition: str) -> Counter[str]:
+        """The outcomes of the probes whose answer is only in tool outputs."""
+        risky = self.at_risk.get(trace_id, [])
+        return Counter(o for o, r in zip(self.runs[trace_id, condition].probes, risky, strict=True) if r)
 
 
 def run(
@@ -59,12 +71,14 @@ def run(
     gap: float,
     *,
     at_once: bool = False,
+    into: Results | None = None,
 ) -> Results:
     """Replay each trace under each condition (and the raw one, which the others are measured
-    against); `at_once`: every edit applies when found (see `policy_text`)."""
-    results = Results(gap=gap)
+    against), adding to `into` if given; `at_once`: every edit applies when found (see `policy_text`)."""
+    results = into or Results(gap=gap)
     for trace in traces:
         results.traces.append(trace)
+        results.at_risk[trace["id"]] = [_only_in_outputs(trace, p["answer"]) for p in probes.get(trace["id"], ())]
         for condition in [RAW, *(c for c in conditions if c != RAW)]:
             if condition == "F-oracle" and "labels" not in trace:
                 continue
@@ -74,6 +88,16 @@ def run(
                 client, trace, condition, policy, probes=probes.get(trace["id"], ()), gap=gap, metadata=metadata
             )
     return results
+
+
+def _only_in_outputs(trace: Mapping[str, Any], answer: str) -> bool:
+    for message in trace["messages"]:
+        if message["role"] == "tool":
+            continue
+        calls = [json.dumps(c["arguments"]) for c in message.get("tool_calls") or ()]
+        if answer in message.get("content", "") or any(answer in c or json.dumps(answer)[1:-1] in c for c in calls):
+            return False
+    return True
 
 
 # ------------------------------------------------------------------ tables
@@ -102,12 +126,13 @@ def replay_table(results: Results) -> str:
             q = results.quality(trace["id"], condition)
             rows.append(
                 [trace["id"], condition, f"{s.sent:,}", f"{s.reduction:.1%}", _dollars(s.cost["anthropic"]),
-                 _dollars(s.cost["openai"]), s.breaks, f"{s.abstention:.0%}", _probes(s.probes),
+                 _dollars(s.cost["openai"]), s.breaks, f"{s.abstention:.0%} / {s.no_gain:.0%}", _probes(s.probes),
                  f"{q.precision:.2f} / {q.recall:.2f} ({len(q.false_prunes)})" if q else "-",
                  f"{s.render_p50:.1f} / {s.render_p99:.1f}"]
             )  # fmt: skip
     header = [
-        "trace", "condition", "tokens sent", "reduction", "Anthropic", "OpenAI", "prefix breaks", "abstained",
+        "trace", "condition", "tokens sent", "reduction", "Anthropic", "OpenAI", "prefix breaks",
+        "abstained / no gain",
         "probes visible / recoverable / lost", "precision / recall (false prunes)", "render p50 / p99 ms",
     ]  # fmt: skip
     return _table(header, rows)
@@ -117,6 +142,8 @@ def _summed(results: Results, trace_ids: Sequence[str], condition: str) -> dict[
     """A condition's figures over several traces (sums; render times over all calls)."""
     out: dict[str, Any] = {"sent": 0, "raw": 0, "cost": Counter[str](), "raw_cost": Counter[str](), "breaks": 0}
     out.update(cache=Counter[str](), probes=Counter[str](), decisions=Counter[str](), renders=[], users=0)
+    out.update(radius=0, divergence=0.0, saved=Counter[str](), risky=Counter[str](), compressed=0, full=0)
+    out.update(needed=Counter[str]())
     for trace_id in trace_ids:
         if (trace_id, condition) not in results.runs:
             continue
@@ -125,8 +152,17 @@ def _summed(results: Results, trace_ids: Sequence[str], condition: str) -> dict[
         out["sent"] += s.sent
         out["raw"] += raw.sent
         out["breaks"] += s.breaks
+        out["radius"] += s.radius
+        out["divergence"] += s.first_divergence * s.breaks
+        out["saved"].update(run.saved_by_rule)
         out["users"] += s.user_turns_reduced
         out["probes"].update(s.probes)
+        out["needed"].update(s.needed)
+        out["risky"].update(results.risky(trace_id, condition))
+        out["compressed"] += len(run.compressed)
+        trace = next(t for t in results.traces if t["id"] == trace_id)
+        if "labels" in trace:
+            out["full"] += sum(1 for seq in run.compressed if trace["labels"][seq - 1]["keep"] == "full")
         out["decisions"].update(run.decisions)
         out["renders"] += [c.render_ms for c in run.calls]
         for provider in PROVIDERS:
@@ -144,7 +180,7 @@ def _flag(summed: Mapping[str, Any]) -> str:
     for provider in PROVIDERS:
         if fewer and summed["cost"][provider] > summed["raw_cost"][provider] + 1e-9:
             notes.append(f"fewer tokens, **costs more than raw** on {_PROVIDER_NAMES[provider]}")
-    if summed["probes"].get("lost"):
+    if summed["probes"].get("lost") or summed["needed"].get("lost"):
         notes.append("**loses probes**")
     if summed["users"]:
         notes.append(f"**{summed['users']} user turns reduced**")
@@ -158,7 +194,14 @@ def _condition_table(results: Results, trace_ids: Sequence[str], conditions: Seq
         if not summed["raw"]:
             continue
         decided = sum(summed["decisions"].values())
-        abstained = f"{summed['decisions']['abstain'] / decided:.0%}" if decided else "-"
+        abstained = "-"
+        if decided:
+            abstained = (
+                f"{summed['decisions']['abstain'] / decided:.0%} / {summed['decisions']['no_gain'] / decided:.0%}"
+            )
+        probes = f"{_probes(summed['probes'])} ({_probes(summed['risky'])})"
+        if sum(summed["needed"].values()):
+            probes += f"; when used: {_probes(summed['needed'])}"
         row = [condition, f"{summed['sent']:,}", f"{1 - summed['sent'] / summed['raw']:.1%}"]
         if labelled:  # what the rules find; their timing is off here, so no cost is shown
             qualities = [q for t in trace_ids if (q := results.quality(t, condition)) is not None]
@@ -166,23 +209,30 @@ def _condition_table(results: Results, trace_ids: Sequence[str], conditions: Seq
             false = sum(len(q.false_prunes) for q in qualities)
             oracle, taken = sum(q.oracle for q in qualities), sum(q.taken for q in qualities)
             precision = f"{1 - false / prunes:.2f}" if prunes else "1.00"
-            rows.append([condition, prunes, false, precision, f"{taken / oracle:.2f}", *row[1:], abstained,
-                         _probes(summed["probes"])])  # fmt: skip
+            categories: Counter[str] = Counter()
+            for q in qualities:
+                categories.update(q.by_category)
+            pruned = ", ".join(f"{c} {n}" for c, n in sorted(categories.items())) or "-"
+            rows.append([condition, prunes, false, precision, f"{taken / oracle:.2f}", pruned,
+                         f"{summed['compressed']} ({summed['full']})", *row[1:], abstained, probes,
+                         summed["users"]])  # fmt: skip
             continue
         row += [
             f"{_dollars(summed['cost']['anthropic'])} ({_relative(summed, 'anthropic')})",
             f"{_dollars(summed['cost']['openai'])} ({_relative(summed, 'openai')})",
             f"{summed['cache']['read']:,} / {summed['cache']['write']:,} / {summed['cache']['uncached']:,}",
-            summed["breaks"],
+            f"{summed['breaks']} ({summed['divergence'] / max(1, summed['breaks']):,.0f} / {summed['radius']:,})",
             abstained,
-            _probes(summed["probes"]),
+            probes,
         ]
         rows.append([*row, _flag(summed)])
     if labelled:
-        header = ["condition", "prunes", "false prunes", "precision", "recall vs oracle", "tokens sent", "reduction"]
-        return _table([*header, "abstained", "probes vis. / rec. / lost"], rows)
+        header = ["condition", "prunes", "false prunes", "precision", "recall vs oracle", "pruned, by category"]
+        header += ["compressed (labelled full)", "tokens sent", "reduction", "abstained / no gain", _PROBES]
+        return _table([*header, "user turns not whole"], rows)
     header = ["condition", "tokens sent", "reduction", "Anthropic, cached (vs raw)", "OpenAI, cached (vs raw)"]
-    header += ["Anthropic cache read / write / uncached", "prefix breaks", "abstained", "probes vis. / rec. / lost"]
+    header += ["Anthropic cache read / write / uncached", "prefix breaks (mean first divergence / radius, tokens)"]
+    header += ["abstained / no gain", _PROBES]
     return _table([*header, "notes"], rows)
 
 
@@ -214,19 +264,27 @@ def _versus_masking(results: Results, trace_ids: Sequence[str]) -> str:
         default, masking = results.runs[trace_id, "default"], results.runs[trace_id, "masking"]
         raw = results.runs[trace_id, RAW]
         d, m = results.summary(trace_id, "default"), results.summary(trace_id, "masking")
-        if default.sent <= masking.sent:
+        if default.sent == masking.sent:
+            why = "the same tokens: neither prunes anything here"
+        elif default.sent < masking.sent:
             why = "fewer tokens"
         else:
             hidden = {seq for seq, shown, _, _ in masking.final if shown != "full"}
             kept = {seq for seq, shown, _, _ in default.final if shown == "full"} & hidden
-            tokens = sum(default.item_tokens.get(s, 0) for s in kept)
             why = (
-                f"more tokens: masking hides {len(hidden)} outputs on age alone, {len(kept)} of them "
-                f"({tokens:,} tokens) shown whole by the default, which prunes only on evidence; masking leaves "
-                f"{m.probes.get('recoverable', 0)} probes behind handles (the default {d.probes.get('recoverable', 0)})"
+                f"more tokens: masking hides {len(hidden)} tool outputs on their age alone, {len(kept)} of which "
+                f"the default still shows whole at the end (it prunes only on evidence); masking leaves "
+                f"{m.probes.get('recoverable', 0)} probes only behind handles (the default "
+                f"{d.probes.get('recoverable', 0)})"
             )
         if d.cost["anthropic"] > raw.cost("anthropic") + 1e-9:
-            why += "; **the default costs more than raw here** (Anthropic)"
+            breaks = [n for n, c in enumerate(default.calls) if c.divergence is not None]
+            left = ", ".join(str(len(default.calls) - n) for n in breaks)
+            expected = default_policy().cache.expected_calls
+            why += (
+                f"; **the default costs more than raw here** (Anthropic): it rewrote the cached prefix at "
+                f"{len(breaks)} calls, each priced to pay back over {expected} calls, with {left} calls left"
+            )
         rows.append(
             [trace_id, f"{default.sent:,}", f"{masking.sent:,}", _dollars(d.cost["anthropic"]),
              _dollars(m.cost["anthropic"]), _dollars(raw.cost("anthropic")), _probes(d.probes), _probes(m.probes), why]
@@ -235,14 +293,14 @@ def _versus_masking(results: Results, trace_ids: Sequence[str]) -> str:
     return _table([*header, "default probes", "masking probes", "verdict"], rows)
 
 
-def _by_rule(results: Results, trace_ids: Sequence[str], condition: str) -> str:
-    saved: Counter[str] = Counter()
-    raw = 0
-    for trace_id in trace_ids:
-        saved.update(results.runs[trace_id, condition].saved_by_rule)
-        raw += results.runs[trace_id, RAW].sent
-    rows = [[rule, f"{tokens:,}", f"{tokens / raw:.1%}"] for rule, tokens in saved.most_common()]
-    return _table(["rule", "tokens not sent (all calls, net of stand-ins)", "share of raw"], rows)
+def _by_rule(results: Results, trace_ids: Sequence[str], conditions: Sequence[str]) -> str:
+    rows = []
+    for condition in conditions:
+        summed = _summed(results, trace_ids, condition)
+        if summed["raw"] and summed["saved"]:
+            cell = ", ".join(f"{rule} {n:,} ({n / summed['raw']:.1%})" for rule, n in summed["saved"].most_common())
+            rows.append([condition, cell])
+    return _table(["condition", "tokens not sent over all calls, net of what stands in, by rule (share of raw)"], rows)
 
 
 def _overhead(results: Results, trace_id: str) -> str:
@@ -272,19 +330,8 @@ def _plots(results: Results, out: Path, longest: str, trace_ids: Sequence[str], 
     figure.savefig(out / "tokens-per-call.png", dpi=110)
     plt.close(figure)
 
-    figure, axes = plt.subplots(figsize=(8, 5))
-    for condition in TRACE_CONDITIONS:
-        summed = _summed(results, trace_ids, condition)
-        saved = summed["raw"] - summed["sent"]
-        axes.scatter([saved], [summed["cost"]["anthropic"]], label=condition)
-        axes.annotate(
-            condition, (saved, summed["cost"]["anthropic"]), fontsize=8, xytext=(4, 4), textcoords="offset points"
-        )
-    axes.set(xlabel="tokens saved over all calls (vs raw)", ylabel="priced cost, Anthropic, with caching ($)")
-    axes.set_title("Cost vs tokens saved, all traces")
-    figure.tight_layout()
-    figure.savefig(out / "cost-vs-saved.png", dpi=110)
-    plt.close(figure)
+    if trace_ids:
+        _cost_plot(plt, results, out, trace_ids)
 
     figure, axes = plt.subplots(figsize=(9, 5))
     names = [c for c in FIXTURE_CONDITIONS if c != RAW]
@@ -305,6 +352,24 @@ def _plots(results: Results, out: Path, longest: str, trace_ids: Sequence[str], 
     plt.close(figure)
 
 
+def _cost_plot(plt: Any, results: Results, out: Path, trace_ids: Sequence[str]) -> None:
+    figure, panels = plt.subplots(1, 2, figsize=(12, 5))
+    for provider, axes in zip(PROVIDERS, panels, strict=True):
+        raw = _summed(results, trace_ids, RAW)["cost"][provider]
+        axes.axhline(raw, color="grey", linestyle="--", linewidth=0.8)
+        for n, condition in enumerate(TRACE_CONDITIONS):
+            summed = _summed(results, trace_ids, condition)
+            point = (summed["raw"] - summed["sent"], summed["cost"][provider])
+            axes.scatter(*point)
+            axes.annotate(condition, point, fontsize=8, xytext=(5, 10 - 9 * (n % 3)), textcoords="offset points")
+        axes.set(xlabel="tokens saved over all calls, vs raw", ylabel="priced cost with caching ($)")
+        axes.set_title(f"{_PROVIDER_NAMES[provider]} (dashed: raw)")
+    figure.suptitle("Cost vs tokens saved, all traces")
+    figure.tight_layout()
+    figure.savefig(out / "cost-vs-saved.png", dpi=110)
+    plt.close(figure)
+
+
 # ------------------------------------------------------------------ report
 
 
@@ -319,11 +384,9 @@ def write(
     command: str,
 ) -> Results:
     results = run(client, fixtures, probes, FIXTURE_CONDITIONS, gap, at_once=True)
-    traced = run(client, traces, probes, TRACE_CONDITIONS, gap)
-    results.traces += traced.traces
-    results.runs.update(traced.runs)
+    run(client, traces, probes, [*TRACE_CONDITIONS, *DEFAULT_VARIANTS], gap, into=results)
     trace_ids, fixture_ids = [t["id"] for t in traces], [f["id"] for f in fixtures]
-    longest = max(traces, key=lambda t: len(t["messages"]))["id"]
+    longest = max(traces or fixtures, key=lambda t: len(t["messages"]))["id"]
     plots = out.parent / "lab"
     plots.mkdir(parents=True, exist_ok=True)
     _plots(results, plots, longest, trace_ids, fixture_ids)
@@ -340,7 +403,6 @@ def _document(
         for name, p in PROVIDER_PRICES.items()
         if name in PROVIDERS
     )
-    default = _summed(results, trace_ids, "default")
     calls = len(results.runs[longest, "default"].calls)
     return f"""# Context Lab
 
@@ -356,7 +418,11 @@ Token figures are the service's own (cl100k_base). Render times are whole Render
 seen by the client, on a shared 2-core machine.
 
 Probes are facts needed late: **visible** in the last view, **recoverable** through a handle
-the last view shows (fetched back with Retrieve), or **lost**.
+the last view shows (fetched back with Retrieve), or **lost**. In brackets, the same for the
+probes whose answer is only in tool outputs (the others also sit in user, system or assistant
+text, which no tool-output rule touches, so they say little). *When used*: the same in the
+view of the model call that used the fact (the call that wrote its last sighting, when that
+is an assistant turn): a deletion is safe only relative to the use that follows it.
 
 ## Fixtures: correctness against ground truth
 
@@ -377,11 +443,33 @@ False prunes, by the category of what was pruned:
 
 {_false_prunes(results, fixture_ids, FIXTURE_CONDITIONS)}
 
+What the rules took out, over all calls:
+
+{_by_rule(results, fixture_ids, FIXTURE_CONDITIONS)}
+
 ![precision and recall]({plots}/precision-recall.png)
 
-## Real traces: what each condition sends and costs
+{_traces_section(results, trace_ids, plots)}
+## The service's overhead per model call
 
-The {len(trace_ids)} traces of `../shared/traces/` with their probes (`bench/probes/`).
+The longest trace, `{longest}` ({calls} calls): every RenderView call timed by the client.
+
+{_overhead(results, longest)}
+
+## Every replay
+
+{replay_table(results)}
+"""
+
+
+def _traces_section(results: Results, trace_ids: Sequence[str], plots: str) -> str:
+    if not trace_ids:
+        return "## Real traces\n\nNone given (`--traces` named a folder without traces): only the fixtures ran.\n"
+    default = _summed(results, trace_ids, "default")
+    return f"""## Real traces: what each condition sends and costs
+
+The {len(trace_ids)} traces given (`--traces`: by default `../shared/traces/`, real agent
+trajectories) with their probes (`--probes`: by default `bench/probes/`).
 Tokens and priced cost differ: an edit to what the cache holds makes the next call pay for
 the rest of the prompt again, so a condition can send fewer tokens and cost more.
 
@@ -395,21 +483,18 @@ OpenAI {_dollars(default["cost"]["openai"])} against {_dollars(default["raw_cost
 
 {_versus_masking(results, trace_ids)}
 
-### What the default policy's rules saved
+### How many calls a cache rewrite is expected to pay back over
 
-{_by_rule(results, trace_ids, "default")}
+The default policy applies an edit to what the cache holds only when it pays back over the
+calls it expects to come (`cache.expected_calls`, 20). The same policy with another guess:
+
+{_condition_table(results, trace_ids, ["default", *DEFAULT_VARIANTS], labelled=False)}
+
+### What each rule saved
+
+{_by_rule(results, trace_ids, TRACE_CONDITIONS)}
 
 ![tokens per call]({plots}/tokens-per-call.png)
 
 ![cost vs tokens saved]({plots}/cost-vs-saved.png)
-
-## The service's overhead per model call
-
-The longest trace, `{longest}` ({calls} calls): every RenderView call timed by the client.
-
-{_overhead(results, longest)}
-
-## Every replay
-
-{replay_table(results)}
 """

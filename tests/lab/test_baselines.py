@@ -24,10 +24,16 @@ def test_latest_call_keeps_only_the_latest_output_of_the_same_call_trap_included
     assert pruned(POLICY % ("baseline_latest_call", "{}"), *calls) == [seq_of(1)]
 
 
-def test_keep_last_keeps_the_last_outputs_only() -> None:
+def test_keep_last_keeps_the_last_outputs_only_once_past_its_trigger() -> None:
     calls = tuple((f"cat f{n}.py", f"file {n}\n" + BODY) for n in range(5))
-    assert pruned(POLICY % ("baseline_keep_last", "{keep: 3}"), *calls) == [seq_of(1), seq_of(2)]
-    assert pruned(POLICY % ("baseline_keep_last", "{keep: 0}"), *calls) == [seq_of(n) for n in range(1, 6)]
+    eager = "{keep: 3, trigger_tokens: 0}"
+    assert pruned(POLICY % ("baseline_keep_last", eager), *calls) == [seq_of(1), seq_of(2)]
+    everything = "{keep: 0, trigger_tokens: 0}"
+    assert pruned(POLICY % ("baseline_keep_last", everything), *calls) == [seq_of(n) for n in range(1, 6)]
+    # The published defaults: nothing until the view holds 100,000 tokens.
+    assert pruned(POLICY % ("baseline_keep_last", "{keep: 3}"), *calls) == []
+    # Not worth a cache rewrite: it would clear fewer tokens than asked for.
+    assert pruned(POLICY % ("baseline_keep_last", "{trigger_tokens: 0, clear_at_least: 100000}"), *calls) == []
 
 
 def test_the_baselines_are_level_4_and_refused_below_it() -> None:

@@ -57,3 +57,45 @@ def test_the_traps_hold_facts_a_later_output_does_not() -> None:
             assert label["keep"] == "full"
             holders = [m for m in fixture.messages if m["role"] == "tool" and probe["answer"] in m["content"]]
             assert len(holders) == 1, probe
+
+
+def test_a_pruned_observation_is_carried_by_what_it_needs() -> None:
+    """Subsumption is checkable: a range read is inside the whole read that needs it; a duplicate
+    is byte-identical to its partner; a completed span's outcome names what the span found."""
+    for seed in range(5):
+        trace = fixtures.generate(seed).trace()
+        messages = trace["messages"]
+        for label in trace["labels"]:
+            if label["keep"] != "none" or messages[label["index"]]["role"] != "tool":
+                continue
+            mine = messages[label["index"]]["content"]
+            carriers = [messages[n] for n in label["needs"]]
+            if label["category"] == "duplicate":
+                assert [c["content"] for c in carriers] == [mine]
+            elif label["category"] == "superseded" and mine.startswith("<returncode>"):
+                body = mine.split("<output>\n", 1)[1].rsplit("\n</output>", 1)[0]
+                assert body in carriers[0]["content"]
+            elif label["category"] == "completed":
+                assert carriers[0]["metadata"]["contextd.completes"]
+
+
+def test_the_only_repeated_calls_with_other_outputs_are_the_designed_traps() -> None:
+    """A call made again with another output is a trap for same-call rules; only the episodes
+    built as such (a check run again, a test run after a fix, a file read again after its edit)
+    may do it, and probes are distinct."""
+    for seed in range(40):
+        trace = fixtures.generate(seed).trace()
+        messages, labels = trace["messages"], trace["labels"]
+        outputs: dict[str, set[str]] = {}
+        categories: dict[str, set[str]] = {}
+        calls = {c["id"]: c for m in messages for c in m.get("tool_calls") or ()}
+        for message, label in zip(messages, labels, strict=True):
+            if message["role"] == "tool":
+                key = json.dumps([message["name"], calls[message["tool_call_id"]]["arguments"]], sort_keys=True)
+                outputs.setdefault(key, set()).add(message["content"])
+                categories.setdefault(key, set()).add(label["category"])
+        for key, seen in outputs.items():
+            if len(seen) > 1:
+                assert categories[key] <= {"changed_output", "snapshot", "superseded"}, key
+        answers = [p["answer"] for p in trace["probes"]]
+        assert len(set(answers)) == len(answers)

@@ -24,7 +24,9 @@ def test_b_to_d_prune_only_what_is_unnecessary_and_lose_no_probe(client: Client)
         prunes = sum(q.prunes for q in qualities if q)
         false = [seq for q in qualities if q for seq in q.false_prunes]
         recall[condition] = sum(q.taken for q in qualities if q) / sum(q.oracle for q in qualities if q)
-        lost = [a for t in traces for a, o in results.runs[t["id"], condition].probes.items() if o == "lost"]
+        lost = [
+            (t["id"], n) for t in traces for n, o in enumerate(results.runs[t["id"], condition].probes) if o == "lost"
+        ]
         assert not lost, (condition, lost)  # every original stays one handle away, whatever the condition
         if condition in {"B-duplicates", "C-errors", "D-superseded", "F-oracle"}:
             assert prunes and not false, (condition, false)
@@ -73,3 +75,14 @@ def test_contextd_lab_report_runs_end_to_end(
     assert "| F-oracle | " in text and "| masking | " in text and f"| {trace['id']} | " in text
     for plot in ("tokens-per-call", "cost-vs-saved", "precision-recall"):
         assert (tmp_path / "lab" / f"{plot}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_without_traces_the_report_covers_the_fixtures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "none"
+    empty.mkdir()
+    args = ["report", "--traces", str(empty), "--seeds", "2", "--out", str(tmp_path / "lab.md")]
+    assert main(args) == 0
+    assert "no traces in" in capsys.readouterr().err
+    text = (tmp_path / "lab.md").read_text()
+    assert "| F-oracle | " in text and "None given" in text and "fixture-002" in text
+    assert (tmp_path / "lab" / "precision-recall.png").exists()

@@ -41,12 +41,24 @@ def test_the_other_copy_of_a_duplicate_counts_for_the_oracles() -> None:
 
 def test_false_prunes_whole_items_residues_behind_placeholders_and_both_copies() -> None:
     q = quality({1: "reduced", 2: "placeholder", 3: "placeholder", 4: "placeholder", 6: "placeholder"}, LABELS)
-    # 1 is needed whole (even reduced is wrong); 2 and 3 both went, each needing the other;
-    # 4 needed its residue; 6 is needed whole.
-    assert q.false_prunes == (1, 2, 3, 4, 6)
-    assert q.precision == 0.0
-    assert q.taken == 0
+    # 1 is needed whole (even reduced is wrong); 2 and 3 both went in one render, each needing
+    # the other: one copy could go, the later is the false prune; 4 needed its residue; 6 is
+    # needed whole.
+    assert q.false_prunes == (1, 3, 4, 6)
+    assert q.precision == pytest.approx(1 / 5)
+    assert q.taken == 1  # the pair's opportunity, through the copy rightly pruned
     assert q.by_category == {"c0": 1, "c1": 1, "c2": 1, "c3": 1, "c5": 1}
+
+
+def test_a_prune_is_judged_at_the_render_that_made_it() -> None:
+    shown = {seq: seq for seq in range(1, 7)}  # item k first in render k
+    # 5 pruned once 6 (what carries it) is there: true; pruned a render before: false, whatever came later.
+    assert quality({5: "placeholder"}, LABELS, {5: 6}, shown).false_prunes == ()
+    assert quality({5: "placeholder"}, LABELS, {5: 5}, shown).false_prunes == (5,)
+    # Copies pruned in different renders: the second, pruned while the first was already gone, is false.
+    assert quality({2: "placeholder", 3: "placeholder"}, LABELS, {2: 8, 3: 7}, shown).false_prunes == (2,)
+    # A carrier pruned wrongly in the same render takes the item down with it.
+    assert quality({5: "placeholder", 6: "placeholder"}, LABELS, {5: 7, 6: 7}, shown).false_prunes == (5, 6)
 
 
 def test_a_condition_that_prunes_nothing_is_precise_and_finds_nothing() -> None:
@@ -78,8 +90,9 @@ def call(tokens: int, dollars: float, divergence: int | None = None, radius: int
 def test_summary_of_a_run_against_the_raw_one() -> None:
     raw = Run("t", "A-raw", calls=[call(1000, 0.5), call(2000, 0.5)])
     run = Run("t", "X", calls=[call(800, 0.25, ms=2.0), call(1200, 0.5, divergence=300, radius=500, ms=4.0)])
-    run.decisions = Counter(prune=3, abstain=1)
-    run.probes = {"a": "visible", "b": "recoverable"}
+    run.decisions = Counter(prune=2, abstain=1, no_gain=1)
+    run.probes = ["visible", "recoverable", "visible"]
+    run.needed = [None, "recoverable", "lost"]
     run.final = [(1, "full", 10, ""), (2, "placeholder", 5, "h2"), (3, "reduced", 4, "h3")]
     s = summarize(run, raw, user_seqs={1, 3})
     assert s.sent == 2000
@@ -87,9 +100,10 @@ def test_summary_of_a_run_against_the_raw_one() -> None:
     assert s.cost["anthropic"] == pytest.approx(0.75)
     assert s.cache["openai"] == (400 + 600, 0, 400 + 600)
     assert (s.breaks, s.radius, s.first_divergence) == (1, 500, 300.0)
-    assert s.abstention == 0.25
+    assert (s.abstention, s.no_gain) == (0.25, 0.25)
     assert (s.render_p50, s.render_p99) == (2.0, 4.0)
-    assert s.probes == {"visible": 1, "recoverable": 1}
+    assert s.probes == {"visible": 2, "recoverable": 1}
+    assert s.needed == {"recoverable": 1, "lost": 1}
     assert s.user_turns_reduced == 1  # user turn 3 shown reduced
 
 
