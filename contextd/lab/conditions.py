@@ -71,7 +71,11 @@ _E = [
     {"name": "mask-old", "transform": "mask", "when": _AGE},
 ]
 _NO_WAITING = {"provider": "anthropic", "prices": {"input": 3, "cache_write": 3, "cache_read": 3, "ttl_seconds": 300}}
-_BASELINE = {"protection": {"last_turns": 0, "latest_error_per_tool": False}, "cache": _NO_WAITING}
+_BASELINE = {
+    "protection": {"last_turns": 0, "latest_error_per_tool": False},
+    "cache": _NO_WAITING,
+    "evidence": {"max_level": 4},
+}
 
 CONDITIONS: dict[str, dict[str, Any] | None] = {
     "A-raw": {"rules": []},
@@ -83,22 +87,18 @@ CONDITIONS: dict[str, dict[str, Any] | None] = {
     "default": None,
     "masking": {
         **_BASELINE,
-        "evidence": {"max_level": 4},
         "rules": [{"name": "masking", "transform": "mask", "when": {"roles": ["tool"], "age_turns": {"min": 10}}}],
     },
     "latest-call": {
         **_BASELINE,
-        "evidence": {"max_level": 4},
         "rules": [{"name": "latest-call", "transform": "baseline_latest_call", "when": {"roles": ["tool"]}}],
     },
     "keep-last-3": {
         **_BASELINE,
-        "evidence": {"max_level": 4},
         "rules": [{"name": "keep-last-3", "transform": "baseline_keep_last", "params": {"keep": 3}}],
     },
     "keep-last-3-eager": {
         **_BASELINE,
-        "evidence": {"max_level": 4},
         "rules": [
             {
                 "name": "keep-last-3-eager",
