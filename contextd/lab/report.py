@@ -213,7 +213,8 @@ def _condition_table(results: Results, trace_ids: Sequence[str], conditions: Seq
             for q in qualities:
                 categories.update(q.by_category)
             pruned = ", ".join(f"{c} {n}" for c, n in sorted(categories.items())) or "-"
-            rows.append([condition, prunes, false, precision, f"{taken / oracle:.2f}", pruned,
+            recall = f"{taken / oracle:.2f}" if oracle else "-"
+            rows.append([condition, prunes, false, precision, recall, pruned,
                          f"{summed['compressed']} ({summed['full']})", *row[1:], abstained, probes,
                          summed["users"]])  # fmt: skip
             continue
