@@ -272,7 +272,7 @@ def _failed_write(f: Fixture, d: _Draw) -> Iterator[None]:
     reason = f"PermissionError: [Errno 13] Permission denied: '/repo/{path}'"
     asked, failed = f.call(
         "write_file", {"path": path, "content": body}, reason, "errored_input", thought=f"Write {path}.",
-        error=True, call_keep="residue",
+        error=True, call_keep="residue", keep="residue",  # the error line is its own residue
     )  # fmt: skip
     f.labels[asked].update(oracle="residue", residue="")
     f.probe("error_message", "Why did the first write fail?", reason, failed)
