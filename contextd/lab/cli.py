@@ -1,8 +1,8 @@
 """``contextd-lab``: fixtures, replays and the lab's report (issue 6).
 
     contextd-lab fixtures [--seeds 0-4] [--out DIR]
-    contextd-lab replay TRACE [--probes FILE] [--condition NAME ...] [--gap SECONDS] [SERVICE]
-    contextd-lab report [--traces DIR] [--probes DIR] [--seeds 0-4] [--out docs/lab.md] [SERVICE]
+    contextd-lab replay TRACE [--probes FILE] [--condition NAME ...] [--at-once] [--json FILE] [SERVICE]
+    contextd-lab report [--traces DIR] [--probes DIR] [--seeds 0-4] [--out docs/lab.md] [--json FILE] [SERVICE]
 
 SERVICE: ``--target HOST:PORT`` replays through a running contextd; otherwise one is
 started for the run (``contextd serve`` on a free port): embedded (SQLite in a temporary
@@ -24,6 +24,7 @@ from typing import Any
 from contextd_client import Client
 
 from contextd.lab import fixtures
+from contextd.lab import report as lab_report
 from contextd.lab.conditions import CONDITIONS, DEFAULT_VARIANTS
 from contextd.lab.service import ServerProcess
 
@@ -38,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     one = commands.add_parser("replay", help="replay one trace under each condition and print its figures")
     one.add_argument("trace", type=Path)
+    one.add_argument("--json", type=Path, help="also write every figure as JSON records to this file")
     one.add_argument("--probes", type=Path, help="a probe file (default: the trace's own, for a fixture)")
     names = [*CONDITIONS, *DEFAULT_VARIANTS]
     one.add_argument("--condition", action="append", choices=names, help="repeatable; default: all")
@@ -51,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.add_argument("--probes", type=Path, default=Path("bench/probes"), help="<trace id>.json probe files")
     report.add_argument("--seeds", type=_seeds, default=_seeds("0-4"))
     report.add_argument("--out", type=Path, default=Path("docs/lab.md"), help="the report; plots go beside it")
+    report.add_argument("--json", type=Path, help="also write every figure as JSON records to this file")
     _service_options(report)
 
     args = parser.parse_args(argv)
@@ -58,15 +61,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.command == "fixtures":
         return _write_fixtures(args.seeds, args.out)
-    from contextd.lab import report as lab  # matplotlib only where it draws
-
     with _service(args) as target, Client(target, timeout=120) as client:
         if args.command == "replay":
             trace = json.loads(args.trace.read_text())
             conditions = args.condition or names
             by_trace = {trace["id"]: _probes(trace, args.probes)}
-            results = lab.run(client, [trace], by_trace, conditions, args.gap, at_once=args.at_once)
-            print(lab.replay_table(results))
+            results = lab_report.run(client, [trace], by_trace, conditions, args.gap, at_once=args.at_once)
+            print(lab_report.replay_table(results))
+            _write_json(args.json, results)
             return 1 if results.lost() else 0
         traces = [json.loads(p.read_text()) for p in sorted(args.traces.glob("*.json"))]
         if not traces:
@@ -75,7 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         probes = {t["id"]: _probes(t, args.probes / f"{t['id']}.json") for t in traces}
         probes.update((f["id"], _probes(f, None)) for f in made_fixtures)
         command = "contextd-lab " + " ".join(sys.argv[1:] if argv is None else argv)
-        lab.write(client, traces, made_fixtures, probes, args.out, gap=args.gap, command=command)
+        results = lab_report.write(client, traces, made_fixtures, probes, args.out, gap=args.gap, command=command)
+        _write_json(args.json, results)
         print(f"wrote {args.out}")
         return 0
 
@@ -122,6 +125,11 @@ def _probes(trace: dict[str, Any], path: Path | None) -> list[dict[str, Any]]:
     if "labels" in trace:  # a fixture carries its own
         return fixtures.probes_of(trace)
     return []
+
+
+def _write_json(path: Path | None, results: lab_report.Results) -> None:
+    if path is not None:
+        path.write_text(json.dumps(lab_report.records(results), indent=1, sort_keys=True) + "\n")
 
 
 def _write_fixtures(seeds: Sequence[int], out: Path) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +115,28 @@ def _probes(counts: Mapping[str, int]) -> str:
 
 def _dollars(value: float) -> str:
     return f"${value:.3f}"
+
+
+def records(results: Results) -> list[dict[str, Any]]:
+    """Every replay's figures as plain data (one record per trace and condition), for tools
+    that track them from run to run."""
+    out = []
+    for trace in results.traces:
+        for condition in results.conditions(trace["id"]):
+            s = results.summary(trace["id"], condition)
+            q = results.quality(trace["id"], condition)
+            record: dict[str, Any] = {"trace": trace["id"], "condition": condition, **asdict(s)}
+            record.update(probes=dict(s.probes), needed=dict(s.needed), cost=dict(s.cost), cache=dict(s.cache))
+            if q is not None:
+                record.update(
+                    prunes=q.prunes,
+                    false_prunes=list(q.false_prunes),
+                    precision=q.precision,
+                    recall=q.recall,
+                    by_category=dict(q.by_category),
+                )
+            out.append(record)
+    return out
 
 
 def replay_table(results: Results) -> str:

@@ -86,3 +86,19 @@ def test_without_traces_the_report_covers_the_fixtures(tmp_path: Path, capsys: p
     text = (tmp_path / "lab.md").read_text()
     assert "| F-oracle | " in text and "None given" in text and "fixture-002" in text
     assert (tmp_path / "lab" / "precision-recall.png").exists()
+
+
+def test_contextd_lab_replay_prints_and_writes_every_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "fixture.json"
+    trace.write_text(json.dumps(fixtures.generate(5, episodes=10).trace()))
+    out = tmp_path / "figures.json"
+    args = ["replay", str(trace), "--condition", "B-duplicates", "--condition", "masking", "--at-once"]
+    assert main([*args, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| fixture-005 | B-duplicates |" in printed and "| fixture-005 | A-raw |" in printed
+    records = {r["condition"]: r for r in json.loads(out.read_text())}
+    assert set(records) == {"A-raw", "B-duplicates", "masking"}
+    assert records["B-duplicates"]["precision"] == 1.0 and records["B-duplicates"]["prunes"] > 0
+    assert records["masking"]["false_prunes"]  # the traps, counted
+    assert records["A-raw"]["sent"] > records["masking"]["sent"]
+    assert set(records["masking"]["cost"]) == {"anthropic", "openai"}
