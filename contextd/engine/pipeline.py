@@ -79,6 +79,8 @@ AGENT_LEVEL = 3
 _INSERTED_AT = datetime(1970, 1, 1, tzinfo=UTC)  # content a transform inserted has no time of its own
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_./:-]{2,}")
 MAX_FOCUS_TERMS = 32
+NOT_SMALLER = "what would replace it is not smaller"
+"""Why an edit that would not shrink its item is refused (ABSTAIN): no gain, not a doubt about safety."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -667,9 +669,7 @@ def _eligible(
                 content, tokens = _counted(edit, draft.entries, proposal.reason, counter)
             saving = entry.tokens - tokens if entry is not None else -tokens if isinstance(edit, Insert) else 0
             if entry is not None and saving <= 0:
-                verdict = replace(
-                    verdict, eligible=False, decision="ABSTAIN", why="what would replace it is not smaller"
-                )
+                verdict = replace(verdict, eligible=False, decision="ABSTAIN", why=NOT_SMALLER)
         if not verdict.eligible:
             body = _body(
                 entry,

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from contextd.lab.replay import message_text
+
 COMPLETES = "contextd.completes"
 
 TOOLS = {
@@ -141,7 +143,7 @@ class Fixture:
         return asked, self.add(result, category, keep, **label)
 
     def probe(self, kind: str, question: str, answer: str, index: int) -> None:
-        assert answer in json.dumps(self.messages[index]) or answer in _text(self.messages[index]), answer
+        assert answer in json.dumps(self.messages[index]) or answer in message_text(self.messages[index]), answer
         self.probes.append(
             {"trace_id": self.id, "kind": kind, "question": question, "answer": answer, "message_index": index,
              "role_at_index": self.messages[index]["role"]}
@@ -150,18 +152,13 @@ class Fixture:
     def finish(self) -> None:
         """Fill in each probe's last sighting and count, as the probe format has them."""
         for probe in self.probes:
-            seen = [i for i, m in enumerate(self.messages) if probe["answer"] in _text(m)]
+            seen = [i for i, m in enumerate(self.messages) if probe["answer"] in message_text(m)]
             probe.update(last_seen_index=seen[-1], n_messages=len(self.messages), occurrences=len(seen))
 
 
 def probes_of(trace: dict[str, Any]) -> list[dict[str, Any]]:
     """The probes a fixture's trace carries."""
     return list(trace.get("probes", ()))
-
-
-def _text(message: dict[str, Any]) -> str:
-    calls = [json.dumps(c["arguments"]) for c in message.get("tool_calls") or ()]
-    return "\n".join([message.get("content") or "", *calls])
 
 
 # --------------------------------------------------------------- content

@@ -25,13 +25,12 @@ from typing import Any
 from contextd_client import Client, View, ViewFormat
 from contextd_client.v1 import content_pb2 as pb
 
+from contextd.engine.pipeline import NOT_SMALLER
 from contextd.lab.cache import Billed, PromptCache, Segment
 
 PROVIDERS = ("anthropic", "openai")
 COMPRESSION = "compressed_"
 """The reason codes of compressions start with this: the item stays, its facts verbatim (not a prune)."""
-NO_GAIN = "what would replace it is not smaller"
-"""The engine's ABSTAIN when an edit would not make the item smaller: no gain, not a doubt about safety."""
 
 
 @dataclass
@@ -70,7 +69,6 @@ class Run:
     decisions: Counter[str] = field(default_factory=Counter)
     final: list[tuple[int, str, int, str]] = field(default_factory=list)
     """The last view's items: seq, representation, tokens, handle."""
-    final_text: str = ""
     probes: list[str] = field(default_factory=list)
     """Each probe's outcome in the last view, in the order given: visible, recoverable or lost."""
     needed: list[str | None] = field(default_factory=list)
@@ -92,6 +90,12 @@ class Run:
             sum(b.cache_write for b in bills),
             sum(b.uncached for b in bills),
         )
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """A trace message's text and its calls' arguments (as JSON): where a fact in it can be found."""
+    calls = [json.dumps(c["arguments"]) for c in message.get("tool_calls") or ()]
+    return "\n".join([message.get("content") or "", *calls])
 
 
 def trace_items(trace: Mapping[str, Any], metadata: Sequence[Mapping[str, str]] | None = None) -> list[pb.Item]:
@@ -160,7 +164,7 @@ def replay(
             view = client.render_view(session, ViewFormat.OPENAI_CHAT)
             elapsed = (time.perf_counter() - started) * 1000
             for certificate in view.certificates:
-                no_gain = certificate.decision == "abstain" and certificate.rationale == NO_GAIN
+                no_gain = certificate.decision == "abstain" and certificate.rationale == NOT_SMALLER
                 run.decisions["no_gain" if no_gain else certificate.decision] += 1
                 if certificate.decision == "prune":
                     if certificate.reason.startswith(COMPRESSION):
@@ -181,7 +185,6 @@ def replay(
                 run.needed[n] = probe_outcome(client, session, probes[n]["answer"], view, originals)
             if end == len(items):  # the view after the last message: what the probes are checked on
                 run.final = [(s.seq, s.representation, s.tokens, s.handle) for s in view.items]
-                run.final_text = view.messages_json
                 run.probes = [probe_outcome(client, session, p["answer"], view, originals) for p in probes]
                 break
             prompt = _segments(view.messages, view.items, view.framing_tokens)

@@ -19,7 +19,7 @@ from contextd_client import Client
 from contextd.engine.policy import PROVIDER_PRICES, default_policy
 from contextd.lab.conditions import CONDITIONS, DEFAULT_VARIANTS, oracle_metadata, policy_text
 from contextd.lab.metrics import Quality, Summary, percentile, quality, summarize
-from contextd.lab.replay import PROVIDERS, Run, replay
+from contextd.lab.replay import PROVIDERS, Run, message_text, replay
 
 RAW = "A-raw"
 _PROBES = "probes vis. / rec. / lost at the end (of them, only in tool outputs); when used"
@@ -91,13 +91,11 @@ def run(
 
 
 def _only_in_outputs(trace: Mapping[str, Any], answer: str) -> bool:
-    for message in trace["messages"]:
-        if message["role"] == "tool":
-            continue
-        calls = [json.dumps(c["arguments"]) for c in message.get("tool_calls") or ()]
-        if answer in message.get("content", "") or any(answer in c or json.dumps(answer)[1:-1] in c for c in calls):
-            return False
-    return True
+    escaped = json.dumps(answer)[1:-1]  # as it stands inside JSON arguments
+    return not any(
+        answer in text or escaped in text
+        for text in (message_text(m) for m in trace["messages"] if m["role"] != "tool")
+    )
 
 
 # ------------------------------------------------------------------ tables
