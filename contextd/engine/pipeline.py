@@ -48,10 +48,9 @@ from contextd.engine.state import (
     first_divergence,
 )
 from contextd.engine.strategies import Compress
-from contextd.engine.timing import Costed, schedule, value_now
+from contextd.engine.timing import Costed, cache_state, ends_after, schedule, value_now
 from contextd.engine.tokens import TokenCounter, block_tokens
 from contextd.engine.transforms import (
-    CacheState,
     Edit,
     Entry,
     Insert,
@@ -478,6 +477,7 @@ def render(inp: RenderInput) -> RenderOutput:
         last.assembly if last else None,
     )
     segments = tuple(assembly.segments)
+    stable = first_divergence(previous.segments, segments) if previous else 0
     new_state = ViewState(
         view_version=state.view_version + 1,
         policy_version=policy.version,
@@ -488,6 +488,7 @@ def render(inp: RenderInput) -> RenderOutput:
                 segments,
                 view.total_tokens,
                 inp.request.budget_tokens,
+                ends_after(previous, stable, inp.now, policy.cache),
                 known_offsets=assembly.offsets,
                 known_total=assembly.offset,
             ),
@@ -499,7 +500,7 @@ def render(inp: RenderInput) -> RenderOutput:
     view = replace(
         view,
         view_version=new_state.view_version,
-        stable_prefix_tokens=first_divergence(previous.segments, segments) if previous else 0,
+        stable_prefix_tokens=stable,
         policy_version=policy.version,
     )
     agent_ids = tuple(p.id for p in inp.agent_proposals)  # every one is decided now, or waits in the state
@@ -561,11 +562,7 @@ def _context(inp: RenderInput, draft: _Draft, previous: PreviousRender | None) -
         entries=tuple(draft.ordered()),
         budget_tokens=inp.request.budget_tokens,
         view_tokens=draft.view_tokens,
-        cache=CacheState(
-            previous_tokens=previous.total_tokens if previous else 0,
-            age_seconds=None if previous is None else inp.now - previous.rendered_at,
-            ttl_seconds=inp.policy.cache.prices.ttl_seconds,
-        ),
+        cache=cache_state(previous, inp.now, inp.policy.cache),
         focus=focus_terms((draft.latest_user, draft.latest_calls), inp.request.focus),
         requested_focus=tuple(inp.request.focus),
         tools=inp.tools,

@@ -58,6 +58,15 @@ PROVIDER_PRICES: Mapping[str, Prices] = {
     "google": Prices(input=1.25, cache_write=1.25, cache_read=0.3125, ttl_seconds=3600),
 }
 
+# Where a later call can read each provider's cache from. Anthropic caches a prompt at
+# its explicit breakpoints (an agent puts one at the end of each call) and a later call
+# reads the longest such earlier prompt that is, whole, a prefix of its own; OpenAI and
+# Gemini cache automatically whatever prefix two prompts share. Neither caches a prompt
+# shorter than 1,024 tokens on the models priced above (same documentation pages).
+BREAKPOINTS, PREFIX = "breakpoints", "prefix"
+PROVIDER_READS: Mapping[str, str] = {"anthropic": BREAKPOINTS, "openai": PREFIX, "google": PREFIX}
+MIN_CACHED_TOKENS = 1024
+
 
 @dataclass(frozen=True, slots=True)
 class Globs:
@@ -104,6 +113,9 @@ class CachePolicy:
     high_water: float = 0.9
     expected_calls_auto: bool = False
     """Expect as many further calls as the session has made so far (at least `expected_calls`)."""
+    reads: str = BREAKPOINTS
+    """Where a later call reads the cache from: `breakpoints` (only up to the end of an earlier
+    prompt, cached whole) or `prefix` (up to wherever two prompts first differ)."""
 
     def for_session(self, calls_so_far: int) -> CachePolicy:
         """The pricing for a session that has made `calls_so_far` calls."""
@@ -316,6 +328,7 @@ def _build(data: dict[str, Any], document: str, registry: TransformRegistry, roo
             expected_calls=_expected_calls(cache_data, default.cache.expected_calls),
             expected_calls_auto=cache_data.get("expected_calls") == "auto",
             high_water=cache_data.get("high_water", default.cache.high_water),
+            reads=cache_data.get("reads", PROVIDER_READS[provider]),
         ),
         tools=tools,
     )

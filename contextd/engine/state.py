@@ -76,6 +76,10 @@ class PreviousRender:
     """The view's `total_tokens` (message framing included), as RenderView said it."""
     budget_tokens: int = 0
     """The budget the render was asked to fit (0: none)."""
+    cached_ends: tuple[tuple[int, float], ...] = ()
+    """Where earlier prompts that are, whole, a prefix of this one ended (token offsets,
+    ascending), with when the provider last read or wrote each: the points a provider that
+    caches at breakpoints can read this render back from, besides its own end."""
     known_offsets: Mapping[int, int] | None = field(default=None, compare=False, repr=False)
     """`offsets()`, when the render that made it counted them already (not stored)."""
     known_total: int | None = field(default=None, compare=False, repr=False)
@@ -254,6 +258,7 @@ def _render_json(render: PreviousRender) -> str:
             "segments": segments,
             "view_tokens": render.view_tokens,
             "budget_tokens": render.budget_tokens,
+            **({"cached_ends": [list(end) for end in render.cached_ends]} if render.cached_ends else {}),
         }
     )
 
@@ -277,6 +282,7 @@ def state_from_json(text: str) -> ViewState:
                 tuple(Segment(*s) for s in r["segments"]),
                 r.get("view_tokens", 0),
                 r.get("budget_tokens", 0),
+                tuple((offset, used_at) for offset, used_at in r.get("cached_ends", ())),
             )
             for name, r in data["renders"].items()
         },

@@ -9,6 +9,12 @@ calls E, with read price r and write price w per token:
 
     value(apply now) = E * saving * r  -  (radius - saving) * (w - r)
 
+The radius counts from where the next call stops reading the cache: the
+change itself for a provider that reads any shared prefix (OpenAI, Gemini);
+for one that reads only whole earlier prompts (Anthropic's breakpoints, one
+at the end of each call) the end of the last earlier prompt before the
+change that is still cached, which may be well before it.
+
 An edit applies now when it only touches the tail the cache has not seen,
 when the cache is cold anyway (the previous render is older than the
 cache's TTL), or as part of the batch of edits whose single invalidation
@@ -23,7 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from contextd.engine.policy import CachePolicy
+from contextd.engine.policy import BREAKPOINTS, MIN_CACHED_TOKENS, CachePolicy
+from contextd.engine.state import PreviousRender
 from contextd.engine.transforms import CacheState
 
 PER_TOKEN = 1_000_000  # prices are per million tokens
@@ -49,6 +56,37 @@ class Timing:
     """Estimated dollars saved over the expected calls by applying now (negative: it costs)."""
 
 
+def cache_state(previous: PreviousRender | None, now: float, cache: CachePolicy) -> CacheState:
+    """What the provider holds of the previous render, `now`."""
+    ttl = cache.prices.ttl_seconds
+    if previous is None:
+        return CacheState(0, None, ttl)
+    breakpoints = None
+    if cache.reads == BREAKPOINTS:
+        breakpoints = tuple(offset for offset, _ in live_ends(previous, now, cache))
+    return CacheState(previous.total_tokens, now - previous.rendered_at, ttl, breakpoints)
+
+
+def live_ends(previous: PreviousRender, now: float, cache: CachePolicy) -> list[tuple[int, float]]:
+    """The previous render's cached prompt ends (its own included) still in the provider's cache `now`."""
+    ends = (*previous.cached_ends, (previous.total_tokens, previous.rendered_at))
+    ttl = cache.prices.ttl_seconds
+    return [(offset, used) for offset, used in ends if offset >= MIN_CACHED_TOKENS and now - used <= ttl]
+
+
+def ends_after(
+    previous: PreviousRender | None, divergence: int, now: float, cache: CachePolicy
+) -> tuple[tuple[int, float], ...]:
+    """The cached prompt ends of a render that shares its first `divergence` tokens with `previous`:
+    those of `previous` within them; the call reads the last, which keeps it alive."""
+    if previous is None or cache.reads != BREAKPOINTS:
+        return ()
+    kept = [(offset, used) for offset, used in live_ends(previous, now, cache) if offset <= divergence]
+    if kept:
+        kept[-1] = (kept[-1][0], now)
+    return tuple(kept)
+
+
 def value_now(saving: int, radius: int, cache: CachePolicy) -> float:
     read = cache.prices.cache_read / PER_TOKEN
     write = cache.prices.cache_write / PER_TOKEN
@@ -65,42 +103,47 @@ def schedule(
 ) -> list[Timing]:
     """Decide, for each edit, whether it applies in this render.
 
-    One invalidation at offset p rewrites everything after p, so every edit
-    at or after p can ride on it. Of the suffixes "all edits from p on", the
-    one worth most (if any is worth anything) is applied. An edit that pays
-    on its own is always in it: starting at that edit is worth at least its
-    own value more than starting after it.
+    One invalidation read up to offset s rewrites everything after s, so
+    every edit at or after s can ride on it. Of the suffixes "all edits from
+    s on" (s where the cache stops reading for some edit), the one worth most
+    (if any is worth anything) is applied. An edit that pays on its own is
+    always in it: starting where the cache stops reading for that edit is
+    worth more than starting at any later such point.
     """
     total = state.previous_tokens
-    radii = [max(0, total - e.position) for e in edits]
+    radii = [max(0, total - state.read_until(e.position)) for e in edits]
     values = [value_now(e.saving, r, cache) for e, r in zip(edits, radii, strict=True)]
     if force or state.cold:
         why = "applied by the operator" if force else "the cache is cold: nothing cached to keep"
         return [Timing(True, why, r, v) for r, v in zip(radii, values, strict=True)]
 
-    positions = sorted({e.position for e, r in zip(edits, radii, strict=True) if r > 0})
+    starts = sorted({total - r for r, e in zip(radii, edits, strict=True) if r > 0})
     best: int | None = None
     best_value = 0.0
-    for p in positions:
-        # What the rewrite from p saves: the reductions from p on. An edit that grows the
-        # view (an insert) rides on the rewrite, but is no reason to make it; counting it
+    for start in starts:
+        # What the rewrite from `start` saves: the reductions from there on. An edit that grows
+        # the view (an insert) rides on the rewrite, but is no reason to make it; counting it
         # here could pass over an earlier start that pays for every reduction after it.
-        saving = sum(max(0, e.saving) for e, r in zip(edits, radii, strict=True) if r > 0 and e.position >= p)
-        worth = value_now(saving, total - p, cache)
+        saving = sum(max(0, e.saving) for e, r in zip(edits, radii, strict=True) if r > 0 and e.position >= start)
+        worth = value_now(saving, total - start, cache)
         if worth > best_value:
-            best, best_value = p, worth
+            best, best_value = start, worth
     cause = (
         f"the edits from token {best} on pay for one invalidation (${best_value:.6f} over {cache.expected_calls} calls)"
     )
-    if best is None and positions and utilization >= cache.high_water:
-        best, cause = positions[0], f"the view is at {utilization:.0%} of its budget (high water)"
+    if best is None and starts and utilization >= cache.high_water:
+        best, cause = starts[0], f"the view is at {utilization:.0%} of its budget (high water)"
+    # The first edit of the rewrite is the one that makes it; the others ride on it.
+    lead = min(
+        (e.position for e, r in zip(edits, radii, strict=True) if r > 0 and e.position >= (best or 0)), default=0
+    )
 
     timings = []
     for edit, radius, value in zip(edits, radii, values, strict=True):
         if radius == 0:
             timings.append(Timing(True, "it touches only the tail the cache has not seen", 0, value))
         elif best is not None and edit.position >= best:
-            why = cause if edit.position == best else f"rides on the rewrite from token {best}"
+            why = cause if edit.position == lead else f"rides on the rewrite from token {best}"
             timings.append(Timing(True, why, radius, value))
         else:
             calls = cache.expected_calls

@@ -14,6 +14,7 @@ Third-party transforms register under the entry-point group
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -162,10 +163,23 @@ class CacheState:
     age_seconds: float | None
     """Seconds since the previous render; None without one."""
     ttl_seconds: float
+    breakpoints: tuple[int, ...] | None = None
+    """Where the provider can read the previous render from when it reads only whole earlier
+    prompts: their ends (token offsets in the previous render, ascending), still cached. None
+    when it reads any prefix two prompts share."""
 
     @property
     def cold(self) -> bool:
-        return self.age_seconds is None or self.age_seconds > self.ttl_seconds
+        """Nothing cached to keep: no previous render, too old, or none of it cached."""
+        return self.age_seconds is None or self.age_seconds > self.ttl_seconds or self.breakpoints == ()
+
+    def read_until(self, position: int) -> int:
+        """How far the next call reads the previous render from the cache when its prompt first
+        differs from it at token `position`: what comes after is written again."""
+        if self.breakpoints is None:
+            return position
+        at = bisect_right(self.breakpoints, position)
+        return self.breakpoints[at - 1] if at else 0
 
 
 @dataclass(frozen=True, slots=True)

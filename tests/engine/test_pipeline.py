@@ -287,7 +287,8 @@ def test_a_prune_that_would_invalidate_a_large_cached_prefix_is_deferred_until_t
     assert (cert.decision, cert.seq) == (Decision.DEFER, 4)
     offset = sent(warm).offsets()[4]
     assert cert.first_divergence_tokens == offset
-    assert cert.mutation_radius_tokens == sent(warm).total_tokens - offset > 98_000
+    # Anthropic (the default provider) reads only whole earlier prompts: here the one previous render.
+    assert cert.mutation_radius_tokens == sent(warm).total_tokens
     assert cert.cost_effect < 0 and "more than it saves over 20 calls" in cert.rationale
     assert cert.handle == handle_of(items[3]) and cert.tokens_removed == 2_000
     assert deferred.view.messages_json == warm.view.messages_json  # the cached bytes are untouched
@@ -330,7 +331,8 @@ def test_a_batch_that_pays_for_one_invalidation_applies_while_the_cache_is_warm(
     together = run(items, PRUNE_MARKED.replace("20", "300"), state=warm.state, now=60)
     assert [c.decision for c in together.certificates] == [Decision.PRUNE] * 3
     assert "pay for one invalidation" in together.certificates[0].rationale
-    assert together.certificates[1].rationale == f"rides on the rewrite from token {sent(warm).offsets()[4]}"
+    # The cache is read up to the last earlier prompt before the first edit: none but the whole previous one.
+    assert together.certificates[1].rationale == "rides on the rewrite from token 0"
     assert together.view.stable_prefix_tokens == sent(warm).offsets()[4]
 
 
@@ -348,6 +350,43 @@ def test_edits_to_the_uncached_tail_are_free() -> None:
     assert (cert.decision, cert.mutation_radius_tokens) == (Decision.PRUNE, 0)
     assert cert.rationale == "it touches only the tail the cache has not seen"
     assert out.view.stable_prefix_tokens == sent(warm).total_tokens
+
+
+def test_a_provider_that_caches_whole_prompts_is_read_back_to_the_last_earlier_prompt_before_a_change() -> None:
+    items = big_history([2_000] + [9_800] * 10, marked={4})  # seq 12: a round after the first render's end
+    quiet = "protection: {last_turns: 0}"
+    first = run(items[:8], quiet, now=0)
+    second = run(items[:14], quiet, state=first.state, now=10)
+    third = run(items, quiet, state=second.state, now=20)
+    end1, end2 = sent(first).total_tokens, sent(second).total_tokens
+    # Each call read the one before it whole (refreshing it) and wrote its own end.
+    assert sent(second).cached_ends == ((end1, 10),)
+    assert sent(third).cached_ends == ((end1, 10), (end2, 20))
+    assert state_from_json(state_to_json(third.state)) == third.state
+
+    total, position = sent(third).total_tokens, sent(third).offsets()[12]
+    assert end1 < position < end2
+    [deferred] = run(items, PRUNE_MARKED, state=third.state, now=30).certificates
+    assert (deferred.decision, deferred.first_divergence_tokens) == (Decision.DEFER, position)
+    assert deferred.mutation_radius_tokens == total - end1  # written again from the first call's end
+    [prefix] = run(items, PRUNE_MARKED.replace("20}", "20, reads: prefix}"), state=third.state, now=30).certificates
+    assert prefix.mutation_radius_tokens == total - position
+
+    # A rewrite keeps the ends before it (the one read is refreshed); those after it are gone.
+    forced = run(items, PRUNE_MARKED, state=third.state, now=30, force=True)
+    assert sent(forced).cached_ends == ((end1, 30),)
+    # An end unused for longer than the cache's TTL is gone too.
+    much_later = run(items, PRUNE_MARKED, state=third.state, now=10 + 301)
+    [cert] = much_later.certificates
+    assert cert.mutation_radius_tokens == total  # the first call's end (last used at 10) expired; the others follow
+
+
+def test_a_prompt_too_short_to_cache_leaves_nothing_to_keep() -> None:
+    items = big_history([300, 300], marked={0})
+    warm = run(items, "protection: {last_turns: 0}", now=0)
+    assert sent(warm).total_tokens < 1_024  # below the providers' minimum: never cached
+    [cert] = run(items, PRUNE_MARKED, state=warm.state, now=10).certificates
+    assert (cert.decision, cert.rationale) == (Decision.PRUNE, "the cache is cold: nothing cached to keep")
 
 
 def test_the_high_water_mark_applies_deferred_edits() -> None:
@@ -474,20 +513,23 @@ def test_a_reorder_stays_in_force_after_appends_and_one_that_moves_the_system_pr
     ]
 
 
+PREFIX_READS = "cache: {reads: prefix}\n"  # the cache read up to any shared prefix (OpenAI), however short
+
+
 def test_inserts_and_reorders_are_priced_where_they_change_the_previous_render() -> None:
     items = history(tool_round("c1", "bash", "one"), tool_round("c2", "bash", "two"))
-    warm = run(items, "", now=0)
+    warm = run(items, PREFIX_READS, now=0)
     offsets = sent(warm).offsets()
     note = run(
         items,
-        "rules: [{name: n, transform: annotate, params: {after: 4}, when: {roles: [user]}}]",
+        PREFIX_READS + "rules: [{name: n, transform: annotate, params: {after: 4}, when: {roles: [user]}}]",
         state=warm.state,
         now=10,
     )
     [insert] = [c for c in note.certificates if c.reason == "note"]
     assert (insert.decision, insert.first_divergence_tokens) == (Decision.DEFER, offsets[5])
     assert insert.mutation_radius_tokens == sent(warm).total_tokens - offsets[5]
-    reordered = run(items, "rules: [{name: r, transform: reverse}]", state=warm.state, now=10)
+    reordered = run(items, PREFIX_READS + "rules: [{name: r, transform: reverse}]", state=warm.state, now=10)
     [cert] = reordered.certificates
     assert cert.first_divergence_tokens == offsets[3]  # the first item that moves
 
@@ -511,11 +553,11 @@ def test_a_reorder_in_force_leaves_ages_alone_and_one_waiting_follows_appends() 
         == [4, 6, 8]
     )
 
-    warm = run(items, "", now=0)
-    waiting = run(items, "rules: [{name: r, transform: reverse}]", state=warm.state, now=10)
+    warm = run(items, PREFIX_READS, now=0)
+    waiting = run(items, PREFIX_READS + "rules: [{name: r, transform: reverse}]", state=warm.state, now=10)
     assert [c.decision for c in waiting.certificates] == [Decision.DEFER]
     longer = history(*rounds, tool_round("c9", "bash", "new"))
-    later = run(longer, "rules: [{name: r, transform: reverse}]", state=waiting.state, now=20)
+    later = run(longer, PREFIX_READS + "rules: [{name: r, transform: reverse}]", state=waiting.state, now=20)
     assert later.certificates == ()  # still the one deferred reorder, now with the new items after it
     [pending] = later.state.pending
     assert pending.proposal.edit == Reorder((1, 2, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 13, 14))

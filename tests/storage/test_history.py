@@ -71,7 +71,18 @@ def request(
     )
 
 
-async def test_concurrent_appends_get_dense_contiguous_seqs(store: HistoryStore, session: str) -> None:
+@pytest.fixture
+async def patient_store(database_url: str) -> AsyncIterator[HistoryStore]:
+    """A store whose writers wait long enough for a queue of 40 on one session (on a loaded machine)."""
+    db = Database(database_url, lock_timeout_ms=30_000)
+    yield HistoryStore(db)
+    await db.close()
+
+
+async def test_concurrent_appends_get_dense_contiguous_seqs(patient_store: HistoryStore) -> None:
+    store = patient_store
+    session = f"s-{uuid.uuid4().hex[:10]}"
+    await store.create_session("tenant", session, {"purpose": "test"})
     batches = [[text_item(f"task {t} item {n}") for n in range(1 + t % 4)] for t in range(40)]
     results = await asyncio.gather(*(store.append(request(session, b, key=f"k{t}")) for t, b in enumerate(batches)))
     total = sum(len(b) for b in batches)
