@@ -47,7 +47,7 @@ from contextd.engine.state import (
     edit_key,
     first_divergence,
 )
-from contextd.engine.strategies import Compress
+from contextd.engine.strategies import COMPRESSED, Compress
 from contextd.engine.timing import Costed, cache_state, ends_after, schedule, value_now
 from contextd.engine.tokens import TokenCounter, block_tokens
 from contextd.engine.transforms import (
@@ -455,12 +455,18 @@ def render(inp: RenderInput) -> RenderOutput:
     context = _context(inp, draft, previous)
     judge = Judge(draft.entries, draft.natural, protected, policy, relied)
     before = frozenset(taken)
+    # A compression in force keeps an item's facts; a prune its evidence allows later may still take its slot.
+    compressed = {slot_of(a.edit) for a in in_force if _is_compression(a)}
     carried = None
     if carry is not None and carry.pools is not None:
         carried = carry.pools, [draft.entries[s] for s in draft.natural[len(carry.items) :]]
-    proposed, pools = _proposed(inp, context, taken, carried)
-    eligible = _eligible([*_waiting(inp, draft, log), *proposed], draft, judge, taken, inp.counter, log)
+    proposed, pools = _proposed(inp, context, taken - compressed, carried)
+    candidates = [*_waiting(inp, draft, log), *proposed]
+    eligible = _eligible(candidates, draft, judge, taken, set(compressed), inp.counter, log)
     applied_now, pending, durable = _time(eligible, inp, context, previous, draft, log)
+    superseded = compressed & {slot_of(a.edit) for a in (*applied_now, *durable)}
+    if superseded:
+        in_force = [a for a in in_force if slot_of(a.edit) not in superseded]
     offloaded, budget_warnings = _fit_budget(inp, draft, protected, judge, previous, log)
     applied_now.extend(offloaded)
 
@@ -545,6 +551,10 @@ def _carry_over(inp: RenderInput, draft: _Draft, protected: Protections, log: _L
         draft.apply(applied)
         in_force.append(applied)
     return in_force
+
+
+def _is_compression(applied: AppliedEdit) -> bool:
+    return isinstance(applied.edit, Replace) and applied.reason.startswith(COMPRESSED)
 
 
 def _relied_on(in_force: Iterable[AppliedEdit]) -> dict[int, int]:
@@ -638,17 +648,20 @@ def _eligible(
     draft: _Draft,
     judge: Judge,
     taken: set[Slot],
+    compressed: set[Slot],
     counter: TokenCounter,
     log: _Log,
 ) -> list[_Eligible]:
     """The candidates that may happen, at most one per slot: the first eligible one wins.
-    Refusals are certified (once); proposals for a taken slot are dropped unseen."""
+    Refusals are certified (once); proposals for a taken slot are dropped unseen, but for
+    a slot held by a compression (`compressed`), which any edit but another compression
+    may take over."""
     out: list[_Eligible] = []
     for candidate in candidates:
         proposal = candidate.proposal
         edit = _normalized(proposal.edit, draft.entries)
         slot = slot_of(edit)
-        if slot in taken:
+        if slot in taken and (slot not in compressed or proposal.compression):
             continue
         seq = target_of(edit)
         entry = draft.entries.get(seq) if seq is not None else None
@@ -684,6 +697,7 @@ def _eligible(
                 log.once(edit, candidate.rule, proposal.reason, body)
             continue
         taken.add(slot)
+        compressed.discard(slot)
         judge.accept(proposal)
         out.append(_Eligible(candidate, edit, content, tokens, saving))
     return out

@@ -56,7 +56,7 @@ from contextd.engine.model import ReasoningBlock, Representation, TextBlock, Too
 from contextd.engine.observations import Observation, ObservationIndex
 from contextd.engine.placeholders import PREFIX, describe, handle_of
 from contextd.engine.shell import WHOLE, Read, covers
-from contextd.engine.transforms import Entry, Proposal, Remove, Replace, TransformContext
+from contextd.engine.transforms import Entry, Proposal, Remove, Replace, TransformContext, prunable
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ MIN_TOKENS = 40
 
 
 def _worth(entry: Entry, params: Mapping[str, Any]) -> bool:
-    return entry.representation is Representation.FULL and entry.tokens >= params.get("min_tokens", MIN_TOKENS)
+    return prunable(entry) and entry.tokens >= params.get("min_tokens", MIN_TOKENS)
 
 
 def _shown_in_full(context: TransformContext, seq: int) -> bool:
@@ -390,6 +390,8 @@ class Compress(_Strategy):
         self, context: TransformContext, entry: Entry, seen: Observation, params: Mapping[str, Any]
     ) -> Proposal | None:
         result = entry.item.tool_result
+        if entry.representation is not Representation.FULL:
+            return None  # compressed already
         if result is None or not all(isinstance(p, TextBlock) for p in result.content):
             return None  # images and documents are not read here
         text = _output_text(entry)
@@ -427,12 +429,14 @@ def _compressed(entry: Entry, found: Compressed) -> Proposal:
     return Proposal(
         Replace(entry.seq, (TextBlock(header + "\n" + found.text),)),
         0 if found.lossless else 4,
-        f"compressed_{found.kind}",
+        f"{COMPRESSED}{found.kind}",
         found.summary,
         compression=True,
     )
 
 
+COMPRESSED = "compressed_"
+"""The reason codes of compressions start with this: the item stays, its facts verbatim (not a prune)."""
 CONTENT_KEY = "contextd.content_type"
 """Item metadata declaring what a tool output holds (a compressor kind: log, json, code ...)."""
 MAX_RATIO = 0.7

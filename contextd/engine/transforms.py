@@ -223,6 +223,12 @@ class Transform(Protocol):
         ...
 
 
+def prunable(entry: Entry) -> bool:
+    """Whether a candidate entry may still be pruned: shown whole, or compressed (a candidate
+    reduced is compressed, and a prune the policy allows may replace a compression)."""
+    return entry.representation in (Representation.FULL, Representation.REDUCED)
+
+
 # ------------------------------------------------------------- built-ins
 
 
@@ -241,7 +247,7 @@ class Mask:
         self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
     ) -> Iterator[Proposal]:
         for entry in candidates:
-            if entry.representation is Representation.FULL:
+            if prunable(entry):
                 yield Proposal(Remove(entry.seq), level=4, reason="masked", evidence="matched the rule's conditions")
 
 

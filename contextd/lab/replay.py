@@ -26,11 +26,10 @@ from contextd_client import Client, View, ViewFormat
 from contextd_client.v1 import content_pb2 as pb
 
 from contextd.engine.pipeline import NOT_SMALLER
+from contextd.engine.strategies import COMPRESSED
 from contextd.lab.cache import Billed, PromptCache, Segment
 
 PROVIDERS = ("anthropic", "openai")
-COMPRESSION = "compressed_"
-"""The reason codes of compressions start with this: the item stays, its facts verbatim (not a prune)."""
 
 
 @dataclass
@@ -167,7 +166,7 @@ def replay(
                 no_gain = certificate.decision == "abstain" and certificate.rationale == NOT_SMALLER
                 run.decisions["no_gain" if no_gain else certificate.decision] += 1
                 if certificate.decision == "prune":
-                    if certificate.reason.startswith(COMPRESSION):
+                    if certificate.reason.startswith(COMPRESSED):
                         run.compressed.add(certificate.seq)
                     else:
                         run.rule_of[certificate.seq] = certificate.rule

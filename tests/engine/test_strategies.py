@@ -5,6 +5,7 @@ which must stay whatever the rules would like."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -276,6 +277,47 @@ def test_a_directory_left_changed_between_two_reads_of_a_relative_path_supersede
 def test_an_output_that_shows_more_than_the_read_is_not_superseded() -> None:
     items = session(("grep -rn parse src/ && cat src/app.py", "src/util.py:7: parse(x)\n" + BODY), WHOLE_READ)
     assert pruned(run(items, "supersede")) == {}
+
+
+SOURCE = "\n".join(
+    f'def handler_{n}(request):\n    """Handle case {n}."""\n'
+    + "".join(f"    value_{k} = request.get('field_{k}', {k})\n" for k in range(8))
+    + "    return value_0\n"
+    for n in range(6)
+)
+READ_THEN_COMPRESS = """
+protection: {last_turns: 0}
+tools: {bash: {effect: shell}}
+rules:
+  - {name: superseded-reads, transform: supersede, when: {roles: [tool]}}
+  - {name: compress-outputs, transform: compress, when: {roles: [tool]}}
+"""
+
+
+def test_a_read_compressed_while_old_still_gives_way_to_a_later_whole_read() -> None:
+    first = session(("cat src/app.py", SOURCE), ("ls", "src\ntests"))
+    early = run_policy(first, READ_THEN_COMPRESS)
+    assert [(c.seq, c.reason) for c in early.certificates] == [(seq_of(1), "compressed_code")]
+    assert shown(early, seq_of(1)) is Representation.REDUCED
+
+    later = session(("cat src/app.py", SOURCE), ("ls", "src\ntests"), ("cat src/app.py", SOURCE))
+    inp = RenderInput(
+        make_session(len(later)),
+        later,
+        parse_policy(READ_THEN_COMPRESS, REGISTRY),
+        ViewRequest(ViewFormat.OPENAI_CHAT),
+        counter(),
+        REGISTRY,
+        early.state,
+        now=1_000.0,  # the cache is cold: what pays is applied
+    )
+    out = render(inp)
+    assert pruned(out)[seq_of(1)] == (2, "read again later by call c3 (seq 8)")
+    assert shown(out, seq_of(1)) is Representation.PLACEHOLDER  # no longer the compressed copy
+    assert [a.reason for a in out.state.applied if getattr(a.edit, "seq", None) == seq_of(1)] == ["superseded"]
+    # Rendered again from the stored state (no carry), the view is the same.
+    again = render(replace(inp, state=out.state, now=1_010.0, carry=None))
+    assert again.view.messages_json == out.view.messages_json and not pruned(again)
 
 
 def test_a_snapshot_is_not_replaced_by_a_run_that_failed() -> None:
