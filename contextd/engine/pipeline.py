@@ -631,7 +631,8 @@ def _proposed(
         pool = by_role.get(next(iter(roles)), []) if roles is not None and len(roles) == 1 else open_entries
         matched = [e for e in pool if holds_for(when, e)]
         if carried is not None:
-            matched = [e for e in carried[0][index] if e.seq not in taken] + matched
+            # As they stand now: an entry pooled whole may have been compressed since.
+            matched = [context.by_seq[e.seq] for e in carried[0][index] if e.seq not in taken] + matched
         pools.append(tuple(matched))
         picked = [e for e in matched if holds_now(when, e, context)] if changes_with_time(when) else matched
         proposals: Iterable[Proposal] = transform.propose(context, picked, rule.params)

@@ -300,7 +300,10 @@ def test_a_read_compressed_while_old_still_gives_way_to_a_later_whole_read() -> 
     assert [(c.seq, c.reason) for c in early.certificates] == [(seq_of(1), "compressed_code")]
     assert shown(early, seq_of(1)) is Representation.REDUCED
 
-    later = session(("cat src/app.py", SOURCE), ("ls", "src\ntests"), ("cat src/app.py", SOURCE))
+    later = [
+        *first,
+        *session(("cat src/app.py", SOURCE), ("ls", "src\ntests"), ("cat src/app.py", SOURCE))[len(first) :],
+    ]
     inp = RenderInput(
         make_session(len(later)),
         later,
@@ -315,6 +318,10 @@ def test_a_read_compressed_while_old_still_gives_way_to_a_later_whole_read() -> 
     assert pruned(out)[seq_of(1)] == (2, "read again later by call c3 (seq 8)")
     assert shown(out, seq_of(1)) is Representation.PLACEHOLDER  # no longer the compressed copy
     assert [a.reason for a in out.state.applied if getattr(a.edit, "seq", None) == seq_of(1)] == ["superseded"]
+    # The same from what the first render carried (its entries pooled whole, compressed since).
+    carried = render(replace(inp, carry=early.carry))
+    assert early.carry is not None and early.carry.follows(inp)
+    assert (carried.view, carried.certificates, carried.state) == (out.view, out.certificates, out.state)
     # Rendered again from the stored state (no carry), the view is the same.
     again = render(replace(inp, state=out.state, now=1_010.0, carry=None))
     assert again.view.messages_json == out.view.messages_json and not pruned(again)
