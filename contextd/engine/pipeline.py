@@ -51,6 +51,7 @@ from contextd.engine.strategies import COMPRESSED, Compress
 from contextd.engine.timing import Costed, cache_state, ends_after, schedule, value_now
 from contextd.engine.tokens import TokenCounter, block_tokens
 from contextd.engine.transforms import (
+    CacheState,
     Edit,
     Entry,
     Insert,
@@ -161,7 +162,8 @@ class Carry:
     relied: Mapping[int, int]
     """What the edits in force rest on: evidence seq -> the seq whose reduction rests on it."""
     pools: Pools | None
-    """None when the render reordered the view (pools are in view order)."""
+    """None when the render reordered the view (pools are in view order) or compressed an
+    entry (what rules match on an entry depends on how it is shown)."""
     repaired: RepairRun
     assembly: Assembly
     """The view as rendered, for the next render in the same format to resume."""
@@ -467,7 +469,7 @@ def render(inp: RenderInput) -> RenderOutput:
     superseded = compressed & {slot_of(a.edit) for a in (*applied_now, *durable)}
     if superseded:
         in_force = [a for a in in_force if slot_of(a.edit) not in superseded]
-    offloaded, budget_warnings = _fit_budget(inp, draft, protected, judge, previous, log)
+    offloaded, budget_warnings = _fit_budget(inp, draft, protected, judge, previous, context.cache, log)
     applied_now.extend(offloaded)
 
     # Repair and rendering resume the previous render's where the entries are the same.
@@ -494,7 +496,7 @@ def render(inp: RenderInput) -> RenderOutput:
                 segments,
                 view.total_tokens,
                 inp.request.budget_tokens,
-                ends_after(previous, stable, inp.now, policy.cache),
+                ends_after(previous, stable, assembly.offset, inp.now, policy.cache),
                 known_offsets=assembly.offsets,
                 known_total=assembly.offset,
             ),
@@ -512,7 +514,9 @@ def render(inp: RenderInput) -> RenderOutput:
     agent_ids = tuple(p.id for p in inp.agent_proposals)  # every one is decided now, or waits in the state
     next_carry = None
     if not durable:  # (edits made durable come back as history, which a carry does not follow)
-        reordered = any(isinstance(a.edit, Reorder) for a in applied_now)
+        # Pools hold what rules matched on entries as shown: an entry compressed now stays
+        # open but is shown otherwise, so the next render matches every entry afresh.
+        reshown = any(isinstance(a.edit, Reorder) or _is_compression(a) for a in applied_now)
         next_carry = Carry(
             state=new_state,
             items=tuple(inp.items),
@@ -521,7 +525,7 @@ def render(inp: RenderInput) -> RenderOutput:
             draft=draft,
             taken=before | {slot_of(a.edit) for a in applied_now},
             relied={**_relied_on(applied_now), **relied},  # the first edit to rely on an item is named
-            pools=None if reordered else pools,
+            pools=None if reshown else pools,
             repaired=repaired,
             assembly=assembly,
         )
@@ -631,8 +635,7 @@ def _proposed(
         pool = by_role.get(next(iter(roles)), []) if roles is not None and len(roles) == 1 else open_entries
         matched = [e for e in pool if holds_for(when, e)]
         if carried is not None:
-            # As they stand now: an entry pooled whole may have been compressed since.
-            matched = [context.by_seq[e.seq] for e in carried[0][index] if e.seq not in taken] + matched
+            matched = [e for e in carried[0][index] if e.seq not in taken] + matched
         pools.append(tuple(matched))
         picked = [e for e in matched if holds_now(when, e, context)] if changes_with_time(when) else matched
         proposals: Iterable[Proposal] = transform.propose(context, picked, rule.params)
@@ -783,6 +786,7 @@ def _fit_budget(
     protected: Protections,
     judge: Judge,
     previous: PreviousRender | None,
+    cache: CacheState,
     log: _Log,
 ) -> tuple[list[AppliedEdit], list[ViewWarning]]:
     """When the view is still over its budget after every other step, offload the oldest
@@ -834,7 +838,7 @@ def _fit_budget(
             if tokens >= entry.tokens:
                 continue  # (an item the size of its placeholder: asked again on every render, so remembered)
             position = offsets.get(seq, total)
-            radius = max(0, total - position)
+            radius = max(0, total - cache.read_until(position))
             log.add(
                 _body(
                     entry,

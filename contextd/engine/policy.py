@@ -62,7 +62,9 @@ PROVIDER_PRICES: Mapping[str, Prices] = {
 # its explicit breakpoints (an agent puts one at the end of each call) and a later call
 # reads the longest such earlier prompt that is, whole, a prefix of its own; OpenAI and
 # Gemini cache automatically whatever prefix two prompts share. Neither caches a prompt
-# shorter than 1,024 tokens on the models priced above (same documentation pages).
+# shorter than 1,024 tokens on the models priced above (same documentation pages): the
+# engine counts no shorter earlier prompt as a breakpoint (with prefix reads it keeps the
+# change as the read point whatever its offset: a rewrite that short costs next to nothing).
 BREAKPOINTS, PREFIX = "breakpoints", "prefix"
 PROVIDER_READS: Mapping[str, str] = {"anthropic": BREAKPOINTS, "openai": PREFIX, "google": PREFIX}
 MIN_CACHED_TOKENS = 1024

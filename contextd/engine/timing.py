@@ -2,18 +2,16 @@
 (DESIGN section 6).
 
 The provider caches a request's prefix. An edit at token offset p of the
-previous render rewrites everything after p (its mutation radius): the next
-call pays the cache-write price for those tokens instead of the cache-read
-price. What it saves is its tokens on every later call. Over the expected
+previous render makes the next call stop reading the cache at or before p:
+at p itself for a provider that reads any shared prefix (OpenAI, Gemini);
+for one that reads only whole earlier prompts (Anthropic's breakpoints, one
+at the end of each call) at the end of the last earlier prompt before p
+that is still cached, which may be well before it. Everything after that
+point (the mutation radius) is written to the cache again instead of read.
+What the edit saves is its tokens on every later call. Over the expected
 calls E, with read price r and write price w per token:
 
     value(apply now) = E * saving * r  -  (radius - saving) * (w - r)
-
-The radius counts from where the next call stops reading the cache: the
-change itself for a provider that reads any shared prefix (OpenAI, Gemini);
-for one that reads only whole earlier prompts (Anthropic's breakpoints, one
-at the end of each call) the end of the last earlier prompt before the
-change that is still cached, which may be well before it.
 
 An edit applies now when it only touches the tail the cache has not seen,
 when the cache is cold anyway (the previous render is older than the
@@ -75,16 +73,17 @@ def live_ends(previous: PreviousRender, now: float, cache: CachePolicy) -> list[
 
 
 def ends_after(
-    previous: PreviousRender | None, divergence: int, now: float, cache: CachePolicy
+    previous: PreviousRender | None, divergence: int, total: int, now: float, cache: CachePolicy
 ) -> tuple[tuple[int, float], ...]:
-    """The cached prompt ends of a render that shares its first `divergence` tokens with `previous`:
-    those of `previous` within them; the call reads the last, which keeps it alive."""
+    """The cached prompt ends of a render of `total` tokens that shares its first `divergence`
+    with `previous`: those of `previous` within them, before its own end; the call reads the
+    last, which keeps it alive."""
     if previous is None or cache.reads != BREAKPOINTS:
         return ()
     kept = [(offset, used) for offset, used in live_ends(previous, now, cache) if offset <= divergence]
     if kept:
         kept[-1] = (kept[-1][0], now)
-    return tuple(kept)
+    return tuple(end for end in kept if end[0] < total)  # the render's own end is its own
 
 
 def value_now(saving: int, radius: int, cache: CachePolicy) -> float:

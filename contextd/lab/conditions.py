@@ -112,10 +112,14 @@ CONDITIONS: dict[str, dict[str, Any] | None] = {
 
 DEFAULT_VARIANTS: dict[str, dict[str, Any]] = {
     "default, expected_calls 10": {"expected_calls": 10},
+    "default, expected_calls 40": {"expected_calls": 40},
     "default, expected_calls auto": {"expected_calls": "auto"},
+    "default, priced as read to any prefix": {"reads": "prefix"},
 }
 """The shipped default with another guess of the calls left to pay back a cache rewrite
-(the default's is 20): the report's sensitivity to it, on the real traces."""
+(the default's is 20), or pricing a rewrite as if the provider read its cache up to the
+change (it reads only whole earlier prompts): the report's sensitivity to them, on the
+real traces."""
 
 
 def policy_text(condition: str, tools: Mapping[str, Any] | None = None, *, at_once: bool = False) -> str:

@@ -504,10 +504,14 @@ OpenAI {_dollars(default["cost"]["openai"])} against {_dollars(default["raw_cost
 
 {_versus_masking(results, trace_ids)}
 
-### How many calls a cache rewrite is expected to pay back over
+### What the default guesses about the cache
 
 The default policy applies an edit to what the cache holds only when it pays back over the
-calls it expects to come (`cache.expected_calls`, 20). The same policy with another guess:
+calls it expects to come (`cache.expected_calls`, 20), and prices the rewrite from where
+Anthropic reads its cache back: the end of the last earlier prompt before the change
+(`cache.reads: breakpoints`). The same policy with another guess of the calls to come, and
+priced as if the cache were read up to the change itself (`reads: prefix`, as OpenAI reads;
+the bill is still Anthropic's):
 
 {_condition_table(results, trace_ids, ["default", *DEFAULT_VARIANTS], labelled=False)}
 

@@ -363,6 +363,8 @@ def test_a_provider_that_caches_whole_prompts_is_read_back_to_the_last_earlier_p
     assert sent(second).cached_ends == ((end1, 10),)
     assert sent(third).cached_ends == ((end1, 10), (end2, 20))
     assert state_from_json(state_to_json(third.state)) == third.state
+    same = run(items, quiet, state=third.state, now=25)  # the same prompt again: read whole, its end its own
+    assert sent(same).cached_ends == ((end1, 10), (end2, 20))
 
     total, position = sent(third).total_tokens, sent(third).offsets()[12]
     assert end1 < position < end2
@@ -375,6 +377,9 @@ def test_a_provider_that_caches_whole_prompts_is_read_back_to_the_last_earlier_p
     # A rewrite keeps the ends before it (the one read is refreshed); those after it are gone.
     forced = run(items, PRUNE_MARKED, state=third.state, now=30, force=True)
     assert sent(forced).cached_ends == ((end1, 30),)
+    # Offloads to fit a budget are priced the same way.
+    offloaded = run(items, "protection: {last_turns: 1}", state=third.state, now=30, budget=total - 5_000)
+    assert [c.mutation_radius_tokens for c in offloaded.certificates] == [total, total]  # the first two outputs
     # An end unused for longer than the cache's TTL is gone too.
     much_later = run(items, PRUNE_MARKED, state=third.state, now=10 + 301)
     [cert] = much_later.certificates

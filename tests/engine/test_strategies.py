@@ -57,16 +57,20 @@ def run(items: list[Item], transform: str, params: str = "{}", latest_error: str
 
 
 def run_policy(items: list[Item], document: str) -> RenderOutput:
-    inp = RenderInput(
+    return render(policy_input(items, document))
+
+
+def policy_input(items: list[Item], document: str, state: ViewState | None = None, now: float = 0.0) -> RenderInput:
+    return RenderInput(
         make_session(len(items)),
         items,
         parse_policy(document, REGISTRY),
         ViewRequest(ViewFormat.OPENAI_CHAT),
         counter(),
         REGISTRY,
-        ViewState(),
+        state or ViewState(),
+        now,
     )
-    return render(inp)
 
 
 def pruned(out: RenderOutput) -> dict[int, tuple[int, str]]:
@@ -304,16 +308,7 @@ def test_a_read_compressed_while_old_still_gives_way_to_a_later_whole_read() -> 
         *first,
         *session(("cat src/app.py", SOURCE), ("ls", "src\ntests"), ("cat src/app.py", SOURCE))[len(first) :],
     ]
-    inp = RenderInput(
-        make_session(len(later)),
-        later,
-        parse_policy(READ_THEN_COMPRESS, REGISTRY),
-        ViewRequest(ViewFormat.OPENAI_CHAT),
-        counter(),
-        REGISTRY,
-        early.state,
-        now=1_000.0,  # the cache is cold: what pays is applied
-    )
+    inp = policy_input(later, READ_THEN_COMPRESS, early.state, now=1_000.0)  # the cache cold: what pays applies
     out = render(inp)
     assert pruned(out)[seq_of(1)] == (2, "read again later by call c3 (seq 8)")
     assert shown(out, seq_of(1)) is Representation.PLACEHOLDER  # no longer the compressed copy
@@ -325,6 +320,30 @@ def test_a_read_compressed_while_old_still_gives_way_to_a_later_whole_read() -> 
     # Rendered again from the stored state (no carry), the view is the same.
     again = render(replace(inp, state=out.state, now=1_010.0, carry=None))
     assert again.view.messages_json == out.view.messages_json and not pruned(again)
+
+
+@pytest.mark.parametrize("bound", ["min", "max"])
+def test_a_render_carried_on_matches_rules_on_entries_as_they_are_shown_now(bound: str) -> None:
+    # A rule whose condition holds for the output whole but not compressed (min), or the reverse (max).
+    first = session(("cat src/app.py", SOURCE), ("ls", "src\ntests"))
+    compressed = run_policy(first, READ_THEN_COMPRESS).view.items[seq_of(1) - 1].tokens
+    policy = READ_THEN_COMPRESS.replace(
+        "transform: supersede, when: {roles: [tool]}",
+        f"transform: supersede, when: {{roles: [tool], tokens: {{{bound}: {compressed + 50}}}}}",
+    )
+    early = run_policy(first, policy)
+    assert shown(early, seq_of(1)) is Representation.REDUCED
+    later = [
+        *first,
+        *session(("cat src/app.py", SOURCE), ("ls", "src\ntests"), ("cat src/app.py", SOURCE))[len(first) :],
+    ]
+    inp = policy_input(later, policy, early.state, now=1_000.0)
+    rebuilt = render(inp)
+    carried = render(replace(inp, carry=early.carry))
+    assert early.carry is not None and early.carry.follows(inp)
+    assert (carried.view, carried.certificates, carried.state) == (rebuilt.view, rebuilt.certificates, rebuilt.state)
+    superseded = seq_of(1) in pruned(rebuilt)
+    assert superseded is (bound == "max")  # the condition is read on the compressed output
 
 
 def test_a_snapshot_is_not_replaced_by_a_run_that_failed() -> None:

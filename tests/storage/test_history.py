@@ -44,8 +44,8 @@ from tests import backends
 
 
 @pytest.fixture
-async def store(database_url: str) -> AsyncIterator[HistoryStore]:
-    db = Database(database_url, lock_timeout_ms=300)
+async def store(database_url: str, request: pytest.FixtureRequest) -> AsyncIterator[HistoryStore]:
+    db = Database(database_url, lock_timeout_ms=getattr(request, "param", 300))
     yield HistoryStore(db)
     await db.close()
 
@@ -71,18 +71,9 @@ def request(
     )
 
 
-@pytest.fixture
-async def patient_store(database_url: str) -> AsyncIterator[HistoryStore]:
-    """A store whose writers wait long enough for a queue of 40 on one session (on a loaded machine)."""
-    db = Database(database_url, lock_timeout_ms=30_000)
-    yield HistoryStore(db)
-    await db.close()
-
-
-async def test_concurrent_appends_get_dense_contiguous_seqs(patient_store: HistoryStore) -> None:
-    store = patient_store
-    session = f"s-{uuid.uuid4().hex[:10]}"
-    await store.create_session("tenant", session, {"purpose": "test"})
+# 40 writers queue on one session: each may wait for all the others (long on a loaded machine).
+@pytest.mark.parametrize("store", [30_000], indirect=True)
+async def test_concurrent_appends_get_dense_contiguous_seqs(store: HistoryStore, session: str) -> None:
     batches = [[text_item(f"task {t} item {n}") for n in range(1 + t % 4)] for t in range(40)]
     results = await asyncio.gather(*(store.append(request(session, b, key=f"k{t}")) for t, b in enumerate(batches)))
     total = sum(len(b) for b in batches)
