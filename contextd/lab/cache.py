@@ -72,8 +72,8 @@ class _Entry:
 
 
 class PromptCache:
-    def __init__(self, provider: str, prices: Prices | None = None) -> None:
-        self.rules = RULES[provider]
+    def __init__(self, provider: str, prices: Prices | None = None, rules: CacheRules | None = None) -> None:
+        self.rules = rules or RULES[provider]
         self.prices = prices or PROVIDER_PRICES[provider]
         self._entries: list[_Entry] = []
 

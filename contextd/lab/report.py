@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from contextd_client import Client
 
 from contextd.engine.policy import PROVIDER_PRICES, default_policy
+from contextd.lab.cache import RULES, PromptCache
 from contextd.lab.conditions import CONDITIONS, DEFAULT_VARIANTS, oracle_metadata, policy_text
 from contextd.lab.metrics import Quality, Summary, percentile, quality, summarize
 from contextd.lab.replay import PROVIDERS, Run, message_text, replay
@@ -324,6 +325,23 @@ def _by_rule(results: Results, trace_ids: Sequence[str], conditions: Sequence[st
     return _table(["condition", "tokens not sent over all calls, net of what stands in, by rule (share of raw)"], rows)
 
 
+def _read_anywhere(results: Results, trace_ids: Sequence[str], conditions: Sequence[str]) -> str:
+    """Each condition's Anthropic bill as replayed, and the same prompts priced as if the cache
+    were read up to wherever a prompt first differs from an earlier one (a breakpoint placed
+    just before every change): what placing breakpoints could save at most."""
+    anywhere = replace(RULES["anthropic"], breakpoints=False)
+    rows = []
+    for condition in conditions:
+        billed = ideal = 0.0
+        for trace_id in trace_ids:
+            cache = PromptCache("anthropic", rules=anywhere)
+            for number, call in enumerate(results.runs[trace_id, condition].calls):
+                billed += call.billed["anthropic"].dollars
+                ideal += cache.call(call.prompt, number * results.gap).dollars
+        rows.append([condition, _dollars(billed), _dollars(ideal), f"{ideal / billed - 1:+.1%}" if billed else "-"])
+    return _table(["condition", "Anthropic, as billed", "read up to every change", "difference"], rows)
+
+
 def _overhead(results: Results, trace_id: str) -> str:
     rows = []
     for condition in results.conditions(trace_id):
@@ -518,6 +536,16 @@ the bill is still Anthropic's):
 ### What each rule saved
 
 {_by_rule(results, trace_ids, TRACE_CONDITIONS)}
+
+### What cache breakpoints placed before each change could save
+
+Anthropic reads its cache back only to the end of an earlier prompt (the breakpoint an agent
+puts at the end of each call), so an edit makes the next call write again from that end, not
+from the edit. The same prompts priced as if the cache were read up to the change itself
+(breakpoints placed by the view just before every edit, the most that placing them could
+give):
+
+{_read_anywhere(results, trace_ids, TRACE_CONDITIONS)}
 
 ![tokens per call]({plots}/tokens-per-call.png)
 

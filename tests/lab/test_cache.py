@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from contextd.engine.policy import Prices
-from contextd.lab.cache import Billed, PromptCache, Segment
+from contextd.lab.cache import RULES, Billed, PromptCache, Segment
 
 PRICES = Prices(input=3.00, cache_write=3.75, cache_read=0.30, ttl_seconds=300)
 
@@ -32,6 +34,14 @@ def test_anthropic_misses_when_the_middle_changed_or_the_entry_expired() -> None
     assert again.cache_read == 2300  # its own prompt, written at 10
     late = cache.call(prompt(1500, 500, 300, edit=1), at=20 + 301)  # past the TTL since its last use
     assert (late.cache_read, late.cache_write) == (0, 2300)
+
+
+def test_with_a_breakpoint_before_every_change_anthropic_reads_up_to_the_change() -> None:
+    anywhere = replace(RULES["anthropic"], breakpoints=False)  # what the report prices as the most breakpoints give
+    cache = PromptCache("anthropic", PRICES, rules=anywhere)
+    cache.call(prompt(1500, 500), at=0)
+    edited = cache.call(prompt(1500, 500, 300, edit=1), at=10)
+    assert edited == Billed(cache_read=1500, cache_write=800, uncached=0, dollars=(1500 * 0.30 + 800 * 3.75) / 1e6)
 
 
 def test_a_use_renews_the_entry() -> None:
