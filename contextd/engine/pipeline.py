@@ -466,11 +466,16 @@ def render(inp: RenderInput) -> RenderOutput:
     candidates = [*_waiting(inp, draft, log), *proposed]
     eligible = _eligible(candidates, draft, judge, taken, set(compressed), inp.counter, log)
     applied_now, pending, durable = _time(eligible, inp, context, previous, draft, log)
+    # Over its budget, the view may offload what is compressed, in force or just now.
+    compressed_now = compressed | {slot_of(a.edit) for a in applied_now if _is_compression(a)}
+    offloaded, budget_warnings = _fit_budget(inp, draft, protected, judge, previous, context.cache, compressed_now, log)
+    if offloaded:
+        gone = {slot_of(a.edit) for a in offloaded}
+        applied_now = [a for a in applied_now if slot_of(a.edit) not in gone]  # (a compression just made)
+        applied_now.extend(offloaded)
     superseded = compressed & {slot_of(a.edit) for a in (*applied_now, *durable)}
     if superseded:
         in_force = [a for a in in_force if slot_of(a.edit) not in superseded]
-    offloaded, budget_warnings = _fit_budget(inp, draft, protected, judge, previous, context.cache, log)
-    applied_now.extend(offloaded)
 
     # Repair and rendering resume the previous render's where the entries are the same.
     last = inp.carry if inp.carry is not None and inp.carry.state is state else None
@@ -787,12 +792,19 @@ def _fit_budget(
     judge: Judge,
     previous: PreviousRender | None,
     cache: CacheState,
+    compressed: set[Slot],
     log: _Log,
 ) -> tuple[list[AppliedEdit], list[ViewWarning]]:
     """When the view is still over its budget after every other step, offload the oldest
     unprotected whole turns to placeholders (a call and its results go together), until
     it fits; and say so in the view. What cannot be offloaded stays, and the view says
-    it is over (OVER_BUDGET)."""
+    it is over (OVER_BUDGET). An item shown whole or compressed (`compressed`: the slots
+    held by a compression) is offloaded; one reduced otherwise stays as it is."""
+
+    def offloadable(entry: Entry) -> bool:
+        shown = entry.representation
+        return shown is Representation.FULL or (shown is Representation.REDUCED and entry.seq in compressed)
+
     budget = inp.request.budget_tokens
     # At most a message per entry: a view under that bound fits without counting messages.
     if (
@@ -823,14 +835,15 @@ def _fit_budget(
     for seqs in turns.values():
         if estimate() <= budget:
             break
-        full = [s for s in seqs if draft.entries[s].representation is Representation.FULL]
-        if not full or any(protected.of(s) or judge.relied_upon(s) for s in seqs):
+        if not any(offloadable(draft.entries[s]) for s in seqs) or any(
+            protected.of(s) or judge.relied_upon(s) for s in seqs
+        ):
             continue  # nothing left to offload in it, or it must stay
         offloaded_turns += 1
         for seq in seqs:
             entry = draft.entries[seq]
-            if entry.representation is not Representation.FULL:
-                continue  # already reduced (its slot is taken) or out
+            if not offloadable(entry):
+                continue  # reduced otherwise (its slot is taken) or out
             edit = Remove(seq, True, _OFFLOADED)
             content, tokens = _offloaded.get(
                 (entry.item, inp.counter), partial(_placeholder_of, entry, edit, inp.counter)

@@ -322,6 +322,21 @@ def test_a_read_compressed_while_old_still_gives_way_to_a_later_whole_read() -> 
     assert again.view.messages_json == out.view.messages_json and not pruned(again)
 
 
+@pytest.mark.parametrize("compressed_before", [True, False])
+def test_over_its_budget_a_view_offloads_compressed_outputs_too(compressed_before: bool) -> None:
+    items = session(("cat src/app.py", SOURCE), ("cat src/other.py", SOURCE.replace("handler", "worker")))
+    compressed = run_policy(items, READ_THEN_COMPRESS)
+    assert [c.reason for c in compressed.certificates] == ["compressed_code"] * 2
+    inp = policy_input(items, READ_THEN_COMPRESS, compressed.state if compressed_before else None)
+    tight = compressed.view.total_tokens - 50  # the compressed view does not fit
+    out = render(replace(inp, request=ViewRequest(ViewFormat.OPENAI_CHAT, tight)))
+    budget = [c.seq for c in out.certificates if c.rule == "budget"]
+    assert seq_of(1) in budget and shown(out, seq_of(1)) is Representation.PLACEHOLDER
+    assert out.view.total_tokens <= tight
+    # One edit in force for the item: the offload (a compression, earlier or just now, gives way).
+    assert [a.rule for a in out.state.applied if getattr(a.edit, "seq", None) == seq_of(1)] == ["budget"]
+
+
 @pytest.mark.parametrize("bound", ["min", "max"])
 def test_a_render_carried_on_matches_rules_on_entries_as_they_are_shown_now(bound: str) -> None:
     # A rule whose condition holds for the output whole but not compressed (min), or the reverse (max).
