@@ -315,6 +315,20 @@ def _versus_masking(results: Results, trace_ids: Sequence[str]) -> str:
     return _table([*header, "default probes", "masking probes", "verdict"], rows)
 
 
+def _against_raw(results: Results, trace_ids: Sequence[str], conditions: Sequence[str]) -> str:
+    """Each trace's Anthropic bill under each condition against raw's: where a guess pays, where it does not."""
+    rows = []
+    for trace_id in trace_ids:
+        raw = results.runs[trace_id, RAW].cost("anthropic")
+        cells = []
+        for condition in conditions:
+            cost = results.summary(trace_id, condition).cost["anthropic"]
+            change = f"{cost / raw - 1:+.1%}" if raw else "-"
+            cells.append(f"**{change}**" if cost > raw + 1e-9 else change)
+        rows.append([trace_id, _dollars(raw), *cells])
+    return _table(["trace", "raw (Anthropic)", *conditions], rows)
+
+
 def _by_rule(results: Results, trace_ids: Sequence[str], conditions: Sequence[str]) -> str:
     rows = []
     for condition in conditions:
@@ -532,6 +546,10 @@ priced as if the cache were read up to the change itself (`reads: prefix`, as Op
 the bill is still Anthropic's):
 
 {_condition_table(results, trace_ids, ["default", *DEFAULT_VARIANTS], labelled=False)}
+
+Trace by trace, the Anthropic bill against raw's (in bold where it is higher):
+
+{_against_raw(results, trace_ids, ["default", *DEFAULT_VARIANTS])}
 
 ### What each rule saved
 
