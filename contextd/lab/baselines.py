@@ -17,8 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
-from contextd.engine.model import Representation
-from contextd.engine.transforms import Entry, Proposal, Remove, TransformContext
+from contextd.engine.transforms import Entry, Proposal, Remove, TransformContext, prunable
 
 
 class LatestCall:
@@ -35,7 +34,7 @@ class LatestCall:
             latest[(call.tool, call.command.strip())] = seq
         for entry in candidates:
             seen = index.by_seq.get(entry.seq)
-            if seen is None or entry.representation is not Representation.FULL:
+            if seen is None or not prunable(entry):
                 continue
             newer = latest.get((seen.tool, seen.command.strip()), entry.seq)
             if newer > entry.seq:
@@ -58,9 +57,7 @@ class KeepLast:
         cleared = [
             entry
             for entry in candidates
-            if entry.seq in context.observations.by_seq
-            and entry.seq not in kept
-            and entry.representation is Representation.FULL
+            if entry.seq in context.observations.by_seq and entry.seq not in kept and prunable(entry)
         ]
         if sum(entry.tokens for entry in cleared) < int(params.get("clear_at_least", 0)):
             return

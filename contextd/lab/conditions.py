@@ -32,10 +32,10 @@ from typing import Any, ClassVar
 
 import yaml
 
-from contextd.engine.model import Representation, TextBlock, ToolUseBlock
+from contextd.engine.model import TextBlock, ToolUseBlock
 from contextd.engine.placeholders import handle_of
 from contextd.engine.policy import default_policy_text
-from contextd.engine.transforms import Entry, Proposal, Remove, Replace, TransformContext
+from contextd.engine.transforms import Entry, Proposal, Remove, Replace, TransformContext, prunable
 
 ORACLE = "lab.oracle"
 """Item metadata: what the oracle does with the item (``placeholder`` or ``residue``)."""
@@ -167,7 +167,7 @@ class Oracle:
     ) -> Iterator[Proposal]:
         for entry in candidates:
             what = entry.item.metadata.get(ORACLE)
-            if what is None or entry.representation is not Representation.FULL:
+            if what is None or not prunable(entry):
                 continue
             needs = [int(n) for n in entry.item.metadata.get(NEEDS, "").split(",") if n]
             if not all(n in context.by_seq for n in needs):
