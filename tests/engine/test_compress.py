@@ -291,6 +291,56 @@ def test_search_results_without_a_focus_still_name_every_file_with_its_count() -
     assert len(out.text) < len(_GREP) / 2
 
 
+def test_directories_alike_but_for_one_part_share_a_line_of_the_counts() -> None:
+    languages = ["de", "fr", "pt_BR", "sr@latin", "zh_CN"]
+    lines = [f'app/locale/{lang}/LC_MESSAGES/app.po:{40 + n}:msgid "alias of %s"' for n, lang in enumerate(languages)]
+    lines += [f"app/core/{name}.py:12:    alias = resolve(name)  # alias of the type" for name in ("types", "names")]
+    lines += ['app/locale/es/LC_MESSAGES/app.po:9:msgid "alias of %s"', "app/locale/es/LC_MESSAGES/app.po:11:x"]
+    out = compress("\n".join(lines), NO_FOCUS, command="grep -rn 'alias of' app")
+    assert out is not None
+    counts = out.text.split("[matches per file]\n")[1].splitlines()
+    # Every directory is still named, with its files and counts; es has two matches: its own line.
+    assert "app/locale/{de,fr,pt_BR,sr@latin,zh_CN}/LC_MESSAGES/: app.po (1)" in counts
+    assert "app/locale/es/LC_MESSAGES/: app.po (2)" in counts
+    assert "app/core/: types.py (1), names.py (1)" in counts
+    assert len(counts) == 3
+
+
+def test_a_recursive_listing_names_a_subdirectory_once_and_counts_what_tools_generate() -> None:
+    listing = "\n".join(
+        [
+            ".:", "README.md", "pkg", "setup.py", "",
+            "./pkg:", "__init__.py", "__pycache__", "core.py", "tests", "",
+            "./pkg/__pycache__:", "__init__.cpython-311.pyc", "core.cpython-311.pyc", "",
+            "./pkg/tests:", *(f"test_{n}.py" for n in range(40)), "",
+            "./pkg.egg-info:", "PKG-INFO", "SOURCES.txt", "",
+        ]
+    )  # fmt: skip
+    out = compress(listing, Focus(("test_7.py",)), command="ls -R")
+    assert out is not None and out.kind == "listing"
+    lines = out.text.splitlines()
+    # A directory with its own header is not listed again in its parent's names; the few names
+    # of a small directory need no counts.
+    assert "./: README.md  setup.py" in lines and "./pkg/: __init__.py  core.py" in lines
+    assert "./pkg/__pycache__/ (2 entries: 2 .pyc; generated, not listed)" in lines
+    assert "./pkg.egg-info/ (2 entries: 1 (none), 1 .txt; generated, not listed)" in lines
+    assert any(line.startswith("./pkg/tests/ (40: 40 .py): test_7.py  test_0.py") for line in lines)
+
+
+def test_a_cut_output_is_read_on_each_side_of_the_notice_of_what_was_left_out() -> None:
+    head = "\n".join(f"src/app/mod_{n}.py:3:import compute_total" for n in range(40))
+    tail = "\n".join(f"tests/test_{n}.py:9:    compute_total([])" for n in range(40))
+    notice = "\n</output_head>\n<elided_chars>\n50211 characters elided\n</elided_chars>\n<output_tail>\n"
+    text = f"<returncode>0</returncode>\n<output_head>\n{head}{notice}{tail}\n</output_tail>"
+    out = compress(text, NO_FOCUS, command="grep -rn compute_total .")
+    assert out is not None and out.kind == "search"
+    before, cut, after = out.text.partition(notice)
+    assert cut, "the notice stays whole between the two sides"
+    assert "src/app/: " in before and "tests/" not in before
+    assert "tests/: " in after and "src/app/" not in after
+    assert "characters elided" not in before.split("[matches per file]")[1]
+
+
 _DIFF = "\n".join(
     [
         "diff --git a/src/billing/totals.py b/src/billing/totals.py",

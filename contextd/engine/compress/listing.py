@@ -4,8 +4,11 @@ A diff keeps, for every file, its header and a count of lines added and
 removed; the hunks that mention the focus whole; in the others, the
 changed lines (not the unchanged context), up to a share per file. A
 listing (``ls -R``, ``find``, ``git status``) keeps every directory with
-its count of entries by extension and a few names, and every entry that
-mentions the focus.
+a few names (and, when some are left out, its count of entries by
+extension), and every entry that mentions the focus. A subdirectory that
+``ls -R`` lists under its own header is named there, not again in its
+parent; directories tools generate (``__pycache__``, ``node_modules`` ...)
+are counted, their names not listed.
 """
 
 from __future__ import annotations
@@ -133,15 +136,40 @@ def compress_listing(text: str, focus: Focus) -> Compressed | None:
         return None
     out: list[str] = []
     for directory, names in directories.items():
-        kinds = Counter(_extension(n) for n in names)
-        shown = list(dict.fromkeys([*(n for n in names if (directory, n) in focused), *names[:NAMES_PER_DIRECTORY]]))
-        more = len(names) - len(shown)
+        if _generated(directory) and not any(d == directory for d, _ in focused):
+            if not _generated(directory.rpartition("/")[0]):  # (what is inside is counted with it)
+                out.append(_generated_line(directory, directories))
+            continue
+        # An entry `ls -R` lists again under its own header is said there.
+        listed = [n for n in names if f"{directory}/{n}" not in directories or (directory, n) in focused]
+        shown = list(dict.fromkeys([*(n for n in listed if (directory, n) in focused), *listed[:NAMES_PER_DIRECTORY]]))
+        more = len(listed) - len(shown)
+        if not more:
+            out.append(f"{directory}/: {'  '.join(shown)}" if shown else f"{directory}/")
+            continue
+        kinds = Counter(_extension(n) for n in listed)
         counts = ", ".join(f"{c} {k}" for k, c in kinds.most_common(5))
-        tail = f" … +{more:,} more" if more else ""
-        out.append(f"{directory}/ ({len(names):,}: {counts}): {'  '.join(shown)}{tail}")
+        out.append(f"{directory}/ ({len(listed):,}: {counts}): {'  '.join(shown)} … +{more:,} more")
     entries = sum(len(names) for names in directories.values())
     summary = f"{len(directories):,} directories, {entries:,} entries, folded by directory with counts"
     return Compressed("listing", "\n".join(out), summary)
+
+
+GENERATED = ("__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".tox", ".nox", "node_modules")
+"""Directories tools fill (caches, installed packages): counted, their names not listed."""
+
+
+def _generated(directory: str) -> bool:
+    parts = directory.split("/")
+    return any(part in GENERATED or part.endswith(".egg-info") for part in parts)
+
+
+def _generated_line(directory: str, directories: dict[str, list[str]]) -> str:
+    """A generated directory and what `ls -R` listed under it, as counts."""
+    inside = [n for d, names in directories.items() if d == directory or d.startswith(directory + "/") for n in names]
+    kinds = Counter(_extension(n) for n in inside)
+    counts = ", ".join(f"{c} {k}" for k, c in kinds.most_common(3))
+    return f"{directory}/ ({len(inside):,} entries: {counts}; generated, not listed)"
 
 
 _STATUS = ("M ", "A ", "D ", "?? ", "R ", " M", " D")

@@ -180,16 +180,40 @@ def compress(text: str, focus: Focus, *, declared: str = "", command: str = "", 
     opening, inner, closing = envelope(text)
     kind, language = route(inner, declared=declared, command=command, path=path)
     reading = Reading(kind, language or hint("", _path_of(_last_command(command)))[1], opening.count("\n") + 1)
-    found: Compressed | None = None
-    for reader in _READERS.get(kind, ()):
-        found = reader(inner, focus, reading)
-        if found is not None:
-            break
+    cut = _ELIDED.search(inner) if kind not in _LINES else None
+    if cut is None:
+        found = _read(inner, focus, reading)
+    else:
+        # A tool that kept the head and the tail of a long output: each is read on its own (the
+        # notice of what it left out, between them, is not a path, a row or a line of code).
+        head, tail = inner[: cut.start()], inner[cut.end() :]
+        after = replace(reading, first_line=reading.first_line + inner[: cut.end()].count("\n"))
+        parts = [_read(head, focus, reading), _read(tail, focus, after)]
+        if parts == [None, None]:
+            return None
+        summary = " / ".join(p.summary for p in parts if p is not None)
+        kinds = [p.kind for p in parts if p is not None]
+        texts = [p.text if p is not None else whole for p, whole in zip(parts, (head, tail), strict=True)]
+        found = Compressed(kinds[0], texts[0] + cut.group(0) + texts[1], summary)
     if found is None:
         return None
     if opening or closing:
         found = replace(found, text=opening + found.text + closing)
     return found if len(found.text) < len(text) else None
+
+
+def _read(text: str, focus: Focus, reading: Reading) -> Compressed | None:
+    for reader in _READERS.get(reading.kind, ()):
+        found = reader(text, focus, reading)
+        if found is not None:
+            return found
+    return None
+
+
+_ELIDED = re.compile(r"\n?</output_head>\s*<elided_chars>\s*\d+ characters elided\s*</elided_chars>\s*<output_tail>\n?")
+"""Where a tool cut a long output to its head and tail (the notice says how much it left out)."""
+_LINES = ("log", "test", "")
+"""Kinds read line by line: the notice is one more line to them."""
 
 
 @dataclass(frozen=True, slots=True)

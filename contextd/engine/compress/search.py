@@ -6,7 +6,9 @@ distinct text the matches hold, with how many more places hold the same
 text (a call repeated across files is read once); context lines
 (``-A``/``-B``) go with the match they surround. Every file stays, by
 directory, with its count of matches, so where the pattern occurs is never
-lost; the other lines are one Retrieve away.
+lost (directories alike but for one part of their path, each locale of a
+catalogue say, share one line that names each); the other lines are one
+Retrieve away.
 """
 
 from __future__ import annotations
@@ -53,6 +55,36 @@ def _parse(line: str) -> tuple[str, bool, str] | None:
         if context:
             return context["path"], False, context["text"]
     return None
+
+
+def _folded(listings: dict[str, str]) -> list[tuple[str, str]]:
+    """Directories whose files and counts are the same and whose paths differ in one part only
+    (``locale/de/LC_MESSAGES``, ``locale/fr/LC_MESSAGES`` ...) on one line, with that part in
+    braces: every directory is still named."""
+    groups: dict[tuple[str, int, tuple[str, ...]], list[str]] = {}
+    for directory, listed in listings.items():
+        parts = directory.split("/")
+        for at in range(len(parts)):
+            groups.setdefault((listed, at, (*parts[:at], *parts[at + 1 :])), []).append(directory)
+    folded: dict[str, tuple[str, str]] = {}
+    for (listed, at, rest), members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        members = [m for m in members if m not in folded]
+        if len(members) < FOLD_AT:
+            continue
+        varying = ",".join(m.split("/")[at] for m in members)
+        pattern = "/".join((*rest[:at], "{" + varying + "}", *rest[at:]))
+        for m in members:
+            folded[m] = (pattern, listed)
+    out: list[tuple[str, str]] = []
+    for directory, listed in listings.items():  # in the order the search found them
+        line = folded.get(directory, (directory, listed))
+        if line not in out:
+            out.append(line)
+    return out
+
+
+FOLD_AT = 3
+"""Directories alike in all but one part of their path that share one line."""
 
 
 def looks_like_search(lines: Sequence[str]) -> bool:
@@ -119,12 +151,15 @@ def compress_search(text: str, focus: Focus) -> Compressed | None:
     by_directory: dict[str, list[_File]] = {}
     for entry in files.values():
         by_directory.setdefault(posixpath.dirname(entry.path), []).append(entry)
-    for directory, entries in by_directory.items():
-        listed = ", ".join(f"{posixpath.basename(e.path)} ({e.matches:,})" for e in entries)
-        out.append(f"{directory + '/' if directory else ''}: {listed}")
+    listings = {
+        directory: ", ".join(f"{posixpath.basename(e.path)} ({e.matches:,})" for e in entries)
+        for directory, entries in by_directory.items()
+    }
+    out.extend(f"{directory + '/' if directory else ''}: {listed}" for directory, listed in _folded(listings))
     out.extend(lines[i] for i in loose[:5])
     if len(loose) > 5:
-        out.append(f"[… {len(loose) - 5:,} other lines …]")
+        more = len(loose) - 5
+        out.append(f"[… {more:,} other {'line' if more == 1 else 'lines'} …]")
     summary = (
         f"{len(shown):,} of {len(texts):,} result lines kept (the focus, one per distinct text), every file counted"
     )
