@@ -4,7 +4,7 @@
 
 Per payload type (a service log, a pytest run, a JSON API response, a Python
 module and a JavaScript one, grep results, a git diff, a file listing, a
-file read three times in one conversation) it prints the input tokens, the
+built documentation page, a file read three times in one conversation) it prints the input tokens, the
 output tokens, the reduction, the median time of one compression and how
 many of the payload's facts are still there verbatim, for contextd and, in
 the same run, for headroom-ai (bench/headroom_env.py installs it into its own
@@ -340,6 +340,64 @@ def listing() -> Payload:
     )
 
 
+def html_page() -> Payload:
+    """A built documentation page: a head of links and scripts, an inline style, a sidebar of
+    links, the content (the facts are there, text and markup), a script and a footer."""
+    rng = random.Random(23)
+    head = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "  <head>",
+        '    <meta charset="utf-8" />',
+        '    <meta name="viewport" content="width=device-width, initial-scale=1.0" />',
+        "    <title>billing.invoices &#8212; Billing 4.2 documentation</title>",
+        *(f'    <link rel="stylesheet" href="../_static/{n}.css" />' for n in ("base", "theme", "code")),
+        *(f'    <script src="../_static/{n}.js"></script>' for n in ("jquery", "underscore", "doctools", "search")),
+        "    <style>",
+        *(f"      .c{n} {{ color: #{rng.randrange(16**6):06x}; margin: {n % 7}px {n % 5}px; }}" for n in range(60)),
+        "    </style>",
+        "  </head>",
+        "  <body>",
+    ]
+    sidebar = ['    <div class="sphinxsidebar" role="navigation" aria-label="main navigation">', "      <ul>"]
+    sidebar += [f'        <li><a href="../api/mod{n}.html">billing.mod{n}</a></li>' for n in range(80)]
+    sidebar += ["      </ul>", "    </div>"]
+    alias = (
+        '<p>alias of <code class="xref py py-class docutils literal notranslate"><span class="pre">Dict</span>'
+        '</code>[<code class="xref py py-class docutils literal notranslate"><span class="pre">str</span></code>]</p>'
+    )
+    content = ['    <div class="body" role="main">', '<section id="billing-invoices">', "<h1>billing.invoices</h1>"]
+    for n in range(30):
+        content += [
+            f'<dl class="py function"><dt id="billing.invoices.op{n}">op{n}(invoice, *, dry_run=False)</dt>',
+            f"<dd><p>Applies step {n}; raises <code>InvoiceError</code> when the invoice is closed.</p></dd></dl>",
+        ]
+    content += [
+        '<dl class="py data"><dt id="billing.invoices.Options">Options</dt>',
+        f"<dd><p>Refunds above the ceiling of 4800 EUR need a second approval.</p>{alias}</dd></dl>",
+        "</section>",
+        "    </div>",
+    ]
+    script = ["    <script>", *(f"      var opt{n} = {{key: 'k{n}', rank: {n % 3}}};" for n in range(40))]
+    script += ["      $(document).ready(function () { init(opt0); });", "    </script>"]
+    footer = ['    <div class="footer">&copy;2026, Billing team. Built with Sphinx 7.2.6.</div>']
+    footer += ["  </body>", "</html>"]
+    text = "\n".join([*head, *content, *sidebar, *script, *footer])
+    return Payload(
+        "HTML page (docs build)",
+        "html",
+        text,
+        ["Options"],
+        [
+            "billing.invoices &#8212; Billing 4.2 documentation",
+            "Refunds above the ceiling of 4800 EUR need a second approval.",
+            alias,
+            "Built with Sphinx 7.2.6.",
+        ],
+        "cat _build/html/api/billing.invoices.html",
+    )
+
+
 def repeated_reads() -> Payload:
     source = (STDLIB / "textwrap.py").read_text()
     tree = ast.parse(source)
@@ -390,6 +448,7 @@ PAYLOADS: list[Callable[[], Payload]] = [
     grep_results,
     git_diff,
     listing,
+    html_page,
     repeated_reads,
 ]
 

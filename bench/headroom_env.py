@@ -8,7 +8,7 @@ headroom-ai lives in its own environment, `.venv-headroom/` at the repository ro
 What is installed, and why it runs offline:
 - `headroom-ai` at HEADROOM_VERSION. Its log, search, diff and JSON compressors are in its bundled Rust core.
 - the `code` extra: tree-sitter and tree-sitter-language-pack, whose wheel bundles the grammars, for its
-  CodeAwareCompressor.
+  CodeAwareCompressor; the `html` extra: trafilatura, for its HTMLExtractor.
 - nothing for Kompress, its ML text compressor: that needs model weights from the HuggingFace Hub, so it is left
   out and headroom passes plain text through unchanged (bench/headroom_runner.py sets the offline switches).
 - the tiktoken encodings headroom counts tokens with come inside litellm, one of its dependencies.
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 HEADROOM_VERSION = "0.42.0"
-REQUIREMENT = f"headroom-ai[code]=={HEADROOM_VERSION}"
+REQUIREMENT = f"headroom-ai[code,html]=={HEADROOM_VERSION}"
 VENV_NAME = ".venv-headroom"
 # Written once the install has succeeded; holds REQUIREMENT, so a half-done install or a version change reinstalls.
 _MARKER = ".installed"

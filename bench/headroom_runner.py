@@ -5,7 +5,7 @@ Runs with the python of headroom's own venv (bench/headroom_env.py creates it):
     "$(python3 bench/headroom_env.py)" bench/headroom_runner.py < payloads.json > headroom.json
 
 stdin:  {"repeat": N, "payloads": [{"name", "kind", "text", "focus": [str], "messages": [...]}]}
-        kind is log, test, json, code, search, diff, listing or repeated_reads; messages (OpenAI chat format) is
+        kind is log, test, json, code, search, diff, listing, html or repeated_reads; messages (OpenAI chat format) is
         optional, and is how repeated_reads payloads come.
 stdout: {"headroom_version": str, "unavailable": {compressor: reason},
          "results": [{"name", "method", "output", "ms", "error"}]}
@@ -21,6 +21,7 @@ Each payload runs two methods:
   search          SearchCompressor().compress(text, context=focus)
   diff            DiffCompressor().compress(text, context=focus)
   listing         compact_lossless(text, "paths")          (its fold of path lists; it has no `ls -R` compressor)
+  html            HTMLExtractor().extract(text)            (its page-to-text extraction, through trafilatura)
   repeated_reads  a ContentRouter with cross-turn dedup on (off in compress()), on the messages
 
 `ms` is the median of `repeat` timed calls, after one untimed warm-up call (the first call loads headroom's
@@ -191,6 +192,7 @@ def build_methods() -> tuple[Method, dict[str, Method]]:
         ContentRouter,
         ContentRouterConfig,
         DiffCompressor,
+        HTMLExtractor,
         LogCompressor,
         SearchCompressor,
         SmartCrusher,
@@ -206,7 +208,7 @@ def build_methods() -> tuple[Method, dict[str, Method]]:
     )
 
     log, crusher, code = LogCompressor(), SmartCrusher(), CodeAwareCompressor()
-    search, diff = SearchCompressor(), DiffCompressor()
+    search, diff, page = SearchCompressor(), DiffCompressor(), HTMLExtractor()
     # Cross-turn dedup: a later tool output's spans that appeared verbatim in an earlier one become pointers to it.
     dedup = TransformPipeline(transforms=[ContentRouter(ContentRouterConfig(enable_cross_turn_dedup=True))])
 
@@ -233,6 +235,7 @@ def build_methods() -> tuple[Method, dict[str, Method]]:
             "DiffCompressor", lambda p: diff.compress(p["text"], context=focus_text(p)).compressed, stateless
         ),
         "listing": Method("compact_lossless:paths", lambda p: compact_lossless(p["text"], "paths"), stateless),
+        "html": Method("HTMLExtractor", lambda p: page.extract(p["text"]).extracted, stateless),
         "repeated_reads": Method("ContentRouter:cross_turn_dedup", read_dedup, lambda: clear_result_caches(dedup)),
     }
     return default, specialised

@@ -393,6 +393,54 @@ def test_a_listing_folds_by_directory_with_counts_and_keeps_the_focus() -> None:
     assert "conftest_special.yaml" in out.text
 
 
+def _page(nav_item: str = "Install") -> str:
+    head = [
+        "<head>",
+        '  <meta charset="utf-8" />',
+        "  <title>Billing API &#8212; Docs</title>",
+        *(f'  <link rel="stylesheet" href="_static/theme{n}.css" />' for n in range(6)),
+        *(f'  <script src="_static/lib{n}.js"></script>' for n in range(4)),
+        "</head>",
+    ]
+    nav = ['<div class="sphinxsidebar" role="navigation">', "<ul>"]
+    nav += [f'  <li><a href="page{n}.html">{nav_item if n == 3 else f"Chapter {n}"}</a></li>' for n in range(12)]
+    nav += ["</ul>", "</div>"]
+    script = ["<script>", *(f"  var setting{n} = {n};" for n in range(8)), "</script>"]
+    content = [
+        '<section id="compute-total">',
+        '<h1>compute_total<a class="headerlink" href="#compute-total">¶</a></h1>',
+        '<p>alias of <code class="xref py py-obj"><span class="pre">Optional</span></code>[int]</p>',
+        "</section>",
+    ]
+    footer = ['<div class="footer">', "  &copy;2026. Powered by Sphinx 4.1.0", "</div>"]
+    body = ["<body>", '<div class="document">', *content, "</div>", *nav, *script, *footer, "</body>"]
+    return "\n".join(["<!DOCTYPE html>", "<html>", *head, *body, "</html>"])
+
+
+def test_an_html_page_keeps_its_content_whole_and_says_what_its_furniture_held() -> None:
+    page = _page()
+    out = compress(page, NO_FOCUS, command="cat _build/html/api.html")
+    assert out is not None and out.kind == "html"
+    for fact in (
+        '<p>alias of <code class="xref py py-obj"><span class="pre">Optional</span></code>[int]</p>',
+        '<h1>compute_total<a class="headerlink" href="#compute-total">¶</a></h1>',
+        "<title>Billing API &#8212; Docs</title>",  # said in the head's marker, verbatim
+        "&copy;2026. Powered by Sphinx 4.1.0",  # a footer is short, and says versions: it stays
+    ):
+        assert fact in out.text
+    assert "theme3.css" not in out.text and "Chapter 7" not in out.text and "setting5" not in out.text
+    assert "left out: navigation (12 links)" in out.text and "left out: the script's body" in out.text
+    assert len(out.text) < len(page) * 0.6
+
+
+def test_an_html_page_keeps_a_part_the_focus_names_whole() -> None:
+    out = compress(_page(nav_item="compute_total tutorial"), Focus(("compute_total",)), command="cat api.html")
+    assert out is not None
+    assert "Chapter 7" in out.text and "compute_total tutorial" in out.text  # the navigation names the focus
+    assert "theme3.css" not in out.text
+    assert route(_page()) == ("html", "")  # sniffed from the content too
+
+
 def test_the_router_uses_the_declared_type_then_the_command_then_sniffing() -> None:
     assert route("anything", declared="json") == ("json", "")
     assert route("x", command="cd /repo && pytest -x tests") == ("test", "")

@@ -15,10 +15,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from contextd.engine.compress import code, jsondata, listing, logs, search
+from contextd.engine.compress import code, html, jsondata, listing, logs, search
 from contextd.engine.compress.text import Compressed, Focus
 
-KINDS = ("log", "test", "json", "code", "search", "diff", "listing", "diagnostics", "status", "file")
+KINDS = ("log", "test", "json", "code", "search", "diff", "listing", "html", "diagnostics", "status", "file")
 """What a client or a policy may declare an output to hold. ``diagnostics`` (a linter's or a
 compiler's findings), ``status`` (``git status``: every line a fact) and ``file`` (a file's
 contents no reader understands: a config, a document) are left whole; ``text``, the fallback
@@ -104,6 +104,8 @@ def hint(command: str = "", path: str = "") -> tuple[str, str]:
             return "code", code.EXTENSIONS[extension]
         if extension == ".json":
             return "json", ""
+        if extension in (".html", ".htm", ".xhtml"):
+            return "html", ""
         if extension in (".log", ".out"):
             return "log", ""
         if extension and command and _READ_COMMANDS.match(_last_command(command)):
@@ -117,6 +119,8 @@ def sniff(text: str) -> str:
     lines = head.splitlines()
     if head.lstrip()[:1] in ("[", "{") and jsondata.parse(text) is not None:
         return "json"
+    if html.looks_like_html(head):
+        return "html"
     if listing.looks_like_diff(lines):
         return "diff"
     if _TEST_OUTPUT.search(head):
@@ -255,6 +259,10 @@ def _search(text: str, focus: Focus, _: Reading) -> Compressed | None:
     return search.compress_search(text, focus)
 
 
+def _html(text: str, focus: Focus, reading: Reading) -> Compressed | None:
+    return html.compress_html(text, focus, reading.first_line)
+
+
 def _diff(text: str, focus: Focus, _: Reading) -> Compressed | None:
     return listing.compress_diff(text, focus)
 
@@ -273,6 +281,8 @@ _READERS: dict[str, tuple[Reader, ...]] = {
     # grep -l prints paths: a listing.
     "search": (_search, _listing, _code, _text),
     "diff": (_diff,),
+    # A page that is not HTML after all (a template, a fragment) is its own: left whole.
+    "html": (_html,),
     "listing": (_listing, _text),
     "diagnostics": (),
     "status": (),
