@@ -103,7 +103,8 @@ def _words_of_last(term: str) -> frozenset[str]:
 @dataclass(frozen=True, slots=True)
 class Compressed:
     kind: str
-    """What the content was read as: ``log``, ``test``, ``json``, ``code``, ``search``, ``diff``, ``listing``, ``html``."""
+    """What the content was read as: ``log``, ``test``, ``json``, ``code``, ``search``, ``diff``, ``listing``,
+    ``html``."""
     text: str
     summary: str
     """What was kept, in a few words (said in the view's header line and the certificate)."""
