@@ -242,6 +242,17 @@ def test_other_languages_are_read_with_tree_sitter(path: str, source: str, kept:
     assert gone not in out.text
 
 
+def test_a_class_is_one_container_to_tree_sitter_reading() -> None:
+    from contextd.engine.compress import code
+
+    source = "class Cart {\n  add(item) {\n    this.items.push(item);\n    return this;\n  }\n}\n"
+    parser = code._tree_sitter("javascript")
+    assert parser is not None
+    bodies = list(code._tree_sitter_bodies(parser.parse(source.encode()).root_node, source.split("\n")))
+    # The declaration is a container; its `class` keyword, a node of the same type name, is not.
+    assert [(b.name, b.start, b.stop, b.elidable) for b in bodies] == [("Cart", 0, 6, False), ("add", 2, 4, True)]
+
+
 def _rows() -> list[dict[str, object]]:
     rng = random.Random(7)
     rows: list[dict[str, object]] = [

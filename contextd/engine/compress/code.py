@@ -345,7 +345,7 @@ def _tree_sitter_bodies(root: Any, lines: Sequence[str]) -> Iterator[Body]:
                 if stop > start:
                     yield Body(_name(node), start, stop)
             continue
-        if kind in _CONTAINERS:
+        if kind in _CONTAINERS and node.is_named:  # (not the `class` keyword of a declaration)
             yield Body(_name(node), node.start_point[0], node.end_point[0] + 1, elidable=False)
         if kind in _DESCEND:
             stack.extend(reversed(node.children))
