@@ -11,6 +11,7 @@ alike, over the texts the filters leave (a session's worth, bounded).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +42,7 @@ class Found:
     snippet: str
 
 
-def _filters(where: Where) -> tuple[str, dict[str, object]]:
+def _filters(where: Where, dialect: str) -> tuple[str, dict[str, object]]:
     sql: list[str] = []
     params: dict[str, object] = {}
     if where.min_seq:
@@ -60,21 +61,26 @@ def _filters(where: Where) -> tuple[str, dict[str, object]]:
             params["tools"] = list(where.tools)
         sql.append(f"EXISTS (SELECT 1 FROM items i WHERE {' AND '.join(inner)})")
     if where.seqs is not None:
-        sql.append("t.seq IN :seqs")
-        params["seqs"] = list(where.seqs) or [0]
+        # One parameter, however many seqs (a statement binds at most ~32k one by one).
+        if dialect == "postgresql":
+            sql.append("t.seq = ANY(CAST(:seqs AS bigint[]))")
+            params["seqs"] = list(where.seqs)
+        else:
+            sql.append("t.seq IN (SELECT value FROM json_each(:seqs))")
+            params["seqs"] = json.dumps(where.seqs)
     return "".join(f" AND {s}" for s in sql), params
 
 
 def _bound(statement: str, params: dict[str, object]) -> object:
     query = text(statement)
-    for name in ("roles", "tools", "seqs"):
+    for name in ("roles", "tools"):
         if name in params:
             query = query.bindparams(bindparam(name, expanding=True))
     return query
 
 
 async def full_text(conn: AsyncConnection, key: int, query: str, where: Where, limit: int, offset: int) -> list[Found]:
-    extra, params = _filters(where)
+    extra, params = _filters(where, conn.dialect.name)
     params |= {"key": key, "limit": limit, "offset": offset}
     if conn.dialect.name == "postgresql":
         params["query"] = query
@@ -122,7 +128,7 @@ def fts5_query(query: str) -> str:
 
 
 async def substring(conn: AsyncConnection, key: int, needle: str, where: Where, limit: int, offset: int) -> list[Found]:
-    extra, params = _filters(where)
+    extra, params = _filters(where, conn.dialect.name)
     position = "strpos(t.text, :needle)" if conn.dialect.name == "postgresql" else "instr(t.text, :needle)"
     window = "greatest(1, {p} - 80)" if conn.dialect.name == "postgresql" else "max(1, {p} - 80)"
     params |= {"key": key, "needle": needle, "limit": limit, "offset": offset, "span": len(needle) + 160}
@@ -138,7 +144,7 @@ async def substring(conn: AsyncConnection, key: int, needle: str, where: Where, 
 
 async def regex(conn: AsyncConnection, key: int, pattern: Any, where: Where, limit: int, offset: int) -> list[Found]:
     """`pattern`: a compiled expression with `search` (RE2's: linear time)."""
-    extra, params = _filters(where)
+    extra, params = _filters(where, conn.dialect.name)
     params["key"] = key
     statement = f"SELECT t.seq, t.text FROM item_texts t WHERE t.session_key = :key{extra} ORDER BY t.seq"
     rows = await conn.stream(_bound(statement, params), params)  # type: ignore[call-overload]

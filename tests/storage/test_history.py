@@ -7,6 +7,7 @@ import asyncio
 import base64
 import hashlib
 import itertools
+import re
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -37,7 +38,7 @@ from contextd.engine.model import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from contextd.storage import migrate
+from contextd.storage import migrate, search
 from contextd.storage.database import Database
 from contextd.storage.history import AppendRequest, HistoryStore, PreparedItem
 from tests import backends
@@ -369,3 +370,22 @@ async def test_writers_queued_on_a_busy_session_leave_connections_for_others(pos
     assert sorted(r.first_seq for r in results) == list(range(1, 11))
     await db.close()
     await holder_db.close()
+
+
+@pytest.mark.parametrize("search_with", ["full_text", "substring", "regex"])
+async def test_a_search_may_be_limited_to_more_seqs_than_a_query_has_parameters(
+    store: HistoryStore, session: str, search_with: str
+) -> None:
+    # A long session's items out of the view may be tens of thousands: more than a statement may
+    # bind one by one (32,767 for asyncpg, 32,766 for SQLite).
+    await store.append(request(session, [text_item(f"note {n} about the ledger") for n in range(3)]))
+    key = await store.session_key("tenant", session)
+    where = search.Where(seqs=tuple(range(2, 40_002)))
+    async with store.db.read() as conn:
+        if search_with == "regex":
+            found = await search.regex(conn, key, re.compile("ledger"), where, 10, 0)
+        elif search_with == "substring":
+            found = await search.substring(conn, key, "ledger", where, 10, 0)
+        else:
+            found = await search.full_text(conn, key, "ledger", where, 10, 0)
+    assert sorted(f.seq for f in found) == [2, 3]
