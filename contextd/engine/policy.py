@@ -98,7 +98,7 @@ class Globs:
 
 @dataclass(frozen=True, slots=True)
 class Protection:
-    last_turns: int = 2
+    last_turns: int = 1
     user_items: bool = True
     latest_error_per_tool: bool = True
     tools: Globs = Globs()
@@ -111,7 +111,9 @@ class Protection:
 class CachePolicy:
     provider: str = "anthropic"
     prices: Prices = PROVIDER_PRICES["anthropic"]
-    expected_calls: int = 20
+    expected_calls: int = 12
+    """Calls a rewrite of the cached prompt must pay for itself within (a session's calls to come
+    are not known: the shorter this, the less a rewrite just before its end can cost)."""
     high_water: float = 0.9
     expected_calls_auto: bool = False
     """Expect as many further calls as the session has made so far (at least `expected_calls`)."""

@@ -110,16 +110,22 @@ CONDITIONS: dict[str, dict[str, Any] | None] = {
 }
 """Each condition's policy (None: the shipped default), before the trace's tools are added."""
 
-DEFAULT_VARIANTS: dict[str, dict[str, Any]] = {
-    "default, expected_calls 10": {"expected_calls": 10},
-    "default, expected_calls 40": {"expected_calls": 40},
-    "default, expected_calls auto": {"expected_calls": "auto"},
-    "default, priced as read to any prefix": {"reads": "prefix"},
+DEFAULT_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
+    "default, expected_calls 8": {"cache": {"expected_calls": 8}},
+    "default, expected_calls 20": {"cache": {"expected_calls": 20}},
+    "default, expected_calls 40": {"cache": {"expected_calls": 40}},
+    "default, expected_calls auto": {"cache": {"expected_calls": "auto"}},
+    "default, two turns protected, expected_calls 20": {
+        "protection": {"last_turns": 2},
+        "cache": {"expected_calls": 20},
+    },
+    "default, priced as read to any prefix": {"cache": {"reads": "prefix"}},
 }
-"""The shipped default with another guess of the calls left to pay back a cache rewrite
-(the default's is 20), or pricing a rewrite as if the provider read its cache up to the
-change (it reads only whole earlier prompts): the report's sensitivity to them, on the
-real traces."""
+"""The shipped default with another number of calls a cache rewrite must pay for itself within
+(the default's is 12), with the last two turns protected rather than one and 20 calls (the
+default until 2026-11-30), or pricing a rewrite as if the provider read its cache up to the
+change (it reads only whole earlier prompts): the report's sensitivity to them, on the real
+traces. Each patches sections of the default policy."""
 
 
 def policy_text(condition: str, tools: Mapping[str, Any] | None = None, *, at_once: bool = False) -> str:
@@ -133,7 +139,8 @@ def policy_text(condition: str, tools: Mapping[str, Any] | None = None, *, at_on
             return ""
         policy = yaml.safe_load(default_policy_text())
         policy["tools"] = {**policy["tools"], **(tools or {})}
-        policy["cache"] = {**policy.get("cache", {}), **(variant or {})}
+        for section, patch in (variant or {}).items():
+            policy[section] = {**policy.get(section, {}), **patch}
     else:
         policy = {**policy, "tools": dict(tools or SHELL_TOOLS)}
     if at_once:

@@ -322,8 +322,11 @@ def _against_raw(results: Results, trace_ids: Sequence[str], conditions: Sequenc
         raw = results.runs[trace_id, RAW].cost("anthropic")
         cells = []
         for condition in conditions:
-            cost = results.summary(trace_id, condition).cost["anthropic"]
+            summary = results.summary(trace_id, condition)
+            cost = summary.cost["anthropic"]
             change = f"{cost / raw - 1:+.1%}" if raw else "-"
+            if not summary.reduction:
+                change += " (nothing to edit: raw's prompts)"  # no rule found anything it may change
             cells.append(f"**{change}**" if cost > raw + 1e-9 else change)
         rows.append([trace_id, _dollars(raw), *cells])
     return _table(["trace", "raw (Anthropic)", *conditions], rows)
@@ -538,16 +541,19 @@ OpenAI {_dollars(default["cost"]["openai"])} against {_dollars(default["raw_cost
 
 ### What the default guesses about the cache
 
-The default policy applies an edit to what the cache holds only when it pays back over the
-calls it expects to come (`cache.expected_calls`, 20), and prices the rewrite from where
-Anthropic reads its cache back: the end of the last earlier prompt before the change
-(`cache.reads: breakpoints`). The same policy with another guess of the calls to come, and
-priced as if the cache were read up to the change itself (`reads: prefix`, as OpenAI reads;
-the bill is still Anthropic's):
+The default policy keeps an output whole for the call that reads it (`protection.last_turns`,
+1) and applies an edit to what the cache holds only when it pays for itself within
+{default_policy().cache.expected_calls} calls (`cache.expected_calls`): a session's end is not
+known, and a rewrite just before it is a loss. It prices the rewrite from where Anthropic reads
+its cache back: the end of the last earlier prompt before the change (`cache.reads:
+breakpoints`). The same policy paying back over more or fewer calls, with two turns protected
+and 20 calls (the default until 2026-11-30), and priced as if the cache were read up to the
+change itself (`reads: prefix`, as OpenAI reads; the bill is still Anthropic's):
 
 {_condition_table(results, trace_ids, ["default", *DEFAULT_VARIANTS], labelled=False)}
 
-Trace by trace, the Anthropic bill against raw's (in bold where it is higher):
+Trace by trace, the Anthropic bill against raw's (in bold where it is higher; where a policy
+sent exactly what raw sent, none of its rules found anything it may edit):
 
 {_against_raw(results, trace_ids, ["default", *DEFAULT_VARIANTS])}
 

@@ -65,7 +65,8 @@ def test_an_empty_document_is_the_default_policy() -> None:
     assert parse_policy("  \n", REGISTRY) is default_policy()
     default = default_policy()
     assert (default.max_level, default.cache.provider) == (3, "anthropic")
-    assert default.protection.last_turns == 2 and default.protection.latest_error_per_tool
+    assert default.protection.last_turns == 1 and default.protection.latest_error_per_tool
+    assert default.cache.expected_calls == 12
     # The built-in strategies, on the evidence they rest on; a bash tool read as a shell.
     assert [(r.name, r.transform) for r in default.rules] == [
         ("duplicates", "dedupe"),
@@ -178,8 +179,8 @@ def test_what_looks_like_a_date_stays_a_string() -> None:
 
 def test_expected_calls_may_grow_with_the_session() -> None:
     auto = parse_policy('cache: {expected_calls: "auto"}', REGISTRY).cache
-    assert (auto.expected_calls, auto.expected_calls_auto) == (20, True)
-    assert auto.for_session(5).expected_calls == 20  # at least the default
+    assert (auto.expected_calls, auto.expected_calls_auto) == (12, True)
+    assert auto.for_session(5).expected_calls == 12  # at least the default
     assert auto.for_session(140).expected_calls == 140  # as many more as it has made
     fixed = parse_policy("cache: {expected_calls: 30}", REGISTRY).cache
     assert fixed.for_session(140) is fixed

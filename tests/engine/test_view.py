@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from contextd.engine.model import Item, ReasoningBlock, Representation, Role, TextBlock, ToolResultBlock, ToolUseBlock
+from contextd.engine.pipeline import RenderInput, render
 from contextd.engine.pipeline import identity_view as build_view
 from contextd.engine.placeholders import handle_of
 from contextd.engine.policy import default_policy
 from contextd.engine.render.base import ViewWarning
+from contextd.engine.transforms import TransformRegistry
 from contextd.engine.view import (
     FRAMING_TOKENS_PER_MESSAGE,
     REPLY_PRIMING_TOKENS,
@@ -141,7 +144,10 @@ def test_omitted_items_are_not_counted() -> None:
         make_item(Role.ASSISTANT, ReasoningBlock("long thoughts"), seq=2, token_count=500),
         make_item(Role.USER, TextBlock("q2"), seq=3, token_count=7),
     ]
-    view = build_view(make_session(3), items, ViewRequest(ViewFormat.OPENAI_CHAT, budget_tokens=10), counter())
+    # The thoughts are in a protected turn: over the budget, nothing may be offloaded.
+    policy = replace(default_policy(), rules=(), protection=replace(default_policy().protection, last_turns=2))
+    request = ViewRequest(ViewFormat.OPENAI_CHAT, budget_tokens=10)
+    view = render(RenderInput(make_session(3), items, policy, request, counter(), TransformRegistry())).view
     # Nothing of it is in the view; its handle still gets it back.
     assert view.items[1] == ViewItem(2, Representation.OMITTED, 0, -1, handle_of(items[1]))
     assert view.item_tokens == 12
