@@ -325,8 +325,11 @@ def _against_raw(results: Results, trace_ids: Sequence[str], conditions: Sequenc
             summary = results.summary(trace_id, condition)
             cost = summary.cost["anthropic"]
             change = f"{cost / raw - 1:+.1%}" if raw else "-"
-            if not summary.reduction:
+            decided = results.runs[trace_id, condition].decisions
+            if not summary.reduction and not decided["prune"] + decided["defer"] + decided["apply"]:
                 change += " (nothing to edit: raw's prompts)"  # no rule found anything it may change
+            elif not summary.reduction:
+                change += " (every edit found waited)"
             cells.append(f"**{change}**" if cost > raw + 1e-9 else change)
         rows.append([trace_id, _dollars(raw), *cells])
     return _table(["trace", "raw (Anthropic)", *conditions], rows)
@@ -553,7 +556,8 @@ change itself (`reads: prefix`, as OpenAI reads; the bill is still Anthropic's):
 {_condition_table(results, trace_ids, ["default", *DEFAULT_VARIANTS], labelled=False)}
 
 Trace by trace, the Anthropic bill against raw's (in bold where it is higher; where a policy
-sent exactly what raw sent, none of its rules found anything it may edit):
+sent exactly what raw sent, whether its rules found nothing they may edit, or what they found
+waited for the cache until the trace ended):
 
 {_against_raw(results, trace_ids, ["default", *DEFAULT_VARIANTS])}
 

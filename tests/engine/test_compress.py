@@ -315,6 +315,15 @@ def test_directories_alike_but_for_one_part_share_a_line_of_the_counts() -> None
     assert "app/locale/es/LC_MESSAGES/: app.po (2)" in counts
     assert "app/core/: types.py (1), names.py (1)" in counts
     assert len(counts) == 3
+    # Files at the top and paths that hold a brace or a comma are never folded into braces.
+    said = ":1:msgid 'alias of %s' as the catalogue of this locale has said it for years"
+    lines = [f"{d}/app.po{said}" for d in ("a,b", "c", "d", "{e}")] + [f"top{n}.py{said}" for n in range(3)]
+    lines += [f"x/{lang}/app.po{said}" for lang in ("de", "fr", "it")]
+    out = compress("\n".join(lines), NO_FOCUS, command="grep -rn alias")
+    assert out is not None
+    counts = out.text.split("[matches per file]\n")[1]
+    assert ": top0.py (1), top1.py (1), top2.py (1)" in counts.splitlines()
+    assert "a,b/: app.po (1)" in counts and "{e}/: app.po (1)" in counts and "x/{de,fr,it}/: app.po (1)" in counts
 
 
 def test_a_recursive_listing_names_a_subdirectory_once_and_counts_what_tools_generate() -> None:
@@ -336,6 +345,34 @@ def test_a_recursive_listing_names_a_subdirectory_once_and_counts_what_tools_gen
     assert "./pkg/__pycache__/ (2 entries: 2 .pyc; generated, not listed)" in lines
     assert "./pkg.egg-info/ (2 entries: 1 (none), 1 .txt; generated, not listed)" in lines
     assert any(line.startswith("./pkg/tests/ (40: 40 .py): test_7.py  test_0.py") for line in lines)
+
+
+def test_what_tools_generate_is_counted_wherever_it_sits_unless_it_was_asked_for() -> None:
+    paths = [f"./src/app/m{n}.py" for n in range(30)]
+    paths += [f"./node_modules/{package}/f{n}.js" for package in ("lodash", "react") for n in range(20)]
+    out = compress("\n".join(paths), NO_FOCUS, command="find . -type f")
+    assert out is not None
+    # node_modules has no listing of its own here: it still gets its line, counting all 40.
+    assert "./node_modules/ (40 entries: 40 .js; generated, not listed)" in out.text.splitlines()
+    asked = "\n".join(["node_modules/react:", "index.js", "lib", "", "node_modules/react/lib:"])
+    asked += "\n" + "\n".join(f"part{n}.js" for n in range(40))
+    out = compress(asked, NO_FOCUS, command="ls -R node_modules/react")
+    assert out is not None and "node_modules/react/: index.js" in out.text  # asked for: listed
+    assert "node_modules/react/lib/ (40: 40 .js): part0.js" in out.text
+
+
+def test_a_cut_recursive_listing_keeps_the_tails_names_in_their_directory() -> None:
+    head = "\n".join([".:", "pkg", "", "./pkg:", *(f"mod{n}.py" for n in range(35)), "mod3"])
+    tail = "\n".join(["5_extra.py", *(f"mod{n}.py" for n in range(36, 60)), "", "./docs:", "index.rst"])
+    notice = "\n</output_head>\n<elided_chars>\n812 characters elided\n</elided_chars>\n<output_tail>\n"
+    text = f"<returncode>0</returncode>\n<output_head>\n{head}{notice}{tail}\n</output_tail>"
+    out = compress(text, Focus(("mod55.py",)), command="ls -R")
+    assert out is not None and out.kind == "listing"
+    after = out.text.partition("<elided_chars>")[2]
+    # The lines the tool cut in two stay as they are, beside its notice.
+    assert "\nmod3\n</output_head>" in out.text and "<output_tail>\n5_extra.py\n" in out.text
+    assert any(line.startswith("./pkg/ (24: 24 .py): mod55.py") for line in after.splitlines())
+    assert "./docs/: index.rst" in after and not any(line.startswith("./ (") for line in after.splitlines())
 
 
 def test_a_cut_output_is_read_on_each_side_of_the_notice_of_what_was_left_out() -> None:
@@ -450,6 +487,35 @@ def test_an_html_page_keeps_a_part_the_focus_names_whole() -> None:
     assert "Chapter 7" in out.text and "compute_total tutorial" in out.text  # the navigation names the focus
     assert "theme3.css" not in out.text
     assert route(_page()) == ("html", "")  # sniffed from the content too
+
+
+def test_an_html_page_folds_only_what_is_plainly_its_furniture() -> None:
+    links = [f'  <li><a href="p{n}.html">Chapter {n}</a></li>' for n in range(8)]
+    text = "\n".join(
+        [
+            "<!DOCTYPE html>",
+            "<html><head>",
+            "<title>",
+            "  Billing API",
+            "</title>",
+            *(f'<link rel="stylesheet" href="s{n}.css" />' for n in range(5)),
+            "</head><body>",
+            '<div class="container with-sidebar">',  # a wrapper around the content: not a sidebar
+            *(f"<p>Refund rule {n}: a second approval above 4800 EUR.</p>" for n in range(6)),
+            "</div>",
+            '<aside class="footnote">',  # a footnote, not furniture
+            *(f"<p>Footnote line {n}.</p>" for n in range(5)),
+            "</aside>",
+            "<nav>",  # never closed: not folded to the end of the page
+            *links,
+            "</body></html>",
+        ]
+    )
+    out = compress(text, NO_FOCUS, command="cat api.html")
+    assert out is not None
+    assert "left out: the head (<title>Billing API</title>, 5 link)" in out.text  # the title on one line
+    for fact in ("Refund rule 5: a second approval", "Footnote line 4.", "Chapter 7"):
+        assert fact in out.text
 
 
 def test_the_router_uses_the_declared_type_then_the_command_then_sniffing() -> None:

@@ -135,10 +135,14 @@ def compress_listing(text: str, focus: Focus) -> Compressed | None:
     if not directories:
         return None
     out: list[str] = []
+    counted: set[str] = set()
+    below = _common_root(list(directories))
     for directory, names in directories.items():
-        if _generated(directory) and not any(d == directory for d, _ in focused):
-            if not _generated(directory.rpartition("/")[0]):  # (what is inside is counted with it)
-                out.append(_generated_line(directory, directories))
+        root = _generated_root(directory, below)
+        if root and not any(d == directory for d, _ in focused):
+            if root not in counted:  # one line for it, counting what is listed anywhere under it
+                counted.add(root)
+                out.append(_generated_line(root, directories))
             continue
         # An entry `ls -R` lists again under its own header is said there.
         listed = [n for n in names if f"{directory}/{n}" not in directories or (directory, n) in focused]
@@ -159,17 +163,40 @@ GENERATED = ("__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache
 """Directories tools fill (caches, installed packages): counted, their names not listed."""
 
 
-def _generated(directory: str) -> bool:
+def last_header(text: str) -> str:
+    """The last directory header of an `ls -R` listing ("" when it has none)."""
+    for line in reversed(text.split("\n")):
+        if _HEADER.fullmatch(line.strip()):
+            return line.strip()
+    return ""
+
+
+def _common_root(directories: Sequence[str]) -> int:
+    """How many leading parts every directory of the listing shares (what was asked for)."""
+    split = [d.split("/") for d in directories]
+    shortest = min(split, key=len)
+    for n, part in enumerate(shortest):
+        if any(parts[n] != part for parts in split):
+            return n
+    return len(shortest)
+
+
+def _generated_root(directory: str, below: int) -> str:
+    """The outermost directory tools generate that holds `directory` (itself, maybe), looking
+    only below the listing's own root: a listing asked of one is listed ("" when none)."""
     parts = directory.split("/")
-    return any(part in GENERATED or part.endswith(".egg-info") for part in parts)
+    for n in range(below, len(parts)):
+        if parts[n] in GENERATED or parts[n].endswith(".egg-info"):
+            return "/".join(parts[: n + 1])
+    return ""
 
 
-def _generated_line(directory: str, directories: dict[str, list[str]]) -> str:
-    """A generated directory and what `ls -R` listed under it, as counts."""
-    inside = [n for d, names in directories.items() if d == directory or d.startswith(directory + "/") for n in names]
+def _generated_line(root: str, directories: dict[str, list[str]]) -> str:
+    """A generated directory and what the listing holds under it, as counts."""
+    inside = [n for d, names in directories.items() if d == root or d.startswith(root + "/") for n in names]
     kinds = Counter(_extension(n) for n in inside)
     counts = ", ".join(f"{c} {k}" for k, c in kinds.most_common(3))
-    return f"{directory}/ ({len(inside):,} entries: {counts}; generated, not listed)"
+    return f"{root}/ ({len(inside):,} entries{': ' + counts if counts else ''}; generated, not listed)"
 
 
 _STATUS = ("M ", "A ", "D ", "?? ", "R ", " M", " D")

@@ -185,25 +185,41 @@ def compress(text: str, focus: Focus, *, declared: str = "", command: str = "", 
     kind, language = route(inner, declared=declared, command=command, path=path)
     reading = Reading(kind, language or hint("", _path_of(_last_command(command)))[1], opening.count("\n") + 1)
     cut = _ELIDED.search(inner) if kind not in _LINES else None
-    if cut is None:
-        found = _read(inner, focus, reading)
-    else:
-        # A tool that kept the head and the tail of a long output: each is read on its own (the
-        # notice of what it left out, between them, is not a path, a row or a line of code).
-        head, tail = inner[: cut.start()], inner[cut.end() :]
-        after = replace(reading, first_line=reading.first_line + inner[: cut.end()].count("\n"))
-        parts = [_read(head, focus, reading), _read(tail, focus, after)]
-        if parts == [None, None]:
-            return None
-        summary = " / ".join(p.summary for p in parts if p is not None)
-        kinds = [p.kind for p in parts if p is not None]
-        texts = [p.text if p is not None else whole for p, whole in zip(parts, (head, tail), strict=True)]
-        found = Compressed(kinds[0], texts[0] + cut.group(0) + texts[1], summary)
+    found = _read(inner, focus, reading) if cut is None else _read_cut(inner, cut, focus, reading)
     if found is None:
         return None
     if opening or closing:
         found = replace(found, text=opening + found.text + closing)
     return found if len(found.text) < len(text) else None
+
+
+def _read_cut(inner: str, cut: re.Match[str], focus: Focus, reading: Reading) -> Compressed | None:
+    """A tool that kept the head and the tail of a long output: each is read on its own (the
+    notice of what it left out, between them, is not a path, a row or a line of code). The
+    tool cut them mid-line: the line on each side of the notice stays as it is, with it."""
+    head, tail = inner[: cut.start()], inner[cut.end() :]
+    end = head.rfind("\n")
+    start = tail.find("\n")
+    head_text = head[:end] if end >= 0 else ""
+    tail_text = tail[start + 1 :] if start >= 0 else ""
+    middle = head[end + 1 :] + cut.group(0) + (tail[:start] if start >= 0 else tail)
+    after = replace(reading, first_line=reading.first_line + inner.count("\n", 0, len(inner) - len(tail_text)))
+    if reading.kind == "listing" and (header := listing.last_header(head_text)):
+        tail_text = f"{header}\n{tail_text}"  # the tail goes on listing the head's last directory
+    parts = [
+        _read(head_text, focus, reading) if head_text else None,
+        _read(tail_text, focus, after) if tail_text else None,
+    ]
+    if parts == [None, None]:
+        return None
+    texts = [p.text if p is not None else whole for p, whole in zip(parts, (head_text, tail_text), strict=True)]
+    read = [p for p in parts if p is not None]
+    return Compressed(
+        read[0].kind,
+        (texts[0] + "\n" if head_text else "") + middle + ("\n" + texts[1] if tail_text else ""),
+        " / ".join(p.summary for p in read),
+        lossless=all(p.lossless for p in read),
+    )
 
 
 def _read(text: str, focus: Focus, reading: Reading) -> Compressed | None:

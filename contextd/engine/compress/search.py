@@ -60,10 +60,13 @@ def _parse(line: str) -> tuple[str, bool, str] | None:
 def _folded(listings: dict[str, str]) -> list[tuple[str, str]]:
     """Directories whose files and counts are the same and whose paths differ in one part only
     (``locale/de/LC_MESSAGES``, ``locale/fr/LC_MESSAGES`` ...) on one line, with that part in
-    braces: every directory is still named."""
+    braces: every directory is still named. A path with a brace or a comma of its own, or an
+    empty part, is left as it is (the braces would not say it plainly)."""
     groups: dict[tuple[str, int, tuple[str, ...]], list[str]] = {}
     for directory, listed in listings.items():
         parts = directory.split("/")
+        if not directory or any(not part or _BRACES & set(part) for part in parts):
+            continue
         for at in range(len(parts)):
             groups.setdefault((listed, at, (*parts[:at], *parts[at + 1 :])), []).append(directory)
     folded: dict[str, tuple[str, str]] = {}
@@ -75,14 +78,13 @@ def _folded(listings: dict[str, str]) -> list[tuple[str, str]]:
         pattern = "/".join((*rest[:at], "{" + varying + "}", *rest[at:]))
         for m in members:
             folded[m] = (pattern, listed)
-    out: list[tuple[str, str]] = []
-    for directory, listed in listings.items():  # in the order the search found them
-        line = folded.get(directory, (directory, listed))
-        if line not in out:
-            out.append(line)
-    return out
+    out: dict[tuple[str, str], None] = {}  # in the order the search found them, each line once
+    for directory, listed in listings.items():
+        out[folded.get(directory, (directory, listed))] = None
+    return list(out)
 
 
+_BRACES = frozenset("{},")
 FOLD_AT = 3
 """Directories alike in all but one part of their path that share one line."""
 
