@@ -34,14 +34,28 @@ _FENCE = 3.0
 
 
 def parse(text: str) -> Any | None:
-    """The JSON value the text holds (None when it is not JSON of an array or object)."""
+    """The JSON value the text holds (None when it is not JSON of an array or object). The last
+    text parsed is remembered (by identity): sniffing parses it, then its compression needs it."""
+    last = _last_parsed
+    if last is not None and last[0] is text:
+        return last[1]
     stripped = text.strip()
     if not stripped or stripped[0] not in "[{":
         return None
     try:
-        return json.loads(stripped)
+        value = json.loads(stripped)
     except ValueError:
         return None
+    _remember(text, value)
+    return value
+
+
+_last_parsed: tuple[str, Any] | None = None
+
+
+def _remember(text: str, value: Any) -> None:
+    global _last_parsed
+    _last_parsed = (text, value)
 
 
 def compress_json(text: str, focus: Focus, value: Any | None = None) -> Compressed | None:
@@ -117,7 +131,9 @@ def _rows(rows: list[dict[str, Any]], focus: Focus, path: str, notes: list[str],
                     flag(i, f"{k} set")
             continue
         _search(k, column, kinds[k], focus, flag)
-        _odd_types(k, column, flag)
+        seen = {int if t is float else t for t in kinds[k]}  # (numbers are one kind, as in _kind)
+        if len(seen) > 1 or seen & {list, dict}:  # (else every value is of one kind: none stands out)
+            _odd_types(k, column, flag)
         _rare_values(k, column, flag)
         _outliers(k, column, flag)
     shown = sorted(why)

@@ -184,7 +184,7 @@ def compress(text: str, focus: Focus, *, declared: str = "", command: str = "", 
     opening, inner, closing = envelope(text)
     kind, language = route(inner, declared=declared, command=command, path=path)
     reading = Reading(kind, language or hint("", _path_of(_last_command(command)))[1], opening.count("\n") + 1)
-    cut = _ELIDED.search(inner) if kind not in _LINES else None
+    cut = _ELIDED.search(inner) if kind not in _LINES and "</output_head>" in inner else None
     found = _read(inner, focus, reading) if cut is None else _read_cut(inner, cut, focus, reading)
     if found is None:
         return None
@@ -319,6 +319,7 @@ def envelope(text: str) -> tuple[str, str, str]:
     opening = _OPENING.match(text)
     if opening is None:
         return "", text, ""
-    closing = _CLOSING.search(text, opening.end())
+    # The closing tag ends the text: look for it there, not over the whole output.
+    closing = _CLOSING.search(text, max(opening.end(), len(text.rstrip()) - 40))
     stop = closing.start() if closing else len(text)
     return opening.group(0), text[opening.end() : stop], text[stop:]
