@@ -295,6 +295,24 @@ def test_search_results_keep_every_file_and_the_definition_line() -> None:
     assert "src/app/jobs.py:40:        compute_total(batch)  [the same in 11 more places]" in out.text
 
 
+@pytest.mark.parametrize(
+    ("line", "parsed"),
+    [
+        ("src/my file.py:12:hello", ("src/my file.py", True, "hello")),  # a path with a space, a line number
+        ("a b:12:c", None),  # no dot nor slash: not a path
+        ("src/my-file.py-12-ctx", ("src/my-file.py", False, "ctx")),  # context: the shortest path
+        ("a-1-b.py-2-x", ("a-1-b.py", False, "x")),
+        ("x.py-12", None),
+        ("dist/app.min.js:1:" + "a.b/c-1-" * 20_000, ("dist/app.min.js", True, "a.b/c-1-" * 20_000)),
+        ("a.b" * 30_000 + "-x", None),  # a long line read once, not backtracked over
+    ],
+)
+def test_a_search_line_is_read_by_its_separators(line: str, parsed: tuple[str, bool, str] | None) -> None:
+    from contextd.engine.compress.search import _parse
+
+    assert _parse(line) == parsed
+
+
 def test_search_results_without_a_focus_still_name_every_file_with_its_count() -> None:
     out = compress(_GREP, NO_FOCUS, command="rg -n compute_total")
     assert out is not None

@@ -20,9 +20,6 @@ from dataclasses import dataclass
 
 from contextd.engine.compress.text import Compressed, Focus, Lines
 
-_SPACED = re.compile(r"^(?P<path>[^:\n]*[/.][^:\n]*?):(?P<line>\d+):(?P<text>.*)$")
-_CONTEXT = re.compile(r"^(?P<path>[^\s:]*[./][^\s:]*?)-(?P<line>\d+)-(?P<text>.*)$")
-"""A context line (grep -A/-B/-C): ``path-12-text``."""
 _DEFINES = (
     r"(?:\b(?:def|class|function|func|fn|struct|interface|type|const|let|var|enum|trait|impl)\s+{name}\b"
     r"|\b{name}\s*(?::[^=]*)?=[^=])"
@@ -39,22 +36,34 @@ class _File:
 
 
 def _parse(line: str) -> tuple[str, bool, str] | None:
-    """(path, a match rather than context, the matched text) of a result line; None for others."""
+    """(path, a match rather than context, the matched text) of a result line; None for others.
+    Read by finding separators, not by a pattern that could backtrack over a long line (a match
+    in a minified file is one line of 100 KB)."""
     colon = line.find(":")
     if colon > 0:
         path = line[:colon]
-        if " " not in path and ("/" in path or "." in path) and not path[0].isdigit():
-            rest = line[colon + 1 :]
-            number, sep, text = rest.partition(":")
-            return (path, True, text) if sep and number.isdigit() else (path, True, rest)
-    spaced = _SPACED.match(line)  # a path with spaces: only with a line number after it
-    if spaced:
-        return spaced["path"], True, spaced["text"]
+        rest = line[colon + 1 :]
+        number, sep, text = rest.partition(":")
+        if "/" in path or "." in path:
+            if " " not in path and not path[0].isdigit():
+                return (path, True, text) if sep and number.isdigit() else (path, True, rest)
+            if sep and number.isdigit():
+                return path, True, text  # a path with spaces: only with a line number after it
     if "-" in line:
-        context = _CONTEXT.match(line)
-        if context:
-            return context["path"], False, context["text"]
+        # A context line (grep -A/-B/-C): ``path-12-text``, the path the shortest one that holds
+        # a dot or a slash and no space or colon.
+        blank = _BLANK.search(line)
+        stop = blank.start() if blank else len(line)
+        dot = _DOT.search(line, 0, stop)
+        if dot is not None:
+            for found in _NUMBERED.finditer(line, dot.end(), stop + 1):
+                return line[: found.start()], False, line[found.end() :]
     return None
+
+
+_BLANK = re.compile(r"[\s:]")
+_DOT = re.compile(r"[./]")
+_NUMBERED = re.compile(r"-(\d+)-")
 
 
 def _folded(listings: dict[str, str]) -> list[tuple[str, str]]:
