@@ -253,6 +253,17 @@ def test_a_class_is_one_container_to_tree_sitter_reading() -> None:
     assert [(b.name, b.start, b.stop, b.elidable) for b in bodies] == [("Cart", 0, 6, False), ("add", 2, 4, True)]
 
 
+def test_a_tree_sitter_parse_that_takes_too_long_is_given_up_and_the_parser_still_works() -> None:
+    from contextd.engine.compress import code
+
+    parser = code._tree_sitter("javascript")
+    source = b"function add(a, b) {\n  return a + b;\n}\n"
+    assert code.parse_within(parser, b"a:b " * 5_000, seconds=0.0) is None  # past its time at once
+    tree = code.parse_within(parser, source, seconds=5.0)
+    assert tree is not None and tree.root_node.type == "program" and not tree.root_node.has_error
+    assert tree.root_node.end_byte == len(source)  # not the abandoned document, resumed
+
+
 def _rows() -> list[dict[str, object]]:
     rng = random.Random(7)
     rows: list[dict[str, object]] = [

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -144,7 +145,32 @@ def _bodies(source: str, lines: Sequence[str], language: str) -> tuple[list[Body
     parser = _tree_sitter(language)
     if parser is None:
         return None, ""
-    return list(_tree_sitter_bodies(parser.parse(source.encode()).root_node, lines)), "tree-sitter"
+    parsed = parse_within(parser, source.encode(), PARSE_SECONDS)
+    if parsed is None:
+        return None, ""
+    return list(_tree_sitter_bodies(parsed.root_node, lines)), "tree-sitter"
+
+
+PARSE_SECONDS = 0.25
+"""How long a tree-sitter parse may take. A 50 KB file parses in a few milliseconds, but the
+parser's error recovery is worse than linear on text that is not code at all (48 KB of
+``a:b a:b`` takes it a minute): past this, the output is read as lines instead."""
+
+
+def parse_within(parser: Any, data: bytes, seconds: float) -> Any | None:
+    """The tree of `data`, or None when the parse takes longer than `seconds` (the parser is
+    reset: a parse given up would otherwise be resumed by the next one)."""
+    deadline = time.monotonic() + seconds
+
+    def read(offset: int, _point: Any) -> bytes:
+        return data[offset : offset + 65_536]
+
+    try:
+        # (The progress callback is only called when the source comes in chunks.)
+        return parser.parse(read, progress_callback=lambda *_: time.monotonic() > deadline)
+    except ValueError:  # cancelled
+        parser.reset()
+        return None
 
 
 def _python_bodies(tree: ast.Module, lines: Sequence[str]) -> Iterator[Body]:
