@@ -253,13 +253,15 @@ def test_a_class_is_one_container_to_tree_sitter_reading() -> None:
     assert [(b.name, b.start, b.stop, b.elidable) for b in bodies] == [("Cart", 0, 6, False), ("add", 2, 4, True)]
 
 
-def test_a_tree_sitter_parse_that_takes_too_long_is_given_up_and_the_parser_still_works() -> None:
+def test_a_tree_sitter_parse_that_takes_too_much_work_is_given_up_and_the_parser_still_works() -> None:
     from contextd.engine.compress import code
 
     parser = code._tree_sitter("javascript")
     source = b"function add(a, b) {\n  return a + b;\n}\n"
-    assert code.parse_within(parser, b"a:b " * 5_000, seconds=0.0) is None  # past its time at once
-    tree = code.parse_within(parser, source, seconds=5.0)
+    assert code.parse_bounded(parser, b"a:b " * 5_000, steps=0) is None  # over its budget at once
+    # Text that is not code at all: given up within its budget (a minute's work unbounded).
+    assert code.parse_bounded(parser, (b"a:b " * 3_000 + b"\n") * 3) is None
+    tree = code.parse_bounded(parser, source)
     assert tree is not None and tree.root_node.type == "program" and not tree.root_node.has_error
     assert tree.root_node.end_byte == len(source)  # not the abandoned document, resumed
 
@@ -313,6 +315,9 @@ def test_search_results_keep_every_file_and_the_definition_line() -> None:
         ("a b:12:c", None),  # no dot nor slash: not a path
         ("src/my-file.py-12-ctx", ("src/my-file.py", False, "ctx")),  # context: the shortest path
         ("a-1-b.py-2-x", ("a-1-b.py", False, "x")),
+        ("logs/2024-01-15/app.log-12-hello", ("logs/2024-01-15/app.log", False, "hello")),
+        ("tests/test-1-basic.py-12-    x = 1", ("tests/test-1-basic.py", False, "    x = 1")),
+        ("src/app.py-12-foo.bar-3-baz", ("src/app.py-12-foo.bar", False, "baz")),  # ambiguous: after the last dot
         ("x.py-12", None),
         ("dist/app.min.js:1:" + "a.b/c-1-" * 20_000, ("dist/app.min.js", True, "a.b/c-1-" * 20_000)),
         ("a.b" * 30_000 + "-x", None),  # a long line read once, not backtracked over

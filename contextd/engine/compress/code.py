@@ -145,32 +145,48 @@ def _bodies(source: str, lines: Sequence[str], language: str) -> tuple[list[Body
     parser = _tree_sitter(language)
     if parser is None:
         return None, ""
-    parsed = parse_within(parser, source.encode(), PARSE_SECONDS)
+    parsed = parse_bounded(parser, source.encode())
     if parsed is None:
         return None, ""
     return list(_tree_sitter_bodies(parsed.root_node, lines)), "tree-sitter"
 
 
-PARSE_SECONDS = 0.25
-"""How long a tree-sitter parse may take. A 50 KB file parses in a few milliseconds, but the
-parser's error recovery is worse than linear on text that is not code at all (48 KB of
-``a:b a:b`` takes it a minute): past this, the output is read as lines instead."""
+PARSE_STEPS = 2_000
+PARSE_STEPS_PER_KB = 60
+PARSE_SECONDS = 1.0
+"""The work a tree-sitter parse may do: its progress checks (one per ~100 parser operations,
+the same count for the same input on any machine). Real JavaScript takes 7 per KB (20 at
+most, over 796 files of npm's), but the parser's error recovery is worse than linear on
+text that is not code at all (48 KB of ``a:b a:b`` kept it a minute): past the budget, the
+output is read as lines. Counted, so a file is read the same way every time; and, as a last
+bound for text whose every step is slow, never longer than PARSE_SECONDS (which real code
+of the largest item a session takes, 1 MB, is far from)."""
 
 
-def parse_within(parser: Any, data: bytes, seconds: float) -> Any | None:
-    """The tree of `data`, or None when the parse takes longer than `seconds` (the parser is
-    reset: a parse given up would otherwise be resumed by the next one)."""
-    deadline = time.monotonic() + seconds
+def parse_bounded(parser: Any, data: bytes, steps: int | None = None) -> Any | None:
+    """The tree of `data`, or None when parsing it needs more than `steps` progress checks (by
+    default PARSE_STEPS and PARSE_STEPS_PER_KB of it) or PARSE_SECONDS."""
+    budget = PARSE_STEPS + PARSE_STEPS_PER_KB * len(data) // 1024 if steps is None else steps
+    deadline = time.monotonic() + PARSE_SECONDS
+    taken = 0
+
+    def over(*_: Any) -> bool:
+        nonlocal taken
+        taken += 1
+        return taken > budget or time.monotonic() > deadline
 
     def read(offset: int, _point: Any) -> bytes:
         return data[offset : offset + 65_536]
 
     try:
         # (The progress callback is only called when the source comes in chunks.)
-        return parser.parse(read, progress_callback=lambda *_: time.monotonic() > deadline)
-    except ValueError:  # cancelled
-        parser.reset()
+        return parser.parse(read, progress_callback=over)
+    except ValueError:  # given up
+        parser.reset()  # (else the next parse would resume this one)
         return None
+    except BaseException:
+        parser.reset()
+        raise
 
 
 def _python_bodies(tree: ast.Module, lines: Sequence[str]) -> Iterator[Body]:

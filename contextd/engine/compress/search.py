@@ -47,17 +47,21 @@ def _parse(line: str) -> tuple[str, bool, str] | None:
         if "/" in path or "." in path:
             if " " not in path and not path[0].isdigit():
                 return (path, True, text) if sep and number.isdigit() else (path, True, rest)
-            if sep and number.isdigit():
+            if sep and number.isdecimal():
                 return path, True, text  # a path with spaces: only with a line number after it
     if "-" in line:
-        # A context line (grep -A/-B/-C): ``path-12-text``, the path the shortest one that holds
-        # a dot or a slash and no space or colon.
+        # A context line (grep -A/-B/-C): ``path-12-text``. The path holds no space nor colon;
+        # it ends at the first ``-12-`` after its last dot or slash (the file name's), else
+        # after the one before (``logs/2024-01-15/app.log-12-``: not ``logs/2024``).
         blank = _BLANK.search(line)
         stop = blank.start() if blank else len(line)
-        dot = _DOT.search(line, 0, stop)
-        if dot is not None:
-            for found in _NUMBERED.finditer(line, dot.end(), stop + 1):
+        dots = [m.start() for m in _DOT.finditer(line, 0, stop)]
+        end = stop
+        for dot in reversed(dots):
+            found = _NUMBERED.search(line, dot + 1, end)  # (a -12- holds no dot: it ends before the next)
+            if found is not None:
                 return line[: found.start()], False, line[found.end() :]
+            end = dot
     return None
 
 
