@@ -33,9 +33,13 @@ _FENCE = 3.0
 """Numbers beyond this many interquartile ranges outside the quartiles are outliers."""
 
 
+_last_parsed: tuple[str, Any] | None = None
+
+
 def parse(text: str) -> Any | None:
     """The JSON value the text holds (None when it is not JSON of an array or object). The last
     text parsed is remembered (by identity): sniffing parses it, then its compression needs it."""
+    global _last_parsed
     last = _last_parsed
     if last is not None and last[0] is text:
         return last[1]
@@ -46,16 +50,8 @@ def parse(text: str) -> Any | None:
         value = json.loads(stripped)
     except ValueError:
         return None
-    _remember(text, value)
-    return value
-
-
-_last_parsed: tuple[str, Any] | None = None
-
-
-def _remember(text: str, value: Any) -> None:
-    global _last_parsed
     _last_parsed = (text, value)
+    return value
 
 
 def compress_json(text: str, focus: Focus, value: Any | None = None) -> Compressed | None:
