@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 from bench.headroom_env import headroom_python  # noqa: E402
 from bench.traces import contents  # noqa: E402
 from contextd.engine.compress import Focus, compress  # noqa: E402
+from contextd.engine.compress.code import PARSED  # noqa: E402
 from contextd.engine.compress.router import SNIFFED  # noqa: E402
 from contextd.engine.pipeline import RenderInput, render  # noqa: E402
 from contextd.engine.policy import default_policy  # noqa: E402
@@ -461,7 +462,8 @@ def contextd_output(payload: Payload, repeat: int) -> tuple[str, float]:
     times: list[float] = []
     out = payload.text
     for _ in range(repeat):
-        SNIFFED.clear()  # each run classifies and compresses: nothing remembered from the last
+        SNIFFED.clear()  # each run classifies, parses and compresses: nothing remembered from the last
+        PARSED.clear()
         started = time.perf_counter()
         if payload.messages:
             out = _engine_view(payload)

@@ -18,7 +18,10 @@ and with the raw history, the reduction, the median time of a render (the
 engine's own), what each rule removed (tokens not
 sent, summed over calls, net of what stands in for them), and the probes
 (facts from early turns needed late; bench/probes/<trace>.json): visible in
-the final view, recoverable through a handle it shows, or lost.
+the final view, recoverable through a handle it shows, or lost. And at every
+call, the identifiers the model's answer in the trace wrote that the history
+before the call held, and those of them the call's view hid (listed at the end):
+what an agent shown that view would have had to fetch back, or do without.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from contextd.engine.state import ViewState  # noqa: E402
 from contextd.engine.tokens import TiktokenCounter, block_tokens  # noqa: E402
 from contextd.engine.transforms import TransformRegistry  # noqa: E402
 from contextd.engine.view import ViewFormat, ViewRequest  # noqa: E402
+from contextd.lab.replay import answer_terms, used_and_hidden, view_text, written  # noqa: E402
 from tests.helpers import make_session, to_item  # noqa: E402
 
 
@@ -80,6 +84,9 @@ class Replay:
     final_view: str = ""
     """The messages (and system) of the view at the end, as sent."""
     items: list[Item] = field(default_factory=list)
+    used: int = 0
+    hidden: list[tuple[int, str]] = field(default_factory=list)
+    """(call, identifier): what a call's answer used from the history that its view did not show."""
 
 
 def replay(
@@ -101,6 +108,11 @@ def replay(
         if end == len(items):
             out.final_view = rendered.view.messages_json + rendered.view.system_json
             break
+        history = "\n".join(written(m) for m in trace["messages"][:end])
+        shown = view_text(json.loads(rendered.view.messages_json), json.loads(rendered.view.system_json or "null"))
+        used, hidden = used_and_hidden(answer_terms(trace["messages"][end]), history, shown)
+        out.used += used
+        out.hidden += [(out.calls, term) for term in hidden]
         out.calls += 1
         out.sent += rendered.view.total_tokens
         out.raw += identity_view(session, prefix, request, counter).total_tokens
@@ -196,6 +208,7 @@ def _run(args: argparse.Namespace) -> int:
     where = f"in-process, {args.gap:g} s between calls"
     print(f"policy: {policy.version} ({args.policy or 'the default policy'}); {where}\n")
     rows, totals, rules, probes_total, decisions = [], Counter[str](), Counter[str](), Counter[str](), Counter[str]()
+    hidden: list[tuple[str, int, str]] = []
     for path in sorted(args.traces.glob("*.json")):
         trace = json.loads(path.read_text())
         result = replay(trace, policy, counter, registry, args.gap)
@@ -203,29 +216,40 @@ def _run(args: argparse.Namespace) -> int:
         probes = json.loads(probe_file.read_text())["probes"] if probe_file.exists() else []
         kept = check_probes(result, probes)
         probes_total.update(kept)
-        totals.update(sent=result.sent, raw=result.raw, calls=result.calls)
+        totals.update(sent=result.sent, raw=result.raw, calls=result.calls, used=result.used)
+        totals["hidden"] += len(result.hidden)
+        hidden += [(trace["id"], call, term) for call, term in result.hidden]
         rules.update(result.by_rule)
         decisions.update(result.decisions)
         median = sorted(result.engine_ms)[len(result.engine_ms) // 2]
         rows.append(
             f"| {trace['id']} | {result.calls} | {result.raw:,} | {result.sent:,} | "
             f"{1 - result.sent / result.raw:.1%} | {median:.2f} ms | "
-            f"{kept['visible']} / {kept['recoverable']} / {kept['lost']} |"
+            f"{kept['visible']} / {kept['recoverable']} / {kept['lost']} | {len(result.hidden)} / {result.used:,} |"
         )
     columns = ["trace", "calls", "tokens sent, raw", "tokens sent, policy", "reduction", "render p50"]
-    print("| " + " | ".join([*columns, "probes visible / recoverable / lost"]) + " |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    columns += ["probes visible / recoverable / lost", "identifiers the next answer wrote: hidden / in the history"]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + " --- |" * len(columns))
     print("\n".join(rows))
     print(
         f"| **all** | {totals['calls']} | {totals['raw']:,} | {totals['sent']:,} | "
         f"{1 - totals['sent'] / totals['raw']:.1%} | | "
-        f"{probes_total['visible']} / {probes_total['recoverable']} / {probes_total['lost']} |"
+        f"{probes_total['visible']} / {probes_total['recoverable']} / {probes_total['lost']} | "
+        f"{totals['hidden']} / {totals['used']:,} |"
     )
     print("\n| rule | tokens not sent (over all calls) | share of raw |")
     print("| --- | --- | --- |")
     for rule, saved in rules.most_common():
         print(f"| {rule} | {saved:,} | {saved / totals['raw']:.1%} |")
     print("\ndecisions certified: " + ", ".join(f"{d} {n}" for d, n in sorted(decisions.items())))
+    if hidden:
+        print("\nidentifiers a call's answer wrote that its view hid (trace, call: identifiers):")
+        by_call: dict[tuple[str, int], list[str]] = {}
+        for trace_id, call, term in hidden:
+            by_call.setdefault((trace_id, call), []).append(term)
+        for (trace_id, call), terms in by_call.items():
+            print(f"  {trace_id}, call {call}: {', '.join(terms)}")
     return 1 if probes_total["lost"] else 0
 
 

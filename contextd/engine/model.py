@@ -7,11 +7,13 @@ knows the others' types.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from types import MappingProxyType
+from typing import Any
 
 
 class Role(StrEnum):
@@ -138,6 +140,17 @@ class ItemContent:
     def tool_uses(self) -> tuple[ToolUseBlock, ...]:
         return tuple(b for b in self.content if isinstance(b, ToolUseBlock))
 
+    def written(self) -> str:
+        """What the item's author wrote in words: its text, and the string arguments of its tool
+        calls (decoded: a command as the agent typed it, not as JSON escapes it)."""
+        parts = [b.text for b in self.content if isinstance(b, TextBlock)]
+        for call in self.tool_uses:
+            try:
+                parts.extend(strings_in(json.loads(call.input_json)))
+            except ValueError:
+                parts.append(call.input_json)
+        return "\n".join(parts)
+
     @property
     def tool_result(self) -> ToolResultBlock | None:
         """The tool result of a TOOL item (which holds exactly one, validated at append)."""
@@ -146,6 +159,18 @@ class ItemContent:
                 if isinstance(block, ToolResultBlock):
                     return block
         return None
+
+
+def strings_in(value: Any) -> Iterator[str]:
+    """The strings of a decoded JSON value, in order (its objects' values, not their keys)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from strings_in(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from strings_in(v)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

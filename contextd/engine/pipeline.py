@@ -9,7 +9,6 @@ clock give the same view, byte for byte, and the same decisions.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -20,6 +19,7 @@ from typing import Any
 from contextd.engine import volatile
 from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.codec import content_hash
+from contextd.engine.compress.text import MAX_FOCUS_TERMS, identifiers
 from contextd.engine.eligibility import Judge, Protections
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import (
@@ -77,8 +77,6 @@ from contextd.engine.view import (
 AGENT_LEVEL = 3
 """The agent asking to prune an item is a claim of completed work (DESIGN section 5)."""
 _INSERTED_AT = datetime(1970, 1, 1, tzinfo=UTC)  # content a transform inserted has no time of its own
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_./:-]{2,}")
-MAX_FOCUS_TERMS = 32
 NOT_SMALLER = "what would replace it is not smaller"
 """Why an edit that would not shrink its item is refused (ABSTAIN): no gain, not a doubt about safety."""
 
@@ -196,20 +194,13 @@ def turn_indexes(items: Sequence[Item]) -> list[int]:
 
 
 def focus_terms(latest: Iterable[Item | None], given: Sequence[str]) -> tuple[str, ...]:
-    """The request's focus, then identifiers from the latest user turn and the latest tool calls."""
+    """The request's focus, then the identifiers of the `latest` items in their order (the
+    pipeline gives the latest tool calls, then the latest user turn: the agent's work at hand
+    first, so a long task statement cannot crowd it out)."""
     terms = list(dict.fromkeys(given))
     for item in latest:
-        if item is None:
-            continue
-        for block in item.content:
-            text = (
-                block.text
-                if isinstance(block, TextBlock)
-                else block.input_json
-                if isinstance(block, ToolUseBlock)
-                else ""
-            )
-            terms.extend(_IDENTIFIER.findall(text))
+        if item is not None:
+            terms.extend(identifiers(item.written()))
     return tuple(dict.fromkeys(terms))[:MAX_FOCUS_TERMS]
 
 
@@ -582,7 +573,7 @@ def _context(inp: RenderInput, draft: _Draft, previous: PreviousRender | None) -
         budget_tokens=inp.request.budget_tokens,
         view_tokens=draft.view_tokens,
         cache=cache_state(previous, inp.now, inp.policy.cache),
-        focus=focus_terms((draft.latest_user, draft.latest_calls), inp.request.focus),
+        focus=focus_terms((draft.latest_calls, draft.latest_user), inp.request.focus),
         requested_focus=tuple(inp.request.focus),
         tools=inp.tools,
         tool_effects=inp.policy.tools,

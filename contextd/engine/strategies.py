@@ -50,7 +50,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from contextd.engine.compress import Compressed, Focus, compress
-from contextd.engine.compress.text import WORD
+from contextd.engine.compress.text import WORD, identifiers
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import ReasoningBlock, Representation, TextBlock, ToolUseBlock
 from contextd.engine.observations import Observation, ObservationIndex
@@ -395,7 +395,7 @@ class Compress(_Strategy):
         if result is None or not all(isinstance(p, TextBlock) for p in result.content):
             return None  # images and documents are not read here
         text = _output_text(entry)
-        focus = Focus(context.requested_focus, context.focus)
+        focus = Focus(context.requested_focus, (*_reason(context, seen), *context.focus))
         if "\\" not in text:
             # Only the focus terms that may occur in the output change its compression: the
             # key. (Escapes, as in JSON, hide words from this reading: the whole focus then.)
@@ -447,6 +447,21 @@ _compressions: IdentityMemo[dict[tuple[Any, ...], Proposal | None]] = IdentityMe
 proposal object each render, so what follows from it is remembered too."""
 _words: IdentityMemo[frozenset[str]] = IdentityMemo(20_000)
 """Per item, the words of its output."""
+
+
+def _reason(context: TransformContext, seen: Observation) -> tuple[str, ...]:
+    """The identifiers the agent wrote with the call that made an output: why it ran it
+    (``let's look at `get_prefetch_queryset` around line 722``). An output keeps what it was
+    asked for, whatever the agent has turned to since: on the development traces, agents
+    quote a read's code two or three turns after it."""
+    caller = context.by_seq.get(seen.call_seq)
+    if caller is None:
+        return ()
+    item = caller.item
+    return _reasons.get((item,), lambda: identifiers(item.written()))
+
+
+_reasons: IdentityMemo[tuple[str, ...]] = IdentityMemo(20_000)
 
 
 BUILT_IN_STRATEGIES = (

@@ -138,6 +138,10 @@ class Summary:
     """The same in the view of the call that used each probe (those with such a call)."""
     user_turns_reduced: int
     """Protected items (user turns) not shown whole at the end: 0 unless a policy allowed it."""
+    used: int = 0
+    """Identifiers the model's answers wrote that the history before each call held."""
+    hidden: int = 0
+    """Of those, the ones the call's view did not show (the model would have had to ask)."""
 
 
 def summarize(run: Run, raw: Run, user_seqs: set[int]) -> Summary:
@@ -160,4 +164,6 @@ def summarize(run: Run, raw: Run, user_seqs: set[int]) -> Summary:
         probes=Counter(run.probes),
         needed=Counter(o for o in run.needed if o),
         user_turns_reduced=sum(1 for seq, shown, _, _ in run.final if seq in user_seqs and shown != "full"),
+        used=run.used,
+        hidden=len(run.hidden),
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,6 +26,8 @@ from typing import Any
 from contextd_client import Client, View, ViewFormat
 from contextd_client.v1 import content_pb2 as pb
 
+from contextd.engine.compress.text import identifiers
+from contextd.engine.model import strings_in
 from contextd.engine.pipeline import NOT_SMALLER
 from contextd.engine.strategies import COMPRESSED
 from contextd.lab.cache import Billed, PromptCache, Segment
@@ -73,6 +76,11 @@ class Run:
     needed: list[str | None] = field(default_factory=list)
     """Each probe's outcome in the view of the call that used it (the model call that wrote its
     last sighting, when that is an assistant turn after the first); None for the others."""
+    used: int = 0
+    """Over all calls, the identifiers the model's answer wrote that the history before it held
+    (`used_and_hidden`)."""
+    hidden: list[tuple[int, str]] = field(default_factory=list)
+    """Of those, the ones the call's view did not show: (call number, identifier)."""
 
     @property
     def sent(self) -> int:
@@ -95,6 +103,41 @@ def message_text(message: Mapping[str, Any]) -> str:
     """A trace message's text and its calls' arguments (as JSON): where a fact in it can be found."""
     calls = [json.dumps(c["arguments"]) for c in message.get("tool_calls") or ()]
     return "\n".join([message.get("content") or "", *calls])
+
+
+def written(message: Mapping[str, Any]) -> str:
+    """A trace message's text and its calls' arguments, decoded (a command as the agent typed it)."""
+    arguments = [s for call in message.get("tool_calls") or () for s in strings_in(call["arguments"])]
+    return "\n".join([message.get("content") or "", *arguments])
+
+
+def answer_terms(message: Mapping[str, Any]) -> tuple[str, ...]:
+    """The identifiers a trace's assistant message writes, in its text and its calls' arguments
+    (identifier-like words, as a focus takes them: ``queryset.filter``, ``rel_obj``, a path)."""
+    return identifiers(written(message), limit=sys.maxsize)
+
+
+def view_text(messages: Sequence[Mapping[str, Any]], system: Any = None) -> str:
+    """The words of a rendered view (OpenAI chat messages, and a system prompt as text or
+    blocks): contents, and the arguments of tool calls decoded from their JSON text."""
+    parts = list(strings_in(system))
+    for message in messages:
+        parts.extend(strings_in(message.get("content")))
+        for call in message.get("tool_calls") or ():
+            arguments = call.get("function", {}).get("arguments", "")
+            try:
+                parts.extend(strings_in(json.loads(arguments)))
+            except ValueError:
+                parts.append(arguments)
+    return "\n".join(parts)
+
+
+def used_and_hidden(terms: Iterable[str], history: str, view: str) -> tuple[int, list[str]]:
+    """Of the identifiers a model call's answer wrote (`terms`), how many the history before
+    the call held (the model may have read them there), and which of those its view did not
+    show: a fact the agent used that the view had left to a handle (or lost)."""
+    used = [t for t in terms if t in history]
+    return len(used), [t for t in used if t not in view]
 
 
 def trace_items(trace: Mapping[str, Any], metadata: Sequence[Mapping[str, str]] | None = None) -> list[pb.Item]:
@@ -180,6 +223,12 @@ def replay(
                 if shown.seq in run.rule_of:
                     run.worst[shown.seq] = _worse(run.worst.get(shown.seq), shown.representation)
                     run.pruned_at.setdefault(shown.seq, number)
+            if end < len(items):
+                history = "\n".join(written(m) for m in trace["messages"][:end])
+                text = view_text(view.messages, view.system)
+                used, hidden = used_and_hidden(answer_terms(trace["messages"][end]), history, text)
+                run.used += used
+                run.hidden += [(number, term) for term in hidden]
             for n in used_at.get(end, ()):
                 run.needed[n] = probe_outcome(client, session, probes[n]["answer"], view, originals)
             if end == len(items):  # the view after the last message: what the probes are checked on

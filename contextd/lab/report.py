@@ -24,6 +24,7 @@ from contextd.lab.replay import PROVIDERS, Run, message_text, replay
 
 RAW = "A-raw"
 _PROBES = "probes vis. / rec. / lost at the end (of them, only in tool outputs); when used"
+_USED = "identifiers the next answer wrote: hidden / in the history"
 _PROVIDER_NAMES = {"anthropic": "Anthropic", "openai": "OpenAI"}
 FIXTURE_CONDITIONS = list(CONDITIONS)
 TRACE_CONDITIONS = [c for c in CONDITIONS if c != "F-oracle"]  # real traces have no labels
@@ -164,7 +165,7 @@ def _summed(results: Results, trace_ids: Sequence[str], condition: str) -> dict[
     out: dict[str, Any] = {"sent": 0, "raw": 0, "cost": Counter[str](), "raw_cost": Counter[str](), "breaks": 0}
     out.update(cache=Counter[str](), probes=Counter[str](), decisions=Counter[str](), renders=[], users=0)
     out.update(radius=0, divergence=0.0, saved=Counter[str](), risky=Counter[str](), compressed=0, full=0)
-    out.update(needed=Counter[str]())
+    out.update(needed=Counter[str](), used=0, hidden=0)
     for trace_id in trace_ids:
         if (trace_id, condition) not in results.runs:
             continue
@@ -179,6 +180,8 @@ def _summed(results: Results, trace_ids: Sequence[str], condition: str) -> dict[
         out["users"] += s.user_turns_reduced
         out["probes"].update(s.probes)
         out["needed"].update(s.needed)
+        out["used"] += s.used
+        out["hidden"] += s.hidden
         out["risky"].update(results.risky(trace_id, condition))
         out["compressed"] += len(run.compressed)
         trace = next(t for t in results.traces if t["id"] == trace_id)
@@ -246,6 +249,7 @@ def _condition_table(results: Results, trace_ids: Sequence[str], conditions: Seq
             f"{summed['breaks']} ({summed['divergence'] / max(1, summed['breaks']):,.0f} / {summed['radius']:,})",
             abstained,
             probes,
+            f"{summed['hidden']} / {summed['used']:,}",
         ]
         rows.append([*row, _flag(summed)])
     if labelled:
@@ -254,8 +258,24 @@ def _condition_table(results: Results, trace_ids: Sequence[str], conditions: Seq
         return _table([*header, "user turns not whole"], rows)
     header = ["condition", "tokens sent", "reduction", "Anthropic, cached (vs raw)", "OpenAI, cached (vs raw)"]
     header += ["Anthropic cache read / write / uncached", "prefix breaks (mean first divergence / radius, tokens)"]
-    header += ["abstained / no gain", _PROBES]
+    header += ["abstained / no gain", _PROBES, _USED]
     return _table([*header, "notes"], rows)
+
+
+def _hidden_by_trace(results: Results, trace_ids: Sequence[str]) -> str:
+    """Where the default policy hid an identifier the next answer used: trace, call, identifiers."""
+    rows = []
+    for trace_id in trace_ids:
+        run = results.runs.get((trace_id, "default"))
+        if run is None:
+            continue
+        by_call: dict[int, list[str]] = {}
+        for call, term in run.hidden:
+            by_call.setdefault(call, []).append(term)
+        rows += [[trace_id, call, ", ".join(f"`{t}`" for t in terms)] for call, terms in sorted(by_call.items())]
+    if not rows:
+        return "\nThe default policy hid none.\n"
+    return "\nThose the default policy hid, by call:\n\n" + _table(["trace", "call", "identifiers"], rows) + "\n"
 
 
 def _relative(summed: Mapping[str, Any], provider: str) -> str:
@@ -533,6 +553,14 @@ Tokens and priced cost differ: an edit to what the cache holds makes the next ca
 the rest of the prompt again, so a condition can send fewer tokens and cost more.
 
 {_condition_table(results, trace_ids, TRACE_CONDITIONS, labelled=False)}
+
+*Identifiers the next answer wrote*: at each call, the identifier-like words of the model's
+answer in the trace (its text and its calls' arguments: `queryset.filter`, `rel_obj`, a
+path) that the history before the call held; *hidden*, those the view of that call did not
+show. The agent in the trace saw its whole history; an agent shown that view would have had
+to fetch each hidden one back (a Retrieve, or running its command again) or do without. The
+probes check a few chosen facts; this checks every identifier the agent went on to use.
+{_hidden_by_trace(results, trace_ids)}
 
 The default policy over all traces: {default["sent"]:,} tokens sent against {default["raw"]:,}
 raw; Anthropic {_dollars(default["cost"]["anthropic"])} against {_dollars(default["raw_cost"]["anthropic"])} raw,

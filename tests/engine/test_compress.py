@@ -11,9 +11,9 @@ import pytest
 
 from contextd.engine.compress import KINDS, NO_FOCUS, Focus, compress, route
 from contextd.engine.compress.router import SNIFFED, envelope, hint
-from contextd.engine.compress.text import WORD
+from contextd.engine.compress.text import MAX_FOCUS_TERMS, WORD
 from contextd.engine.model import ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
-from contextd.engine.pipeline import RenderInput, render
+from contextd.engine.pipeline import RenderInput, focus_terms, render
 from contextd.engine.policy import parse_policy, schema
 from contextd.engine.state import ViewState
 from contextd.engine.transforms import TransformRegistry
@@ -395,18 +395,34 @@ def test_what_tools_generate_is_counted_wherever_it_sits_unless_it_was_asked_for
     assert "node_modules/react/lib/ (40: 40 .js): part0.js" in out.text
 
 
-def test_a_cut_recursive_listing_keeps_the_tails_names_in_their_directory() -> None:
+def test_a_cut_recursive_listing_does_not_say_which_directory_the_tails_first_names_are_in() -> None:
     head = "\n".join([".:", "pkg", "", "./pkg:", *(f"mod{n}.py" for n in range(35)), "mod3"])
-    tail = "\n".join(["5_extra.py", *(f"mod{n}.py" for n in range(36, 60)), "", "./docs:", "index.rst"])
+    tail = "\n".join(
+        ["5_extra.py", *(f"mod{n}.py" for n in range(36, 60)), "", "./docs:", *(f"page{n}.rst" for n in range(30))]
+    )
+    # What the tool left out (812 characters) may hold other directories' headers: the tail's
+    # first names are not known to be the head's last directory's, nor the listing root's.
     notice = "\n</output_head>\n<elided_chars>\n812 characters elided\n</elided_chars>\n<output_tail>\n"
     text = f"<returncode>0</returncode>\n<output_head>\n{head}{notice}{tail}\n</output_tail>"
-    out = compress(text, Focus(("mod55.py",)), command="ls -R")
+    out = compress(text, NO_FOCUS, command="ls -R")
     assert out is not None and out.kind == "listing"
-    after = out.text.partition("<elided_chars>")[2]
-    # The lines the tool cut in two stay as they are, beside its notice.
-    assert "\nmod3\n</output_head>" in out.text and "<output_tail>\n5_extra.py\n" in out.text
-    assert any(line.startswith("./pkg/ (24: 24 .py): mod55.py") for line in after.splitlines())
-    assert "./docs/: index.rst" in after and not any(line.startswith("./ (") for line in after.splitlines())
+    before, _, after = out.text.partition("<elided_chars>")
+    assert "./pkg/ (35: 35 .py): mod0.py" in before
+    # The lines the tool cut in two, and the names before the tail's first header, stay as
+    # they are, beside its notice; the tail is read from its first header on.
+    names = "\n".join(f"mod{n}.py" for n in range(36, 60))
+    assert "\nmod3\n</output_head>" in out.text and f"<output_tail>\n5_extra.py\n{names}\n\n" in out.text
+    assert "./docs/ (30: 30 .rst): page0.rst" in after
+    assert not any(line.startswith(("./ (", "./pkg/")) for line in after.splitlines())
+
+
+def test_a_cut_recursive_listing_whose_tail_has_no_header_keeps_the_tail_as_it_is() -> None:
+    head = "\n".join([".:", "pkg", "", "./pkg:", *(f"mod{n}.py" for n in range(40)), "mod4"])
+    tail = "\n".join(["0_x.py", *(f"name{n}.txt" for n in range(10))])
+    notice = "\n</output_head>\n<elided_chars>\n9000 characters elided\n</elided_chars>\n<output_tail>\n"
+    text = f"<output_head>\n{head}{notice}{tail}\n</output_tail>"
+    out = compress(text, NO_FOCUS, command="ls -R")
+    assert out is not None and out.text.endswith(f"<output_tail>\n{tail}\n</output_tail>")
 
 
 def test_a_cut_output_is_read_on_each_side_of_the_notice_of_what_was_left_out() -> None:
@@ -600,6 +616,60 @@ def test_derived_focus_terms_must_look_like_identifiers() -> None:
     focus = Focus(("error",), ("the", "file", "compute_total", "ValueError", "src/app.py"))
     assert focus.terms == ("error", "compute_total", "ValueError", "src/app.py")
     assert {"compute_total", "app.py"} <= focus.names and "py" not in focus.names
+
+
+def test_the_focus_takes_the_agents_current_work_first_and_its_identifiers_only() -> None:
+    # A task statement long with prose (mini-swe-agent's) must not fill the focus before the
+    # latest calls are read: the cap counts identifiers, not words.
+    task = ItemContent(
+        role=Role.USER,
+        content=(TextBlock("Consider the following description of the problem. " * 40 + "See `Category.objects`."),),
+    )
+    calls = ItemContent(
+        role=Role.ASSISTANT,
+        content=(
+            TextBlock("THOUGHT: the line is `queryset = queryset.filter(**query)` with self.field.name: instances."),
+            ToolUseBlock("c1", "bash", json.dumps({"command": "cat <<'EOF' > repro.py\nprint(1)\nEOF"})),
+        ),
+    )
+    terms = focus_terms((calls, None, task), ())
+    assert terms[:2] == ("queryset.filter", "self.field.name")  # sentence punctuation stripped
+    assert "repro.py" in terms and "Category.objects" in terms
+    assert not {"the", "Consider", "THOUGHT", "nEOF", "EOF"} & set(terms)  # words, and JSON's escapes
+    assert focus_terms((calls,), ("given term", "x"))[:2] == ("given term", "x")  # the client's, as given
+    many = ItemContent(role=Role.USER, content=(TextBlock(" ".join(f"name_{n}" for n in range(100))),))
+    assert len(focus_terms((many,), ())) == MAX_FOCUS_TERMS
+
+
+_CLASS_WINDOW = "\n".join(
+    [
+        "class SparseCodingMixin(TransformerMixin):",
+        '    """Sparse coding mixin"""',
+        "",
+        "    def _set_params(self, n_components, alpha=None, n_jobs=None):",
+        *(f"        self.param_{k} = param_{k}" for k in range(8)),
+        "",
+        "    def transform(self, X):",
+        '        """Encode the data."""',
+        *(f"        code_{k} = sparse_encode(X, self.param_{k})" for k in range(8)),
+        "        return code_0",
+        "",
+        "    def fit(self, X, y=None):",
+        '        """Fit the',  # the range ends inside a docstring: not Python that parses on its own
+    ]
+)
+
+
+def test_code_the_focus_keeps_whole_is_not_read_another_way() -> None:
+    command = "sed -n '861,915p' sklearn/decomposition/dict_learning.py"
+    skeleton = compress(_CLASS_WINDOW, NO_FOCUS, command=command)
+    assert skeleton is not None and skeleton.kind == "code" and "self.param_3 = param_3" not in skeleton.text
+    # The class the agent asked about, whole: nothing to leave out (not a log's five lines).
+    assert compress(_CLASS_WINDOW, Focus((), ("SparseCodingMixin",)), command=command) is None
+    # A method named: its body stays, the other's goes.
+    method = compress(_CLASS_WINDOW, Focus((), ("SparseCodingMixin.transform",)), command=command)
+    assert method is not None and "code_5 = sparse_encode(X, self.param_5)" in method.text
+    assert "self.param_3 = param_3" not in method.text
 
 
 @pytest.mark.parametrize(

@@ -322,6 +322,32 @@ def test_a_read_compressed_while_old_still_gives_way_to_a_later_whole_read() -> 
     assert again.view.messages_json == out.view.messages_json and not pruned(again)
 
 
+def test_an_output_keeps_what_the_call_that_made_it_was_for() -> None:
+    # The agent says why it reads the file; by the time the output is compressed it has moved
+    # on (the latest call, `ls`, names nothing in it). The function it asked about stays whole.
+    contents = [
+        ItemContent(role=Role.SYSTEM, content=(TextBlock("You are a coding agent."),)),
+        ItemContent(role=Role.USER, content=(TextBlock("Fix the bug."),)),
+    ]
+    for n, (reason, command, output) in enumerate(
+        [("Let's look at `handler_3`, where the error is raised.", "cat src/app.py", SOURCE), ("", "ls", "src\ntests")],
+        start=1,
+    ):
+        said = (TextBlock(reason),) if reason else ()
+        contents.append(
+            ItemContent(
+                role=Role.ASSISTANT, content=(*said, ToolUseBlock(f"c{n}", "bash", json.dumps({"command": command})))
+            )
+        )
+        result = ToolResultBlock(f"c{n}", (TextBlock(output),), name="bash")
+        contents.append(ItemContent(role=Role.TOOL, content=(result,)))
+    out = run_policy(stored_items(contents), READ_THEN_COMPRESS)
+    assert [(c.seq, c.reason) for c in out.certificates] == [(seq_of(1), "compressed_code")]
+    view = out.view.messages_json
+    assert "value_7 = request.get('field_7', 7)" in view  # handler_3's body, whole
+    assert view.count("value_7 = request.get") == 1  # the other handlers' bodies left out
+
+
 @pytest.mark.parametrize("compressed_before", [True, False])
 def test_over_its_budget_a_view_offloads_compressed_outputs_too(compressed_before: bool) -> None:
     items = session(("cat src/app.py", SOURCE), ("cat src/other.py", SOURCE.replace("handler", "worker")))

@@ -9,7 +9,7 @@ import pytest
 
 from contextd.lab.cache import Billed, Segment
 from contextd.lab.metrics import percentile, quality, summarize
-from contextd.lab.replay import Call, Run, _segments, _shared
+from contextd.lab.replay import Call, Run, _segments, _shared, answer_terms, used_and_hidden, view_text
 
 
 def label(index: int, keep: str, needs: tuple[int, ...] = (), oracle: str | None = None) -> dict[str, Any]:
@@ -121,3 +121,33 @@ def test_a_prompts_segments_are_its_messages_with_their_tokens() -> None:
     assert again[0] == first[0] and again[1] != first[1]
     assert _shared(first, again) == 1
     assert _shared(first, (*first, Segment("x", 1))) == 2
+
+
+def test_an_identifier_the_answer_used_is_hidden_when_the_history_had_it_and_the_view_did_not() -> None:
+    answer = {
+        "role": "assistant",
+        "content": "THOUGHT: `rel_obj_attr(rel_obj)` gets the key; see the loop.",
+        "tool_calls": [{"id": "c9", "name": "bash", "arguments": {"command": "grep -n is_sliced query.py"}}],
+    }
+    terms = answer_terms(answer)
+    assert set(terms) == {"rel_obj_attr", "rel_obj", "is_sliced", "query.py"}  # no prose, no JSON escapes
+    history = "for rel_obj in queryset:\n    instance = instances_dict[rel_obj_attr(rel_obj)]\n... query.py"
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "cat query.py"}'}}
+    view = view_text(
+        [
+            {"role": "system", "content": "agent"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "def get(self):\n    # [... lines 3-9 left out ...]"},
+        ]
+    )
+    assert "cat query.py" in view  # a call's arguments, decoded from their JSON text
+    # `is_sliced` was never in the history (the model's own guess): not counted.
+    assert used_and_hidden(terms, history, view) == (3, ["rel_obj_attr", "rel_obj"])
+    assert used_and_hidden(terms, history, view + "\nrel_obj_attr(rel_obj)") == (3, [])
+
+
+def test_a_runs_hidden_identifiers_are_summarized() -> None:
+    run = Run("t", "default", used=7, hidden=[(3, "rel_obj"), (5, "rel_obj_attr")])
+    raw = Run("t", "A-raw")
+    s = summarize(run, raw, set())
+    assert (s.used, s.hidden) == (7, 2)

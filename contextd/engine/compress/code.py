@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from contextd.engine.compress.text import Compressed, Focus, Kept, Lines, elided
+from contextd.engine.compress.text import Compressed, Focus, Kept, Lines, Remembered, elided
 
 _NUMBERED = re.compile(r"^\s*\d+(?:\t|  )")
 _NUMBER = re.compile(r"^\s*(\d+)(?:\t|  )")
@@ -86,7 +87,10 @@ def compress_code(text: str, focus: Focus, language: str = "", first_line: int =
         kept.add(*mentions)
         hidden += body.stop - body.start - len(mentions)
     if not hidden:
-        return None
+        # Read as code, with nothing to leave out (the focus names what is here, or the bodies
+        # are short): it stays whole. None would have it read another way, as lines, and lose
+        # what the focus keeps.
+        return Compressed("code", text, "nothing left out", lossless=True) if bodies else None
 
     comment = "# " if language == "python" else "// "
 
@@ -135,20 +139,31 @@ def sniff_language(source: str) -> str:
     return ""
 
 
-def _bodies(source: str, lines: Sequence[str], language: str) -> tuple[list[Body] | None, str]:
+def _bodies(source: str, lines: Sequence[str], language: str) -> tuple[tuple[Body, ...] | None, str]:
+    """The definitions of `source` and how they were read; remembered by content, since an
+    output is compressed again each time the focus that concerns it moves."""
+    key = (language, hashlib.sha256(source.encode()).digest())
+    return PARSED.get(key, lambda: _parsed_bodies(source, lines, language))
+
+
+PARSED: Remembered[tuple[tuple[Body, ...] | None, str]] = Remembered(512)
+"""Definitions by language and content hash (a few hundred bytes each)."""
+
+
+def _parsed_bodies(source: str, lines: Sequence[str], language: str) -> tuple[tuple[Body, ...] | None, str]:
     if language == "python":
         try:
             tree = ast.parse(source)
         except (SyntaxError, ValueError, RecursionError, MemoryError):  # deep nesting recurses in the parser
-            return list(_indented_bodies(lines)), "by indentation"
-        return list(_python_bodies(tree, lines)), "ast"
+            return tuple(_indented_bodies(lines)), "by indentation"
+        return tuple(_python_bodies(tree, lines)), "ast"
     parser = _tree_sitter(language)
     if parser is None:
         return None, ""
     parsed = parse_bounded(parser, source.encode())
     if parsed is None:
         return None, ""
-    return list(_tree_sitter_bodies(parsed.root_node, lines)), "tree-sitter"
+    return tuple(_tree_sitter_bodies(parsed.root_node, lines)), "tree-sitter"
 
 
 PARSE_STEPS = 2_000

@@ -163,12 +163,20 @@ GENERATED = ("__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache
 """Directories tools fill (caches, installed packages): counted, their names not listed."""
 
 
-def last_header(text: str) -> str:
-    """The last directory header of an `ls -R` listing ("" when it has none)."""
-    for line in reversed(text.split("\n")):
+def is_recursive(text: str) -> bool:
+    """Whether `text` has the directory headers of an `ls -R` listing."""
+    return any(_HEADER.fullmatch(line.strip()) for line in text.split("\n"))
+
+
+def first_header(text: str) -> int:
+    """Where the first directory header of an `ls -R` listing starts (the length of `text`
+    when it has none)."""
+    offset = 0
+    for line in text.split("\n"):
         if _HEADER.fullmatch(line.strip()):
-            return line.strip()
-    return ""
+            return offset
+        offset += len(line) + 1
+    return len(text)
 
 
 def _common_root(directories: Sequence[str]) -> int:

@@ -11,12 +11,11 @@ import hashlib
 import posixpath
 import re
 import shlex
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from contextd.engine.compress import code, html, jsondata, listing, logs, search
-from contextd.engine.compress.text import Compressed, Focus
+from contextd.engine.compress.text import Compressed, Focus, Remembered
 
 KINDS = ("log", "test", "json", "code", "search", "diff", "listing", "html", "diagnostics", "status", "file")
 """What a client or a policy may declare an output to hold. ``diagnostics`` (a linter's or a
@@ -139,32 +138,8 @@ def sniff(text: str) -> str:
     return ""
 
 
-class _Remembered:
-    """Kinds by content hash (bounded, least recently used first out)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._kinds: OrderedDict[bytes, str] = OrderedDict()
-
-    def get(self, key: bytes, classify: Callable[[], str]) -> str:
-        found = self._kinds.get(key)
-        if found is not None:
-            self._kinds.move_to_end(key)
-            return found
-        kind = classify()
-        self._kinds[key] = kind
-        if len(self._kinds) > self.size:
-            self._kinds.popitem(last=False)
-        return kind
-
-    def __len__(self) -> int:
-        return len(self._kinds)
-
-    def clear(self) -> None:
-        self._kinds.clear()
-
-
-SNIFFED = _Remembered(50_000)
+SNIFFED: Remembered[str] = Remembered(50_000)
+"""Each content's kind by its hash: identical content is never classified twice."""
 
 
 def route(text: str, *, declared: str = "", command: str = "", path: str = "") -> tuple[str, str]:
@@ -203,9 +178,12 @@ def _read_cut(inner: str, cut: re.Match[str], focus: Focus, reading: Reading) ->
     head_text = head[:end] if end >= 0 else ""
     tail_text = tail[start + 1 :] if start >= 0 else ""
     middle = head[end + 1 :] + cut.group(0) + (tail[:start] if start >= 0 else tail)
+    if reading.kind == "listing" and listing.is_recursive(head_text) and (names := listing.first_header(tail_text)):
+        # The tail goes on listing some directory, but which one is in what the tool left out
+        # (headers may be there): its names stay as the tool printed them, beside the notice.
+        middle += "\n" + tail_text[: names - 1] if names < len(tail_text) else "\n" + tail_text
+        tail_text = tail_text[names:]
     after = replace(reading, first_line=reading.first_line + inner.count("\n", 0, len(inner) - len(tail_text)))
-    if reading.kind == "listing" and (header := listing.last_header(head_text)):
-        tail_text = f"{header}\n{tail_text}"  # the tail goes on listing the head's last directory
     parts = [
         _read(head_text, focus, reading) if head_text else None,
         _read(tail_text, focus, after) if tail_text else None,

@@ -11,12 +11,58 @@ import bisect
 import functools
 import itertools
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
 
 _DISTINCT = re.compile(r"[_./:\d-]|[a-z][A-Z]")
 """An identifier rather than a word: it holds _ . / : - or a digit, or is camelCase."""
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_./:-]{2,}")
+MAX_FOCUS_TERMS = 32
+"""Terms a focus takes from one source (a turn, a call's stated reason)."""
+
+
+def identifiers(text: str, limit: int = MAX_FOCUS_TERMS) -> tuple[str, ...]:
+    """The first `limit` distinct words of `text` that look like identifiers (as `Focus` takes
+    derived terms), without the punctuation a sentence puts after them: ``self.field.name:``,
+    ``utils.py.``. Ordinary words are left out before counting, so a long message of prose
+    does not fill the limit with them."""
+    found: dict[str, None] = {}
+    for word in _IDENTIFIER.findall(text):
+        word = word.rstrip("./:-")
+        if len(word) >= 3 and _DISTINCT.search(word):
+            found[word] = None
+            if len(found) == limit:
+                break
+    return tuple(found)
+
+
+class Remembered(Generic[V]):
+    """Values by a key of content (a hash), bounded: the least recently used goes first."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._values: OrderedDict[Hashable, V] = OrderedDict()
+
+    def get(self, key: Hashable, compute: Callable[[], V]) -> V:
+        if key in self._values:
+            self._values.move_to_end(key)
+            return self._values[key]
+        value = compute()
+        self._values[key] = value
+        if len(self._values) > self.size:
+            self._values.popitem(last=False)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def clear(self) -> None:
+        self._values.clear()
 
 
 @dataclass(frozen=True)
