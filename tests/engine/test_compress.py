@@ -628,14 +628,14 @@ def test_the_focus_takes_the_agents_current_work_first_and_its_identifiers_only(
     calls = ItemContent(
         role=Role.ASSISTANT,
         content=(
-            TextBlock("THOUGHT: the line is `queryset = queryset.filter(**query)` with self.field.name: instances."),
+            TextBlock("THOUGHT: it is `queryset = queryset.filter(**query)` with self.field.name: e.g. instances."),
             ToolUseBlock("c1", "bash", json.dumps({"command": "cat <<'EOF' > repro.py\nprint(1)\nEOF"})),
         ),
     )
     terms = focus_terms((calls, None, task), ())
     assert terms[:2] == ("queryset.filter", "self.field.name")  # sentence punctuation stripped
     assert "repro.py" in terms and "Category.objects" in terms
-    assert not {"the", "Consider", "THOUGHT", "nEOF", "EOF"} & set(terms)  # words, and JSON's escapes
+    assert not {"the", "Consider", "THOUGHT", "nEOF", "EOF", "e.g"} & set(terms)  # words, and JSON's escapes
     assert focus_terms((calls,), ("given term", "x"))[:2] == ("given term", "x")  # the client's, as given
     many = ItemContent(role=Role.USER, content=(TextBlock(" ".join(f"name_{n}" for n in range(100))),))
     assert len(focus_terms((many,), ())) == MAX_FOCUS_TERMS

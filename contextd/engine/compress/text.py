@@ -22,6 +22,8 @@ V = TypeVar("V")
 _DISTINCT = re.compile(r"[_./:\d-]|[a-z][A-Z]")
 """An identifier rather than a word: it holds _ . / : - or a digit, or is camelCase."""
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_./:-]{2,}")
+_ABBREVIATION = re.compile(r"[A-Za-z](?:\.[A-Za-z])+")
+"""``e.g``, ``i.e``: letters and dots, not a name."""
 MAX_FOCUS_TERMS = 32
 """Terms a focus takes from one source (a turn, a call's stated reason)."""
 
@@ -34,7 +36,7 @@ def identifiers(text: str, limit: int = MAX_FOCUS_TERMS) -> tuple[str, ...]:
     found: dict[str, None] = {}
     for word in _IDENTIFIER.findall(text):
         word = word.rstrip("./:-")
-        if len(word) >= 3 and _DISTINCT.search(word):
+        if len(word) >= 3 and _DISTINCT.search(word) and not _ABBREVIATION.fullmatch(word):
             found[word] = None
             if len(found) == limit:
                 break
