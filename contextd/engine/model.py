@@ -55,6 +55,13 @@ class ToolUseBlock:
     input_json: str
     """The arguments as JSON object text, kept byte-for-byte."""
 
+    def argument_text(self) -> str:
+        """The string arguments, decoded (a command as the agent typed it, not as JSON escapes it)."""
+        try:
+            return "\n".join(strings_in(json.loads(self.input_json)))
+        except ValueError:
+            return self.input_json
+
 
 @dataclass(frozen=True, slots=True)
 class ImageBlock:
@@ -144,12 +151,7 @@ class ItemContent:
         """What the item's author wrote in words: its text, and the string arguments of its tool
         calls (decoded: a command as the agent typed it, not as JSON escapes it)."""
         parts = [b.text for b in self.content if isinstance(b, TextBlock)]
-        for call in self.tool_uses:
-            try:
-                parts.extend(strings_in(json.loads(call.input_json)))
-            except ValueError:
-                parts.append(call.input_json)
-        return "\n".join(parts)
+        return "\n".join([*parts, *(call.argument_text() for call in self.tool_uses)])
 
     @property
     def tool_result(self) -> ToolResultBlock | None:

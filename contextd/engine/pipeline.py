@@ -194,13 +194,12 @@ def turn_indexes(items: Sequence[Item]) -> list[int]:
 
 
 def focus_terms(latest: Iterable[Item | None], given: Sequence[str]) -> tuple[str, ...]:
-    """The request's focus, then the identifiers of the `latest` items in their order (the
-    pipeline gives the latest tool calls, then the latest user turn: the agent's work at hand
-    first, so a long task statement cannot crowd it out)."""
+    """The request's focus, then the identifiers of the `latest` items (the latest tool calls
+    and the latest user turn), the newer first: the work at hand, so that a long task
+    statement cannot crowd out the agent's latest calls, nor those a new request."""
     terms = list(dict.fromkeys(given))
-    for item in latest:
-        if item is not None:
-            terms.extend(identifiers(item.written()))
+    for item in sorted((i for i in latest if i is not None), key=lambda i: i.seq, reverse=True):
+        terms.extend(identifiers(item.written()))
     return tuple(dict.fromkeys(terms))[:MAX_FOCUS_TERMS]
 
 

@@ -52,7 +52,7 @@ from typing import Any, ClassVar
 from contextd.engine.compress import Compressed, Focus, compress
 from contextd.engine.compress.text import WORD, identifiers
 from contextd.engine.memo import IdentityMemo
-from contextd.engine.model import ReasoningBlock, Representation, TextBlock, ToolUseBlock
+from contextd.engine.model import Item, ReasoningBlock, Representation, TextBlock, ToolUseBlock
 from contextd.engine.observations import Observation, ObservationIndex
 from contextd.engine.placeholders import PREFIX, describe, handle_of
 from contextd.engine.shell import WHOLE, Read, covers
@@ -450,7 +450,7 @@ _words: IdentityMemo[frozenset[str]] = IdentityMemo(20_000)
 
 
 def _reason(context: TransformContext, seen: Observation) -> tuple[str, ...]:
-    """The identifiers the agent wrote with the call that made an output: why it ran it
+    """The identifiers the agent wrote with the call that made an output: what it ran, and why
     (``let's look at `get_prefetch_queryset` around line 722``). An output keeps what it was
     asked for, whatever the agent has turned to since: on the development traces, agents
     quote a read's code two or three turns after it."""
@@ -458,7 +458,15 @@ def _reason(context: TransformContext, seen: Observation) -> tuple[str, ...]:
     if caller is None:
         return ()
     item = caller.item
-    return _reasons.get((item,), lambda: identifiers(item.written()))
+    call = next((b for b in item.tool_uses if b.id == seen.call_id), None)
+    return _reasons.get((item, call), lambda: _said_with(item, call))
+
+
+def _said_with(item: Item, call: ToolUseBlock | None) -> tuple[str, ...]:
+    """The identifiers of a call's own arguments, then of its item's text (not of the calls
+    made beside it: each output keeps what was asked of it)."""
+    said = "\n".join(b.text for b in item.content if isinstance(b, TextBlock))
+    return identifiers(f"{call.argument_text() if call else ''}\n{said}")
 
 
 _reasons: IdentityMemo[tuple[str, ...]] = IdentityMemo(20_000)

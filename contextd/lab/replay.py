@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 import time
 from collections import Counter
@@ -136,8 +137,13 @@ def used_and_hidden(terms: Iterable[str], history: str, view: str) -> tuple[int,
     """Of the identifiers a model call's answer wrote (`terms`), how many the history before
     the call held (the model may have read them there), and which of those its view did not
     show: a fact the agent used that the view had left to a handle (or lost)."""
-    used = [t for t in terms if t in history]
-    return len(used), [t for t in used if t not in view]
+    used = [t for t in terms if _named(t, history)]
+    return len(used), [t for t in used if not _named(t, view)]
+
+
+def _named(term: str, text: str) -> bool:
+    """Whether `text` holds `term` as a whole name (`rel_obj` is not in `rel_obj_attr`)."""
+    return term in text and re.search(rf"(?<!\w){re.escape(term)}(?!\w)", text) is not None
 
 
 def trace_items(trace: Mapping[str, Any], metadata: Sequence[Mapping[str, str]] | None = None) -> list[pb.Item]:

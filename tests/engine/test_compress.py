@@ -618,27 +618,31 @@ def test_derived_focus_terms_must_look_like_identifiers() -> None:
     assert {"compute_total", "app.py"} <= focus.names and "py" not in focus.names
 
 
-def test_the_focus_takes_the_agents_current_work_first_and_its_identifiers_only() -> None:
+def test_the_focus_takes_the_work_at_hand_first_and_its_identifiers_only() -> None:
     # A task statement long with prose (mini-swe-agent's) must not fill the focus before the
     # latest calls are read: the cap counts identifiers, not words.
-    task = ItemContent(
-        role=Role.USER,
-        content=(TextBlock("Consider the following description of the problem. " * 40 + "See `Category.objects`."),),
+    prose = "Consider the following description of the problem. " * 40
+    task, calls, request = stored_items(
+        [
+            ItemContent(role=Role.USER, content=(TextBlock(prose + "See `Category.objects`."),)),
+            ItemContent(
+                role=Role.ASSISTANT,
+                content=(
+                    TextBlock("THOUGHT: it is `queryset = queryset.filter(**query)` with self.field.name: e.g. it."),
+                    ToolUseBlock("c1", "bash", json.dumps({"command": "cat <<'EOF' > repro.py\nprint(1)\nEOF"})),
+                ),
+            ),
+            ItemContent(role=Role.USER, content=(TextBlock(" ".join(f"name_{n}" for n in range(40))),)),
+        ]
     )
-    calls = ItemContent(
-        role=Role.ASSISTANT,
-        content=(
-            TextBlock("THOUGHT: it is `queryset = queryset.filter(**query)` with self.field.name: e.g. instances."),
-            ToolUseBlock("c1", "bash", json.dumps({"command": "cat <<'EOF' > repro.py\nprint(1)\nEOF"})),
-        ),
-    )
-    terms = focus_terms((calls, None, task), ())
+    terms = focus_terms((calls, task), ())
     assert terms[:2] == ("queryset.filter", "self.field.name")  # sentence punctuation stripped
     assert "repro.py" in terms and "Category.objects" in terms
     assert not {"the", "Consider", "THOUGHT", "nEOF", "EOF", "e.g"} & set(terms)  # words, and JSON's escapes
     assert focus_terms((calls,), ("given term", "x"))[:2] == ("given term", "x")  # the client's, as given
-    many = ItemContent(role=Role.USER, content=(TextBlock(" ".join(f"name_{n}" for n in range(100))),))
-    assert len(focus_terms((many,), ())) == MAX_FOCUS_TERMS
+    # A user turn newer than the latest calls is the work at hand: its terms come first.
+    newer = focus_terms((calls, request), ())
+    assert len(newer) == MAX_FOCUS_TERMS and newer == tuple(f"name_{n}" for n in range(MAX_FOCUS_TERMS))
 
 
 _CLASS_WINDOW = "\n".join(

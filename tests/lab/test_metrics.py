@@ -144,6 +144,11 @@ def test_an_identifier_the_answer_used_is_hidden_when_the_history_had_it_and_the
     # `is_sliced` was never in the history (the model's own guess): not counted.
     assert used_and_hidden(terms, history, view) == (3, ["rel_obj_attr", "rel_obj"])
     assert used_and_hidden(terms, history, view + "\nrel_obj_attr(rel_obj)") == (3, [])
+    # Whole names: `rel_obj` is not shown by `rel_obj_attr`, nor `query.py` by `test_query.py`.
+    assert used_and_hidden(["rel_obj", "query.py"], "rel_obj query.py", "rel_obj_attr test_query.py") == (
+        2,
+        ["rel_obj", "query.py"],
+    )
 
 
 def test_a_runs_hidden_identifiers_are_summarized() -> None:

@@ -164,8 +164,8 @@ GENERATED = ("__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache
 
 
 def is_recursive(text: str) -> bool:
-    """Whether `text` has the directory headers of an `ls -R` listing."""
-    return any(_HEADER.fullmatch(line.strip()) for line in text.split("\n"))
+    """Whether `text` has the directory headers of an `ls -R` listing (as `compress_listing` finds them)."""
+    return any(_HEADER.fullmatch(line) for line in text.split("\n"))
 
 
 def first_header(text: str) -> int:
@@ -173,7 +173,7 @@ def first_header(text: str) -> int:
     when it has none)."""
     offset = 0
     for line in text.split("\n"):
-        if _HEADER.fullmatch(line.strip()):
+        if _HEADER.fullmatch(line):
             return offset
         offset += len(line) + 1
     return len(text)
