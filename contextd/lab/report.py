@@ -317,7 +317,8 @@ def _versus_masking(results: Results, trace_ids: Sequence[str]) -> str:
                 f"more tokens: masking hides {len(hidden)} tool outputs on their age alone, {len(kept)} of which "
                 f"the default still shows whole at the end (it prunes only on evidence); masking leaves "
                 f"{m.probes.get('recoverable', 0)} probes only behind handles (the default "
-                f"{d.probes.get('recoverable', 0)})"
+                f"{d.probes.get('recoverable', 0)}), and hid {m.hidden} identifiers the next answer used (the "
+                f"default {d.hidden})"
             )
         if d.cost["anthropic"] > raw.cost("anthropic") + 1e-9:
             breaks = [n for n, c in enumerate(default.calls) if c.divergence is not None]
