@@ -30,9 +30,10 @@ the cache). Each looks its evidence up in the session's observation index
   records the outcome), while the outcome is shown in full.
 * ``compress``: not a prune but a reduced form (compress/): the output stays
   in the view with its fact lines verbatim, what was left out said by line
-  range, and the handle named. Certified at level 0 when only repetition was
-  folded, else 4; the policy's ``compression`` switch allows it whatever the
-  maximum level.
+  range, and the handle named; what the focus names stays whole, and so does
+  what the call that made the output was made for (`_reason`). Certified at
+  level 0 when only repetition was folded, else 4; the policy's
+  ``compression`` switch allows it whatever the maximum level.
 
 A strategy never proposes for an item too small to be worth a placeholder
 (``min_tokens``), so the certificates are not filled with refusals.

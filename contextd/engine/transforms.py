@@ -191,7 +191,8 @@ class TransformContext:
     """Tokens of the view as it stands before this transform."""
     cache: CacheState
     focus: tuple[str, ...]
-    """Identifiers the next call is about (from the request, the latest user turn and tool calls)."""
+    """Identifiers the next call is about: the request's, then those of the latest tool calls and
+    user turn, the newer first (pipeline.focus_terms)."""
     requested_focus: tuple[str, ...] = ()
     """The focus terms the client gave with the request (the first of `focus`)."""
     tools: tuple[Mapping[str, Any], ...] = ()

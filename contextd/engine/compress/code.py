@@ -147,7 +147,7 @@ def _bodies(source: str, lines: Sequence[str], language: str) -> tuple[tuple[Bod
 
 
 PARSED: Remembered[tuple[tuple[Body, ...] | None, str]] = Remembered(512)
-"""Definitions by language and content hash (a few hundred bytes each)."""
+"""Definitions by language and content hash (a few KB for a large module)."""
 
 
 def _parsed_bodies(source: str, lines: Sequence[str], language: str) -> tuple[tuple[Body, ...] | None, str]:

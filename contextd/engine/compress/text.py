@@ -25,7 +25,8 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_./:-]{2,}")
 _ABBREVIATION = re.compile(r"[A-Za-z](?:\.[A-Za-z])+")
 """``e.g``, ``i.e``: letters and dots, not a name."""
 MAX_FOCUS_TERMS = 32
-"""Terms a focus takes from one source (a turn, a call's stated reason)."""
+"""Terms the focus takes from the latest turns, and apart from them, an output takes from the
+call that made it."""
 
 
 def identifiers(text: str, limit: int = MAX_FOCUS_TERMS) -> tuple[str, ...]:
@@ -34,12 +35,12 @@ def identifiers(text: str, limit: int = MAX_FOCUS_TERMS) -> tuple[str, ...]:
     ``utils.py.``. Ordinary words are left out before counting, so a long message of prose
     does not fill the limit with them."""
     found: dict[str, None] = {}
-    for word in _IDENTIFIER.findall(text):
-        word = word.rstrip("./:-")
+    for match in _IDENTIFIER.finditer(text):
+        if len(found) >= limit:
+            break
+        word = match.group().rstrip("./:-")
         if len(word) >= 3 and _DISTINCT.search(word) and not _ABBREVIATION.fullmatch(word):
             found[word] = None
-            if len(found) == limit:
-                break
     return tuple(found)
 
 
