@@ -9,7 +9,11 @@ prompt-cache model of both providers (`contextd.lab.cache`), ``gap`` seconds
 after the previous one, and is priced. At the end the probes are checked: a
 fact is visible in the last view, recoverable through a handle that view
 shows (fetched back with Retrieve, from the service), or lost; and the same in
-the view of the model call that used it, where the probe says one did.
+the view of the model call that used it, where the probe says one did. At
+every call, besides, the identifiers the model's answer in the trace wrote
+are looked for in the history before the call and in the call's view: those
+the history held and the view did not show were hidden from a model that went
+on to use them (`used_and_hidden`).
 """
 
 from __future__ import annotations
