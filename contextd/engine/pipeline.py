@@ -199,8 +199,16 @@ def focus_terms(latest: Iterable[Item | None], given: Sequence[str]) -> tuple[st
     statement cannot crowd out the agent's latest calls, nor those a new request."""
     terms = list(dict.fromkeys(given))
     for item in sorted((i for i in latest if i is not None), key=lambda i: i.seq, reverse=True):
-        terms.extend(identifiers(item.written()))
+        terms.extend(_identifiers_of(item))
     return tuple(dict.fromkeys(terms))[:MAX_FOCUS_TERMS]
+
+
+def _identifiers_of(item: Item) -> tuple[str, ...]:
+    return _identifiers.get((item,), lambda: identifiers(item.written()))
+
+
+_identifiers: IdentityMemo[tuple[str, ...]] = IdentityMemo(1_000)
+"""Per item, its identifiers: the latest user turn and calls stay the latest for many renders."""
 
 
 def _tokens(blocks: Iterable[Block], counter: TokenCounter) -> int:
