@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from contextd.engine.compress import KINDS, NO_FOCUS, Focus, compress, route
+from contextd.engine.compress.listing import UNNAMED
 from contextd.engine.compress.router import SNIFFED, envelope, hint
 from contextd.engine.compress.text import MAX_FOCUS_TERMS, WORD
 from contextd.engine.model import ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
@@ -404,25 +405,30 @@ def test_a_cut_recursive_listing_does_not_say_which_directory_the_tails_first_na
     # first names are not known to be the head's last directory's, nor the listing root's.
     notice = "\n</output_head>\n<elided_chars>\n812 characters elided\n</elided_chars>\n<output_tail>\n"
     text = f"<returncode>0</returncode>\n<output_head>\n{head}{notice}{tail}\n</output_tail>"
-    out = compress(text, NO_FOCUS, command="ls -R")
+    out = compress(text, Focus(("mod55.py",)), command="ls -R")
     assert out is not None and out.kind == "listing"
     before, _, after = out.text.partition("<elided_chars>")
     assert "./pkg/ (35: 35 .py): mod0.py" in before
-    # The lines the tool cut in two, and the names before the tail's first header, stay as
-    # they are, beside its notice; the tail is read from its first header on.
-    names = "\n".join(f"mod{n}.py" for n in range(36, 60))
-    assert "\nmod3\n</output_head>" in out.text and f"<output_tail>\n5_extra.py\n{names}\n\n" in out.text
+    # The lines the tool cut in two stay as they are, beside its notice; the names before the
+    # tail's first header are folded under no directory (the focus's kept); then the tail is
+    # read from that header on.
+    assert "\nmod3\n</output_head>" in out.text and "<output_tail>\n5_extra.py\n" in out.text
+    unnamed = f"{UNNAMED} (24: 24 .py): mod55.py  mod36.py"
+    assert any(line.startswith(unnamed) for line in after.splitlines())
     assert "./docs/ (30: 30 .rst): page0.rst" in after
     assert not any(line.startswith(("./ (", "./pkg/")) for line in after.splitlines())
 
 
-def test_a_cut_recursive_listing_whose_tail_has_no_header_keeps_the_tail_as_it_is() -> None:
+def test_a_cut_recursive_listing_whose_tail_has_no_header_says_no_directory_for_it() -> None:
     head = "\n".join([".:", "pkg", "", "./pkg:", *(f"mod{n}.py" for n in range(40)), "mod4"])
-    tail = "\n".join(["0_x.py", *(f"name{n}.txt" for n in range(10))])
     notice = "\n</output_head>\n<elided_chars>\n9000 characters elided\n</elided_chars>\n<output_tail>\n"
-    text = f"<output_head>\n{head}{notice}{tail}\n</output_tail>"
-    out = compress(text, NO_FOCUS, command="ls -R")
-    assert out is not None and out.text.endswith(f"<output_tail>\n{tail}\n</output_tail>")
+    tail = "\n".join(["0_x.py", *(f"name{n}.txt" for n in range(10))])
+    out = compress(f"<output_head>\n{head}{notice}{tail}\n</output_tail>", NO_FOCUS, command="ls -R")
+    folded = f"{UNNAMED} (10: 10 .txt): name0.txt  name1.txt  name2.txt  name3.txt  name4.txt  name5.txt … +4 more"
+    assert out is not None and out.text.endswith(f"<output_tail>\n0_x.py\n{folded}\n</output_tail>")
+    few = "\n".join(["0_x.py", *(f"name{n}.txt" for n in range(4))])  # a few names: as printed
+    out = compress(f"<output_head>\n{head}{notice}{few}\n</output_tail>", NO_FOCUS, command="ls -R")
+    assert out is not None and out.text.endswith(f"<output_tail>\n{few}\n</output_tail>")
 
 
 def test_a_cut_output_is_read_on_each_side_of_the_notice_of_what_was_left_out() -> None:

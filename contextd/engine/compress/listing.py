@@ -168,6 +168,21 @@ def is_recursive(text: str) -> bool:
     return any(_HEADER.fullmatch(line) for line in text.split("\n"))
 
 
+def fold_unnamed(text: str, focus: Focus) -> str:
+    """Names an `ls -R` listed under a header that a tool's cut left out: folded as a
+    directory's are, under a label that says the directory is not known (a few stay as
+    printed)."""
+    if sum(1 for line in text.split("\n") if line.strip()) <= NAMES_PER_DIRECTORY:
+        return text
+    found = compress_listing(f"{_UNNAMED}:\n{text}", focus)
+    return text if found is None else found.text.replace(f"{_UNNAMED}/", UNNAMED, 1)
+
+
+UNNAMED = "(a directory the tool's cut hid)"
+_UNNAMED = "?cut?"
+"""A header no listing prints, for names whose directory is not known."""
+
+
 def first_header(text: str) -> int:
     """Where the first directory header of an `ls -R` listing starts (the length of `text`
     when it has none)."""

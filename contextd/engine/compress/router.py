@@ -180,8 +180,8 @@ def _read_cut(inner: str, cut: re.Match[str], focus: Focus, reading: Reading) ->
     middle = head[end + 1 :] + cut.group(0) + (tail[:start] if start >= 0 else tail)
     if reading.kind == "listing" and listing.is_recursive(head_text) and (names := listing.first_header(tail_text)):
         # The tail goes on listing some directory, but which one is in what the tool left out
-        # (headers may be there): its names stay as the tool printed them, beside the notice.
-        middle += "\n" + tail_text[: names - 1] if names < len(tail_text) else "\n" + tail_text
+        # (headers may be there): its names are put in no directory, beside the notice.
+        middle += "\n" + listing.fold_unnamed(tail_text[:names].rstrip("\n"), focus)
         tail_text = tail_text[names:]
     after = replace(reading, first_line=reading.first_line + inner.count("\n", 0, len(inner) - len(tail_text)))
     parts = [
