@@ -422,9 +422,9 @@ def test_a_cut_recursive_listing_does_not_say_which_directory_the_tails_first_na
 def test_a_cut_recursive_listing_whose_tail_has_no_header_says_no_directory_for_it() -> None:
     head = "\n".join([".:", "pkg", "", "./pkg:", *(f"mod{n}.py" for n in range(40)), "mod4"])
     notice = "\n</output_head>\n<elided_chars>\n9000 characters elided\n</elided_chars>\n<output_tail>\n"
-    tail = "\n".join(["0_x.py", *(f"name{n}.txt" for n in range(10))])
+    tail = "\n".join(["0_x.py", *(f"name{n}.txt" for n in range(40))])
     out = compress(f"<output_head>\n{head}{notice}{tail}\n</output_tail>", NO_FOCUS, command="ls -R")
-    folded = f"{UNNAMED} (10: 10 .txt): name0.txt  name1.txt  name2.txt  name3.txt  name4.txt  name5.txt … +4 more"
+    folded = f"{UNNAMED} (40: 40 .txt): name0.txt  name1.txt  name2.txt  name3.txt  name4.txt  name5.txt … +34 more"
     assert out is not None and out.text.endswith(f"<output_tail>\n0_x.py\n{folded}\n</output_tail>")
     few = "\n".join(["0_x.py", *(f"name{n}.txt" for n in range(4))])  # a few names: as printed
     out = compress(f"<output_head>\n{head}{notice}{few}\n</output_tail>", NO_FOCUS, command="ls -R")
@@ -866,3 +866,16 @@ def test_a_compressor_that_fails_leaves_the_output_whole(monkeypatch: pytest.Mon
 def test_the_policy_schema_names_exactly_the_kinds_the_router_knows() -> None:
     tool = schema()["properties"]["tools"]["additionalProperties"]["properties"]["content"]
     assert tuple(tool["enum"]) == KINDS
+
+
+def test_names_a_cut_hid_the_directory_of_are_folded_only_when_that_is_shorter_and_safe() -> None:
+    head = "\n".join([".:", "pkg", "", "./pkg:", *(f"mod{n}.py" for n in range(40)), "mod4"])
+    notice = "\n</output_head>\n<elided_chars>\n9000 characters elided\n</elided_chars>\n<output_tail>\n"
+    for unnamed in (
+        ["n0.txt", "n1.txt", "src: ", *(f"m{i}.c" for i in range(6))],  # a name the listing would take for a header
+        list("abcdefg"),  # names shorter than the fold's own words
+    ):
+        tail = "\n".join(["x_", *unnamed, "", "./docs:", "a.rst"])
+        out = compress(f"<output_head>\n{head}{notice}{tail}\n</output_tail>", NO_FOCUS, command="ls -R")
+        assert out is not None and "<output_tail>\nx_\n" + "\n".join(unnamed) + "\n" in out.text
+        assert UNNAMED not in out.text and "src/:" not in out.text

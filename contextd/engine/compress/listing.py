@@ -172,10 +172,14 @@ def fold_unnamed(text: str, focus: Focus) -> str:
     """Names an `ls -R` listed under a header that a tool's cut left out: folded as a
     directory's are, under a label that says the directory is not known (a few stay as
     printed)."""
-    if sum(1 for line in text.split("\n") if line.strip()) <= NAMES_PER_DIRECTORY:
-        return text
+    lines = [line.strip() for line in text.split("\n")]
+    if sum(1 for line in lines if line) <= NAMES_PER_DIRECTORY or any(_HEADER.fullmatch(line) for line in lines):
+        return text  # (a line the listing would read as a header: its names are not to be put there)
     found = compress_listing(f"{_UNNAMED}:\n{text}", focus)
-    return text if found is None else found.text.replace(f"{_UNNAMED}/", UNNAMED, 1)
+    if found is None:
+        return text
+    folded = found.text.replace(f"{_UNNAMED}/", UNNAMED, 1)
+    return folded if len(folded) < len(text) else text
 
 
 UNNAMED = "(a directory the tool's cut hid)"
