@@ -879,3 +879,9 @@ def test_names_a_cut_hid_the_directory_of_are_folded_only_when_that_is_shorter_a
         out = compress(f"<output_head>\n{head}{notice}{tail}\n</output_tail>", NO_FOCUS, command="ls -R")
         assert out is not None and "<output_tail>\nx_\n" + "\n".join(unnamed) + "\n" in out.text
         assert UNNAMED not in out.text and "src/:" not in out.text
+
+
+def test_a_recursive_listing_with_crlf_line_ends_is_read_by_directory() -> None:
+    listing = "\r\n".join([".:", "pkg", "", "./pkg:", *(f"mod{n}.py" for n in range(30)), "", "./docs:", "a.rst"])
+    out = compress(listing, NO_FOCUS, command="ls -R")
+    assert out is not None and "./pkg/ (30: 30 .py): mod0.py" in out.text and "./docs/: a.rst" in out.text

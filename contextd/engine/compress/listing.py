@@ -109,7 +109,7 @@ def compress_listing(text: str, focus: Focus) -> Compressed | None:
     focused: set[tuple[str, str]] = set()
     current = "."
     # `ls -R`: a directory's header is its path and a colon, nothing else.
-    recursive = any(_HEADER.fullmatch(line) for line in lines)
+    recursive = any(_is_header(line) for line in lines)
     if not recursive and not _paths(lines):
         return None  # not a listing (a search's code lines, a message): another reader's
     for i, line in enumerate(lines):
@@ -165,7 +165,7 @@ GENERATED = ("__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache
 
 def is_recursive(text: str) -> bool:
     """Whether `text` has the directory headers of an `ls -R` listing (as `compress_listing` finds them)."""
-    return any(_HEADER.fullmatch(line) for line in text.split("\n"))
+    return any(_is_header(line) for line in text.split("\n"))
 
 
 def fold_unnamed(text: str, focus: Focus) -> str:
@@ -192,7 +192,7 @@ def first_header(text: str) -> int:
     when it has none)."""
     offset = 0
     for line in text.split("\n"):
-        if _HEADER.fullmatch(line):
+        if _is_header(line):
             return offset
         offset += len(line) + 1
     return len(text)
@@ -229,6 +229,13 @@ def _generated_line(root: str, directories: dict[str, list[str]]) -> str:
 _STATUS = ("M ", "A ", "D ", "?? ", "R ", " M", " D")
 """How `git status --short` marks a path."""
 _HEADER = re.compile(r"[^\s:][^\s]*:")
+
+
+def _is_header(line: str) -> bool:
+    """Whether a line is a directory's header in `ls -R` (its path and a colon; CRLF output too)."""
+    return _HEADER.fullmatch(line.rstrip("\r")) is not None
+
+
 _LONG = re.compile(r"^[-dlcbps][-rwxsStT@+.]{9,10}\s+\d+\s+\S+\s+\S+\s+[\d,]+\s+\S+\s+\S+\s+\S+\s+(.+)$")
 """An `ls -l` line: mode, links, owner, group, size, date (three fields), name."""
 
