@@ -170,8 +170,9 @@ def is_recursive(text: str) -> bool:
 
 def fold_unnamed(text: str, focus: Focus) -> str:
     """Names an `ls -R` listed under a header that a tool's cut left out: folded as a
-    directory's are, under a label that says the directory is not known (a few stay as
-    printed)."""
+    directory's are, under a label that says the directory is not known. They stay as
+    printed when they are few, when the fold would not be shorter, or when a line of them
+    would read as a header."""
     lines = [line.strip() for line in text.split("\n")]
     if sum(1 for line in lines if line) <= NAMES_PER_DIRECTORY or any(_HEADER.fullmatch(line) for line in lines):
         return text  # (a line the listing would read as a header: its names are not to be put there)
@@ -231,13 +232,13 @@ _STATUS = ("M ", "A ", "D ", "?? ", "R ", " M", " D")
 _HEADER = re.compile(r"[^\s:][^\s]*:")
 
 
+_LONG = re.compile(r"^[-dlcbps][-rwxsStT@+.]{9,10}\s+\d+\s+\S+\s+\S+\s+[\d,]+\s+\S+\s+\S+\s+\S+\s+(.+)$")
+"""An `ls -l` line: mode, links, owner, group, size, date (three fields), name."""
+
+
 def _is_header(line: str) -> bool:
     """Whether a line is a directory's header in `ls -R` (its path and a colon; CRLF output too)."""
     return _HEADER.fullmatch(line.rstrip("\r")) is not None
-
-
-_LONG = re.compile(r"^[-dlcbps][-rwxsStT@+.]{9,10}\s+\d+\s+\S+\s+\S+\s+[\d,]+\s+\S+\s+\S+\s+\S+\s+(.+)$")
-"""An `ls -l` line: mode, links, owner, group, size, date (three fields), name."""
 
 
 def _paths(lines: Sequence[str]) -> bool:
