@@ -1,22 +1,18 @@
-"""What Anthropic would bill if the cache breakpoint went before the outputs the next call compresses.
+"""What Anthropic bills when the view places the cache breakpoint, against the agent's own.
 
     python bench/breakpoints.py [--traces ../shared/traces] [--policy FILE] [--gap SECONDS]
 
-A simulation over the same prompts, not a feature: the view does not place
-breakpoints today. An agent puts one at the end of each call, so an output
-the next call compresses is first written to the cache whole (at the write
-price), then written again compressed. With the breakpoint placed before
-the newest outputs, when the next call shows one of them reduced, the call
-sends them uncached (at the input price) and the cache holds the prompt up
-to them only; the next call writes the compressed form as it does now.
-
 For every trace in ../shared/traces/ (replayed in-process with the default
-policy, as bench/traces.py does, `--gap` seconds between calls), it prints
-the Anthropic bill (the lab's prompt-cache model, contextd/lab/cache.py) of
-the raw history, of the policy's prompts with a breakpoint at the end of
-each call, and of the same prompts with the breakpoint moved so. The engine's
-decisions are the same in the three: what it would choose knowing it could
-place the breakpoint is not measured here.
+policy, as bench/traces.py does, `--gap` seconds between calls), it prices
+with Anthropic's cache (the lab's model, contextd/lab/cache.py) the raw
+history with a breakpoint at the end of each call, as agents put it; the
+policy's prompts with that same breakpoint (the caller places it); and the
+policy's prompts rendered with `place_breakpoint`, which the view ends
+before the newest outputs the next render expects to reduce, when that pays
+(contextd/engine/breakpoint.py). The engine prices its edits from where the
+breakpoint was, so the two policy runs may decide differently: it also
+prints their tokens, and how many calls of the last placed the breakpoint
+early and how many of those the next call did reduce.
 """
 
 from __future__ import annotations
@@ -25,6 +21,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -42,53 +39,55 @@ from contextd.engine.tokens import TiktokenCounter  # noqa: E402
 from contextd.engine.transforms import TransformRegistry  # noqa: E402
 from contextd.engine.view import View, ViewFormat, ViewRequest  # noqa: E402
 from contextd.lab.cache import PromptCache, Segment  # noqa: E402
-from contextd.lab.replay import _segments  # noqa: E402
+from contextd.lab.replay import _segments, cached_messages  # noqa: E402
 from tests.helpers import make_session, to_item  # noqa: E402
-
-REQUEST = ViewRequest(ViewFormat.OPENAI_CHAT)
 
 
 def prompt(view: View) -> tuple[Segment, ...]:
     return _segments(json.loads(view.messages_json), view.items, view.framing_tokens)
 
 
-def views(trace: dict[str, Any], policy: Policy, counter: TiktokenCounter, gap: float) -> list[tuple[View, View, int]]:
-    """Per model call: the policy's view, the raw history's, and where the newest outputs start
-    (the index of the first item after the last assistant item)."""
+def views(trace: dict[str, Any], policy: Policy, counter: TiktokenCounter, gap: float, placed: bool) -> list[View]:
+    """The policy's view at each model call (with the view placing the breakpoint, when `placed`)."""
     registry = TransformRegistry.default()
+    request = ViewRequest(ViewFormat.OPENAI_CHAT, place_breakpoint=placed)
     items = [to_item(c, seq) for seq, c in enumerate(contents(trace), start=1)]
     state, carry, now, out = ViewState(), None, 0.0, []
     for end in (i for i, item in enumerate(items) if item.role is Role.ASSISTANT):
         prefix = items[:end]
-        session = make_session(len(prefix))
-        rendered = render(RenderInput(session, prefix, policy, REQUEST, counter, registry, state, now, carry=carry))
+        rendered = render(
+            RenderInput(make_session(len(prefix)), prefix, policy, request, counter, registry, state, now, carry=carry)
+        )
         state, carry, now = rendered.state, rendered.carry, now + gap
-        newest = max((i + 1 for i, item in enumerate(prefix) if item.role is Role.ASSISTANT), default=0)
-        out.append((rendered.view, identity_view(session, prefix, REQUEST, counter), newest))
+        out.append(rendered.view)
     return out
 
 
-def cached_upto(view: View, newest: int, following: View | None) -> int | None:
-    """The message to put the breakpoint before: the first of the newest outputs, when the next
-    call shows one of them reduced (None: at the end, as an agent puts it)."""
-    if following is None:
-        return None
-    later = {shown.seq: shown.representation for shown in following.items}
-    fresh = [shown for shown in view.items if shown.seq > newest]
-    if any(later.get(shown.seq, Representation.FULL) is not Representation.FULL for shown in fresh):
-        return min(shown.message_index for shown in fresh)
-    return None
+def raw_views(trace: dict[str, Any], counter: TiktokenCounter) -> list[View]:
+    items = [to_item(c, seq) for seq, c in enumerate(contents(trace), start=1)]
+    request = ViewRequest(ViewFormat.OPENAI_CHAT)
+    ends = [i for i, item in enumerate(items) if item.role is Role.ASSISTANT]
+    return [identity_view(make_session(end), items[:end], request, counter) for end in ends]
 
 
-class BreakpointCache(PromptCache):
-    """The lab's Anthropic cache, with the breakpoint of a call placed before message `upto`."""
+def bill(calls: Sequence[View], gap: float) -> float:
+    cache = PromptCache("anthropic")
+    return sum(cache.call(prompt(view), n * gap, cached_messages(view)).dollars for n, view in enumerate(calls))
 
-    def send(self, segments: Sequence[Segment], at: float, upto: int | None) -> float:
-        if upto is None:
-            return self.call(segments, at).dollars
-        head = self.call(segments[:upto], at)  # cached up to the breakpoint, as any call is
-        rest = sum(s.tokens for s in segments[upto:])
-        return head.dollars + rest * self.prices.input / 1_000_000
+
+def early(calls: Sequence[View]) -> tuple[int, int]:
+    """Calls whose breakpoint the view placed before the end, and of those, the ones whose next
+    call showed the item after it reduced."""
+    placed = kept = 0
+    for view, following in pairwise(calls):
+        if not view.cache_breakpoint_seq:
+            continue
+        placed += 1
+        seqs = [s.seq for s in view.items]
+        first = seqs[seqs.index(view.cache_breakpoint_seq) + 1]
+        later = {s.seq: s.representation for s in following.items}
+        kept += later.get(first, Representation.FULL) is not Representation.FULL
+    return placed, kept
 
 
 def main() -> int:
@@ -101,23 +100,30 @@ def main() -> int:
     policy = parse_policy(args.policy.read_text(), TransformRegistry.default()) if args.policy else default_policy()
     print(f"command: python bench/breakpoints.py {' '.join(sys.argv[1:])}".rstrip())
     print(f"policy: {policy.version}; Anthropic's prices; {args.gap:g} s between calls\n")
-    print("| trace | raw | policy, breakpoint at the end | policy, breakpoint before outputs compressed next |")
-    print("| --- | --- | --- | --- |")
+    print(
+        "| trace | raw | policy, the caller's breakpoint at the end | policy, the view's breakpoint "
+        "| tokens sent (caller's / view's) | placed early / reduced next call |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
     totals = [0.0, 0.0, 0.0]
+    sent, moved = [0, 0], [0, 0]
     for path in sorted(args.traces.glob("*.json")):
         trace = json.loads(path.read_text())
-        calls = views(trace, policy, counter, args.gap)
-        raw, end, before = PromptCache("anthropic"), PromptCache("anthropic"), BreakpointCache("anthropic")
-        bills = [0.0, 0.0, 0.0]
-        for n, (view, whole, newest) in enumerate(calls):
-            at = n * args.gap
-            following = calls[n + 1][0] if n + 1 < len(calls) else None
-            bills[0] += raw.call(prompt(whole), at).dollars
-            bills[1] += end.call(prompt(view), at).dollars
-            bills[2] += before.send(prompt(view), at, cached_upto(view, newest, following))
+        end, placed = views(trace, policy, counter, args.gap, False), views(trace, policy, counter, args.gap, True)
+        bills = [bill(raw_views(trace, counter), args.gap), bill(end, args.gap), bill(placed, args.gap)]
         totals = [t + b for t, b in zip(totals, bills, strict=True)]
-        print(f"| {trace['id']} | ${bills[0]:.3f} | {_versus(bills[1], bills[0])} | {_versus(bills[2], bills[0])} |")
-    print(f"| **all** | ${totals[0]:.3f} | {_versus(totals[1], totals[0])} | {_versus(totals[2], totals[0])} |")
+        tokens = [sum(v.total_tokens for v in end), sum(v.total_tokens for v in placed)]
+        sent = [a + b for a, b in zip(sent, tokens, strict=True)]
+        count = early(placed)
+        moved = [a + b for a, b in zip(moved, count, strict=True)]
+        print(
+            f"| {trace['id']} | ${bills[0]:.3f} | {_versus(bills[1], bills[0])} | {_versus(bills[2], bills[0])} "
+            f"| {tokens[0]:,} / {tokens[1]:,} | {count[0]} / {count[1]} |"
+        )
+    print(
+        f"| **all** | ${totals[0]:.3f} | {_versus(totals[1], totals[0])} | {_versus(totals[2], totals[0])} "
+        f"| {sent[0]:,} / {sent[1]:,} | {moved[0]} / {moved[1]} |"
+    )
     return 0
 
 

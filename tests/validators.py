@@ -12,7 +12,9 @@ messages of one role are combined into one turn by the API; a turn with
 `tool_use` blocks must be followed by a user turn that starts with a
 `tool_result` for each of them; a `tool_result` must answer a `tool_use` of
 the previous assistant turn; content is never empty; a `thinking` block
-carries its signature.
+carries its signature. Prompt caching: at most four blocks (system
+included) carry `cache_control`, of type `ephemeral`, never a thinking
+block or an empty text.
 """
 
 from __future__ import annotations
@@ -75,6 +77,18 @@ def check_anthropic(system: Any, messages: list[Message]) -> None:
             turns.append((message["role"], _blocks(message["content"])))
     if turns and turns[0][0] != "user":
         raise Violation("the first turn must be the user's")
+    marked = [
+        b
+        for b in [*(system if isinstance(system, list) else ()), *(b for _, bs in turns for b in bs)]
+        if "cache_control" in b
+    ]
+    if len(marked) > 4:
+        raise Violation(f"{len(marked)} blocks carry cache_control: at most 4")
+    for block in marked:
+        if block["cache_control"].get("type") != "ephemeral":
+            raise Violation(f"cache_control {block['cache_control']!r}: the type is ephemeral")
+        if block["type"] in ("thinking", "redacted_thinking") or (block["type"] == "text" and not block["text"]):
+            raise Violation(f"a {block['type']} block cannot carry cache_control")
     for t, (role, blocks) in enumerate(turns):
         for block in blocks:
             if block["type"] == "thinking" and not block.get("signature"):

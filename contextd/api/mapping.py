@@ -243,6 +243,7 @@ def view_to_proto(view: View, certificates: Sequence[Certificate] = ()) -> api.V
         request_patch_json=view.request_patch_json,
         view_version=view.view_version,
         stable_prefix_tokens=view.stable_prefix_tokens,
+        cache_breakpoint_seq=view.cache_breakpoint_seq,
         certificates=[certificate_to_proto(c, view.session_id, view.format) for c in certificates],
     )
 

@@ -96,6 +96,7 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
             format=mapping.view_format(request.format),
             budget_tokens=request.budget_tokens,
             focus=tuple(request.focus),
+            place_breakpoint=request.place_cache_breakpoint,
         )
         responses: list[api.RenderViewResponse] = []
 

@@ -72,9 +72,21 @@ class Protections:
             self._known[seq] = _protection(entry, self._policy, self._turns, self._errors) if entry else ""
         return self._known[seq]
 
+    def lapses(self, seq: int) -> bool:
+        """Whether item `seq` is protected now only for being recent, and will not be one turn on.
+        A guess: an error is taken to be its tool's latest no more by then, as agents call the
+        tool again (most have one or two)."""
+        entry = self._entries.get(seq) if seq > 0 else None
+        if entry is None or not self.of(seq).startswith(_RECENT):
+            return False
+        return not _protection(entry, self._policy, self._turns + 1, set)
+
     def all(self) -> dict[int, str]:
         """seq -> reason, for every protected item."""
         return {seq: reason for seq in self._natural if (reason := self.of(seq))}
+
+
+_RECENT = "within the last"
 
 
 def _protection(entry: Entry, policy: Policy, turns: int, latest_errors: Callable[[], set[int]]) -> str:
@@ -87,7 +99,7 @@ def _protection(entry: Entry, policy: Policy, turns: int, latest_errors: Callabl
     if item.role is Role.USER and rules.user_items:
         return "user instruction"
     if turns - entry.turn <= rules.last_turns:
-        return f"within the last {rules.last_turns} turns"
+        return f"{_RECENT} {rules.last_turns} turns"
     if rules.latest_error_per_tool and entry.seq in latest_errors():
         return "the latest error of its tool, not yet followed by a success"
     if rules.tools:
@@ -167,6 +179,10 @@ class Judge:
         """Whether a reduction (in force, or accepted in this render) rests on item `seq`."""
         return seq in self._relied_on
 
+    def lapses(self, seq: int) -> bool:
+        """Whether item `seq` is protected only until the next turn (`Protections.lapses`)."""
+        return self._protected.lapses(seq)
+
     def accept(self, proposal: Proposal) -> None:
         """Record an eligible proposal: its target and its evidence are spoken for."""
         seq = target_of(proposal.edit)
@@ -175,14 +191,15 @@ class Judge:
             for s in proposal.evidence_seqs:
                 self._relied_on.setdefault(s, seq)
 
-    def judge(self, proposal: Proposal, control: ControlMode) -> Verdict:
-        """The eligibility of one proposal; an ineligible one says KEEP or ABSTAIN and why."""
+    def judge(self, proposal: Proposal, control: ControlMode, protection: bool = True) -> Verdict:
+        """The eligibility of one proposal; an ineligible one says KEEP or ABSTAIN and why.
+        Without `protection`: what it would be if its target were not protected."""
         edit = proposal.edit
         seq = target_of(edit)
         if seq is not None:
             if seq not in self._entries or seq <= 0:
                 return _abstain(f"item {seq} is not in the history")
-            reason = self._protected.of(seq)
+            reason = self._protected.of(seq) if protection else ""
             if reason:
                 return Verdict(False, "KEEP", f"protected: {reason}", reason)
         if proposal.abstain:

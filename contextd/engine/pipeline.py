@@ -17,6 +17,7 @@ from operator import is_
 from typing import Any
 
 from contextd.engine import volatile
+from contextd.engine.breakpoint import Breakpoint, place
 from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.codec import content_hash
 from contextd.engine.compress.text import MAX_FOCUS_TERMS, identifiers
@@ -34,7 +35,8 @@ from contextd.engine.model import (
 )
 from contextd.engine.observations import ObservationIndex
 from contextd.engine.placeholders import handle_of, placeholder_blocks, with_calls
-from contextd.engine.policy import CachePolicy, Policy, ToolDeclaration, default_policy
+from contextd.engine.policy import BREAKPOINTS, CachePolicy, Policy, ToolDeclaration, default_policy
+from contextd.engine.render.anthropic import mark_breakpoint
 from contextd.engine.render.base import ViewWarning
 from contextd.engine.repair import RepairRun, repair
 from contextd.engine.rules import changes_with_time, holds_for, holds_now
@@ -462,7 +464,9 @@ def render(inp: RenderInput) -> RenderOutput:
         carried = carry.pools, [draft.entries[s] for s in draft.natural[len(carry.items) :]]
     proposed, pools = _proposed(inp, context, taken - compressed, carried)
     candidates = [*_waiting(inp, draft, log), *proposed]
-    eligible = _eligible(candidates, draft, judge, taken, set(compressed), inp.counter, log)
+    # What the next render expects to reduce, when this one may place the cache breakpoint before it.
+    shrinks: dict[int, int] | None = {} if _places_breakpoint(inp) else None
+    eligible = _eligible(candidates, draft, judge, taken, set(compressed), inp.counter, log, shrinks)
     applied_now, pending, durable = _time(eligible, inp, context, previous, draft, log)
     # Over its budget, the view may offload what is compressed, in force or just now.
     compressed_now = compressed | {slot_of(a.edit) for a in applied_now if _is_compression(a)}
@@ -489,6 +493,9 @@ def render(inp: RenderInput) -> RenderOutput:
     )
     segments = tuple(assembly.segments)
     stable = first_divergence(previous.segments, segments) if previous else 0
+    point = None
+    if shrinks is not None:
+        view, point = _with_breakpoint(view, assembly, draft, place(segments, shrinks, _pricing(inp)))
     new_state = ViewState(
         view_version=state.view_version + 1,
         policy_version=policy.version,
@@ -500,6 +507,7 @@ def render(inp: RenderInput) -> RenderOutput:
                 view.total_tokens,
                 inp.request.budget_tokens,
                 ends_after(previous, stable, assembly.offset, inp.now, policy.cache),
+                point.offset if point is not None else None,
                 known_offsets=assembly.offsets,
                 known_total=assembly.offset,
             ),
@@ -513,6 +521,7 @@ def render(inp: RenderInput) -> RenderOutput:
         view_version=new_state.view_version,
         stable_prefix_tokens=stable,
         policy_version=policy.version,
+        cache_breakpoint_seq=point.through if point is not None else 0,
     )
     agent_ids = tuple(p.id for p in inp.agent_proposals)  # every one is decided now, or waits in the state
     next_carry = None
@@ -658,11 +667,13 @@ def _eligible(
     compressed: set[Slot],
     counter: TokenCounter,
     log: _Log,
+    shrinks: dict[int, int] | None = None,
 ) -> list[_Eligible]:
     """The candidates that may happen, at most one per slot: the first eligible one wins.
     Refusals are certified (once); proposals for a taken slot are dropped unseen, but for
     a slot held by a compression (`compressed`), which any edit but another compression
-    may take over."""
+    may take over. Into `shrinks` (when given) go the items protected only until the next
+    render that a rule's edit would reduce, with their tokens once reduced."""
     out: list[_Eligible] = []
     for candidate in candidates:
         proposal = candidate.proposal
@@ -676,17 +687,20 @@ def _eligible(
         content: tuple[Block, ...] = ()
         tokens = saving = 0
         if verdict.eligible:
-            # A deferred edit is proposed again at every render, often as the same object.
-            if edit is proposal.edit:
-                sources = (proposal, edit, counter) if entry is None else (proposal, edit, counter, entry.item)
-                content, tokens = _represented.get(
-                    sources, partial(_counted, edit, draft.entries, proposal.reason, counter)
-                )
-            else:  # normalized afresh each render: nothing to remember it by
-                content, tokens = _counted(edit, draft.entries, proposal.reason, counter)
+            content, tokens = _represent(proposal, edit, entry, draft, counter)
             saving = entry.tokens - tokens if entry is not None else -tokens if isinstance(edit, Insert) else 0
             if entry is not None and saving <= 0:
                 verdict = replace(verdict, eligible=False, decision="ABSTAIN", why=NOT_SMALLER)
+        elif (
+            shrinks is not None
+            and entry is not None
+            and candidate.control is ControlMode.RULE
+            and judge.lapses(entry.seq)
+            and judge.judge(proposal, candidate.control, protection=False).eligible
+        ):
+            after = _represent(proposal, edit, entry, draft, counter)[1]
+            if after < min(entry.tokens, shrinks.get(entry.seq, entry.tokens)):
+                shrinks[entry.seq] = after
         if not verdict.eligible:
             body = _body(
                 entry,
@@ -708,6 +722,42 @@ def _eligible(
         judge.accept(proposal)
         out.append(_Eligible(candidate, edit, content, tokens, saving))
     return out
+
+
+def _represent(
+    proposal: Proposal, edit: Edit, entry: Entry | None, draft: _Draft, counter: TokenCounter
+) -> tuple[tuple[Block, ...], int]:
+    """What `edit` gives its target, and its tokens."""
+    if edit is not proposal.edit:  # normalized afresh each render: nothing to remember it by
+        return _counted(edit, draft.entries, proposal.reason, counter)
+    # A deferred edit is proposed again at every render, often as the same object.
+    sources = (proposal, edit, counter) if entry is None else (proposal, edit, counter, entry.item)
+    return _represented.get(sources, partial(_counted, edit, draft.entries, proposal.reason, counter))
+
+
+def _places_breakpoint(inp: RenderInput) -> bool:
+    """Whether this render may end the cache entry before what the next one reduces: the caller
+    lets the view place the breakpoint, for a provider that caches at breakpoints."""
+    return inp.request.place_breakpoint and inp.policy.cache.reads == BREAKPOINTS
+
+
+def _with_breakpoint(
+    view: View, assembly: Assembly, draft: _Draft, point: Breakpoint | None
+) -> tuple[View, Breakpoint | None]:
+    """The view with its cache breakpoint marked where `point` says (None: at its end), in
+    the Messages format's JSON; and the point, None when the format cannot mark it there."""
+    if view.format is not ViewFormat.ANTHROPIC_MESSAGES:
+        return view, point
+    rendered = assembly.rendered
+    marked = None
+    if point is not None:
+        marked = mark_breakpoint(rendered, draft.entries[point.through], draft.entries[point.before])
+    if marked is None:
+        point, marked = None, mark_breakpoint(rendered)
+    if marked is None:
+        return view, point
+    messages_json, system_json = marked
+    return replace(view, messages_json=messages_json, system_json=system_json), point
 
 
 def _time(
@@ -823,7 +873,7 @@ def _fit_budget(
     for seq in draft.natural:
         turns.setdefault(draft.entries[seq].turn, []).append(seq)
     offsets = previous.offsets() if previous is not None else {}
-    total = previous.total_tokens if previous is not None else 0
+    total = cache.previous_tokens
     why = (
         f"the view was {start:,} tokens, over its budget of {budget:,}, after every other step: "
         "the oldest unprotected turns go first"

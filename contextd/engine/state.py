@@ -80,6 +80,9 @@ class PreviousRender:
     """Where earlier prompts that are, whole, a prefix of this one ended (token offsets,
     ascending), with when the provider last read or wrote each: the points a provider that
     caches at breakpoints can read this render back from, besides its own end."""
+    cached_through: int | None = None
+    """Where the render asked a provider that caches at breakpoints to end its own cache entry
+    (the breakpoint the view placed, a token offset); None: at the render's end."""
     known_offsets: Mapping[int, int] | None = field(default=None, compare=False, repr=False)
     """`offsets()`, when the render that made it counted them already (not stored)."""
     known_total: int | None = field(default=None, compare=False, repr=False)
@@ -91,6 +94,11 @@ class PreviousRender:
             return self.known_total
         total: int = sum(map(attrgetter("tokens"), self.segments))
         return total
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens of the render the provider cached (to its breakpoint): what an edit can cost."""
+        return self.total_tokens if self.cached_through is None else self.cached_through
 
     def offsets(self) -> Mapping[int, int]:
         """seq -> token offset where the item started."""
@@ -259,6 +267,7 @@ def _render_json(render: PreviousRender) -> str:
             "view_tokens": render.view_tokens,
             "budget_tokens": render.budget_tokens,
             **({"cached_ends": [list(end) for end in render.cached_ends]} if render.cached_ends else {}),
+            **({"cached_through": render.cached_through} if render.cached_through is not None else {}),
         }
     )
 
@@ -283,6 +292,7 @@ def state_from_json(text: str) -> ViewState:
                 r.get("view_tokens", 0),
                 r.get("budget_tokens", 0),
                 tuple((offset, used_at) for offset, used_at in r.get("cached_ends", ())),
+                r.get("cached_through"),
             )
             for name, r in data["renders"].items()
         },

@@ -62,12 +62,13 @@ def cache_state(previous: PreviousRender | None, now: float, cache: CachePolicy)
     breakpoints = None
     if cache.reads == BREAKPOINTS:
         breakpoints = tuple(offset for offset, _ in live_ends(previous, now, cache))
-    return CacheState(previous.total_tokens, now - previous.rendered_at, ttl, breakpoints)
+    return CacheState(previous.cached_tokens, now - previous.rendered_at, ttl, breakpoints)
 
 
 def live_ends(previous: PreviousRender, now: float, cache: CachePolicy) -> list[tuple[int, float]]:
-    """The previous render's cached prompt ends (its own included) still in the provider's cache `now`."""
-    ends = (*previous.cached_ends, (previous.total_tokens, previous.rendered_at))
+    """The previous render's cached prompt ends (its own included: at its breakpoint) still in the
+    provider's cache `now`."""
+    ends = (*previous.cached_ends, (previous.cached_tokens, previous.rendered_at))
     ttl = cache.prices.ttl_seconds
     return [(offset, used) for offset, used in ends if offset >= MIN_CACHED_TOKENS and now - used <= ttl]
 

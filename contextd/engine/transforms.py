@@ -159,7 +159,8 @@ class CacheState:
     """What the engine knows of the provider's prompt cache for this view."""
 
     previous_tokens: int
-    """Tokens sent by the previous render (0: no previous render)."""
+    """Tokens of the previous render the provider cached: all it sent, or those before the
+    breakpoint the view placed in it (0: no previous render)."""
     age_seconds: float | None
     """Seconds since the previous render; None without one."""
     ttl_seconds: float

@@ -44,6 +44,8 @@ class ViewRequest:
     budget_tokens: int = 0
     """0 means no budget."""
     focus: tuple[str, ...] = ()
+    place_breakpoint: bool = False
+    """The caller lets the view place the prompt-cache breakpoint (engine/breakpoint.py)."""
 
 
 class ViewItem(NamedTuple):
@@ -76,6 +78,9 @@ class View:
     view_version: int = 0
     stable_prefix_tokens: int = 0
     """Tokens at the start identical to the previous render's (what a prompt cache can reuse)."""
+    cache_breakpoint_seq: int = 0
+    """The last item the call should cache, when the view placed the breakpoint before the
+    items after it; 0: at the end."""
 
 
 _FOLDERS: dict[ViewFormat, Callable[[Rendered], Folder]] = {

@@ -5,9 +5,10 @@ with a digest of its bytes and its tokens). The two providers cache
 differently, and the model follows each:
 
 * Anthropic caches a prompt up to an explicit breakpoint; an agent puts one
-  at the end of each call, so a later call reads from the cache the longest
-  earlier prompt that is, whole, a prefix of its own (a change in the middle
-  of the history misses it), and writes its own prompt at the write price.
+  at the end of each call (a view may place it earlier: `through`), so a
+  later call reads from the cache the longest earlier prompt (up to its
+  breakpoint) that is, whole, a prefix of its own (a change in the middle of
+  the history misses it), and writes its own at the write price.
 * OpenAI caches automatically the longest prefix a recent prompt shares
   with the new one, in steps of 128 tokens past the first 1,024; writing
   costs nothing more than the input.
@@ -77,13 +78,17 @@ class PromptCache:
         self.prices = prices or PROVIDER_PRICES[provider]
         self._entries: list[_Entry] = []
 
-    def call(self, prompt: Sequence[Segment], at: float) -> Billed:
-        """Send `prompt` at time `at` (seconds): what it reads from the cache, writes and pays."""
+    def call(self, prompt: Sequence[Segment], at: float, through: int | None = None) -> Billed:
+        """Send `prompt` at time `at` (seconds): what it reads from the cache, writes and pays.
+        With explicit breakpoints, `through` puts the call's breakpoint after that many segments
+        (None: at the end): the call reads and writes the cache up to it, and sends the rest
+        uncached."""
         self._entries = [e for e in self._entries if at - e.used_at <= self.prices.ttl_seconds]
-        digests = tuple(s.digest for s in prompt)
+        head = prompt[:through] if through is not None and self.rules.breakpoints else prompt
+        digests = tuple(s.digest for s in head)
         ends: list[int] = []
         total = 0
-        for segment in prompt:
+        for segment in head:
             total += segment.tokens
             ends.append(total)
         hit, used = self._hit(digests, tuple(ends))
@@ -94,7 +99,7 @@ class PromptCache:
         if total >= self.rules.min_tokens:
             written = total - cached if self.rules.write_premium else 0
             self._entries.append(_Entry(digests, tuple(ends), at))
-        uncached = total - cached - written
+        uncached = total - cached - written + sum(s.tokens for s in prompt[len(head) :])
         p = self.prices
         dollars = (uncached * p.input + written * p.cache_write + cached * p.cache_read) / 1_000_000
         return Billed(cached, written, uncached, dollars)

@@ -20,7 +20,8 @@
   waits for a cache-safe point, and protect only user turns.
 
 Conditions B–F keep the default protection and cache pricing: contextd's own timing decides
-when their edits apply.
+when their edits apply. Like the default, they let the view place the prompt-cache breakpoint;
+the raw agent and the baselines put it at the end of each call (`CALLER_BREAKPOINT`).
 """
 
 from __future__ import annotations
@@ -120,12 +121,27 @@ DEFAULT_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "cache": {"expected_calls": 20},
     },
     "default, priced as read to any prefix": {"cache": {"reads": "prefix"}},
+    "default, the caller's breakpoint": {},
 }
 """The shipped default with another number of calls a cache rewrite must pay for itself within
 (the default's is 12), with the last two turns protected rather than one and 20 calls (the
 default until 2026-11-30), or pricing a rewrite as if the provider read its cache up to the
-change (it reads only whole earlier prompts): the report's sensitivity to them, on the real
-traces. Each patches sections of the default policy."""
+change (it reads only whole earlier prompts), or with the agent putting the cache breakpoint
+at the end of each call itself (the view places none): the report's sensitivity to them, on
+the real traces. Each patches sections of the default policy."""
+
+CALLER_BREAKPOINT = (
+    "A-raw",
+    "masking",
+    "latest-call",
+    "keep-last-3",
+    "keep-last-3-eager",
+    "default, the caller's breakpoint",
+)
+"""The conditions whose agent puts the prompt-cache breakpoint at the end of each call itself, as
+agents do: the raw agent, the known baselines (what they do where they come from) and the variant
+that measures what placing it saves. The others, contextd's, let the view place it
+(RenderView's `place_cache_breakpoint`)."""
 
 
 def policy_text(condition: str, tools: Mapping[str, Any] | None = None, *, at_once: bool = False) -> str:

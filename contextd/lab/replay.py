@@ -53,6 +53,8 @@ class Call:
     call does not extend that prompt as it was (a prefix broken); None when it does."""
     radius: int = 0
     """Tokens of the previous prompt past the divergence: what the change made the provider read again."""
+    through: int | None = None
+    """Messages cached, when the view placed the cache breakpoint before its end (None: at its end)."""
 
 
 @dataclass
@@ -190,8 +192,11 @@ def replay(
     probes: Iterable[Mapping[str, Any]] = (),
     gap: float = 30.0,
     metadata: Sequence[Mapping[str, str]] | None = None,
+    place_breakpoint: bool = False,
 ) -> Run:
-    """Replay `trace` under `policy` (its text; "" for the default policy) on a new session."""
+    """Replay `trace` under `policy` (its text; "" for the default policy) on a new session.
+    `place_breakpoint`: the agent lets the view place the prompt-cache breakpoint (where the
+    view says, Anthropic's cache ends; else at the end of each call, as agents put it)."""
     items = trace_items(trace, metadata)
     run = Run(trace["id"], condition)
     probes = list(probes)
@@ -213,7 +218,7 @@ def replay(
                 run.item_tokens.update((r.seq, r.token_count) for r in result.receipts)
                 appended = end
             started = time.perf_counter()
-            view = client.render_view(session, ViewFormat.OPENAI_CHAT)
+            view = client.render_view(session, ViewFormat.OPENAI_CHAT, place_cache_breakpoint=place_breakpoint)
             elapsed = (time.perf_counter() - started) * 1000
             for certificate in view.certificates:
                 no_gain = certificate.decision == "abstain" and certificate.rationale == NOT_SMALLER
@@ -247,7 +252,9 @@ def replay(
                 break
             prompt = _segments(view.messages, view.items, view.framing_tokens)
             at = number * gap
-            call = Call(view.total_tokens, elapsed, {p: caches[p].call(prompt, at) for p in PROVIDERS}, prompt)
+            through = cached_messages(view)
+            billed = {p: caches[p].call(prompt, at, through) for p in PROVIDERS}
+            call = Call(view.total_tokens, elapsed, billed, prompt, through=through)
             if previous is not None:
                 shared = _shared(previous.prompt, prompt)
                 if shared < len(previous.prompt):
@@ -258,6 +265,14 @@ def replay(
     finally:
         client.delete_session(session)
     return run
+
+
+def cached_messages(view: View) -> int | None:
+    """How many of the view's messages the call caches: through the one holding the item the view
+    placed the breakpoint after (None: all of them)."""
+    if not view.cache_breakpoint_seq:
+        return None
+    return next(s.message_index for s in view.items if s.seq == view.cache_breakpoint_seq) + 1
 
 
 _ORDER = {"reduced": 0, "placeholder": 1, "omitted": 2}

@@ -18,7 +18,7 @@ from contextd_client import Client
 
 from contextd.engine.policy import PROVIDER_PRICES, default_policy
 from contextd.lab.cache import RULES, PromptCache
-from contextd.lab.conditions import CONDITIONS, DEFAULT_VARIANTS, oracle_metadata, policy_text
+from contextd.lab.conditions import CALLER_BREAKPOINT, CONDITIONS, DEFAULT_VARIANTS, oracle_metadata, policy_text
 from contextd.lab.metrics import Quality, Summary, percentile, quality, summarize
 from contextd.lab.replay import PROVIDERS, Run, message_text, replay
 
@@ -87,7 +87,14 @@ def run(
             metadata = oracle_metadata(trace["labels"]) if condition == "F-oracle" else None
             policy = policy_text(condition, trace.get("tools"), at_once=at_once)
             results.runs[trace["id"], condition] = replay(
-                client, trace, condition, policy, probes=probes.get(trace["id"], ()), gap=gap, metadata=metadata
+                client,
+                trace,
+                condition,
+                policy,
+                probes=probes.get(trace["id"], ()),
+                gap=gap,
+                metadata=metadata,
+                place_breakpoint=condition not in CALLER_BREAKPOINT,
             )
     return results
 
@@ -366,6 +373,17 @@ def _by_rule(results: Results, trace_ids: Sequence[str], conditions: Sequence[st
     return _table(["condition", "tokens not sent over all calls, net of what stands in, by rule (share of raw)"], rows)
 
 
+def _placements(results: Results, trace_ids: Sequence[str]) -> str:
+    """How often the default's view placed the breakpoint before its end."""
+    calls = [c for t in trace_ids for c in results.runs[t, "default"].calls]
+    early = sum(c.through is not None for c in calls)
+    return (
+        f"The default's view placed the breakpoint before its end at {early:,} of {len(calls):,} calls "
+        "(engine/breakpoint.py: when the outputs after it are expected to shrink enough to pay for "
+        "sending them uncached once, within half the expected calls)."
+    )
+
+
 def _read_anywhere(results: Results, trace_ids: Sequence[str], conditions: Sequence[str]) -> str:
     """Each condition's Anthropic bill as replayed, and the same prompts priced as if the cache
     were read up to wherever a prompt first differs from an earlier one (a breakpoint placed
@@ -491,9 +509,12 @@ each trace call by call through a `contextd` service over gRPC (append the turns
 view before each assistant turn, as an agent does), once per condition
 ([contextd/lab/conditions.py](../contextd/lab/conditions.py)). The prompt cache is modelled
 from the messages each call sent ([contextd/lab/cache.py](../contextd/lab/cache.py)): Anthropic
-reads a whole earlier prompt (a breakpoint at the end of each call) and pays a write premium,
-OpenAI reads the longest shared prefix in 128-token steps; nothing under 1,024 tokens is
-cached; calls are {results.gap:g} s apart (the cache stays warm). Prices: {prices}.
+caches each call up to its breakpoint, reads back only a whole earlier prompt so cached, and
+pays a write premium; OpenAI reads the longest shared prefix in 128-token steps; nothing under
+1,024 tokens is cached; calls are {results.gap:g} s apart (the cache stays warm). The raw
+agent and the known baselines put the breakpoint at the end of each call, as agents do;
+contextd's conditions let the view place it (RenderView's `place_cache_breakpoint`: before
+the newest outputs the next call will reduce, when that pays, else at the end). Prices: {prices}.
 Token figures are the service's own (cl100k_base). Render times are whole RenderView calls
 seen by the client, on a shared 2-core machine.
 
@@ -578,11 +599,16 @@ The default policy keeps an output whole for the call that reads it (`protection
 {default_policy().cache.expected_calls} calls (`cache.expected_calls`): a session's end is not
 known, and a rewrite just before it is a loss. It prices the rewrite from where Anthropic reads
 its cache back: the end of the last earlier prompt before the change (`cache.reads:
-breakpoints`). The same policy paying back over more or fewer calls, with two turns protected
-and 20 calls (the default until 2026-11-30), and priced as if the cache were read up to the
-change itself (`reads: prefix`, as OpenAI reads; the bill is still Anthropic's):
+breakpoints`), and lets the view place that breakpoint: a call caches up to the newest
+outputs the next call will compress, so that compression rewrites nothing cached. The same
+policy paying back over more or fewer calls, with two turns protected and 20 calls (the
+default until 2026-11-30), priced as if the cache were read up to the change itself
+(`reads: prefix`, as OpenAI reads; the bill is still Anthropic's), and with the agent putting
+the breakpoint at the end of each call itself (the default until 2026-11-30):
 
 {_condition_table(results, trace_ids, ["default", *DEFAULT_VARIANTS], labelled=False)}
+
+{_placements(results, trace_ids)}
 
 Trace by trace, the Anthropic bill against raw's (in bold where it is higher; where a policy
 sent exactly what raw sent, whether its rules found nothing they may edit, or what they found
@@ -594,13 +620,13 @@ waited for the cache until the trace ended):
 
 {_by_rule(results, trace_ids, TRACE_CONDITIONS)}
 
-### What cache breakpoints placed before each change could save
+### What reading the cache up to every change would save
 
-Anthropic reads its cache back only to the end of an earlier prompt (the breakpoint an agent
-puts at the end of each call), so an edit makes the next call write again from that end, not
-from the edit. The same prompts priced as if the cache were read up to the change itself
-(breakpoints placed by the view just before every edit, the most that placing them could
-give):
+Anthropic reads its cache back only to an earlier call's breakpoint, so an edit makes the next
+call write again from there, not from the edit; the view places one breakpoint per call, before
+what it expects the next call to reduce. The same prompts priced as if the cache were read up
+to wherever each prompt first differs from an earlier one (a breakpoint just before every
+change, as many as it takes: the most that placing breakpoints could give):
 
 {_read_anywhere(results, trace_ids, TRACE_CONDITIONS)}
 

@@ -83,6 +83,41 @@ def test_append_then_render_in_both_formats(client: Client, session_id: str) -> 
     assert json.loads(anthropic.messages_json) == anthropic.messages
 
 
+SOURCE = "\n".join(
+    f"def handler_{n}(request):\n" + "".join(f"    value_{k} = request.get('field_{k}', {k})\n" for k in range(8))
+    for n in range(6)
+)
+
+
+def test_the_view_places_the_cache_breakpoint_before_what_the_next_render_compresses(client: Client) -> None:
+    task = "Fix the handlers. The report:\n" + "\n".join(f"case {n}: the answer came late" for n in range(300))
+
+    def reads(session: str) -> list[pb.Item]:
+        command = call("c1", "bash", json.dumps({"command": "cat src/app.py"}))
+        opening = [text(pb.ROLE_SYSTEM, "You fix bugs."), text(pb.ROLE_USER, task)]
+        return [*opening, pb.Item(role=pb.ROLE_ASSISTANT, content=[command]), result("c1", SOURCE)]
+
+    session = client.create_session().id
+    client.append_items(session, reads(session))
+    view = client.render_view(session, ViewFormat.ANTHROPIC_MESSAGES, place_cache_breakpoint=True)
+    assert view.cache_breakpoint_seq == 3  # the call: its output, which the next render compresses, is not cached
+    marked = [b for m in view.messages if isinstance(m["content"], list) for b in m["content"] if "cache_control" in b]
+    assert marked == [{**view.messages[1]["content"][0], "cache_control": {"type": "ephemeral"}}]
+    assert view.messages_json.count("cache_control") == 1
+
+    listing = pb.Item(role=pb.ROLE_ASSISTANT, content=[call("c2", "bash", json.dumps({"command": "ls"}))])
+    client.append_items(session, [listing, result("c2", "src\ntests")])
+    later = client.render_view(session, ViewFormat.ANTHROPIC_MESSAGES, place_cache_breakpoint=True)
+    [compressed] = [c for c in later.certificates if c.seq == 4 and c.decision == "prune"]
+    assert compressed.rationale == "it touches only the tail the cache has not seen"
+    assert compressed.mutation_radius_tokens == 0
+
+    unasked = client.create_session().id
+    client.append_items(unasked, reads(unasked))
+    plain = client.render_view(unasked, ViewFormat.ANTHROPIC_MESSAGES)
+    assert plain.cache_breakpoint_seq == 0 and "cache_control" not in plain.messages_json
+
+
 def test_a_view_over_budget_says_so(client: Client, session_id: str) -> None:
     client.append_items(session_id, [text(pb.ROLE_USER, "word " * 200)])
     view = client.render_view(session_id, ViewFormat.OPENAI_CHAT, budget_tokens=50)

@@ -44,6 +44,18 @@ def test_with_a_breakpoint_before_every_change_anthropic_reads_up_to_the_change(
     assert edited == Billed(cache_read=1500, cache_write=800, uncached=0, dollars=(1500 * 0.30 + 800 * 3.75) / 1e6)
 
 
+def test_a_breakpoint_placed_early_caches_up_to_it_and_sends_the_rest_uncached() -> None:
+    cache = PromptCache("anthropic", PRICES)
+    first = cache.call(prompt(1500, 500), at=0, through=1)
+    assert first == Billed(cache_read=0, cache_write=1500, uncached=500, dollars=(1500 * 3.75 + 500 * 3.00) / 1e6)
+    # The next call changed what came after the breakpoint: it reads all the cache holds.
+    second = cache.call(prompt(1500, 200, 300, edit=1), at=10)
+    assert second == Billed(cache_read=1500, cache_write=500, uncached=0, dollars=(1500 * 0.30 + 500 * 3.75) / 1e6)
+    # OpenAI caches what it caches whatever the request marks.
+    openai = [PromptCache("openai", PRICES).call(prompt(1500, 500), at=0, through=t) for t in (1, None)]
+    assert openai[0] == openai[1]
+
+
 def test_a_use_renews_the_entry() -> None:
     cache = PromptCache("anthropic", PRICES)
     cache.call(prompt(2000), at=0)

@@ -135,8 +135,9 @@ class AsyncClient:
         budget_tokens: int = 0,
         focus: Sequence[str] = (),
         tools: Sequence[Mapping[str, Any]] | None = None,
+        place_cache_breakpoint: bool = False,
     ) -> View:
-        return await self._run(_render_view(session_id, format, budget_tokens, focus, tools))
+        return await self._run(_render_view(session_id, format, budget_tokens, focus, tools, place_cache_breakpoint))
 
     async def render_openai(self, session_id: str, *, budget_tokens: int = 0) -> list[dict[str, Any]]:
         return (await self.render_view(session_id, ViewFormat.OPENAI_CHAT, budget_tokens=budget_tokens)).messages

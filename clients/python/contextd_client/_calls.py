@@ -147,7 +147,12 @@ def append_items(
 
 
 def render_view(
-    session_id: str, fmt: ViewFormat | str, budget_tokens: int, focus: Sequence[str], tools: Sequence[Any] | None
+    session_id: str,
+    fmt: ViewFormat | str,
+    budget_tokens: int,
+    focus: Sequence[str],
+    tools: Sequence[Any] | None,
+    place_cache_breakpoint: bool = False,
 ) -> Call[View]:
     return Call(
         "RenderView",
@@ -157,6 +162,7 @@ def render_view(
             budget_tokens=budget_tokens,
             focus=list(focus),
             tools_json=json.dumps(list(tools)) if tools else "",
+            place_cache_breakpoint=place_cache_breakpoint,
         ),
         lambda r: View.from_proto(r.view),
     )

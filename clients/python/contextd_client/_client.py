@@ -152,9 +152,12 @@ class Client:
         budget_tokens: int = 0,
         focus: Sequence[str] = (),
         tools: Sequence[Mapping[str, Any]] | None = None,
+        place_cache_breakpoint: bool = False,
     ) -> View:
-        """Render the session; `tools` (the provider tools array) lets transforms see the request's tools."""
-        return self._run(_render_view(session_id, format, budget_tokens, focus, tools))
+        """Render the session; `tools` (the provider tools array) lets transforms see the request's tools.
+        With `place_cache_breakpoint` the view places the prompt-cache breakpoint (an Anthropic view
+        carries its ``cache_control`` mark): send it as it is, adding none."""
+        return self._run(_render_view(session_id, format, budget_tokens, focus, tools, place_cache_breakpoint))
 
     def render_openai(self, session_id: str, *, budget_tokens: int = 0) -> list[dict[str, Any]]:
         """The view as Chat Completions ``messages``."""

@@ -134,6 +134,9 @@ class View:
     """The decisions this render took."""
     policy_version: str = ""
     """The version of the policy the view was produced with."""
+    cache_breakpoint_seq: int = 0
+    """With ``place_cache_breakpoint``: the last item the call should cache (the view placed the
+    breakpoint before the items after it, which the next render expects to reduce); 0: at the end."""
 
     def anthropic_kwargs(self) -> dict[str, Any]:
         """``messages`` and, when present, ``system``, to splat into ``messages.create``."""
@@ -171,6 +174,7 @@ class View:
             messages_json=message.messages_json,
             view_version=message.view_version,
             stable_prefix_tokens=message.stable_prefix_tokens,
+            cache_breakpoint_seq=message.cache_breakpoint_seq,
             request_patch=json.loads(message.request_patch_json or "{}"),
             certificates=tuple(Certificate.from_proto(c) for c in message.certificates),
             policy_version=message.policy_version,

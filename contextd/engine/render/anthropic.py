@@ -9,6 +9,11 @@ item keeps a plain string content, so text round-trips byte for byte; such
 a message is never merged into afterwards (a following same-role item
 starts a new message, which the API combines), so rendering is append-
 stable: the view of a longer history starts with the view of a shorter one.
+
+A view whose caller lets it place the prompt-cache breakpoint carries one
+``cache_control`` mark (`mark_breakpoint`), added to the final JSON only: the
+messages a later render compares and resumes are the unmarked ones, as the
+provider's cache matches content, not marks.
 """
 
 from __future__ import annotations
@@ -109,6 +114,57 @@ class AnthropicFolder:
                 # a stable sort keeps each group in history order.
                 message["content"].sort(key=lambda block: block["type"] != "tool_result")
             out.messages_json.append(_message_json(message))
+
+
+CACHE_CONTROL: JsonObject = {"type": "ephemeral"}
+_UNMARKABLE = ("thinking", "redacted_thinking")  # the API takes no cache_control on these
+
+
+def mark_breakpoint(
+    rendered: Rendered, through: Renderable | None = None, before: Renderable | None = None
+) -> tuple[str, str] | None:
+    """The messages and system JSON of `rendered` (final) with a cache breakpoint on the last
+    block of item `through` (None: the last block of the view), which must come before any
+    block of item `before`; None when it cannot be put there."""
+    messages, system = rendered.messages, rendered.system
+    index = rendered.message_index.get(through.seq, -1) if through is not None else len(messages) - 1
+    if through is not None and index < 0 and (through.role is not Role.SYSTEM or through.seq in rendered.omitted):
+        return None  # left out of the view
+    if index < 0:  # the system field
+        if system is None:
+            return None
+        blocks: list[JsonObject] = [{"type": "text", "text": system}] if isinstance(system, str) else list(system)
+        blocks[-1] = {**blocks[-1], "cache_control": CACHE_CONTROL}
+        return "[" + ",".join(rendered.messages_json) + "]", to_json(blocks)
+    content = messages[index]["content"]
+    if isinstance(content, str):
+        marked: list[JsonObject] = [{"type": "text", "text": content, "cache_control": CACHE_CONTROL}]
+    else:
+        own = _converted.get(sources(through), lambda: _convert(through)).blocks if through is not None else None
+        at = _last_of(content, own)
+        if at is None:
+            return None
+        if before is not None and rendered.message_index.get(before.seq) == index:
+            theirs = _converted.get(sources(before), lambda: _convert(before)).blocks
+            first = next((k for k, block in enumerate(content) if block in theirs), None)
+            if first is not None and first < at:
+                return None  # the Messages format put `before` first in the message
+        marked = list(content)
+        marked[at] = {**marked[at], "cache_control": CACHE_CONTROL}
+    messages_json = list(rendered.messages_json)
+    messages_json[index] = to_json({"role": messages[index]["role"], "content": marked})
+    system_json = to_json(system) if system is not None else ""
+    return "[" + ",".join(messages_json) + "]", system_json
+
+
+def _last_of(content: Sequence[JsonObject], own: Sequence[JsonObject] | None) -> int | None:
+    """The index of the last block in `content` that can carry a mark and is one of `own`
+    (None: any)."""
+    for at in range(len(content) - 1, -1, -1):
+        block = content[at]
+        if block["type"] not in _UNMARKABLE and (own is None or block in own):
+            return at
+    return None
 
 
 def _message_json(message: JsonObject) -> str:

@@ -624,6 +624,7 @@ class RenderViewRequest(_message.Message):
     BUDGET_TOKENS_FIELD_NUMBER: _builtins.int
     FOCUS_FIELD_NUMBER: _builtins.int
     TOOLS_JSON_FIELD_NUMBER: _builtins.int
+    PLACE_CACHE_BREAKPOINT_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     format: Global___ViewFormat.ValueType
     budget_tokens: _builtins.int
@@ -631,6 +632,15 @@ class RenderViewRequest(_message.Message):
     tools_json: _builtins.str
     """Optional: the provider `tools` array the call will send, as JSON, for
     transforms that look at it.
+    """
+    place_cache_breakpoint: _builtins.bool
+    """The caller lets the view place the prompt-cache breakpoint, and adds
+    none of its own. For a provider that caches at breakpoints (Anthropic),
+    the view ends the call's cache entry before the newest outputs the next
+    render expects to reduce, when that pays (they are then sent uncached
+    once instead of cached whole and cached again reduced), else at its end.
+    An ANTHROPIC_MESSAGES view carries the mark (`cache_control` on a
+    block); any view says where it is in `cache_breakpoint_seq`.
     """
     @_builtins.property
     def focus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -646,10 +656,11 @@ class RenderViewRequest(_message.Message):
         budget_tokens: _builtins.int = ...,
         focus: _abc.Iterable[_builtins.str] | None = ...,
         tools_json: _builtins.str = ...,
+        place_cache_breakpoint: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "focus", b"focus", "format", b"format", "session_id", b"session_id", "tools_json", b"tools_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "focus", b"focus", "format", b"format", "place_cache_breakpoint", b"place_cache_breakpoint", "session_id", b"session_id", "tools_json", b"tools_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -736,6 +747,7 @@ class View(_message.Message):
     VIEW_VERSION_FIELD_NUMBER: _builtins.int
     STABLE_PREFIX_TOKENS_FIELD_NUMBER: _builtins.int
     CERTIFICATES_FIELD_NUMBER: _builtins.int
+    CACHE_BREAKPOINT_SEQ_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     version: _builtins.int
     """The history version the view was rendered from."""
@@ -776,6 +788,11 @@ class View(_message.Message):
     render's in the same format: the part a provider's prompt cache can
     reuse.
     """
+    cache_breakpoint_seq: _builtins.int
+    """With place_cache_breakpoint: the seq of the last item the call should
+    cache, when the view placed the breakpoint before the items after it;
+    0 when it goes at the end of the view (and always without the option).
+    """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___ViewItem]: ...
     @_builtins.property
@@ -805,10 +822,11 @@ class View(_message.Message):
         view_version: _builtins.int = ...,
         stable_prefix_tokens: _builtins.int = ...,
         certificates: _abc.Iterable[Global___Certificate] | None = ...,
+        cache_breakpoint_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "certificates", b"certificates", "encoding", b"encoding", "format", b"format", "framing_tokens", b"framing_tokens", "item_tokens", b"item_tokens", "items", b"items", "messages_json", b"messages_json", "over_budget", b"over_budget", "policy_version", b"policy_version", "request_patch_json", b"request_patch_json", "session_id", b"session_id", "stable_prefix_tokens", b"stable_prefix_tokens", "system_json", b"system_json", "total_tokens", b"total_tokens", "version", b"version", "view_version", b"view_version", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "cache_breakpoint_seq", b"cache_breakpoint_seq", "certificates", b"certificates", "encoding", b"encoding", "format", b"format", "framing_tokens", b"framing_tokens", "item_tokens", b"item_tokens", "items", b"items", "messages_json", b"messages_json", "over_budget", b"over_budget", "policy_version", b"policy_version", "request_patch_json", b"request_patch_json", "session_id", b"session_id", "stable_prefix_tokens", b"stable_prefix_tokens", "system_json", b"system_json", "total_tokens", b"total_tokens", "version", b"version", "view_version", b"view_version", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

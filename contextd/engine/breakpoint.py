@@ -1,0 +1,80 @@
+"""Where the view asks the provider to end a call's cache entry (DESIGN section 6).
+
+A provider that caches at explicit breakpoints (Anthropic) writes a call's
+prompt to its cache up to the breakpoint, at the write price, and a later
+call reads back only whole cached prompts. Agents put the breakpoint at the
+end of each call. An output the next call compresses is then written to the
+cache whole, then written again compressed; the compression must pay for
+that rewrite, and often waits for it or never applies.
+
+When the caller lets the view place the breakpoint (`ViewRequest.
+place_breakpoint`), the view ends the cache entry before the newest outputs
+the next render expects to reduce: those protected now, for the call that
+reads them, on which a rule's edit is eligible from the next call on. This
+call sends them uncached, at the input price; the next call writes them in
+their new form, which costs no rewrite. Per item after the breakpoint, with
+input, write and read prices i, w and r, and E expected calls, against a
+breakpoint at the end (the item written now and read back next call):
+
+    expected to shrink from T to T' tokens:  (w + r - i) T - w T' + (E - 1) r (T - T')
+    any other item:                          -(i - r) T
+
+(the second: sent uncached now and written next call, instead of written now
+and read). The breakpoint goes before the expected item where the sum of what
+follows is largest, when it is positive and what it caches is long enough for
+the provider to cache at all; else at the end, as an agent puts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from contextd.engine.policy import MIN_CACHED_TOKENS, CachePolicy
+from contextd.engine.state import Segment
+
+PER_TOKEN = 1_000_000  # prices are per million tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Breakpoint:
+    through: int
+    """The seq of the last item the call caches."""
+    before: int
+    """The seq of the first item after it: the first the next render expects to reduce."""
+    offset: int
+    """Tokens the call caches (those before `before`)."""
+    value: float
+    """Dollars it is expected to save over a breakpoint at the end."""
+
+
+def place(segments: Sequence[Segment], shrinks: Mapping[int, int], cache: CachePolicy) -> Breakpoint | None:
+    """Where to end the cache entry of a render of `segments` (in view order), given the items
+    the next render expects to reduce (`shrinks`: seq -> its tokens then); None: at the end."""
+    if not shrinks:
+        return None
+    runs: list[tuple[int, int, int]] = []  # (seq, tokens, offset) per run of segments of one item
+    offset = 0
+    for segment in segments:
+        if runs and runs[-1][0] == segment.seq:
+            seq, tokens, start = runs[-1]
+            runs[-1] = (seq, tokens + segment.tokens, start)
+        else:
+            runs.append((segment.seq, segment.tokens, offset))
+        offset += segment.tokens
+    prices = cache.prices
+    i, w, r = prices.input / PER_TOKEN, prices.cache_write / PER_TOKEN, prices.cache_read / PER_TOKEN
+    later = max(1, cache.expected_calls // 2) - 1
+    best: Breakpoint | None = None
+    following = 0.0  # the value of the items after the one looked at
+    for index in range(len(runs) - 1, 0, -1):
+        seq, tokens, start = runs[index]
+        if seq in shrinks:
+            after = min(shrinks[seq], tokens)
+            following += (w + r - i) * tokens - w * after + later * r * (tokens - after)
+            through = runs[index - 1][0]
+            if through > 0 and start >= MIN_CACHED_TOKENS and following > (best.value if best else 0.0):
+                best = Breakpoint(through, seq, start, following)
+        else:
+            following -= (i - r) * tokens
+    return best

@@ -1,0 +1,168 @@
+"""The cache breakpoint the view places: where (on hand-computed cases), how the engine prices
+the next render from it, and the mark in the Messages format."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from contextd.engine.breakpoint import Breakpoint, place
+from contextd.engine.certificates import Decision
+from contextd.engine.model import Item, ItemContent, ReasoningBlock, Role, TextBlock, ToolResultBlock, ToolUseBlock
+from contextd.engine.pipeline import RenderInput, RenderOutput, render
+from contextd.engine.policy import CachePolicy, parse_policy
+from contextd.engine.render.anthropic import CACHE_CONTROL, mark_breakpoint, render_anthropic
+from contextd.engine.state import PreviousRender, Segment, ViewState, state_from_json, state_to_json
+from contextd.engine.timing import cache_state
+from contextd.engine.view import ViewFormat, ViewRequest
+from tests.engine.test_pipeline import ANTHROPIC, OPENAI, REGISTRY, history, sent, tool_round
+from tests.helpers import counter, make_item, make_session
+from tests.validators import check_anthropic
+
+CACHE = CachePolicy()  # Anthropic: input $3, write $3.75, read $0.30 per M; 12 calls expected, 6 counted here
+
+
+def segments(*sizes: tuple[int, int]) -> list[Segment]:
+    return [Segment(seq, "", tokens) for seq, tokens in sizes]
+
+
+def test_the_breakpoint_goes_before_an_output_the_next_render_reduces_when_that_pays() -> None:
+    point = place(segments((1, 2_000), (2, 100), (3, 3_000)), {3: 300}, CACHE)
+    # (3.75 + 0.30 - 3) x 3,000 - 3.75 x 300 + 5 x 0.30 x 2,700, per million
+    assert point == Breakpoint(through=2, before=3, offset=2_100, value=pytest.approx(6_075 / 1e6))
+
+
+def test_an_output_sent_uncached_and_not_reduced_costs_what_it_saves() -> None:
+    # Item 4 follows: sent uncached now and written next call (-(3 - 0.30) x 5,000) outweighs item 3.
+    assert place(segments((1, 2_000), (2, 100), (3, 3_000), (4, 5_000)), {3: 300}, CACHE) is None
+    # A reduction that keeps most of the output does not pay either: 3,150 - 9,375 + 750.
+    assert place(segments((1, 2_000), (2, 100), (3, 3_000)), {3: 2_500}, CACHE) is None
+
+
+def test_the_breakpoint_goes_where_what_follows_is_worth_most() -> None:
+    # From item 3 on: 3,150 - 375 + 4,350 = 7,125; from item 2 on it adds 3,150 - 10,875 + 150.
+    point = place(segments((1, 2_000), (2, 3_000), (3, 3_000)), {2: 2_900, 3: 100}, CACHE)
+    assert point is not None and (point.through, point.before, point.offset) == (2, 3, 5_000)
+
+
+def test_no_breakpoint_where_the_provider_would_cache_nothing_or_after_inserted_content() -> None:
+    assert place(segments((1, 500), (2, 3_000)), {2: 100}, CACHE) is None  # 500 tokens: under the minimum
+    assert place(segments((1, 2_000), (-1, 50), (2, 3_000)), {2: 100}, CACHE) is None
+    assert place(segments((1, 2_000), (2, 3_000)), {}, CACHE) is None
+    # An item shown in pieces counts whole, from its first.
+    assert place(segments((1, 2_000), (2, 1_500), (2, 1_500)), {2: 300}, CACHE) == place(
+        segments((1, 2_000), (2, 3_000)), {2: 300}, CACHE
+    )
+
+
+def test_the_engine_prices_the_next_render_from_the_breakpoint() -> None:
+    previous = PreviousRender(0.0, tuple(segments((1, 2_000), (2, 3_000))), cached_through=2_000)
+    state = cache_state(previous, 30.0, CACHE)
+    assert (state.previous_tokens, state.breakpoints) == (2_000, (2_000,))
+    assert state.read_until(2_500) == 2_000  # an edit past it rewrites nothing the cache holds
+    stored = ViewState(renders={"openai_chat": previous})
+    assert state_from_json(state_to_json(stored)) == stored
+
+
+# ------------------------------------------------------------------- the render
+
+FIRST_LINE = """
+protection: {last_turns: 1}
+rules: [{name: first-line, transform: first_line, when: {roles: [tool]}}]
+"""
+BODY = "\n".join(f"body line {n}: value {n * 7} of the long listing" for n in range(300))
+
+
+def rounds(count: int) -> list[ItemContent]:
+    return [c for n in range(count) for c in tool_round(f"c{n}", "read_file", f"head {n}\n{BODY}")]
+
+
+def task(n: int) -> list[Item]:
+    """A long task statement (which stays: enough for the provider to cache), and `n` tool rounds."""
+    return history(*[rounds(n)], user="Fix the parser; the listing:\n" + BODY)
+
+
+def go(n: int, state: ViewState, now: float, fmt: ViewFormat, placed: bool = True) -> RenderOutput:
+    items = task(n)
+    request = ViewRequest(fmt, place_breakpoint=placed)
+    policy = parse_policy(FIRST_LINE, REGISTRY)
+    return render(RenderInput(make_session(len(items)), items, policy, request, counter(), REGISTRY, state, now))
+
+
+@pytest.mark.parametrize("fmt", [OPENAI, ANTHROPIC])
+def test_a_render_caches_up_to_the_newest_output_and_the_next_reduces_it_for_free(fmt: ViewFormat) -> None:
+    first = go(2, ViewState(), 0.0, fmt)
+    items = task(2)
+    newest, call = items[-1].seq, items[-2].seq
+    assert first.view.cache_breakpoint_seq == call  # cached through the call, not its output
+    assert sent(first, fmt).cached_through == sent(first, fmt).offsets()[newest]
+    second = go(3, first.state, 30.0, fmt)
+    [pruned] = [c for c in second.certificates if c.seq == newest]
+    assert (pruned.decision, pruned.mutation_radius_tokens) == (Decision.PRUNE, 0)
+    assert pruned.rationale == "it touches only the tail the cache has not seen"
+
+    # With the caller's breakpoint at the end, the same edit would rewrite what the cache holds.
+    end = go(2, ViewState(), 0.0, fmt, placed=False)
+    assert end.view.cache_breakpoint_seq == 0 and sent(end, fmt).cached_through is None
+    [priced] = [c for c in go(3, end.state, 30.0, fmt, placed=False).certificates if c.seq == newest]
+    assert priced.mutation_radius_tokens > 0
+
+
+def test_the_messages_view_carries_one_mark_where_the_breakpoint_is() -> None:
+    first = go(2, ViewState(), 0.0, ANTHROPIC)
+    messages = json.loads(first.view.messages_json)
+    check_anthropic(json.loads(first.view.system_json), messages)
+    marked = [(i, b) for i, m in enumerate(messages) if isinstance(m["content"], list) for b in m["content"]]
+    marked = [(i, b) for i, b in marked if "cache_control" in b]
+    assert [(b["type"], b["cache_control"]) for _, b in marked] == [("tool_use", CACHE_CONTROL)]
+    assert marked[0][0] == len(messages) - 2  # the call's message: its output, last, is not cached
+    # The mark is the view's only: what the state keeps (and the next render compares) is unmarked.
+    assert "cache_control" not in json.dumps(first.state.renders[ANTHROPIC.value].segments)
+    second = go(2, first.state, 10.0, ANTHROPIC)
+    assert second.view.stable_prefix_tokens == sent(first, ANTHROPIC).total_tokens
+
+
+def test_without_an_output_to_reduce_the_mark_goes_at_the_end() -> None:
+    quiet = history(tool_round("c0", "read_file", "short"))
+    policy = parse_policy(FIRST_LINE, REGISTRY)
+
+    def view(request: ViewRequest) -> tuple[list[dict[str, object]], str]:
+        out = render(RenderInput(make_session(len(quiet)), quiet, policy, request, counter(), REGISTRY))
+        assert out.view.cache_breakpoint_seq == 0
+        return json.loads(out.view.messages_json), out.view.messages_json + out.view.system_json
+
+    messages, marked = view(ViewRequest(ANTHROPIC, place_breakpoint=True))
+    assert messages[-1]["content"][-1]["cache_control"] == CACHE_CONTROL  # type: ignore[index]
+    assert marked.count('"cache_control"') == 1
+    assert view(ViewRequest(ANTHROPIC))[1].count('"cache_control"') == 0
+    assert view(ViewRequest(OPENAI, place_breakpoint=True))[1].count('"cache_control"') == 0
+
+
+def test_the_mark_on_a_lone_text_a_system_prompt_and_past_thinking() -> None:
+    system = make_item(Role.SYSTEM, TextBlock("You are terse."), seq=1)
+    user = make_item(Role.USER, TextBlock("hello"), seq=2)
+    thinking = ReasoningBlock("pondering", signature="sig")
+    answer = make_item(Role.ASSISTANT, TextBlock("hi"), thinking, seq=3)
+    rendered = render_anthropic([system, user, answer])
+    messages_json, system_json = mark_breakpoint(rendered, user) or ("", "")
+    [opening] = json.loads(messages_json)[0]["content"]
+    assert opening == {"type": "text", "text": "hello", "cache_control": CACHE_CONTROL}
+    assert json.loads(system_json) == "You are terse."
+    _, on_system = mark_breakpoint(rendered, system) or ("", "")
+    assert json.loads(on_system) == [{"type": "text", "text": "You are terse.", "cache_control": CACHE_CONTROL}]
+    at_end, _ = mark_breakpoint(rendered) or ("", "")
+    last = json.loads(at_end)[-1]["content"]
+    assert [("cache_control" in b) for b in last] == [True, False]  # a thinking block takes no mark
+    check_anthropic(json.loads(system_json), json.loads(at_end))
+
+
+def test_no_mark_where_the_messages_format_put_a_later_item_first() -> None:
+    call = make_item(Role.ASSISTANT, ToolUseBlock("t1", "bash", "{}"), seq=2)
+    note = make_item(Role.USER, TextBlock("while it runs: also check b.py"), seq=3)
+    result = make_item(Role.TOOL, ToolResultBlock("t1", (TextBlock("ok"),)), seq=4)
+    opening = make_item(Role.USER, TextBlock("go"), seq=1)
+    rendered = render_anthropic([opening, call, note, result])
+    # The result goes first in the user turn, before the note: a mark after the note would cache it.
+    assert mark_breakpoint(rendered, note, result) is None
+    assert mark_breakpoint(rendered, call, note) is not None
