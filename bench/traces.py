@@ -1,14 +1,16 @@
 """Replay real agent traces call by call and count what each model call is sent.
 
     python bench/traces.py [--traces ../shared/traces] [--probes bench/probes] [--policy FILE]
-                           [--gap SECONDS] [--composition]
+                           [--gap SECONDS] [--caller-breakpoint] [--composition]
 
 For every trace (the neutral format of ../shared/traces/README.md): append
 the messages in order and, before each assistant message (a model call),
 render the view as an agent would, from the previous render's state and
 carry, --gap seconds after it (30 by default: the prompt cache warm, so
 edits to what was sent are priced and may wait; past the cache's TTL every
-call finds it cold, and what is eligible applies at once). It runs the
+call finds it cold, and what is eligible applies at once), letting the view
+place the prompt-cache breakpoint (with --caller-breakpoint the agent puts it
+at the end of each call, and the engine prices edits so). It runs the
 engine in-process, as the service does under its lock, with the default
 policy unless --policy names another. The same through a running service,
 over gRPC, with the prompt cache priced: `contextd-lab replay` (the lab).
@@ -90,10 +92,15 @@ class Replay:
 
 
 def replay(
-    trace: dict[str, Any], policy: Policy, counter: TiktokenCounter, registry: TransformRegistry, gap: float
+    trace: dict[str, Any],
+    policy: Policy,
+    counter: TiktokenCounter,
+    registry: TransformRegistry,
+    gap: float,
+    place_breakpoint: bool = True,
 ) -> Replay:
     items = [to_item(c, seq) for seq, c in enumerate(contents(trace), start=1)]
-    request = ViewRequest(ViewFormat.OPENAI_CHAT)
+    request = ViewRequest(ViewFormat.OPENAI_CHAT, place_breakpoint=place_breakpoint)
     out = Replay(trace["id"], items=items)
     state, carry, now = ViewState(), None, 0.0
     ends = [i for i, m in enumerate(trace["messages"]) if m["role"] == "assistant"] + [len(items)]
@@ -115,7 +122,7 @@ def replay(
         out.hidden += [(out.calls, term) for term in hidden]
         out.calls += 1
         out.sent += rendered.view.total_tokens
-        out.raw += identity_view(session, prefix, request, counter).total_tokens
+        out.raw += identity_view(session, prefix, ViewRequest(ViewFormat.OPENAI_CHAT), counter).total_tokens
         rule_of = {a.edit.seq: a.rule for a in state.applied if hasattr(a.edit, "seq")}
         for shown in rendered.view.items:
             if shown.seq in rule_of:
@@ -166,6 +173,11 @@ def main() -> int:
         "--gap", type=float, default=30.0, help="seconds between calls (past the cache TTL: every call finds it cold)"
     )
     parser.add_argument(
+        "--caller-breakpoint",
+        action="store_true",
+        help="the agent puts the cache breakpoint at the end of each call (by default the view places it)",
+    )
+    parser.add_argument(
         "--composition", action="store_true", help="print where the raw tokens sent are (by kind of message), then stop"
     )
     args = parser.parse_args()
@@ -206,12 +218,13 @@ def _run(args: argparse.Namespace) -> int:
     policy = parse_policy(args.policy.read_text(), registry) if args.policy else default_policy()
     print(f"command: python bench/traces.py {' '.join(sys.argv[1:])}".rstrip())
     where = f"in-process, {args.gap:g} s between calls"
+    where += "; the agent's breakpoint at the end of each call" if args.caller_breakpoint else "; the view's breakpoint"
     print(f"policy: {policy.version} ({args.policy or 'the default policy'}); {where}\n")
     rows, totals, rules, probes_total, decisions = [], Counter[str](), Counter[str](), Counter[str](), Counter[str]()
     hidden: list[tuple[str, int, str]] = []
     for path in sorted(args.traces.glob("*.json")):
         trace = json.loads(path.read_text())
-        result = replay(trace, policy, counter, registry, args.gap)
+        result = replay(trace, policy, counter, registry, args.gap, not args.caller_breakpoint)
         probe_file = args.probes / f"{trace['id']}.json"
         probes = json.loads(probe_file.read_text())["probes"] if probe_file.exists() else []
         kept = check_probes(result, probes)

@@ -148,6 +148,8 @@ class ViewService:
             over_budget=view.over_budget,
             decisions=len(certificates),
             view_version=view.view_version,
+            stable_prefix_tokens=view.stable_prefix_tokens,
+            cache_breakpoint_seq=view.cache_breakpoint_seq,
             warnings=",".join(sorted({w.code for w in view.warnings})),
             volatile_content=sum(w.code == "VOLATILE_CONTENT" for w in view.warnings),
         )

@@ -16,13 +16,16 @@ their new form, which costs no rewrite. Per item after the breakpoint, with
 input, write and read prices i, w and r, and E expected calls, against a
 breakpoint at the end (the item written now and read back next call):
 
-    expected to shrink from T to T' tokens:  (w + r - i) T - w T' + (E - 1) r (T - T')
+    expected to shrink from T to T' tokens:  (w + r - i) T - w T' + (E/2 - 1) r (T - T')
     any other item:                          -(i - r) T
 
 (the second: sent uncached now and written next call, instead of written now
-and read). The breakpoint goes before the expected item where the sum of what
-follows is largest, when it is positive and what it caches is long enough for
-the provider to cache at all; else at the end, as an agent puts it.
+and read). E here is half the policy's `cache.expected_calls`: the guess rests
+on the agent's next turn, which may keep more of the output than this one
+would, and a session may end. The breakpoint goes before the expected item
+where the sum of what follows is largest, when it is positive, what it caches
+is long enough for the provider to cache at all, and it leaves out nothing
+the call reads from the cache; else at the end, as an agent puts it.
 """
 
 from __future__ import annotations
@@ -48,9 +51,13 @@ class Breakpoint:
     """Dollars it is expected to save over a breakpoint at the end."""
 
 
-def place(segments: Sequence[Segment], shrinks: Mapping[int, int], cache: CachePolicy) -> Breakpoint | None:
+def place(
+    segments: Sequence[Segment], shrinks: Mapping[int, int], cache: CachePolicy, floor: int = 0
+) -> Breakpoint | None:
     """Where to end the cache entry of a render of `segments` (in view order), given the items
-    the next render expects to reduce (`shrinks`: seq -> its tokens then); None: at the end."""
+    the next render expects to reduce (`shrinks`: seq -> its tokens then); None: at the end.
+    Never before `floor`, the tokens this call reads from the cache: a provider reads no entry
+    that ends past the call's breakpoint."""
     if not shrinks:
         return None
     runs: list[tuple[int, int, int]] = []  # (seq, tokens, offset) per run of segments of one item
@@ -73,7 +80,7 @@ def place(segments: Sequence[Segment], shrinks: Mapping[int, int], cache: CacheP
             after = min(shrinks[seq], tokens)
             following += (w + r - i) * tokens - w * after + later * r * (tokens - after)
             through = runs[index - 1][0]
-            if through > 0 and start >= MIN_CACHED_TOKENS and following > (best.value if best else 0.0):
+            if through > 0 and start >= max(floor, MIN_CACHED_TOKENS) and following > (best.value if best else 0.0):
                 best = Breakpoint(through, seq, start, following)
         else:
             following -= (i - r) * tokens

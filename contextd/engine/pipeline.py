@@ -465,7 +465,7 @@ def render(inp: RenderInput) -> RenderOutput:
     proposed, pools = _proposed(inp, context, taken - compressed, carried)
     candidates = [*_waiting(inp, draft, log), *proposed]
     # What the next render expects to reduce, when this one may place the cache breakpoint before it.
-    shrinks: dict[int, int] | None = {} if _places_breakpoint(inp) else None
+    shrinks: dict[int, int] | None = {} if _looks_ahead(inp) else None
     eligible = _eligible(candidates, draft, judge, taken, set(compressed), inp.counter, log, shrinks)
     applied_now, pending, durable = _time(eligible, inp, context, previous, draft, log)
     # Over its budget, the view may offload what is compressed, in force or just now.
@@ -494,8 +494,10 @@ def render(inp: RenderInput) -> RenderOutput:
     segments = tuple(assembly.segments)
     stable = first_divergence(previous.segments, segments) if previous else 0
     point = None
-    if shrinks is not None:
-        view, point = _with_breakpoint(view, assembly, draft, place(segments, shrinks, _pricing(inp)))
+    if inp.request.place_breakpoint:
+        read = context.cache.read_until(stable) if previous is not None else 0
+        point = place(segments, shrinks, _pricing(inp), read) if shrinks else None
+        view, point = _with_breakpoint(view, assembly, draft, point)
     new_state = ViewState(
         view_version=state.view_version + 1,
         policy_version=policy.version,
@@ -506,7 +508,7 @@ def render(inp: RenderInput) -> RenderOutput:
                 segments,
                 view.total_tokens,
                 inp.request.budget_tokens,
-                ends_after(previous, stable, assembly.offset, inp.now, policy.cache),
+                ends_after(previous, stable, point.offset if point else assembly.offset, inp.now, policy.cache),
                 point.offset if point is not None else None,
                 known_offsets=assembly.offsets,
                 known_total=assembly.offset,
@@ -699,7 +701,7 @@ def _eligible(
             and judge.judge(proposal, candidate.control, protection=False).eligible
         ):
             after = _represent(proposal, edit, entry, draft, counter)[1]
-            if after < min(entry.tokens, shrinks.get(entry.seq, entry.tokens)):
+            if entry.seq not in shrinks and after < entry.tokens:  # the first eligible is what would apply
                 shrinks[entry.seq] = after
         if not verdict.eligible:
             body = _body(
@@ -735,9 +737,10 @@ def _represent(
     return _represented.get(sources, partial(_counted, edit, draft.entries, proposal.reason, counter))
 
 
-def _places_breakpoint(inp: RenderInput) -> bool:
+def _looks_ahead(inp: RenderInput) -> bool:
     """Whether this render may end the cache entry before what the next one reduces: the caller
-    lets the view place the breakpoint, for a provider that caches at breakpoints."""
+    lets the view place the breakpoint, for a provider that caches at breakpoints (one that
+    caches any prefix caches it all: the breakpoint, if the format has one, goes at the end)."""
     return inp.request.place_breakpoint and inp.policy.cache.reads == BREAKPOINTS
 
 
@@ -751,7 +754,11 @@ def _with_breakpoint(
     rendered = assembly.rendered
     marked = None
     if point is not None:
-        marked = mark_breakpoint(rendered, draft.entries[point.through], draft.entries[point.before])
+        index = rendered.message_index.get(point.through)
+        seqs = [s.seq for s in assembly.segments]
+        after = seqs[seqs.index(point.before) :]
+        shared = index is not None and index >= 0 and any(rendered.message_index.get(s) == index for s in after)
+        marked = mark_breakpoint(rendered, draft.entries[point.through], shared)
     if marked is None:
         point, marked = None, mark_breakpoint(rendered)
     if marked is None:

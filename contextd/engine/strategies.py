@@ -202,7 +202,7 @@ class Snapshots(_Strategy):
         if not any(fnmatch.fnmatchcase(command, p) for p in params.get("commands", ())):
             return None
         later = context.observations.next_run(seen)
-        if later is None or later.failed:
+        if later is None or (later.failed and not _finished(_output_text(context.by_seq[later.seq]))):
             return None  # a failed run (a timeout, a crash) may show less than the one it would replace
         return Proposal(
             Replace(entry.seq, (TextBlock(_snapshot_residue(entry, seen, later)),)),
@@ -210,6 +210,26 @@ class Snapshots(_Strategy):
             "snapshot",
             f"the same command ran again at seq {later.seq} (call {later.call_id})",
         )
+
+
+_FINISHED = re.compile(
+    r"^=+ [^=\n]*\b(?:passed|failed)\b[^=\n]* in [\d.]+s\b[^=\n]*=+\r?$"  # pytest
+    r"|^Ran \d+ tests? in [\d.]+s\r?$"  # unittest
+    r"|^test result: (?:ok|FAILED)\. \d+ passed"  # cargo test
+    r"|^(?:ok|FAIL)\s+\S+\s+[\d.]+s\r?$",  # go test
+    re.MULTILINE,
+)
+_STOPPED = re.compile(
+    r"^!+ .*(?:Interrupted|KeyboardInterrupt)|ERROR collecting|_FailedTest|^panic: test timed out", re.MULTILINE
+)
+
+
+def _finished(text: str) -> bool:
+    """Whether a test run's output shows it ran to its end, whatever its tests did (a closing
+    summary of tests that passed or failed, and no sign it stopped short: an interrupt, a
+    module that could not be collected or loaded, a timeout): a run that exited nonzero so
+    shows all that an earlier run of it did."""
+    return _FINISHED.search(text) is not None and _STOPPED.search(text) is None
 
 
 _RETURN_CODE = re.compile(r"<returncode>(-?\d+)</returncode>|exit(?:ed with)? (?:code|status) (-?\d+)")

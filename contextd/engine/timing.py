@@ -70,7 +70,7 @@ def live_ends(previous: PreviousRender, now: float, cache: CachePolicy) -> list[
     provider's cache `now`."""
     ends = (*previous.cached_ends, (previous.cached_tokens, previous.rendered_at))
     ttl = cache.prices.ttl_seconds
-    return [(offset, used) for offset, used in ends if offset >= MIN_CACHED_TOKENS and now - used <= ttl]
+    return sorted((offset, used) for offset, used in ends if offset >= MIN_CACHED_TOKENS and now - used <= ttl)
 
 
 def ends_after(

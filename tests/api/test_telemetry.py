@@ -86,6 +86,11 @@ def test_rpc_and_storage_spans_carry_session_items_and_tokens(
     assert (
         render_attributes["contextd.warnings"] == "OVER_BUDGET" and render_attributes["contextd.volatile_content"] == 0
     )
+    # The first render: nothing cached to reuse, and the caller did not ask the view for a breakpoint.
+    assert (render_attributes["contextd.stable_prefix_tokens"], render_attributes["contextd.cache_breakpoint_seq"]) == (
+        0,
+        0,
+    )
     load = _named(finished, "storage.load_history", session_id)
     assert load.parent is not None and load.parent.span_id == render.context.span_id
 

@@ -173,10 +173,14 @@ async def test_the_async_client_does_everything_the_sync_one_does(make_server: M
             system="Be kind.",
         )
         assert result.replayed and result.version == 3
-        assert await client.render_anthropic(session.id) == {
+        assert await client.render_anthropic(session.id, place_cache_breakpoint=False) == {
             "system": "Be kind.",
             "messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}],
         }
+        marked = await client.render_anthropic(session.id)  # the view's breakpoint, at its end here
+        assert marked["messages"][-1]["content"] == [
+            {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}
+        ]
         view = await client.render_view(session.id, ViewFormat.OPENAI_CHAT)
         assert view.messages[0] == {"role": "system", "content": "Be kind."}
         assert [s.id async for s in client.list_sessions(page_size=1)] == [session.id]

@@ -16,6 +16,8 @@ from contextd.engine.render.anthropic import CACHE_CONTROL, mark_breakpoint, ren
 from contextd.engine.state import PreviousRender, Segment, ViewState, state_from_json, state_to_json
 from contextd.engine.timing import cache_state
 from contextd.engine.view import ViewFormat, ViewRequest
+from contextd.lab.cache import PromptCache
+from contextd.lab.replay import _segments, cached_messages
 from tests.engine.test_pipeline import ANTHROPIC, OPENAI, REGISTRY, history, sent, tool_round
 from tests.helpers import counter, make_item, make_session
 from tests.validators import check_anthropic
@@ -157,12 +159,62 @@ def test_the_mark_on_a_lone_text_a_system_prompt_and_past_thinking() -> None:
     check_anthropic(json.loads(system_json), json.loads(at_end))
 
 
-def test_no_mark_where_the_messages_format_put_a_later_item_first() -> None:
-    call = make_item(Role.ASSISTANT, ToolUseBlock("t1", "bash", "{}"), seq=2)
-    note = make_item(Role.USER, TextBlock("while it runs: also check b.py"), seq=3)
-    result = make_item(Role.TOOL, ToolResultBlock("t1", (TextBlock("ok"),)), seq=4)
+def test_between_items_of_one_message_only_tool_results_in_order_are_marked() -> None:
     opening = make_item(Role.USER, TextBlock("go"), seq=1)
-    rendered = render_anthropic([opening, call, note, result])
-    # The result goes first in the user turn, before the note: a mark after the note would cache it.
-    assert mark_breakpoint(rendered, note, result) is None
-    assert mark_breakpoint(rendered, call, note) is not None
+    calls = make_item(Role.ASSISTANT, ToolUseBlock("t1", "bash", "{}"), ToolUseBlock("t2", "bash", "{}"), seq=2)
+    note = make_item(Role.USER, TextBlock("while they run: also check b.py"), seq=3)
+    first = make_item(Role.TOOL, ToolResultBlock("t1", (TextBlock("one"),)), seq=4)
+    second = make_item(Role.TOOL, ToolResultBlock("t2", (TextBlock("two"),)), seq=5)
+    # The results go first in the user turn, before the note: a mark after the note would cache them.
+    mixed = render_anthropic([opening, calls, note, first, second])
+    assert mark_breakpoint(mixed, note, shared=True) is None
+    assert mark_breakpoint(mixed, calls) is not None  # the message before: nothing reordered
+    results = render_anthropic([opening, calls, first, second])
+    messages_json, _ = mark_breakpoint(results, first, shared=True) or ("", "")
+    marks = ["cache_control" in b for b in json.loads(messages_json)[-1]["content"]]
+    assert marks == [True, False]
+    # Without items after it in its message, the message's last block takes the mark.
+    messages_json, _ = mark_breakpoint(results, second) or ("", "")
+    assert ["cache_control" in b for b in json.loads(messages_json)[-1]["content"]] == [False, True]
+
+
+def test_an_empty_text_takes_no_mark() -> None:
+    user = make_item(Role.USER, TextBlock("hello"), seq=1)
+    silent = make_item(Role.ASSISTANT, TextBlock(""), seq=2)
+    rendered = render_anthropic([user, silent])
+    assert mark_breakpoint(rendered) is None
+    assert mark_breakpoint(rendered, user) is not None
+
+
+def test_the_breakpoint_never_leaves_out_what_the_call_reads_from_the_cache() -> None:
+    assert place(segments((1, 2_000), (2, 3_000), (3, 100)), {2: 100}, CACHE, floor=5_000) is None
+    assert place(segments((1, 2_000), (2, 3_000), (3, 100)), {2: 100}, CACHE, floor=2_000) is not None
+    # Two turns protected: what lapses next is from the turn before last, which the previous
+    # call cached; a breakpoint before it would make the call read nothing back.
+    policy = parse_policy(FIRST_LINE.replace("last_turns: 1", "last_turns: 2"), REGISTRY)
+
+    def bill(placed: bool) -> float:
+        request = ViewRequest(OPENAI, place_breakpoint=placed)
+        state, cache, dollars = ViewState(), PromptCache("anthropic"), 0.0
+        for n in range(1, 9):
+            # Long outputs and short ones in turn: a long one lapses when a short one is the newest.
+            outputs = [f"head {k}\n{BODY}" if k % 2 == 0 else f"short {k}" for k in range(n)]
+            rounds = [c for k, text in enumerate(outputs) for c in tool_round(f"c{k}", "read_file", text)]
+            items, now = history(rounds, user="Fix the parser; the listing:\n" + BODY), n * 30.0
+            out = render(RenderInput(make_session(len(items)), items, policy, request, counter(), REGISTRY, state, now))
+            prompt = _segments(json.loads(out.view.messages_json), out.view.items, out.view.framing_tokens)
+            dollars += cache.call(prompt, now, cached_messages(out.view)).dollars
+            state = out.state
+        return dollars
+
+    assert bill(placed=True) <= bill(placed=False)
+
+
+def test_for_a_provider_that_caches_any_prefix_the_mark_goes_at_the_end() -> None:
+    items = task(2)
+    policy = parse_policy(FIRST_LINE + "cache: {reads: prefix}\n", REGISTRY)
+    request = ViewRequest(ANTHROPIC, place_breakpoint=True)
+    out = render(RenderInput(make_session(len(items)), items, policy, request, counter(), REGISTRY))
+    assert out.view.cache_breakpoint_seq == 0 and sent(out, ANTHROPIC).cached_through is None
+    last = json.loads(out.view.messages_json)[-1]["content"][-1]
+    assert last["type"] == "tool_result" and last["cache_control"] == CACHE_CONTROL

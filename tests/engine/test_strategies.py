@@ -393,6 +393,21 @@ def test_a_snapshot_is_not_replaced_by_a_run_that_failed() -> None:
     assert pruned(run(items, "snapshots", '{commands: ["pytest*"]}')) == {}
 
 
+def test_a_snapshot_is_replaced_by_a_later_run_whose_tests_failed_but_that_ran_to_its_end() -> None:
+    # pytest exits 1 when tests fail: the run is whole, its summary line says it finished.
+    def run_of(failed: int) -> str:
+        summary = f"=========== {failed} failed, {10 - failed} passed in 0.52s ==========="
+        return f"<returncode>1</returncode>\n<output>\n{BODY}\nFAILED tests/t.py::test_x\n{summary}\n</output>"
+
+    items = session(("pytest tests", run_of(2), True), ("pytest tests", run_of(1), True))
+    assert pruned(run(items, "snapshots", '{commands: ["pytest*"]}')) == {
+        seq_of(1): (2, "the same command ran again at seq 6 (call c2)")
+    }
+    cut = run_of(1).replace("in 0.52s", "in progress")  # no summary: it may have stopped short
+    stopped = session(("pytest tests", run_of(2), True), ("pytest tests", cut, True))
+    assert pruned(run(stopped, "snapshots", '{commands: ["pytest*"]}')) == {}
+
+
 @pytest.mark.parametrize(
     ("output", "kept"),
     [

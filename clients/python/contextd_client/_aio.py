@@ -142,8 +142,15 @@ class AsyncClient:
     async def render_openai(self, session_id: str, *, budget_tokens: int = 0) -> list[dict[str, Any]]:
         return (await self.render_view(session_id, ViewFormat.OPENAI_CHAT, budget_tokens=budget_tokens)).messages
 
-    async def render_anthropic(self, session_id: str, *, budget_tokens: int = 0) -> dict[str, Any]:
-        view = await self.render_view(session_id, ViewFormat.ANTHROPIC_MESSAGES, budget_tokens=budget_tokens)
+    async def render_anthropic(
+        self, session_id: str, *, budget_tokens: int = 0, place_cache_breakpoint: bool = True
+    ) -> dict[str, Any]:
+        view = await self.render_view(
+            session_id,
+            ViewFormat.ANTHROPIC_MESSAGES,
+            budget_tokens=budget_tokens,
+            place_cache_breakpoint=place_cache_breakpoint,
+        )
         return view.anthropic_kwargs()
 
     # ------------------------------------------------------------ controls

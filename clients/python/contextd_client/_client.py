@@ -163,9 +163,18 @@ class Client:
         """The view as Chat Completions ``messages``."""
         return self.render_view(session_id, ViewFormat.OPENAI_CHAT, budget_tokens=budget_tokens).messages
 
-    def render_anthropic(self, session_id: str, *, budget_tokens: int = 0) -> dict[str, Any]:
-        """The view as ``messages.create`` keywords: ``messages`` and, when present, ``system``."""
-        view = self.render_view(session_id, ViewFormat.ANTHROPIC_MESSAGES, budget_tokens=budget_tokens)
+    def render_anthropic(
+        self, session_id: str, *, budget_tokens: int = 0, place_cache_breakpoint: bool = True
+    ) -> dict[str, Any]:
+        """The view as ``messages.create`` keywords: ``messages`` and, when present, ``system``;
+        with the prompt-cache breakpoint the view placed (``cache_control`` on one block), unless
+        `place_cache_breakpoint` is False (the caller marks its own)."""
+        view = self.render_view(
+            session_id,
+            ViewFormat.ANTHROPIC_MESSAGES,
+            budget_tokens=budget_tokens,
+            place_cache_breakpoint=place_cache_breakpoint,
+        )
         return view.anthropic_kwargs()
 
     # ------------------------------------------------------------ controls

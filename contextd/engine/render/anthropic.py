@@ -121,48 +121,48 @@ _UNMARKABLE = ("thinking", "redacted_thinking")  # the API takes no cache_contro
 
 
 def mark_breakpoint(
-    rendered: Rendered, through: Renderable | None = None, before: Renderable | None = None
+    rendered: Rendered, through: Renderable | None = None, shared: bool = False
 ) -> tuple[str, str] | None:
-    """The messages and system JSON of `rendered` (final) with a cache breakpoint on the last
-    block of item `through` (None: the last block of the view), which must come before any
-    block of item `before`; None when it cannot be put there."""
+    """The messages and system JSON of `rendered` (final) with a cache breakpoint after item
+    `through` (None: at the end of the view); None when it cannot be put there exactly.
+    `shared`: items after `through` are in its message too, whose blocks the format may have
+    reordered (tool results first): then only a run of tool results, kept in order, is marked
+    between items."""
     messages, system = rendered.messages, rendered.system
     index = rendered.message_index.get(through.seq, -1) if through is not None else len(messages) - 1
     if through is not None and index < 0 and (through.role is not Role.SYSTEM or through.seq in rendered.omitted):
         return None  # left out of the view
+    messages_json = "[" + ",".join(rendered.messages_json) + "]"
     if index < 0:  # the system field
-        if system is None:
-            return None
-        blocks: list[JsonObject] = [{"type": "text", "text": system}] if isinstance(system, str) else list(system)
-        blocks[-1] = {**blocks[-1], "cache_control": CACHE_CONTROL}
-        return "[" + ",".join(rendered.messages_json) + "]", to_json(blocks)
-    content = messages[index]["content"]
-    if isinstance(content, str):
-        marked: list[JsonObject] = [{"type": "text", "text": content, "cache_control": CACHE_CONTROL}]
-    else:
-        own = _converted.get(sources(through), lambda: _convert(through)).blocks if through is not None else None
-        at = _last_of(content, own)
+        blocks: list[JsonObject] = [{"type": "text", "text": system}] if isinstance(system, str) else list(system or ())
+        at = _last_of(blocks)
         if at is None:
             return None
-        if before is not None and rendered.message_index.get(before.seq) == index:
-            theirs = _converted.get(sources(before), lambda: _convert(before)).blocks
-            first = next((k for k, block in enumerate(content) if block in theirs), None)
-            if first is not None and first < at:
-                return None  # the Messages format put `before` first in the message
-        marked = list(content)
-        marked[at] = {**marked[at], "cache_control": CACHE_CONTROL}
-    messages_json = list(rendered.messages_json)
-    messages_json[index] = to_json({"role": messages[index]["role"], "content": marked})
-    system_json = to_json(system) if system is not None else ""
-    return "[" + ",".join(messages_json) + "]", system_json
+        blocks[at] = {**blocks[at], "cache_control": CACHE_CONTROL}
+        return messages_json, to_json(blocks)
+    content = messages[index]["content"]
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    own = None
+    if shared and through is not None:
+        if any(block["type"] != "tool_result" for block in blocks):
+            return None
+        own = _converted.get(sources(through), lambda: _convert(through)).blocks
+    at = _last_of(blocks, own)
+    if at is None:
+        return None
+    blocks[at] = {**blocks[at], "cache_control": CACHE_CONTROL}
+    marked = list(rendered.messages_json)
+    marked[index] = to_json({"role": messages[index]["role"], "content": blocks})
+    return "[" + ",".join(marked) + "]", to_json(system) if system is not None else ""
 
 
-def _last_of(content: Sequence[JsonObject], own: Sequence[JsonObject] | None) -> int | None:
-    """The index of the last block in `content` that can carry a mark and is one of `own`
-    (None: any)."""
+def _last_of(content: Sequence[JsonObject], own: Sequence[JsonObject] | None = None) -> int | None:
+    """The index of the last block in `content` that can carry a mark (not reasoning, not an
+    empty text) and is one of `own` (None: any)."""
     for at in range(len(content) - 1, -1, -1):
         block = content[at]
-        if block["type"] not in _UNMARKABLE and (own is None or block in own):
+        empty = block["type"] == "text" and not block["text"]
+        if block["type"] not in _UNMARKABLE and not empty and (own is None or block in own):
             return at
     return None
 
