@@ -80,11 +80,11 @@ class PromptCache:
 
     def call(self, prompt: Sequence[Segment], at: float, through: int | None = None) -> Billed:
         """Send `prompt` at time `at` (seconds): what it reads from the cache, writes and pays.
-        With explicit breakpoints, `through` puts the call's breakpoint after that many segments
-        (None: at the end): the call reads and writes the cache up to it, and sends the rest
-        uncached."""
+        Where caching is paid for (explicit breakpoints), `through` puts the call's breakpoint after
+        that many segments (None: at the end): the call reads and writes the cache up to it, and
+        sends the rest uncached."""
         self._entries = [e for e in self._entries if at - e.used_at <= self.prices.ttl_seconds]
-        head = prompt[:through] if through is not None and self.rules.breakpoints else prompt
+        head = prompt[:through] if through is not None and self.rules.write_premium else prompt
         digests = tuple(s.digest for s in head)
         ends: list[int] = []
         total = 0

@@ -385,9 +385,10 @@ def _placements(results: Results, trace_ids: Sequence[str]) -> str:
 
 
 def _read_anywhere(results: Results, trace_ids: Sequence[str], conditions: Sequence[str]) -> str:
-    """Each condition's Anthropic bill as replayed, and the same prompts priced as if the cache
-    were read up to wherever a prompt first differs from an earlier one (a breakpoint placed
-    just before every change): what placing breakpoints could save at most."""
+    """Each condition's Anthropic bill as replayed, and the same prompts (each cached up to its
+    breakpoint) priced as if the cache were read up to wherever a prompt first differs from an
+    earlier one (a breakpoint also just before every change): what more breakpoints could save
+    at most."""
     anywhere = replace(RULES["anthropic"], breakpoints=False)
     rows = []
     for condition in conditions:
@@ -396,7 +397,7 @@ def _read_anywhere(results: Results, trace_ids: Sequence[str], conditions: Seque
             cache = PromptCache("anthropic", rules=anywhere)
             for number, call in enumerate(results.runs[trace_id, condition].calls):
                 billed += call.billed["anthropic"].dollars
-                ideal += cache.call(call.prompt, number * results.gap).dollars
+                ideal += cache.call(call.prompt, number * results.gap, call.through).dollars
         rows.append([condition, _dollars(billed), _dollars(ideal), f"{ideal / billed - 1:+.1%}" if billed else "-"])
     return _table(["condition", "Anthropic, as billed", "read up to every change", "difference"], rows)
 

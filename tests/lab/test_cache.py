@@ -42,6 +42,9 @@ def test_with_a_breakpoint_before_every_change_anthropic_reads_up_to_the_change(
     cache.call(prompt(1500, 500), at=0)
     edited = cache.call(prompt(1500, 500, 300, edit=1), at=10)
     assert edited == Billed(cache_read=1500, cache_write=800, uncached=0, dollars=(1500 * 0.30 + 800 * 3.75) / 1e6)
+    # A breakpoint the view placed still bounds what a call writes.
+    placed = cache.call(prompt(1500, 500, 300, 400, edit=1), at=20, through=3)
+    assert placed == Billed(cache_read=2300, cache_write=0, uncached=400, dollars=(2300 * 0.30 + 400 * 3.00) / 1e6)
 
 
 def test_a_breakpoint_placed_early_caches_up_to_it_and_sends_the_rest_uncached() -> None:
