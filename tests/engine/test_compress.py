@@ -382,6 +382,17 @@ def test_a_recursive_listing_names_a_subdirectory_once_and_counts_what_tools_gen
     assert any(line.startswith("./pkg/tests/ (40: 40 .py): test_7.py  test_0.py") for line in lines)
 
 
+def test_a_recursive_listing_keeps_a_name_with_a_space_whole_and_reads_columns() -> None:
+    one_per_line = ".:\nmy notes.txt\nsrc\n\n./src:\n" + "\n".join(f"mod {n}.py" for n in range(30))
+    out = compress(one_per_line, NO_FOCUS, command="ls -R")
+    assert out is not None and "./: my notes.txt" in out.text.splitlines()
+    assert "./src/ (30: 30 .py): mod 0.py  mod 1.py" in out.text
+    columns = ".:\nREADME.md  'my notes.txt'  src\n\n./src:\n" + "\n".join(f"a{n}.py\tb{n}.py" for n in range(15))
+    out = compress(columns, NO_FOCUS, command="ls -R")
+    assert out is not None and "./: README.md  'my notes.txt'" in out.text.splitlines()
+    assert "./src/ (30: 30 .py): a0.py  b0.py" in out.text
+
+
 def test_what_tools_generate_is_counted_wherever_it_sits_unless_it_was_asked_for() -> None:
     paths = [f"./src/app/m{n}.py" for n in range(30)]
     paths += [f"./node_modules/{package}/f{n}.js" for package in ("lodash", "react") for n in range(20)]

@@ -124,7 +124,8 @@ def compress_listing(text: str, focus: Focus) -> Compressed | None:
         if long:  # `ls -l`: the name is what follows the date (a link: before its arrow)
             stripped = long.group(1).split(" -> ")[0]
         if recursive:
-            parent, names = current, [stripped] if long else stripped.split()
+            # Columns (a terminal's `ls`) are two spaces or a tab apart; a name may hold one space.
+            parent, names = current, [stripped] if long else _COLUMNS.split(stripped)
         else:
             path = stripped.split()[-1] if stripped.startswith(_STATUS) else stripped
             parent, _, name = path.rstrip("/").rpartition("/")
@@ -229,6 +230,7 @@ def _generated_line(root: str, directories: dict[str, list[str]]) -> str:
 
 _STATUS = ("M ", "A ", "D ", "?? ", "R ", " M", " D")
 """How `git status --short` marks a path."""
+_COLUMNS = re.compile(r"\s{2,}|\t")
 _HEADER = re.compile(r"[^\s:][^\s]*:")
 
 
