@@ -170,6 +170,7 @@ class RecoveryService:
             row, session, items = await self.store.history_in(conn, tenant, session_id)
             state = await views.load_state(conn, row["key"])
             in_force = (*await views.load_mutations(conn, row["key"]), *state.applied)
+            usage = await views.usage_summary(conn, row["key"])
         latest = max(state.renders.values(), key=lambda r: r.rendered_at, default=None)
         offloaded = []
         for applied in in_force:
@@ -195,6 +196,7 @@ class RecoveryService:
             offloaded=sorted(offloaded, key=lambda o: o.seq),
             pending_deferred=len(state.pending),
             stash_hit_rate=self.stash.stats.hit_rate,
+            usage=usage,
         )
 
     async def _durable(self, tenant: str, session_id: str, query: RetrieveQuery) -> Item:
@@ -324,6 +326,8 @@ class Status:
     offloaded: list[Offloaded]
     pending_deferred: int
     stash_hit_rate: float
+    usage: views.UsageSummary
+    """The usage predicted for the session's calls, beside the usage reported for them."""
     """Of this process's stash, since it started."""
 
 

@@ -21,6 +21,7 @@ from contextd.engine.policy import Policy, parse_policy
 from contextd.engine.state import AppliedEdit
 from contextd.engine.tokens import TokenCounter
 from contextd.engine.transforms import Remove, Replace, TransformRegistry, target_of
+from contextd.engine.validation import MAX_NAME_LENGTH
 from contextd.engine.view import View, ViewRequest
 from contextd.sessions import check_session_id
 from contextd.storage import views
@@ -128,6 +129,9 @@ class ViewService:
                 certificates = [Certificate(0, body, stamp, "", "") for body in out.certificates]
             else:
                 await views.save_state(conn, key, out.state)
+                await views.record_call(
+                    conn, key, out.state.view_version, request.format.value, out.view.total_tokens, out.predicted
+                )
                 certificates = await views.append_certificates(conn, key, out.certificates, stamp)
                 await views.forget_proposals(conn, out.decided_proposals)
                 await views.append_mutations(conn, key, out.durable)
@@ -154,6 +158,24 @@ class ViewService:
             volatile_content=sum(w.code == "VOLATILE_CONTENT" for w in view.warnings),
         )
         return result
+
+    async def report_usage(self, tenant: str, session_id: str, view_version: int, usage: views.ReportedUsage) -> bool:
+        """Record what the provider billed for the call made with render `view_version`, beside
+        what the engine predicted for it; False when the same was recorded before (a retry)."""
+        check_session_id(session_id)
+        _check_usage(view_version, usage)
+        async with self.store.db.write(tenant, session_id) as conn:
+            key = (await self.store.session_row(conn, tenant, session_id))["key"]
+            stored = await views.report_usage(conn, key, session_id, view_version, usage)
+        annotate(
+            session_id=session_id,
+            view_version=view_version,
+            provider=usage.provider,
+            cache_read_tokens=usage.cache_read_tokens,
+            cache_write_tokens=usage.cache_write_tokens,
+            replayed=not stored,
+        )
+        return stored
 
     async def pin(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[int]:
         """Pin items: never pruned, and shown in full again from the next render. Returns the seqs."""
@@ -302,3 +324,19 @@ def _tools(tools_json: str) -> tuple[dict[str, Any], ...]:
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise InvalidArgument.at("tools_json", "must be a JSON array of tool objects")
     return tuple(tools)
+
+
+MAX_TOKENS_REPORTED = 2**63 - 1
+
+
+def _check_usage(view_version: int, usage: views.ReportedUsage) -> None:
+    if view_version <= 0:
+        raise InvalidArgument.at("view_version", "names no render: view versions start at 1 (View.view_version)")
+    for name, text, limit in (("provider", usage.provider, 64), ("model", usage.model, MAX_NAME_LENGTH)):
+        if not text and name == "provider":
+            raise InvalidArgument.at(name, "required: the provider that billed the call (anthropic, openai, ...)")
+        if len(text) > limit or "\x00" in text:
+            raise InvalidArgument.at(name, f"at most {limit} characters, without NUL")
+    for name in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"):
+        if getattr(usage, name) > MAX_TOKENS_REPORTED:
+            raise InvalidArgument.at(name, "past any count of tokens")

@@ -18,6 +18,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 from contextd.engine.errors import (
+    CallNotFound,
     ContextdError,
     IdempotencyKeyReused,
     InvalidArgument,
@@ -28,6 +29,7 @@ from contextd.engine.errors import (
     SessionNotFound,
     StorageUnavailable,
     Unauthenticated,
+    UsageAlreadyReported,
     VersionConflict,
     ViewTooLarge,
 )
@@ -40,6 +42,8 @@ _CODES: list[tuple[type[ContextdError], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (SessionNotFound, grpc.StatusCode.NOT_FOUND),
     (OriginalNotFound, grpc.StatusCode.NOT_FOUND),
+    (CallNotFound, grpc.StatusCode.NOT_FOUND),
+    (UsageAlreadyReported, grpc.StatusCode.ALREADY_EXISTS),
     (SessionExists, grpc.StatusCode.ALREADY_EXISTS),
     (IdempotencyKeyReused, grpc.StatusCode.ALREADY_EXISTS),
     (VersionConflict, grpc.StatusCode.ABORTED),

@@ -31,7 +31,9 @@ from contextd.engine.model import (
     ToolUseBlock,
 )
 from contextd.engine.state import ControlMode
+from contextd.engine.timing import Usage
 from contextd.engine.view import View, ViewFormat
+from contextd.storage.views import UsageSummary
 
 ROLES = {
     pb.ROLE_SYSTEM: Role.SYSTEM,
@@ -353,3 +355,25 @@ def _block_to_proto(block: Block) -> pb.ContentBlock:
                 reasoning=pb.ReasoningBlock(text=text, signature=signature, redacted_data=redacted_data)
             )
     raise TypeError(f"not a content block: {block!r}")
+
+
+def usage_to_proto(summary: UsageSummary) -> api.UsageSummary:
+    predicted, reported = summary.predicted, summary.reported_usage
+    return api.UsageSummary(
+        renders=summary.renders,
+        reported_calls=summary.reported,
+        predicted_cache_read_tokens=predicted.cache_read,
+        predicted_cache_write_tokens=predicted.cache_write,
+        predicted_uncached_tokens=predicted.uncached,
+        reported_cache_read_tokens=reported.cache_read,
+        reported_cache_write_tokens=reported.cache_write,
+        reported_input_tokens=reported.uncached,
+        reported_output_tokens=summary.output_tokens,
+        predicted_cache_read_share=_share(predicted),
+        reported_cache_read_share=_share(reported),
+    )
+
+
+def _share(usage: Usage) -> float:
+    total = usage.cache_read + usage.cache_write + usage.uncached
+    return usage.cache_read / total if total else 0.0

@@ -20,17 +20,13 @@ from contextd.engine.view import ViewFormat, ViewRequest
 from contextd.recovery import PageUnit, RecoveryService, RetrieveQuery, SearchMode, SearchQuery
 from contextd.sessions import SessionService, check_session_id
 from contextd.storage.search import Where
-from contextd.storage.views import CertificateFilter, StoredCertificate
+from contextd.storage.views import CertificateFilter, ReportedUsage, StoredCertificate
 from contextd.view_service import RenderResult, ViewService
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 # What each RPC not served yet is waiting for, so a caller knows why.
 _MISSING = {
-    "Retrieve": "the stash and recovery layer (handles, paging, grep)",
-    "Search": "the session search index",
-    "ReportUsage": "the cache-economics model that compares predicted and reported usage",
-    "GetStatus": "the stash and the view engine's status report",
     "WatchSession": "session event streaming",
 }
 
@@ -228,7 +224,16 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
         )
 
     async def ReportUsage(self, request: api.ReportUsageRequest, context: Context) -> api.ReportUsageResponse:
-        _unimplemented("ReportUsage")
+        usage = ReportedUsage(
+            provider=request.provider,
+            model=request.model,
+            input_tokens=request.input_tokens,
+            output_tokens=request.output_tokens,
+            cache_read_tokens=request.cache_read_tokens,
+            cache_write_tokens=request.cache_write_tokens,
+        )
+        stored = await self.views.report_usage(current_tenant(), request.session_id, request.view_version, usage)
+        return api.ReportUsageResponse(replayed=not stored)
 
     async def GetStatus(self, request: api.GetStatusRequest, context: Context) -> api.GetStatusResponse:
         status = await self.recovery.status(current_tenant(), request.session_id)
@@ -250,6 +255,7 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
             ],
             pending_deferred=status.pending_deferred,
             stash_hit_rate=status.stash_hit_rate,
+            usage=mapping.usage_to_proto(status.usage),
         )
 
     async def WatchSession(

@@ -123,6 +123,31 @@ class ViewTooLarge(ContextdError):
         )
 
 
+class CallNotFound(ContextdError):
+    """ReportUsage for a view version the session never rendered (or a dry run's)."""
+
+    reason = "CALL_NOT_FOUND"
+
+    def __init__(self, session_id: str, view_version: int) -> None:
+        super().__init__(
+            f"session {session_id!r} has no render with view version {view_version}",
+            {"session_id": session_id, "view_version": str(view_version)},
+        )
+
+
+class UsageAlreadyReported(ContextdError):
+    """ReportUsage with other figures for a call whose usage was reported already."""
+
+    reason = "USAGE_ALREADY_REPORTED"
+
+    def __init__(self, session_id: str, view_version: int) -> None:
+        super().__init__(
+            f"the call made with view version {view_version} of session {session_id!r} has other usage reported "
+            "already",
+            {"session_id": session_id, "view_version": str(view_version)},
+        )
+
+
 class StorageUnavailable(ContextdError):
     reason = "STORAGE_UNAVAILABLE"
 

@@ -50,7 +50,16 @@ from contextd.engine.state import (
     first_divergence,
 )
 from contextd.engine.strategies import COMPRESSED, Compress
-from contextd.engine.timing import Costed, cache_state, ends_after, schedule, value_now
+from contextd.engine.timing import (
+    NO_USAGE,
+    Costed,
+    Usage,
+    cache_state,
+    ends_after,
+    predicted_usage,
+    schedule,
+    value_now,
+)
 from contextd.engine.tokens import TokenCounter, block_tokens
 from contextd.engine.transforms import (
     CacheState,
@@ -128,6 +137,8 @@ class RenderOutput:
     """Edits applied by rules in history mode: to be appended to the history as mutations."""
     carry: Carry | None = field(default=None, compare=False)
     """For the next render from `state` (see RenderInput.carry)."""
+    predicted: Usage = NO_USAGE
+    """How the provider is expected to bill the call made with this view (its policy's provider)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -525,6 +536,8 @@ def render(inp: RenderInput) -> RenderOutput:
         policy_version=policy.version,
         cache_breakpoint_seq=point.through if point is not None else 0,
     )
+    cached = point.offset if point is not None else view.total_tokens
+    predicted = predicted_usage(context.cache, stable, cached, view.total_tokens, _pricing(inp))
     agent_ids = tuple(p.id for p in inp.agent_proposals)  # every one is decided now, or waits in the state
     next_carry = None
     if not durable:  # (edits made durable come back as history, which a carry does not follow)
@@ -543,7 +556,7 @@ def render(inp: RenderInput) -> RenderOutput:
             repaired=repaired,
             assembly=assembly,
         )
-    return RenderOutput(view, tuple(log.certificates), new_state, agent_ids, tuple(durable), next_carry)
+    return RenderOutput(view, tuple(log.certificates), new_state, agent_ids, tuple(durable), next_carry, predicted)
 
 
 def _carry_over(inp: RenderInput, draft: _Draft, protected: Protections, log: _Log) -> list[AppliedEdit]:

@@ -87,6 +87,32 @@ def ends_after(
     return tuple(end for end in kept if end[0] < total)  # the render's own end is its own
 
 
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A call's input, in tokens, as its provider is expected to bill it (or did: ReportUsage)."""
+
+    cache_read: int
+    cache_write: int
+    uncached: int
+
+
+NO_USAGE = Usage(0, 0, 0)
+
+
+def predicted_usage(state: CacheState, stable: int, cached: int, total: int, cache: CachePolicy) -> Usage:
+    """What the call made with a render of `total` tokens is expected to read from the provider's
+    cache, write to it and send uncached. It reads what it shares with the previous render
+    (`stable` tokens), as far as the provider reads it back (to the last cached end before, for
+    one that caches at breakpoints); it caches its prompt up to `cached` tokens (its
+    breakpoint), billed as a write where writing costs more than input."""
+    read = 0 if state.cold else min(state.read_until(stable), state.previous_tokens)
+    read = read if read >= MIN_CACHED_TOKENS else 0
+    write = 0
+    if cache.prices.cache_write > cache.prices.input and cached >= MIN_CACHED_TOKENS:
+        write = max(0, min(cached, total) - read)
+    return Usage(read, write, max(0, total - read - write))
+
+
 def value_now(saving: int, radius: int, cache: CachePolicy) -> float:
     read = cache.prices.cache_read / PER_TOKEN
     write = cache.prices.cache_write / PER_TOKEN

@@ -80,6 +80,7 @@ _SESSION_CHILDREN = (
     schema.prune_proposals,
     schema.certificates,
     schema.mutations,
+    schema.calls,
 )
 
 
@@ -310,6 +311,10 @@ class HistoryStore:
         async with self.db.read() as conn:
             _, session, items = await self.history_in(conn, tenant, session_id)
         return session, items
+
+    async def session_row(self, conn: AsyncConnection, tenant: str, session_id: str) -> Any:
+        """The session's row, read in the caller's transaction (SessionNotFound when there is none)."""
+        return await _session_row(conn, tenant, session_id)
 
     @traced("storage.load_history")
     async def history_in(self, conn: AsyncConnection, tenant: str, session_id: str) -> tuple[Any, Session, list[Item]]:

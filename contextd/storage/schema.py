@@ -218,3 +218,26 @@ mutations = Table(
     Column("edit", Json, nullable=False),
     Column("created_at", UtcTime, nullable=False),
 )
+
+
+# One row per render: how the call made with its view was expected to be billed (the
+# session's policy's provider), and, once the client reported it (ReportUsage), how it was.
+calls = Table(
+    "calls",
+    metadata,
+    Column("session_key", BigInteger, ForeignKey("sessions.key"), primary_key=True),
+    Column("view_version", BigInteger, primary_key=True),
+    Column("view_format", String(32), nullable=False),
+    Column("total_tokens", BigInteger, nullable=False),
+    Column("predicted_cache_read", BigInteger, nullable=False),
+    Column("predicted_cache_write", BigInteger, nullable=False),
+    Column("predicted_uncached", BigInteger, nullable=False),
+    Column("created_at", UtcTime, nullable=False),
+    Column("provider", String(64)),
+    Column("model", String(MAX_NAME_LENGTH)),
+    Column("input_tokens", BigInteger),
+    Column("output_tokens", BigInteger),
+    Column("cache_read_tokens", BigInteger),
+    Column("cache_write_tokens", BigInteger),
+    Column("reported_at", UtcTime),
+)

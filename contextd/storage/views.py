@@ -19,7 +19,7 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contextd.engine.certificates import GENESIS, Certificate, CertificateBody, Decision, Stamp, chain
-from contextd.engine.errors import InvalidArgument
+from contextd.engine.errors import CallNotFound, InvalidArgument, UsageAlreadyReported
 from contextd.engine.pipeline import AgentProposal, Carry
 from contextd.engine.state import (
     AppliedEdit,
@@ -30,6 +30,7 @@ from contextd.engine.state import (
     state_from_json,
     state_to_json,
 )
+from contextd.engine.timing import Usage
 from contextd.engine.transforms import target_of
 from contextd.storage import schema
 from contextd.telemetry import traced
@@ -330,3 +331,108 @@ async def load_mutations(conn: AsyncConnection, key: int) -> tuple[AppliedEdit, 
     m = schema.mutations
     rows = await conn.execute(select(m.c.edit).where(m.c.session_key == key).order_by(m.c.number))
     return tuple(applied_from_json(r.edit) for r in rows)
+
+
+# ------------------------------------------------------------------ calls
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedUsage:
+    """A call's usage as its provider billed it (ReportUsage)."""
+
+    provider: str
+    model: str
+    input_tokens: int
+    """Input billed at the input price: neither read from the cache nor written to it."""
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class UsageSummary:
+    """A session's calls: how many renders, how many of their calls were reported, and over
+    those, the usage predicted beside the usage reported."""
+
+    renders: int
+    reported: int
+    predicted: Usage
+    reported_usage: Usage
+    """cache read, cache write, input billed at the input price."""
+    output_tokens: int
+
+
+async def record_call(
+    conn: AsyncConnection, key: int, view_version: int, view_format: str, total: int, predicted: Usage
+) -> None:
+    await conn.execute(
+        insert(schema.calls).values(
+            session_key=key,
+            view_version=view_version,
+            view_format=view_format,
+            total_tokens=total,
+            predicted_cache_read=predicted.cache_read,
+            predicted_cache_write=predicted.cache_write,
+            predicted_uncached=predicted.uncached,
+            created_at=_now(),
+        )
+    )
+
+
+async def report_usage(
+    conn: AsyncConnection, key: int, session_id: str, view_version: int, usage: ReportedUsage
+) -> bool:
+    """Store the usage of the call made with render `view_version`; False when that same usage
+    was stored already (a retry). Raises CallNotFound for a render the session has not made, and
+    UsageAlreadyReported when other usage was stored for it."""
+    c = schema.calls
+    row = (
+        (await conn.execute(select(c).where(c.c.session_key == key, c.c.view_version == view_version)))
+        .mappings()
+        .first()
+    )
+    if row is None:
+        raise CallNotFound(session_id, view_version)
+    figures = {
+        "provider": usage.provider,
+        "model": usage.model,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cache_read_tokens": usage.cache_read_tokens,
+        "cache_write_tokens": usage.cache_write_tokens,
+    }
+    if row["reported_at"] is not None:
+        if all(row[name] == value for name, value in figures.items()):
+            return False
+        raise UsageAlreadyReported(session_id, view_version)
+    where = (c.c.session_key == key) & (c.c.view_version == view_version)
+    await conn.execute(update(c).where(where).values(**figures, reported_at=_now()))
+    return True
+
+
+async def usage_summary(conn: AsyncConnection, key: int) -> UsageSummary:
+    c = schema.calls
+    reported = c.c.reported_at.is_not(None)
+    total = func.coalesce
+    row = (
+        await conn.execute(
+            select(
+                func.count(),
+                func.count(c.c.reported_at),
+                *(
+                    total(func.sum(column).filter(reported), 0)
+                    for column in (
+                        c.c.predicted_cache_read,
+                        c.c.predicted_cache_write,
+                        c.c.predicted_uncached,
+                        c.c.cache_read_tokens,
+                        c.c.cache_write_tokens,
+                        c.c.input_tokens,
+                        c.c.output_tokens,
+                    )
+                ),
+            ).where(c.c.session_key == key)
+        )
+    ).one()
+    renders, count, p_read, p_write, p_uncached, r_read, r_write, r_input, output = (int(v) for v in row)
+    return UsageSummary(renders, count, Usage(p_read, p_write, p_uncached), Usage(r_read, r_write, r_input), output)

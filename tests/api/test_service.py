@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -15,6 +16,7 @@ from contextd_client import (
     ContextdError,
     InvalidArgument,
     NotFound,
+    Usage,
     VersionConflict,
     ViewFormat,
 )
@@ -286,30 +288,67 @@ def test_errors_carry_standard_rich_details(server: ServerThread, session_id: st
     assert fields == ["items[0].role", "items[1].role"]
 
 
-UNIMPLEMENTED = {
-    "ReportUsage": api.ReportUsageRequest(session_id="s"),
-}
-
-
 @pytest.fixture
 def stub(server: ServerThread) -> Iterator[contextd_pb2_grpc.ContextServiceStub]:
     with grpc.insecure_channel(server.target) as channel:
         yield contextd_pb2_grpc.ContextServiceStub(channel)
 
 
-@pytest.mark.parametrize("rpc", list(UNIMPLEMENTED))
-def test_rpcs_not_built_yet_say_what_is_missing(stub: contextd_pb2_grpc.ContextServiceStub, rpc: str) -> None:
-    with pytest.raises(grpc.RpcError) as refused:
-        getattr(stub, rpc)(UNIMPLEMENTED[rpc])
-    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert refused.value.details().startswith(f"{rpc} is not implemented in this version of contextd: it needs ")
-
-
-def test_the_watch_stream_is_unimplemented_too(stub: contextd_pb2_grpc.ContextServiceStub) -> None:
+def test_the_watch_stream_is_not_built_yet_and_says_what_is_missing(
+    stub: contextd_pb2_grpc.ContextServiceStub,
+) -> None:
     with pytest.raises(grpc.RpcError) as refused:
         list(stub.WatchSession(api.WatchSessionRequest(session_id="s")))
     assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "WatchSession" in refused.value.details()
+    assert refused.value.details().startswith("WatchSession is not implemented in this version of contextd: it needs ")
+
+
+def test_reported_usage_is_kept_beside_the_prediction(client: Client) -> None:
+    session = client.create_session().id
+    client.append_items(session, [text(pb.ROLE_SYSTEM, "You fix bugs."), text(pb.ROLE_USER, "word " * 1500)])
+    first = client.render_view(session, ViewFormat.ANTHROPIC_MESSAGES, place_cache_breakpoint=True)
+    client.append_items(session, [text(pb.ROLE_ASSISTANT, "Looking."), text(pb.ROLE_USER, "go on")])
+    second = client.render_view(session, ViewFormat.ANTHROPIC_MESSAGES, place_cache_breakpoint=True)
+    assert (first.view_version, second.view_version) == (1, 2)
+
+    before = client.get_status(session).usage
+    assert before is not None and (before.renders, before.reported_calls) == (2, 0)
+    # The first call writes its prompt to the cache; the second reads it back and writes the rest.
+    written = Usage("anthropic", "claude-sonnet-4", input_tokens=3, output_tokens=20, cache_write_tokens=1600)
+    assert client.report_usage(session, 1, written) is False
+    assert client.report_usage(session, 1, written) is True  # the same again: a retry
+    read = Usage("anthropic", "claude-sonnet-4", input_tokens=3, output_tokens=9, cache_read_tokens=1600)
+    read = replace(read, cache_write_tokens=12)
+    client.report_usage(session, 2, read)
+
+    usage = client.get_status(session).usage
+    assert usage is not None and (usage.renders, usage.reported_calls) == (2, 2)
+    assert (usage.reported_cache_read_tokens, usage.reported_cache_write_tokens) == (1600, 1612)
+    assert (usage.reported_input_tokens, usage.reported_output_tokens) == (6, 29)
+    # Predicted: the first call wrote its whole prompt; the second read back its messages (the
+    # reply's priming at its end is not part of them) and wrote the rest.
+    read_back = usage.predicted_cache_read_tokens
+    assert first.total_tokens - 10 <= read_back <= first.total_tokens
+    assert usage.predicted_cache_write_tokens == first.total_tokens + second.total_tokens - read_back
+    assert usage.predicted_uncached_tokens == 0
+    share = read_back / (first.total_tokens + second.total_tokens)
+    assert usage.predicted_cache_read_share == pytest.approx(share)
+    assert usage.reported_cache_read_share == pytest.approx(1600 / (1600 + 1612 + 6))
+
+    with pytest.raises(AlreadyExists) as other:
+        client.report_usage(session, 2, replace(read, output_tokens=10))
+    assert other.value.reason == "USAGE_ALREADY_REPORTED"
+    with pytest.raises(NotFound) as unknown:
+        client.report_usage(session, 3, read)  # no such render
+    assert unknown.value.reason == "CALL_NOT_FOUND" and unknown.value.metadata["view_version"] == "3"
+    for bad, field in ((0, "view_version"), (1, "provider")):
+        with pytest.raises(InvalidArgument) as refused:
+            client.report_usage(session, bad, replace(read, provider="" if field == "provider" else "anthropic"))
+        assert refused.value.field == field
+    with pytest.raises(NotFound):
+        client.report_usage("no-such-session", 1, read)
+    assert client.get_status(session).usage == usage  # nothing refused changed anything
+    assert client.delete_session(session) == 4  # its calls go with it
 
 
 def test_sessions_carry_a_validated_versioned_policy(client: Client) -> None:

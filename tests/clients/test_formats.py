@@ -13,9 +13,11 @@ import base64
 import copy
 import json
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from contextd_client import Usage
 from contextd_client.formats import items_from_anthropic, items_from_openai
 from contextd_client.v1 import content_pb2 as pb
 from hypothesis import given, settings
@@ -807,3 +809,24 @@ def test_empty_arguments_mean_no_arguments() -> None:
         ]
     )
     assert item.content[0].tool_use.input_json == "{}"
+
+
+def test_a_providers_usage_as_contextd_takes_it() -> None:
+    anthropic = {
+        "input_tokens": 12,
+        "output_tokens": 80,
+        "cache_read_input_tokens": 9000,
+        "cache_creation_input_tokens": 300,
+    }
+    assert Usage.from_anthropic(anthropic, "claude-sonnet-4") == Usage(
+        "anthropic", "claude-sonnet-4", 12, 80, 9000, 300
+    )
+    # The SDKs' objects, with fields left unset (None) by a provider that did not cache.
+    sdk = SimpleNamespace(input_tokens=12, output_tokens=80, cache_read_input_tokens=None)
+    assert Usage.from_anthropic(sdk) == Usage("anthropic", "", 12, 80, 0, 0)
+    # OpenAI counts the cached tokens inside prompt_tokens.
+    openai = SimpleNamespace(
+        prompt_tokens=9012, completion_tokens=80, prompt_tokens_details=SimpleNamespace(cached_tokens=9000)
+    )
+    assert Usage.from_openai(openai, "gpt-4o") == Usage("openai", "gpt-4o", 12, 80, 9000, 0)
+    assert Usage.from_openai({"prompt_tokens": 40, "completion_tokens": 2}) == Usage("openai", "", 40, 2, 0, 0)

@@ -11,10 +11,11 @@ from contextd.engine.breakpoint import Breakpoint, place
 from contextd.engine.certificates import Decision
 from contextd.engine.model import Item, ItemContent, ReasoningBlock, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.pipeline import RenderInput, RenderOutput, render
-from contextd.engine.policy import CachePolicy, parse_policy
+from contextd.engine.policy import PREFIX, PROVIDER_PRICES, CachePolicy, parse_policy
 from contextd.engine.render.anthropic import CACHE_CONTROL, mark_breakpoint, render_anthropic
 from contextd.engine.state import PreviousRender, Segment, ViewState, state_from_json, state_to_json
-from contextd.engine.timing import cache_state
+from contextd.engine.timing import Usage, cache_state, predicted_usage
+from contextd.engine.transforms import CacheState
 from contextd.engine.view import ViewFormat, ViewRequest
 from contextd.lab.cache import PromptCache
 from contextd.lab.replay import _segments, cached_messages
@@ -218,3 +219,30 @@ def test_for_a_provider_that_caches_any_prefix_the_mark_goes_at_the_end() -> Non
     assert out.view.cache_breakpoint_seq == 0 and sent(out, ANTHROPIC).cached_through is None
     last = json.loads(out.view.messages_json)[-1]["content"][-1]
     assert last["type"] == "tool_result" and last["cache_control"] == CACHE_CONTROL
+
+
+def test_the_usage_a_call_is_expected_to_be_billed() -> None:
+    cold = CacheState(0, None, 300)
+    assert predicted_usage(cold, 0, 5_000, 5_000, CACHE) == Usage(0, 5_000, 0)  # written whole
+    warm = CacheState(5_000, 30.0, 300, (2_000, 5_000))
+    assert predicted_usage(warm, 5_000, 6_000, 6_000, CACHE) == Usage(5_000, 1_000, 0)
+    # A change at 3,000: read back to the last cached end before it, the rest written again.
+    assert predicted_usage(warm, 3_000, 6_000, 6_000, CACHE) == Usage(2_000, 4_000, 0)
+    # The view's breakpoint at 5,500: what follows goes uncached.
+    assert predicted_usage(warm, 5_000, 5_500, 6_000, CACHE) == Usage(5_000, 500, 500)
+    expired = CacheState(5_000, 301.0, 300, ())
+    assert predicted_usage(expired, 5_000, 6_000, 6_000, CACHE) == Usage(0, 6_000, 0)
+    # OpenAI reads any shared prefix of 1,024 tokens or more, and writing costs nothing more.
+    openai = CachePolicy(provider="openai", prices=PROVIDER_PRICES["openai"], reads=PREFIX)
+    prefix = CacheState(5_000, 30.0, 300)
+    assert predicted_usage(prefix, 3_000, 6_000, 6_000, openai) == Usage(3_000, 0, 3_000)
+    assert predicted_usage(prefix, 800, 6_000, 6_000, openai) == Usage(0, 0, 6_000)
+
+
+def test_each_render_says_how_its_call_is_expected_to_be_billed() -> None:
+    first = go(2, ViewState(), 0.0, OPENAI)
+    assert first.predicted == Usage(0, sent(first).cached_tokens, first.view.total_tokens - sent(first).cached_tokens)
+    second = go(3, first.state, 30.0, OPENAI)
+    read = second.predicted.cache_read
+    assert read == sent(first).cached_tokens  # what the first call cached, read back whole
+    assert sum((read, second.predicted.cache_write, second.predicted.uncached)) == second.view.total_tokens

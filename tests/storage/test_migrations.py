@@ -31,6 +31,7 @@ TABLES = {
     "prune_proposals",
     "certificates",
     "mutations",
+    "calls",
 }
 
 

@@ -21,6 +21,7 @@ from contextd_client._calls import list_sessions as _list_sessions
 from contextd_client._calls import pin as _pin
 from contextd_client._calls import propose_prune as _propose_prune
 from contextd_client._calls import render_view as _render_view
+from contextd_client._calls import report_usage as _report_usage
 from contextd_client._calls import retrieve as _retrieve
 from contextd_client._calls import search as _search
 from contextd_client._calls import update_session as _update_session
@@ -35,6 +36,7 @@ from contextd_client._types import (
     SearchResults,
     Session,
     Status,
+    Usage,
     View,
     ViewFormat,
 )
@@ -199,6 +201,12 @@ class AsyncClient:
     async def explain_item(self, session_id: str, seq: int) -> Explanation:
         """How item `seq` is shown now, whether it is pinned or protected, and its certificates."""
         return await self._run(_explain_item(session_id, seq))
+
+    async def report_usage(self, session_id: str, view_version: int, usage: Usage) -> bool:
+        """Record what the provider billed for the call made with view `view_version`
+        (``Usage.from_anthropic(response.usage)``, ``Usage.from_openai(...)``); GetStatus then
+        shows it beside what contextd predicted. True when the same was reported before."""
+        return await self._run(_report_usage(session_id, view_version, usage))
 
     async def get_status(self, session_id: str) -> Status:
         """Where the session stands: its size, its latest view, what is out of the view and why."""

@@ -26,6 +26,7 @@ from contextd_client._types import (
     SearchResults,
     Session,
     Status,
+    Usage,
     View,
     ViewFormat,
 )
@@ -279,6 +280,21 @@ def search(
         page_token=page_token,
     )
     return Call("Search", request, SearchResults.from_proto)
+
+
+def report_usage(session_id: str, view_version: int, usage: Usage) -> Call[bool]:
+    # The same figures again are a retry (replayed): safe to repeat.
+    request = api.ReportUsageRequest(
+        session_id=session_id,
+        view_version=view_version,
+        provider=usage.provider,
+        model=usage.model,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cache_read_tokens=usage.cache_read_tokens,
+        cache_write_tokens=usage.cache_write_tokens,
+    )
+    return Call("ReportUsage", request, lambda r: bool(r.replayed), writes=True)
 
 
 def get_status(session_id: str) -> Call[Status]:

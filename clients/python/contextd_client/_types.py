@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -352,6 +353,72 @@ class Offloaded:
 
 
 @dataclass(frozen=True, slots=True)
+class UsageSummary:
+    """The usage contextd predicted for a session's calls, beside the usage reported for them
+    (summed over the reported calls; the predicted figures count contextd's tokens, the
+    reported ones the provider's: compare the shares)."""
+
+    renders: int
+    reported_calls: int
+    predicted_cache_read_tokens: int
+    predicted_cache_write_tokens: int
+    predicted_uncached_tokens: int
+    reported_cache_read_tokens: int
+    reported_cache_write_tokens: int
+    reported_input_tokens: int
+    reported_output_tokens: int
+    predicted_cache_read_share: float
+    reported_cache_read_share: float
+
+    @classmethod
+    def from_proto(cls, message: api.UsageSummary) -> UsageSummary:
+        return cls(**{name: getattr(message, name) for name in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A model call's usage as its provider billed it, for `report_usage`. `input_tokens` is the
+    input billed at the input price: neither read from the cache nor written to it."""
+
+    provider: str
+    model: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    @classmethod
+    def from_anthropic(cls, usage: Any, model: str = "") -> Usage:
+        """From a Messages response's ``usage`` (the SDK's object or its dict)."""
+        return cls(
+            "anthropic",
+            model,
+            _count(usage, "input_tokens"),
+            _count(usage, "output_tokens"),
+            _count(usage, "cache_read_input_tokens"),
+            _count(usage, "cache_creation_input_tokens"),
+        )
+
+    @classmethod
+    def from_openai(cls, usage: Any, model: str = "") -> Usage:
+        """From a Chat Completions response's ``usage``: its ``prompt_tokens`` count the cached ones."""
+        cached = _count(_field(usage, "prompt_tokens_details"), "cached_tokens")
+        prompt = _count(usage, "prompt_tokens")
+        return cls("openai", model, max(0, prompt - cached), _count(usage, "completion_tokens"), cached, 0)
+
+
+def _field(value: Any, name: str) -> Any:
+    if value is None:
+        return None
+    return value.get(name) if isinstance(value, Mapping) else getattr(value, name, None)
+
+
+def _count(value: Any, name: str) -> int:
+    found = _field(value, name)
+    return int(found) if found else 0
+
+
+@dataclass(frozen=True, slots=True)
 class Status:
     version: int
     history_tokens: int
@@ -362,6 +429,8 @@ class Status:
     offloaded: tuple[Offloaded, ...]
     pending_deferred: int
     stash_hit_rate: float
+    usage: UsageSummary | None = None
+    """Predicted against reported usage of the session's calls (``report_usage``)."""
 
     @classmethod
     def from_proto(cls, message: api.GetStatusResponse) -> Status:
@@ -376,6 +445,7 @@ class Status:
             ),
             pending_deferred=message.pending_deferred,
             stash_hit_rate=message.stash_hit_rate,
+            usage=UsageSummary.from_proto(message.usage),
         )
 
 

@@ -1475,7 +1475,12 @@ Global___ExplainItemResponse: _TypeAlias = ExplainItemResponse  # noqa: Y015
 
 @_typing.final
 class ReportUsageRequest(_message.Message):
-    """------------------------------------------------------------------- usage"""
+    """------------------------------------------------------------------- usage
+
+    The provider's usage figures for one call, as it billed them. A second
+    report for the same call with the same figures is a retry (replayed); with
+    other figures, ALREADY_EXISTS.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1489,11 +1494,15 @@ class ReportUsageRequest(_message.Message):
     CACHE_WRITE_TOKENS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     view_version: _builtins.int
-    """The view version the call was made with."""
+    """The view version the call was made with (View.view_version)."""
     provider: _builtins.str
-    """For example "anthropic" or "openai"."""
+    """For example "anthropic" or "openai"; required."""
     model: _builtins.str
     input_tokens: _builtins.int
+    """Input billed at the input price: neither read from the cache nor written
+    to it (Anthropic's input_tokens; OpenAI's prompt_tokens less its
+    cached_tokens).
+    """
     output_tokens: _builtins.int
     cache_read_tokens: _builtins.int
     cache_write_tokens: _builtins.int
@@ -1521,16 +1530,83 @@ Global___ReportUsageRequest: _TypeAlias = ReportUsageRequest  # noqa: Y015
 class ReportUsageResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    REPLAYED_FIELD_NUMBER: _builtins.int
+    replayed: _builtins.bool
+    """The same usage was reported for this call before: nothing changed."""
     def __init__(
         self,
+        *,
+        replayed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["replayed", b"replayed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReportUsageResponse: _TypeAlias = ReportUsageResponse  # noqa: Y015
+
+@_typing.final
+class UsageSummary(_message.Message):
+    """A session's calls: the usage the engine predicted for each call made with
+    one of its views (its policy's provider and cache model), beside the usage
+    the client reported for it. The predicted figures count the service's
+    tokens, the reported ones the provider's: compare the shares.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RENDERS_FIELD_NUMBER: _builtins.int
+    REPORTED_CALLS_FIELD_NUMBER: _builtins.int
+    PREDICTED_CACHE_READ_TOKENS_FIELD_NUMBER: _builtins.int
+    PREDICTED_CACHE_WRITE_TOKENS_FIELD_NUMBER: _builtins.int
+    PREDICTED_UNCACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    REPORTED_CACHE_READ_TOKENS_FIELD_NUMBER: _builtins.int
+    REPORTED_CACHE_WRITE_TOKENS_FIELD_NUMBER: _builtins.int
+    REPORTED_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    REPORTED_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    PREDICTED_CACHE_READ_SHARE_FIELD_NUMBER: _builtins.int
+    REPORTED_CACHE_READ_SHARE_FIELD_NUMBER: _builtins.int
+    renders: _builtins.int
+    """Renders stored: each one the view of a call."""
+    reported_calls: _builtins.int
+    """Of those, the calls whose usage was reported; the figures below are
+    summed over these.
+    """
+    predicted_cache_read_tokens: _builtins.int
+    predicted_cache_write_tokens: _builtins.int
+    predicted_uncached_tokens: _builtins.int
+    reported_cache_read_tokens: _builtins.int
+    reported_cache_write_tokens: _builtins.int
+    reported_input_tokens: _builtins.int
+    reported_output_tokens: _builtins.int
+    predicted_cache_read_share: _builtins.float
+    """The share of the calls' input read from the cache, predicted and
+    reported (0 to 1; 0 without reports).
+    """
+    reported_cache_read_share: _builtins.float
+    def __init__(
+        self,
+        *,
+        renders: _builtins.int = ...,
+        reported_calls: _builtins.int = ...,
+        predicted_cache_read_tokens: _builtins.int = ...,
+        predicted_cache_write_tokens: _builtins.int = ...,
+        predicted_uncached_tokens: _builtins.int = ...,
+        reported_cache_read_tokens: _builtins.int = ...,
+        reported_cache_write_tokens: _builtins.int = ...,
+        reported_input_tokens: _builtins.int = ...,
+        reported_output_tokens: _builtins.int = ...,
+        predicted_cache_read_share: _builtins.float = ...,
+        reported_cache_read_share: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["predicted_cache_read_share", b"predicted_cache_read_share", "predicted_cache_read_tokens", b"predicted_cache_read_tokens", "predicted_cache_write_tokens", b"predicted_cache_write_tokens", "predicted_uncached_tokens", b"predicted_uncached_tokens", "renders", b"renders", "reported_cache_read_share", b"reported_cache_read_share", "reported_cache_read_tokens", b"reported_cache_read_tokens", "reported_cache_write_tokens", b"reported_cache_write_tokens", "reported_calls", b"reported_calls", "reported_input_tokens", b"reported_input_tokens", "reported_output_tokens", b"reported_output_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UsageSummary: _TypeAlias = UsageSummary  # noqa: Y015
 
 @_typing.final
 class OffloadedItem(_message.Message):
@@ -1596,6 +1672,7 @@ class GetStatusResponse(_message.Message):
     OFFLOADED_FIELD_NUMBER: _builtins.int
     PENDING_DEFERRED_FIELD_NUMBER: _builtins.int
     STASH_HIT_RATE_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     history_tokens: _builtins.int
     view_tokens: _builtins.int
@@ -1604,6 +1681,10 @@ class GetStatusResponse(_message.Message):
     stash_hit_rate: _builtins.float
     @_builtins.property
     def offloaded(self) -> _containers.RepeatedCompositeFieldContainer[Global___OffloadedItem]: ...
+    @_builtins.property
+    def usage(self) -> Global___UsageSummary:
+        """Predicted against reported usage of the session's calls."""
+
     def __init__(
         self,
         *,
@@ -1614,10 +1695,11 @@ class GetStatusResponse(_message.Message):
         offloaded: _abc.Iterable[Global___OffloadedItem] | None = ...,
         pending_deferred: _builtins.int = ...,
         stash_hit_rate: _builtins.float = ...,
+        usage: Global___UsageSummary | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "history_tokens", b"history_tokens", "offloaded", b"offloaded", "pending_deferred", b"pending_deferred", "stash_hit_rate", b"stash_hit_rate", "version", b"version", "view_tokens", b"view_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "history_tokens", b"history_tokens", "offloaded", b"offloaded", "pending_deferred", b"pending_deferred", "stash_hit_rate", b"stash_hit_rate", "usage", b"usage", "version", b"version", "view_tokens", b"view_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
