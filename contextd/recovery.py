@@ -326,9 +326,9 @@ class Status:
     offloaded: list[Offloaded]
     pending_deferred: int
     stash_hit_rate: float
+    """Of this process's stash, since it started."""
     usage: views.UsageSummary
     """The usage predicted for the session's calls, beside the usage reported for them."""
-    """Of this process's stash, since it started."""
 
 
 def _check(query: RetrieveQuery) -> None:

@@ -129,9 +129,10 @@ class ViewService:
                 certificates = [Certificate(0, body, stamp, "", "") for body in out.certificates]
             else:
                 await views.save_state(conn, key, out.state)
-                await views.record_call(
-                    conn, key, out.state.view_version, request.format.value, out.view.total_tokens, out.predicted
-                )
+                if not force:  # an operator's render is no model call
+                    await views.record_call(
+                        conn, key, out.state.view_version, request.format.value, out.view.total_tokens, out.predicted
+                    )
                 certificates = await views.append_certificates(conn, key, out.certificates, stamp)
                 await views.forget_proposals(conn, out.decided_proposals)
                 await views.append_mutations(conn, key, out.durable)
@@ -326,11 +327,12 @@ def _tools(tools_json: str) -> tuple[dict[str, Any], ...]:
     return tuple(tools)
 
 
-MAX_TOKENS_REPORTED = 2**63 - 1
+MAX_TOKENS_REPORTED = 10**9
+"""Per figure of one call: past any model's window (and the sums over a session stay in range)."""
 
 
 def _check_usage(view_version: int, usage: views.ReportedUsage) -> None:
-    if view_version <= 0:
+    if not 0 < view_version < 2**63:
         raise InvalidArgument.at("view_version", "names no render: view versions start at 1 (View.view_version)")
     for name, text, limit in (("provider", usage.provider, 64), ("model", usage.model, MAX_NAME_LENGTH)):
         if not text and name == "provider":
@@ -339,4 +341,4 @@ def _check_usage(view_version: int, usage: views.ReportedUsage) -> None:
             raise InvalidArgument.at(name, f"at most {limit} characters, without NUL")
     for name in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"):
         if getattr(usage, name) > MAX_TOKENS_REPORTED:
-            raise InvalidArgument.at(name, "past any count of tokens")
+            raise InvalidArgument.at(name, f"over {MAX_TOKENS_REPORTED:,} tokens: past any call")

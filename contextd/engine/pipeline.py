@@ -9,7 +9,8 @@ clock give the same view, byte for byte, and the same decisions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
@@ -536,8 +537,8 @@ def render(inp: RenderInput) -> RenderOutput:
         policy_version=policy.version,
         cache_breakpoint_seq=point.through if point is not None else 0,
     )
-    cached = point.offset if point is not None else view.total_tokens
-    predicted = predicted_usage(context.cache, stable, cached, view.total_tokens, _pricing(inp))
+    cached = point.offset if point is not None else None
+    predicted = predicted_usage(context.cache, stable, cached, view.total_tokens, _pricing(inp), _framing(assembly))
     agent_ids = tuple(p.id for p in inp.agent_proposals)  # every one is decided now, or waits in the state
     next_carry = None
     if not durable:  # (edits made durable come back as history, which a carry does not follow)
@@ -748,6 +749,17 @@ def _represent(
     # A deferred edit is proposed again at every render, often as the same object.
     sources = (proposal, edit, counter) if entry is None else (proposal, edit, counter, entry.item)
     return _represented.get(sources, partial(_counted, edit, draft.entries, proposal.reason, counter))
+
+
+def _framing(assembly: Assembly) -> Callable[[int], int]:
+    """The view's tokens up to an offset of its items' tokens: with the framing of each message
+    (and of Anthropic's system field) that ends at or before it."""
+    index, ends, offset = assembly.rendered.message_index, dict[int, int](), 0
+    for segment in assembly.segments:
+        offset += segment.tokens
+        ends[index.get(segment.seq, -1)] = offset  # -1: the system field (or what the format left out)
+    closed = sorted(ends.values())
+    return lambda tokens: tokens + FRAMING_TOKENS_PER_MESSAGE * bisect_right(closed, tokens)
 
 
 def _looks_ahead(inp: RenderInput) -> bool:

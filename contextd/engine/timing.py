@@ -24,7 +24,7 @@ batch may pay where each edit alone does not.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from contextd.engine.policy import BREAKPOINTS, MIN_CACHED_TOKENS, CachePolicy
@@ -99,17 +99,26 @@ class Usage:
 NO_USAGE = Usage(0, 0, 0)
 
 
-def predicted_usage(state: CacheState, stable: int, cached: int, total: int, cache: CachePolicy) -> Usage:
-    """What the call made with a render of `total` tokens is expected to read from the provider's
-    cache, write to it and send uncached. It reads what it shares with the previous render
-    (`stable` tokens), as far as the provider reads it back (to the last cached end before, for
-    one that caches at breakpoints); it caches its prompt up to `cached` tokens (its
-    breakpoint), billed as a write where writing costs more than input."""
+def predicted_usage(
+    state: CacheState,
+    stable: int,
+    cached: int | None,
+    total: int,
+    cache: CachePolicy,
+    framed: Callable[[int], int] = int,
+) -> Usage:
+    """What the call made with a render of `total` tokens (as the view counts them, with its
+    messages' framing) is expected to read from the provider's cache, write to it and send
+    uncached. It reads what it shares with the previous render (`stable` tokens), as far as the
+    provider reads it back (to the last cached end before, for one that caches at breakpoints);
+    it caches its prompt up to `cached` tokens (its breakpoint; None: to its end), billed as a
+    write where writing costs more than input. Offsets are the engine's (items' tokens):
+    `framed` adds the framing of the messages before one."""
     read = 0 if state.cold else min(state.read_until(stable), state.previous_tokens)
-    read = read if read >= MIN_CACHED_TOKENS else 0
+    read = framed(read) if read >= MIN_CACHED_TOKENS else 0
     write = 0
-    if cache.prices.cache_write > cache.prices.input and cached >= MIN_CACHED_TOKENS:
-        write = max(0, min(cached, total) - read)
+    if cache.prices.cache_write > cache.prices.input and (cached is None or cached >= MIN_CACHED_TOKENS):
+        write = max(0, (total if cached is None else min(framed(cached), total)) - read)
     return Usage(read, write, max(0, total - read - write))
 
 

@@ -111,6 +111,7 @@ CONDITIONS: dict[str, dict[str, Any] | None] = {
 }
 """Each condition's policy (None: the shipped default), before the trace's tools are added."""
 
+ANY_PREFIX = "default, priced as read to any prefix"
 DEFAULT_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "default, expected_calls 8": {"cache": {"expected_calls": 8}},
     "default, expected_calls 20": {"cache": {"expected_calls": 20}},
@@ -120,7 +121,7 @@ DEFAULT_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "protection": {"last_turns": 2},
         "cache": {"expected_calls": 20},
     },
-    "default, priced as read to any prefix": {"cache": {"reads": "prefix"}},
+    ANY_PREFIX: {"cache": {"reads": "prefix"}},
     "default, the caller's breakpoint": {},
 }
 """The shipped default with another number of calls a cache rewrite must pay for itself within

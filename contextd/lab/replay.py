@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from contextd_client import Client, View, ViewFormat
+from contextd_client import Client, Usage, UsageSummary, View, ViewFormat
 from contextd_client.v1 import content_pb2 as pb
 
 from contextd.engine.compress.text import identifiers
@@ -38,6 +38,7 @@ from contextd.engine.strategies import COMPRESSED
 from contextd.lab.cache import Billed, PromptCache, Segment
 
 PROVIDERS = ("anthropic", "openai")
+LAB_MODEL = "the lab's cache model"
 
 
 @dataclass
@@ -88,6 +89,9 @@ class Run:
     (`used_and_hidden`)."""
     hidden: list[tuple[int, str]] = field(default_factory=list)
     """Of those, the ones the call's view did not show: (call number, identifier)."""
+    usage: UsageSummary | None = None
+    """What the service predicted for the calls, beside the lab's Anthropic bill of them, which
+    the replay reported to it (ReportUsage) as a client reports the provider's."""
 
     @property
     def sent(self) -> int:
@@ -255,6 +259,12 @@ def replay(
             through = cached_messages(view)
             billed = {p: caches[p].call(prompt, at, through) for p in PROVIDERS}
             call = Call(view.total_tokens, elapsed, billed, prompt, through=through)
+            bill = billed["anthropic"]
+            client.report_usage(
+                session,
+                view.view_version,
+                Usage("anthropic", LAB_MODEL, bill.uncached, 0, bill.cache_read, bill.cache_write),
+            )
             if previous is not None:
                 shared = _shared(previous.prompt, prompt)
                 if shared < len(previous.prompt):
@@ -262,6 +272,7 @@ def replay(
                     call.radius = sum(s.tokens for s in previous.prompt[shared:])
             run.calls.append(call)
             previous = call
+        run.usage = client.get_status(session).usage
     finally:
         client.delete_session(session)
     return run

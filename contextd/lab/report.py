@@ -18,7 +18,14 @@ from contextd_client import Client
 
 from contextd.engine.policy import PROVIDER_PRICES, default_policy
 from contextd.lab.cache import RULES, PromptCache
-from contextd.lab.conditions import CALLER_BREAKPOINT, CONDITIONS, DEFAULT_VARIANTS, oracle_metadata, policy_text
+from contextd.lab.conditions import (
+    ANY_PREFIX,
+    CALLER_BREAKPOINT,
+    CONDITIONS,
+    DEFAULT_VARIANTS,
+    oracle_metadata,
+    policy_text,
+)
 from contextd.lab.metrics import Quality, Summary, percentile, quality, summarize
 from contextd.lab.replay import PROVIDERS, Run, message_text, replay
 
@@ -373,6 +380,25 @@ def _by_rule(results: Results, trace_ids: Sequence[str], conditions: Sequence[st
     return _table(["condition", "tokens not sent over all calls, net of what stands in, by rule (share of raw)"], rows)
 
 
+def _prediction(results: Results, trace_ids: Sequence[str], conditions: Sequence[str]) -> str:
+    """What the service predicted for each call (GetStatus), against the lab's Anthropic bill of
+    it, which the replay reported (ReportUsage), summed over the traces."""
+    rows = []
+    for condition in conditions:
+        summaries = [results.runs[t, condition].usage for t in trace_ids]
+        if any(s is None for s in summaries):
+            continue
+        names = ("cache_read", "cache_write", "uncached", "input")
+        predicted = [sum(getattr(s, f"predicted_{n}_tokens") for s in summaries if s) for n in names[:3]]
+        billed = [sum(getattr(s, f"reported_{n}_tokens") for s in summaries if s) for n in (*names[:2], names[3])]
+        cells = [
+            f"{p:,} / {b:,} ({p / b - 1:+.1%})" if b else f"{p:,} / 0" for p, b in zip(predicted, billed, strict=True)
+        ]
+        rows.append([condition, sum(s.reported_calls for s in summaries if s), *cells])
+    header = ["condition", "calls", "cache read, predicted / billed", "cache write", "uncached"]
+    return _table(header, rows)
+
+
 def _placements(results: Results, trace_ids: Sequence[str]) -> str:
     """How often the default's view placed the breakpoint before its end."""
     calls = [c for t in trace_ids for c in results.runs[t, "default"].calls]
@@ -616,6 +642,22 @@ sent exactly what raw sent, whether its rules found nothing they may edit, or wh
 waited for the cache until the trace ended):
 
 {_against_raw(results, trace_ids, ["default", *DEFAULT_VARIANTS])}
+
+### What the service predicted for each call, against the bill
+
+Every render stores the usage the engine expects the call made with its view to be billed
+(its policy's provider: here Anthropic's cache, read back to the last earlier breakpoint,
+written up to this call's), and the replay reported the lab's bill of each call to the service
+(ReportUsage), as a client reports the provider's; GetStatus sums both. The tokens are the
+same on both sides (the service's), so they compare directly:
+
+{_prediction(results, trace_ids, [c for c in ["default", *DEFAULT_VARIANTS] if c != ANY_PREFIX])}
+
+(Not the variant priced as if the cache were read up to any change: it predicts another
+cache than the one billed. The service's clock is the real one, its renders milliseconds
+apart, while the lab bills calls {results.gap:g} s apart: an earlier breakpoint unused for
+the cache's lifetime is gone from the lab's cache and not from the service's; that, and the
+framing the lab spreads evenly over messages, is the difference where there is one.)
 
 ### What each rule saved
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contextd.engine.certificates import GENESIS, Certificate, CertificateBody, Decision, Stamp, chain
@@ -413,14 +413,13 @@ async def report_usage(
 async def usage_summary(conn: AsyncConnection, key: int) -> UsageSummary:
     c = schema.calls
     reported = c.c.reported_at.is_not(None)
-    total = func.coalesce
     row = (
         await conn.execute(
             select(
                 func.count(),
                 func.count(c.c.reported_at),
-                *(
-                    total(func.sum(column).filter(reported), 0)
+                *(  # (no FILTER clause: SQLite has it only since 3.30)
+                    func.coalesce(func.sum(case((reported, column), else_=0)), 0)
                     for column in (
                         c.c.predicted_cache_read,
                         c.c.predicted_cache_write,

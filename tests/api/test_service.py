@@ -341,9 +341,14 @@ def test_reported_usage_is_kept_beside_the_prediction(client: Client) -> None:
     with pytest.raises(NotFound) as unknown:
         client.report_usage(session, 3, read)  # no such render
     assert unknown.value.reason == "CALL_NOT_FOUND" and unknown.value.metadata["view_version"] == "3"
-    for bad, field in ((0, "view_version"), (1, "provider")):
+    for version, wrong, field in (
+        (0, read, "view_version"),
+        (2**63, read, "view_version"),
+        (1, replace(read, provider=""), "provider"),
+        (1, replace(read, cache_read_tokens=2**63), "cache_read_tokens"),
+    ):
         with pytest.raises(InvalidArgument) as refused:
-            client.report_usage(session, bad, replace(read, provider="" if field == "provider" else "anthropic"))
+            client.report_usage(session, version, wrong)
         assert refused.value.field == field
     with pytest.raises(NotFound):
         client.report_usage("no-such-session", 1, read)

@@ -812,21 +812,25 @@ def test_empty_arguments_mean_no_arguments() -> None:
 
 
 def test_a_providers_usage_as_contextd_takes_it() -> None:
-    anthropic = {
-        "input_tokens": 12,
-        "output_tokens": 80,
-        "cache_read_input_tokens": 9000,
-        "cache_creation_input_tokens": 300,
-    }
+    anthropic = {"input_tokens": 12, "output_tokens": 80, "cache_read_input_tokens": 9000}
+    anthropic["cache_creation_input_tokens"] = 300
     assert Usage.from_anthropic(anthropic, "claude-sonnet-4") == Usage(
         "anthropic", "claude-sonnet-4", 12, 80, 9000, 300
     )
     # The SDKs' objects, with fields left unset (None) by a provider that did not cache.
     sdk = SimpleNamespace(input_tokens=12, output_tokens=80, cache_read_input_tokens=None)
     assert Usage.from_anthropic(sdk) == Usage("anthropic", "", 12, 80, 0, 0)
-    # OpenAI counts the cached tokens inside prompt_tokens.
-    openai = SimpleNamespace(
-        prompt_tokens=9012, completion_tokens=80, prompt_tokens_details=SimpleNamespace(cached_tokens=9000)
-    )
-    assert Usage.from_openai(openai, "gpt-4o") == Usage("openai", "gpt-4o", 12, 80, 9000, 0)
+    # Only the breakdown by cache lifetime.
+    by_ttl = {"input_tokens": 5, "cache_creation": {"ephemeral_5m_input_tokens": 200, "ephemeral_1h_input_tokens": 50}}
+    assert Usage.from_anthropic(by_ttl).cache_write_tokens == 250
+    # OpenAI counts the cached tokens inside the prompt's: Chat Completions, and Responses.
+    details = SimpleNamespace(cached_tokens=9000)
+    chat = SimpleNamespace(prompt_tokens=9012, completion_tokens=80, prompt_tokens_details=details)
+    assert Usage.from_openai(chat, "gpt-4o") == Usage("openai", "gpt-4o", 12, 80, 9000, 0)
     assert Usage.from_openai({"prompt_tokens": 40, "completion_tokens": 2}) == Usage("openai", "", 40, 2, 0, 0)
+    responses = {"input_tokens": 9012, "output_tokens": 80, "input_tokens_details": {"cached_tokens": 9000}}
+    assert Usage.from_openai(responses) == Usage("openai", "", 12, 80, 9000, 0)
+    # A whole response, or another provider's usage, is refused: a report of zeros would stand.
+    for wrong, read in ((SimpleNamespace(usage=chat), Usage.from_openai), (chat, Usage.from_anthropic)):
+        with pytest.raises(ValueError, match="usage"):
+            read(wrong)

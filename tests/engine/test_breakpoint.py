@@ -241,8 +241,10 @@ def test_the_usage_a_call_is_expected_to_be_billed() -> None:
 
 def test_each_render_says_how_its_call_is_expected_to_be_billed() -> None:
     first = go(2, ViewState(), 0.0, OPENAI)
-    assert first.predicted == Usage(0, sent(first).cached_tokens, first.view.total_tokens - sent(first).cached_tokens)
+    # Written up to the breakpoint, with the framing of the messages before it (3 tokens each).
+    through = next(s.message_index for s in first.view.items if s.seq == first.view.cache_breakpoint_seq)
+    written = sent(first).cached_tokens + 3 * (through + 1)
+    assert first.predicted == Usage(0, written, first.view.total_tokens - written)
     second = go(3, first.state, 30.0, OPENAI)
-    read = second.predicted.cache_read
-    assert read == sent(first).cached_tokens  # what the first call cached, read back whole
-    assert sum((read, second.predicted.cache_write, second.predicted.uncached)) == second.view.total_tokens
+    assert second.predicted.cache_read == written  # what the first call cached, read back whole
+    assert sum((written, second.predicted.cache_write, second.predicted.uncached)) == second.view.total_tokens

@@ -389,22 +389,37 @@ class Usage:
 
     @classmethod
     def from_anthropic(cls, usage: Any, model: str = "") -> Usage:
-        """From a Messages response's ``usage`` (the SDK's object or its dict)."""
+        """From a Messages response's ``usage`` (the SDK's object or its dict). Raises ValueError
+        for anything else (a whole response, another provider's usage)."""
+        if _field(usage, "input_tokens") is None:
+            raise ValueError("not a Messages response's usage: no input_tokens")
+        written = _field(usage, "cache_creation_input_tokens")
+        if written is None:  # only the breakdown by cache lifetime
+            by_ttl = _field(usage, "cache_creation")
+            written = _count(by_ttl, "ephemeral_5m_input_tokens") + _count(by_ttl, "ephemeral_1h_input_tokens")
         return cls(
             "anthropic",
             model,
             _count(usage, "input_tokens"),
             _count(usage, "output_tokens"),
             _count(usage, "cache_read_input_tokens"),
-            _count(usage, "cache_creation_input_tokens"),
+            int(written or 0),
         )
 
     @classmethod
     def from_openai(cls, usage: Any, model: str = "") -> Usage:
-        """From a Chat Completions response's ``usage``: its ``prompt_tokens`` count the cached ones."""
-        cached = _count(_field(usage, "prompt_tokens_details"), "cached_tokens")
-        prompt = _count(usage, "prompt_tokens")
-        return cls("openai", model, max(0, prompt - cached), _count(usage, "completion_tokens"), cached, 0)
+        """From a Chat Completions response's ``usage`` (``prompt_tokens`` count the cached ones)
+        or a Responses one's (``input_tokens``, likewise). Raises ValueError for anything else."""
+        chat = _field(usage, "prompt_tokens") is not None
+        if not chat and _field(usage, "input_tokens") is None:
+            raise ValueError("not an OpenAI response's usage: no prompt_tokens or input_tokens")
+        prompt, details, output = (
+            ("prompt_tokens", "prompt_tokens_details", "completion_tokens")
+            if chat
+            else ("input_tokens", "input_tokens_details", "output_tokens")
+        )
+        cached = _count(_field(usage, details), "cached_tokens")
+        return cls("openai", model, max(0, _count(usage, prompt) - cached), _count(usage, output), cached, 0)
 
 
 def _field(value: Any, name: str) -> Any:
@@ -430,7 +445,8 @@ class Status:
     pending_deferred: int
     stash_hit_rate: float
     usage: UsageSummary | None = None
-    """Predicted against reported usage of the session's calls (``report_usage``)."""
+    """Predicted against reported usage of the session's calls (``report_usage``); None from a
+    server that does not say."""
 
     @classmethod
     def from_proto(cls, message: api.GetStatusResponse) -> Status:
@@ -445,7 +461,7 @@ class Status:
             ),
             pending_deferred=message.pending_deferred,
             stash_hit_rate=message.stash_hit_rate,
-            usage=UsageSummary.from_proto(message.usage),
+            usage=UsageSummary.from_proto(message.usage) if message.HasField("usage") else None,
         )
 
 
