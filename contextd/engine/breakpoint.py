@@ -52,36 +52,42 @@ class Breakpoint:
 
 
 def place(
-    segments: Sequence[Segment], shrinks: Mapping[int, int], cache: CachePolicy, floor: int = 0
+    segments: Sequence[Segment],
+    shrinks: Mapping[int, int],
+    cache: CachePolicy,
+    floor: int = 0,
+    total: int | None = None,
 ) -> Breakpoint | None:
-    """Where to end the cache entry of a render of `segments` (in view order), given the items
-    the next render expects to reduce (`shrinks`: seq -> its tokens then); None: at the end.
-    Never before `floor`, the tokens this call reads from the cache: a provider reads no entry
-    that ends past the call's breakpoint."""
+    """Where to end the cache entry of a render of `segments` (in view order; `total`: their
+    tokens, when known), given the items the next render expects to reduce (`shrinks`: seq ->
+    its tokens then); None: at the end. Never before `floor`, the tokens this call reads from
+    the cache: a provider reads no entry that ends past the call's breakpoint. Read from the
+    end: what lapses is the newest outputs, so a render looks at its tail only."""
     if not shrinks:
         return None
-    runs: list[tuple[int, int, int]] = []  # (seq, tokens, offset) per run of segments of one item
-    offset = 0
-    for segment in segments:
-        if runs and runs[-1][0] == segment.seq:
-            seq, tokens, start = runs[-1]
-            runs[-1] = (seq, tokens + segment.tokens, start)
-        else:
-            runs.append((segment.seq, segment.tokens, offset))
-        offset += segment.tokens
     prices = cache.prices
     i, w, r = prices.input / PER_TOKEN, prices.cache_write / PER_TOKEN, prices.cache_read / PER_TOKEN
     later = max(1, cache.expected_calls // 2) - 1
+    bound = max(floor, MIN_CACHED_TOKENS)
     best: Breakpoint | None = None
     following = 0.0  # the value of the items after the one looked at
-    for index in range(len(runs) - 1, 0, -1):
-        seq, tokens, start = runs[index]
+    end = sum(s.tokens for s in segments) if total is None else total
+    index = len(segments) - 1
+    while index > 0:
+        seq, tokens = segments[index].seq, segments[index].tokens
+        while index > 0 and segments[index - 1].seq == seq:  # an item shown in pieces counts whole
+            index -= 1
+            tokens += segments[index].tokens
+        start = end - tokens
+        if index == 0 or start < bound:
+            break  # no breakpoint before it
         if seq in shrinks:
             after = min(shrinks[seq], tokens)
             following += (w + r - i) * tokens - w * after + later * r * (tokens - after)
-            through = runs[index - 1][0]
-            if through > 0 and start >= max(floor, MIN_CACHED_TOKENS) and following > (best.value if best else 0.0):
+            through = segments[index - 1].seq
+            if through > 0 and following > (best.value if best else 0.0):
                 best = Breakpoint(through, seq, start, following)
         else:
             following -= (i - r) * tokens
+        end, index = start, index - 1
     return best

@@ -9,12 +9,13 @@ clock give the same view, byte for byte, and the same decisions.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
-from operator import is_
+from itertools import takewhile
+from operator import attrgetter, is_
 from typing import Any
 
 from contextd.engine import volatile
@@ -508,7 +509,7 @@ def render(inp: RenderInput) -> RenderOutput:
     point = None
     if inp.request.place_breakpoint:
         read = context.cache.read_until(stable) if previous is not None else 0
-        point = place(segments, shrinks, _pricing(inp), read) if shrinks else None
+        point = place(segments, shrinks, _pricing(inp), read, assembly.offset) if shrinks else None
         view, point = _with_breakpoint(view, assembly, draft, point)
     new_state = ViewState(
         view_version=state.view_version + 1,
@@ -752,14 +753,21 @@ def _represent(
 
 
 def _framing(assembly: Assembly) -> Callable[[int], int]:
-    """The view's tokens up to an offset of its items' tokens: with the framing of each message
-    (and of Anthropic's system field) that ends at or before it."""
-    index, ends, offset = assembly.rendered.message_index, dict[int, int](), 0
-    for segment in assembly.segments:
-        offset += segment.tokens
-        ends[index.get(segment.seq, -1)] = offset  # -1: the system field (or what the format left out)
-    closed = sorted(ends.values())
-    return lambda tokens: tokens + FRAMING_TOKENS_PER_MESSAGE * bisect_right(closed, tokens)
+    """The view's tokens up to an offset of its items' tokens (an item's start): with the
+    framing of each message that ends before it, and of Anthropic's system field. Read off the
+    marks the assembly keeps before each entry: no pass over the view."""
+    marks, rendered = assembly.marks, assembly.rendered
+    system = 1 if rendered.system is not None else 0
+
+    def framed(tokens: int) -> int:
+        at = bisect_left(marks, tokens, key=attrgetter("offset"))
+        if at == len(marks):
+            closed = len(rendered.messages)
+        else:  # the messages before the entry there, less the one it joins
+            closed = marks[at].messages - (0 if marks[at].opens or not marks[at].messages else 1)
+        return tokens + FRAMING_TOKENS_PER_MESSAGE * (closed + (system if tokens else 0))
+
+    return framed
 
 
 def _looks_ahead(inp: RenderInput) -> bool:
@@ -779,11 +787,11 @@ def _with_breakpoint(
     rendered = assembly.rendered
     marked = None
     if point is not None:
-        index = rendered.message_index.get(point.through)
-        seqs = [s.seq for s in assembly.segments]
-        after = seqs[seqs.index(point.before) :]
+        through = point.through
+        index = rendered.message_index.get(through)
+        after = takewhile(lambda seq: seq != through, (s.seq for s in reversed(assembly.segments)))
         shared = index is not None and index >= 0 and any(rendered.message_index.get(s) == index for s in after)
-        marked = mark_breakpoint(rendered, draft.entries[point.through], shared)
+        marked = mark_breakpoint(rendered, draft.entries[through], shared)
     if marked is None:
         point, marked = None, mark_breakpoint(rendered)
     if marked is None:
