@@ -411,6 +411,7 @@ async def report_usage(
 
 
 async def usage_summary(conn: AsyncConnection, key: int) -> UsageSummary:
+    """The session's renders and reported calls, with both sides summed over the reported ones."""
     c = schema.calls
     reported = c.c.reported_at.is_not(None)
     row = (
