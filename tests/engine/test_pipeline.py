@@ -59,13 +59,14 @@ def run(
     force: bool = False,
     budget: int = 0,
     durable: Sequence[AppliedEdit] = (),
+    placed: bool = False,
 ) -> RenderOutput:
     return render(
         RenderInput(
             session=make_session(len(items)),
             items=items,
             policy=parse_policy(policy, REGISTRY),
-            request=ViewRequest(fmt, budget),
+            request=ViewRequest(fmt, budget, place_breakpoint=placed),
             counter=counter(),
             registry=REGISTRY,
             state=state or ViewState(),
@@ -806,14 +807,33 @@ def test_edits_in_force_across_appends_leave_views_the_providers_accept(items: l
     cut = data.draw(st.sampled_from(complete_prefixes(items)))
     asks = data.draw(st.lists(st.integers(1, cut), max_size=3))
     agent = [AgentProposal(n, seq, "done with it") for n, seq in enumerate(asks, start=1)]
-    first = run(items[:cut], policy, fmt=fmt, agent=agent, force=data.draw(st.booleans()), now=0)
+    placed, force = data.draw(st.booleans()), data.draw(st.booleans())  # (placed: the view places the breakpoint)
+    first = run(items[:cut], policy, fmt=fmt, agent=agent, force=force, now=0, placed=placed)
     check_view(first, fmt)
     later = data.draw(st.floats(0, 1_000))
-    second = run(items, policy, state=first.state, fmt=fmt, now=later)
+    second = run(items, policy, state=first.state, fmt=fmt, now=later, placed=placed)
     check_view(second, fmt)
-    assert run(items, policy, state=state_from_json(state_to_json(first.state)), fmt=fmt, now=later) == second
+    stored = state_from_json(state_to_json(first.state))
+    assert run(items, policy, state=stored, fmt=fmt, now=later, placed=placed) == second
+    if placed and fmt is ANTHROPIC:  # one mark, and nothing else differs from the unmarked view
+        unmarked = run(items[:cut], policy, fmt=fmt, agent=agent, force=force, now=0)
+        assert first.view.messages_json.count('"cache_control"') + first.view.system_json.count('"cache_control"') <= 1
+        assert _without_marks(first.view.messages_json) == _without_marks(unmarked.view.messages_json)
     for cert in (*first.certificates, *second.certificates):
         assert_complete(cert)
+
+
+def _without_marks(messages_json: str) -> list[dict[str, object]]:
+    """The messages with cache marks taken out, a lone text block read as the string it was."""
+    messages: list[dict[str, object]] = json.loads(messages_json)
+    for message in messages:
+        content = message["content"]
+        if isinstance(content, list):
+            for block in content:
+                block.pop("cache_control", None)
+            if len(content) == 1 and content[0]["type"] == "text" and set(content[0]) == {"type", "text"}:
+                message["content"] = content[0]["text"]
+    return messages
 
 
 def assert_complete(cert: CertificateBody) -> None:
