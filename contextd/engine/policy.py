@@ -68,6 +68,9 @@ PROVIDER_PRICES: Mapping[str, Prices] = {
 BREAKPOINTS, PREFIX = "breakpoints", "prefix"
 PROVIDER_READS: Mapping[str, str] = {"anthropic": BREAKPOINTS, "openai": PREFIX, "google": PREFIX}
 MIN_CACHED_TOKENS = 1024
+# Past the minimum, OpenAI caches prefixes in steps of 128 tokens (same page); the others
+# cache whatever length the breakpoint or the shared prefix gives.
+CACHE_STEPS: Mapping[str, int] = {"openai": 128}
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from contextd.engine.policy import BREAKPOINTS, MIN_CACHED_TOKENS, CachePolicy
+from contextd.engine.policy import BREAKPOINTS, CACHE_STEPS, MIN_CACHED_TOKENS, CachePolicy
 from contextd.engine.state import PreviousRender
 from contextd.engine.transforms import CacheState
 
@@ -116,6 +116,9 @@ def predicted_usage(
     `framed` adds the framing of the messages before one."""
     read = 0 if state.cold else min(state.read_until(stable), state.previous_tokens)
     read = framed(read) if read >= MIN_CACHED_TOKENS else 0
+    step = CACHE_STEPS.get(cache.provider, 1)
+    if read and step > 1:
+        read = MIN_CACHED_TOKENS + (read - MIN_CACHED_TOKENS) // step * step
     write = 0
     if cache.prices.cache_write > cache.prices.input and (cached is None or cached >= MIN_CACHED_TOKENS):
         write = max(0, (total if cached is None else min(framed(cached), total)) - read)

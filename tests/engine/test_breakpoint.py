@@ -232,10 +232,11 @@ def test_the_usage_a_call_is_expected_to_be_billed() -> None:
     assert predicted_usage(warm, 5_000, 5_500, 6_000, CACHE) == Usage(5_000, 500, 500)
     expired = CacheState(5_000, 301.0, 300, ())
     assert predicted_usage(expired, 5_000, 6_000, 6_000, CACHE) == Usage(0, 6_000, 0)
-    # OpenAI reads any shared prefix of 1,024 tokens or more, and writing costs nothing more.
+    # OpenAI reads any shared prefix of 1,024 tokens or more, in steps of 128 past them, and
+    # writing costs nothing more.
     openai = CachePolicy(provider="openai", prices=PROVIDER_PRICES["openai"], reads=PREFIX)
     prefix = CacheState(5_000, 30.0, 300)
-    assert predicted_usage(prefix, 3_000, 6_000, 6_000, openai) == Usage(3_000, 0, 3_000)
+    assert predicted_usage(prefix, 3_000, 6_000, 6_000, openai) == Usage(2_944, 0, 3_056)  # 1,024 + 15 x 128
     assert predicted_usage(prefix, 800, 6_000, 6_000, openai) == Usage(0, 0, 6_000)
 
 
