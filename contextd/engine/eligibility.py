@@ -73,20 +73,17 @@ class Protections:
         return self._known[seq]
 
     def lapses(self, seq: int) -> bool:
-        """Whether item `seq` is protected now only for being recent, and will not be one turn on.
-        A guess: an error is taken to be its tool's latest no more by then, as agents call the
-        tool again (most have one or two)."""
+        """Whether item `seq` is protected now and will not be one turn on. A guess: an error is
+        taken to be its tool's latest no more by then, as agents call the tool again (most have
+        one or two)."""
         entry = self._entries.get(seq) if seq > 0 else None
-        if entry is None or not self.of(seq).startswith(_RECENT):
+        if entry is None or not self.of(seq):
             return False
         return not _protection(entry, self._policy, self._turns + 1, set)
 
     def all(self) -> dict[int, str]:
         """seq -> reason, for every protected item."""
         return {seq: reason for seq in self._natural if (reason := self.of(seq))}
-
-
-_RECENT = "within the last"
 
 
 def _protection(entry: Entry, policy: Policy, turns: int, latest_errors: Callable[[], set[int]]) -> str:
@@ -99,7 +96,7 @@ def _protection(entry: Entry, policy: Policy, turns: int, latest_errors: Callabl
     if item.role is Role.USER and rules.user_items:
         return "user instruction"
     if turns - entry.turn <= rules.last_turns:
-        return f"{_RECENT} {rules.last_turns} turns"
+        return f"within the last {rules.last_turns} turns"
     if rules.latest_error_per_tool and entry.seq in latest_errors():
         return "the latest error of its tool, not yet followed by a success"
     if rules.tools:
