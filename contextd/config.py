@@ -60,11 +60,17 @@ class Settings:
     db_pool_size: int = _setting(
         10, "Postgres connections each server process keeps (it may open as many again under bursts)."
     )
+    render_threads: int = _setting(
+        4,
+        "Renders that run at once in each server process, each on a thread of its own (off the event loop); "
+        "one tenant takes at most all but one of them.",
+    )
     grace_seconds: float = _setting(10.0, "On SIGTERM, how long in-flight calls get to finish.")
     reflection: bool = _setting(True, "Serve gRPC reflection (for grpcurl and similar tools).")
     api_keys: str = _setting(
         "",
-        "Comma-separated tenant:key pairs. When set, every call needs `authorization: Bearer <key>` "
+        "Comma-separated tenant:key pairs (a tenant may have several keys, e.g. while rotating; a key names "
+        "one tenant). When set, every call needs `authorization: Bearer <key>` "
         "and sees only its tenant's sessions; when empty, auth is off and all calls use tenant 'default'.",
     )
     otel_exporter: str = _setting("none", "Where OpenTelemetry spans go.", choices=("none", "console", "otlp"))
@@ -117,6 +123,13 @@ class Settings:
                 raise ConfigError("api_keys entries are tenant:key; one is not")
             if not TENANT.fullmatch(tenant):
                 raise ConfigError(f"api_keys: tenant {tenant[:40]!r} is not 1-128 characters of A-Z a-z 0-9 . _ -")
+            if key in keys:
+                # Which tenant would the key act as? Refused rather than guessed.
+                raise ConfigError(
+                    f"api_keys: tenant {tenant!r} has a key that is listed already"
+                    + (" for it" if keys[key] == tenant else f" for tenant {keys[key]!r}")
+                    + "; each key names one tenant, once"
+                )
             keys[key] = tenant
         return keys
 

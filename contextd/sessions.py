@@ -15,7 +15,7 @@ from contextd.engine.codec import canonical_json, content_hash, item_to_json
 from contextd.engine.errors import InvalidArgument, LimitExceeded
 from contextd.engine.model import AppendResult, ItemContent, Session
 from contextd.engine.observations import COMPLETES, parse_completion
-from contextd.engine.policy import parse_policy
+from contextd.engine.policy import Policy, parse_policy
 from contextd.engine.tokens import TokenCounter, item_tokens
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.validation import Limits, check_batch, check_name, item_bytes
@@ -30,6 +30,8 @@ DEFAULT_PAGE_SIZE = 100
 # Above this many bytes a batch is hashed and counted on a worker thread,
 # so one large append does not stall every other call on the event loop.
 _THREAD_THRESHOLD_BYTES = 256 * 1024
+# Likewise policies: parsing and validating one takes about 2 ms per KB.
+_THREAD_THRESHOLD_POLICY = 16_384
 
 
 class SessionService:
@@ -43,7 +45,7 @@ class SessionService:
         session_id = session_id or uuid.uuid4().hex
         check_session_id(session_id)
         _check_metadata(metadata, "metadata")
-        parsed = parse_policy(policy, self.registry)
+        parsed = await self._parse(policy)
         annotate(session_id=session_id, policy_version=parsed.version)
         return await self.store.create_session(tenant, session_id, dict(metadata), _own(policy), parsed.version)
 
@@ -53,7 +55,7 @@ class SessionService:
         annotate(session_id=session_id)
         if policy is None:
             return await self.store.get_session(tenant, session_id)
-        parsed = parse_policy(policy, self.registry)
+        parsed = await self._parse(policy)
         annotate(policy_version=parsed.version)
         return await self.store.set_policy(tenant, session_id, _own(policy), parsed.version)
 
@@ -107,6 +109,12 @@ class SessionService:
                 author=author,
             )
         )
+
+    async def _parse(self, policy: str) -> Policy:
+        """The policy parsed and validated; a large document on a worker thread, off the event loop."""
+        if len(policy) > _THREAD_THRESHOLD_POLICY:
+            return await asyncio.to_thread(parse_policy, policy, self.registry)
+        return parse_policy(policy, self.registry)
 
     def _prepare(self, items: Sequence[ItemContent], author: str) -> tuple[list[PreparedItem], str]:
         prepared = [PreparedItem(i, content_hash(i), item_tokens(i, self.counter)) for i in items]

@@ -5,31 +5,38 @@ proposals, the certificate log, explanations). Nothing here knows gRPC.
 
 from __future__ import annotations
 
-import json
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contextd.engine.certificates import Certificate, Decision, Stamp, verify_chain
 from contextd.engine.errors import InvalidArgument, LimitExceeded
 from contextd.engine.model import Item, Representation, Session
-from contextd.engine.pipeline import RenderInput, protection_map, render
+from contextd.engine.pipeline import RenderInput, RenderOutput, protection_map, render
 from contextd.engine.policy import Policy, parse_policy
-from contextd.engine.state import AppliedEdit
+from contextd.engine.state import AppliedEdit, state_to_json
 from contextd.engine.tokens import TokenCounter
 from contextd.engine.transforms import Remove, Replace, TransformRegistry, target_of
-from contextd.engine.validation import MAX_NAME_LENGTH
+from contextd.engine.validation import MAX_NAME_LENGTH, load_json
 from contextd.engine.view import View, ViewRequest
 from contextd.sessions import check_session_id
 from contextd.storage import views
+from contextd.render_workers import RenderWorkers
 from contextd.storage.history import HistoryStore
 from contextd.telemetry import annotate
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
 MAX_PROPOSAL_REASON = 1000
 MAX_SEQS = 1000
+_INLINE_POLICY_BYTES = 16_384
+"""Larger policy documents are parsed on a worker thread, not on the event loop."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +70,7 @@ class ViewService:
         registry: TransformRegistry,
         clock: Callable[[], float] = time.time,
         on_pruned: Callable[[str, int, list[Item]], Awaitable[None]] | None = None,
+        workers: RenderWorkers | None = None,
     ) -> None:
         self.store = store
         self.counter = counter
@@ -70,14 +78,19 @@ class ViewService:
         self.clock = clock
         self.on_pruned = on_pruned
         """Told, after a render commits, the items it took out of the view (the stash keeps them)."""
+        self.workers = workers
+        """Where the engine runs (None: on the caller's thread, as the operator commands do)."""
         self._policies: dict[str, Policy] = {}
         self._states = views.StateCache()
 
-    def policy_of(self, session: Session) -> Policy:
-        """The session's parsed policy, parsed once per version."""
+    async def policy_of(self, session: Session) -> Policy:
+        """The session's parsed policy, parsed once per version (a large document off the loop)."""
         policy = self._policies.get(session.policy_version)
         if policy is None:
-            policy = parse_policy(session.policy, self.registry)
+            if len(session.policy) > _INLINE_POLICY_BYTES:
+                policy = await asyncio.to_thread(parse_policy, session.policy, self.registry)
+            else:
+                policy = parse_policy(session.policy, self.registry)
             if len(self._policies) > 256:
                 self._policies.clear()
             self._policies[session.policy_version] = policy
@@ -96,39 +109,41 @@ class ViewService:
     ) -> RenderResult:
         """Render a view; the decisions and the new view state are stored unless `dry_run`.
 
-        `check` sees the result before the transaction commits; if it raises
-        (the response would be too large to send), nothing is stored.
+        The engine's work runs on a render thread (render_workers.py) when the
+        service has them, so the event loop goes on serving other calls.
+        `check` sees the result before the transaction commits, on that thread
+        too; if it raises (the response would be too large to send), nothing
+        is stored.
         """
         check_session_id(session_id)
         tools = _tools(tools_json)
-        async with self.store.db.write(tenant, session_id) as conn:
+        async with self._slot(tenant), self.store.db.write(tenant, session_id) as conn:
             row, session, items = await self.store.history_in(conn, tenant, session_id)
             key = row["key"]
-            policy = self.policy_of(session)
+            policy = await self.policy_of(session)
             state = await views.load_state(conn, key, self._states)
-            out = render(
-                RenderInput(
-                    session=session,
-                    items=items,
-                    policy=policy,
-                    request=request,
-                    counter=self.counter,
-                    registry=self.registry,
-                    state=state,
-                    now=self.clock(),
-                    pins=await views.pinned(conn, key),
-                    agent_proposals=await views.proposals(conn, key),
-                    force=force,
-                    tools=tools,
-                    durable=await views.load_mutations(conn, key),
-                    carry=self._states.carry(key, state),
-                )
+            render_input = RenderInput(
+                session=session,
+                items=items,
+                policy=policy,
+                request=request,
+                counter=self.counter,
+                registry=self.registry,
+                state=state,
+                now=self.clock(),
+                pins=await views.pinned(conn, key),
+                agent_proposals=await views.proposals(conn, key),
+                force=force,
+                tools=tools,
+                durable=await views.load_mutations(conn, key),
+                carry=self._states.carry(key, state),
             )
+            out, state_json = await self._run(_render, render_input)
             stamp = Stamp(out.state.view_version, request.format.value, policy.version)
             if dry_run:
                 certificates = [Certificate(0, body, stamp, "", "") for body in out.certificates]
             else:
-                await views.save_state(conn, key, out.state)
+                await views.save_state(conn, key, out.state, state_json)
                 if not force:  # an operator's render is no model call
                     await views.record_call(
                         conn, key, out.state.view_version, request.format.value, out.view.total_tokens, out.predicted
@@ -138,7 +153,7 @@ class ViewService:
                 await views.append_mutations(conn, key, out.durable)
             result = RenderResult(out.view, certificates)
             if check is not None:
-                check(result)
+                await self._run(check, result)
         if not dry_run:
             self._states.put(key, out.state, out.carry)  # committed now
             pruned = [items[c.seq - 1] for c in out.certificates if c.decision is Decision.PRUNE and c.seq > 0]
@@ -159,6 +174,14 @@ class ViewService:
             volatile_content=sum(w.code == "VOLATILE_CONTENT" for w in view.warnings),
         )
         return result
+
+    def _slot(self, tenant: str) -> AbstractAsyncContextManager[None]:
+        return self.workers.slot(tenant) if self.workers is not None else nullcontext()
+
+    async def _run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        if self.workers is None:
+            return fn(*args, **kwargs)
+        return await self.workers.run(fn, *args, **kwargs)
 
     async def report_usage(self, tenant: str, session_id: str, view_version: int, usage: views.ReportedUsage) -> bool:
         """Record what the provider billed for the call made with render `view_version`, beside
@@ -213,7 +236,7 @@ class ViewService:
             row, session, items = await self.store.history_in(conn, tenant, session_id)
             _check_seqs(seqs, row["version"])
             key = row["key"]
-            protected = protection_map(items, self.policy_of(session), await views.pinned(conn, key))
+            protected = protection_map(items, await self.policy_of(session), await views.pinned(conn, key))
             state = await views.load_state(conn, key, self._states)
             in_force = (*await views.load_mutations(conn, key), *state.applied)
             pruned = {target_of(a.edit) for a in in_force}
@@ -258,7 +281,7 @@ class ViewService:
             item=items[seq - 1],
             representation=_representation(seq, durable, state.applied, pins),
             pinned=seq in pins,
-            protection=protection_map(items, self.policy_of(session), pins).get(seq, ""),
+            protection=protection_map(items, await self.policy_of(session), pins).get(seq, ""),
             certificates=history,
         )
 
@@ -269,6 +292,12 @@ class ViewService:
             row, _, _ = await self.store.history_in(conn, tenant, session_id)
             chain = await views.all_certificates(conn, row["key"])
         return len(chain), verify_chain(chain)
+
+
+def _render(render_input: RenderInput) -> tuple[RenderOutput, str]:
+    """The engine's render and its view state as stored: the CPU work of a render, for a thread."""
+    out = render(render_input)
+    return out, state_to_json(out.state)
 
 
 def _outcome(
@@ -319,7 +348,7 @@ def _tools(tools_json: str) -> tuple[dict[str, Any], ...]:
     if not tools_json:
         return ()
     try:
-        tools = json.loads(tools_json)
+        tools = load_json(tools_json)
     except ValueError as exc:
         raise InvalidArgument.at("tools_json", f"not valid JSON: {exc}") from None
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):

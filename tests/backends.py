@@ -120,3 +120,38 @@ def redis_server() -> Iterator[str]:
 
     with RedisContainer("redis:7-alpine") as container:
         yield f"redis://{container.get_container_host_ip()}:{container.get_exposed_port(6379)}/0"
+
+
+@contextlib.contextmanager
+def postgres_role(database_url: str) -> Iterator[tuple[str, str]]:
+    """A login role of its own with every right on the (migrated) database: (its URL, its name).
+
+    Tests make the database unavailable to it alone (CONNECTION LIMIT 0,
+    `pg_terminate_backend` of its connections) without touching the server
+    other tests share. Dropped afterwards, with its connections.
+    """
+    role = f"contextd_{uuid.uuid4().hex[:10]}"
+    database = make_url(database_url).database
+    admin(
+        database_url,
+        f'CREATE ROLE "{role}" LOGIN',
+        f'GRANT ALL ON DATABASE "{database}" TO "{role}"',
+        f'GRANT ALL ON ALL TABLES IN SCHEMA public TO "{role}"',
+        f'GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO "{role}"',
+    )
+    try:
+        yield make_url(database_url).set(username=role).render_as_string(hide_password=False), role
+    finally:
+        admin(
+            database_url,
+            f'ALTER ROLE "{role}" CONNECTION LIMIT -1',
+            f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'",
+            f'REASSIGN OWNED BY "{role}" TO CURRENT_USER',
+            f'DROP OWNED BY "{role}"',
+            f'DROP ROLE "{role}"',
+        )
+
+
+def end_connections(database_url: str, role: str) -> None:
+    """Terminate every connection of `role`, as an operator's restart or a failover would (57P01)."""
+    admin(database_url, f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'")

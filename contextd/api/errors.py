@@ -24,6 +24,7 @@ from contextd.engine.errors import (
     InvalidArgument,
     NotImplementedYet,
     OriginalNotFound,
+    Retryable,
     SessionBusy,
     SessionExists,
     SessionNotFound,
@@ -87,7 +88,7 @@ def trailing_metadata(error: ContextdError, code: grpc.StatusCode) -> tuple[tupl
                 )
             )
         )
-    if isinstance(error, SessionBusy):
+    if isinstance(error, Retryable):
         delay = duration_pb2.Duration()
         delay.FromMilliseconds(error.retry_after_ms)
         details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))

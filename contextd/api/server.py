@@ -31,6 +31,7 @@ from contextd.engine.tokens import TiktokenCounter
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.validation import Limits
 from contextd.recovery import RecoveryService
+from contextd.render_workers import RenderWorkers
 from contextd.sessions import SessionService
 from contextd.stash import Stash
 from contextd.stash.memory import MemoryStash
@@ -53,10 +54,12 @@ class RunningServer:
     db: Database
     port: int
     stash: Stash
+    workers: RenderWorkers
 
     async def stop(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+        self.workers.close()
         await self.db.close()
         await self.stash.close()
 
@@ -68,8 +71,8 @@ class StartupError(Exception):
 async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> RunningServer:
     """Start serving on `settings.listen`; the chosen port is in the result (useful with port 0).
 
-    `interceptors` run outside contextd's own (auth, tracing, error mapping),
-    first one outermost. Raises StartupError when the database cannot be
+    `interceptors` run outside contextd's own (auth, tracing, admission, decoding,
+    error mapping), first one outermost; they see each request as its bytes. Raises StartupError when the database cannot be
     reached or is not migrated, or the address cannot be bound.
     """
     db = await _open_database(settings)
@@ -84,7 +87,8 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     )
     recovery = RecoveryService(store, stash, counter, settings.max_page_tokens)
     sessions = SessionService(store, counter, limits, registry)
-    views = ViewService(store, counter, registry, on_pruned=recovery.stash_items)
+    workers = RenderWorkers(settings.render_threads, wait_seconds=settings.lock_timeout_ms / 1000)
+    views = ViewService(store, counter, registry, on_pruned=recovery.stash_items, workers=workers)
 
     server = grpc.aio.server(
         interceptors=[
@@ -115,6 +119,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     try:
         port = server.add_insecure_port(settings.listen)
     except RuntimeError as exc:  # grpc's way of saying the address is taken or invalid
+        workers.close()
         await db.close()
         await stash.close()
         raise StartupError(f"cannot listen on {settings.listen}: {exc}") from None
@@ -123,7 +128,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     host = settings.listen.rsplit(":", 1)[0]
     log.info("contextd serving on %s:%d (database: %s)", host, port, db.dialect)
-    return RunningServer(server, health_servicer, db, port, stash)
+    return RunningServer(server, health_servicer, db, port, stash, workers)
 
 
 async def serve(settings: Settings) -> bool:

@@ -96,7 +96,15 @@ class IdempotencyKeyReused(ContextdError):
         )
 
 
-class SessionBusy(ContextdError):
+class Retryable(ContextdError):
+    """The call could not be taken now and a retry after `retry_after_ms` is expected to work."""
+
+    def __init__(self, message: str, retry_after_ms: int, metadata: Mapping[str, str] | None = None) -> None:
+        super().__init__(message, {**(metadata or {}), "retry_after_ms": str(retry_after_ms)})
+        self.retry_after_ms = retry_after_ms
+
+
+class SessionBusy(Retryable):
     """The per-session lock was not acquired within the bounded wait."""
 
     reason = "SESSION_BUSY"
@@ -105,9 +113,9 @@ class SessionBusy(ContextdError):
         what = f"session {session_id!r}" if session_id else "the database"
         super().__init__(
             f"{what} is busy: other writers held it for {waited_ms} ms; retry",
-            {"session_id": session_id, "retry_after_ms": str(retry_after_ms)},
+            retry_after_ms,
+            {"session_id": session_id},
         )
-        self.retry_after_ms = retry_after_ms
 
 
 class ViewTooLarge(ContextdError):
@@ -148,8 +156,21 @@ class UsageAlreadyReported(ContextdError):
         )
 
 
-class StorageUnavailable(ContextdError):
-    reason = "STORAGE_UNAVAILABLE"
+class StorageUnavailable(Retryable):
+    """The database cannot serve the call now: nothing of it was written (or, when the answer
+    to a COMMIT was lost, all of it was: a retry with the same idempotency key tells)."""
+
+    reason = "DATABASE_UNAVAILABLE"
+    """Refused, lost, shutting down, starting up, in recovery or read-only (a failover)."""
+
+    def __init__(self, message: str, retry_after_ms: int, reason: str | None = None) -> None:
+        super().__init__(message, retry_after_ms)
+        if reason:
+            self.reason = reason
+
+
+DATABASE_BUSY = "DATABASE_BUSY"
+"""StorageUnavailable's reason when every pooled connection of this server stayed busy."""
 
 
 class NotImplementedYet(ContextdError):

@@ -5,10 +5,15 @@ render to render, so what is derived from them (a handle, a rendered
 message, searchable text) can be computed once. The memo is keyed by the
 identity of the objects it was computed from and holds them, so an id is
 never reused while its result is remembered.
+
+Renders run on worker threads (view_service.py), several at once: a memo
+is read without a lock (one dict lookup, atomic under the GIL) and written
+under one, so an eviction never races another.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from operator import is_
 from typing import Generic, TypeVar
@@ -24,6 +29,7 @@ class IdentityMemo(Generic[V]):
     def __init__(self, size: int) -> None:
         self.size = size
         self._held: dict[object, tuple[tuple[object, ...], V]] = {}
+        self._writing = threading.Lock()
 
     def get(self, sources: tuple[object, ...], compute: Callable[[], V]) -> V:
         """`compute()`, remembered for exactly these objects."""
@@ -33,8 +39,9 @@ class IdentityMemo(Generic[V]):
         if found is not None and all(map(is_, found[0], sources)):
             return found[1]
         value = compute()
-        held = self._held
-        if key not in held and len(held) >= self.size:
-            del held[next(iter(held))]
-        held[key] = (sources, value)
+        with self._writing:
+            held = self._held
+            if key not in held and len(held) >= self.size:
+                del held[next(iter(held))]
+            held[key] = (sources, value)
         return value

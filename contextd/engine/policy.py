@@ -29,6 +29,7 @@ import yaml
 from contextd.engine.codec import canonical_json
 from contextd.engine.errors import FieldViolation, InvalidArgument
 from contextd.engine.model import Role, ToolEffectKind
+from contextd.engine.patterns import PatternError, compile_linear
 from contextd.engine.transforms import TransformRegistry, UnknownTransform
 
 MAX_DOCUMENT_BYTES = 256 * 1024
@@ -161,7 +162,8 @@ class When:
     tokens: Range | None = None
     age_turns: Range | None = None
     utilization: Range | None = None
-    regex: re.Pattern[str] | None = None
+    regex: Any = None
+    """Compiled by RE2 (engine/patterns.py): linear time, whoever wrote the policy."""
     source_glob: Globs = Globs()
     pinned: bool | None = None
 
@@ -209,7 +211,7 @@ def parse_policy(document: str, registry: TransformRegistry, field_name: str = "
     if len(document.encode()) > MAX_DOCUMENT_BYTES:
         raise InvalidArgument.at(field_name, f"the document is over {MAX_DOCUMENT_BYTES:,} bytes")
     try:
-        data = yaml.load(document, Loader=_PolicyLoader)  # YAML is a superset of JSON: one parser reads both
+        data = _load(document)  # YAML is a superset of JSON: one parser reads both
     except yaml.YAMLError as exc:
         raise InvalidArgument.at(field_name, f"not valid JSON or YAML: {exc}") from None
     if not isinstance(data, dict):
@@ -224,21 +226,48 @@ def parse_policy(document: str, registry: TransformRegistry, field_name: str = "
     return _build(data, document, registry, field_name)
 
 
-class _PolicyLoader(yaml.SafeLoader):
-    """Plain data only: no aliases (a few bytes of them expand to gigabytes) and no
-    timestamps (what looks like a date stays the string it was written as)."""
+# libyaml's parser when PyYAML has it (the wheels do): ten times faster than PyYAML's own.
+_SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
-            raise yaml.composer.ComposerError(None, None, "aliases are not allowed in a policy", mark)
-        return super().compose_node(parent, index)
+
+class _PolicyLoader(_SafeLoader):  # type: ignore[misc,valid-type]
+    """Plain data only: no timestamps (what looks like a date stays the string it was
+    written as). Aliases and nesting are refused before loading (`_load`)."""
 
 
 _PolicyLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+
+MAX_DEPTH = 32
+"""Deepest nesting of mappings and lists in a policy (the schema's deepest is 5)."""
+
+_OPENS = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
+_CLOSES = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
+
+
+def _load(document: str) -> Any:
+    """The document's data, read in two passes: its events first (no aliases: a few bytes
+    of them expand to gigabytes; no nesting past MAX_DEPTH, which the loader would follow
+    by recursion), then the data."""
+    depth = 0
+    for event in yaml.parse(document, Loader=_PolicyLoader):
+        if isinstance(event, _OPENS):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _Refused(f"nested deeper than {MAX_DEPTH} levels", event)
+        elif isinstance(event, _CLOSES):
+            depth -= 1
+        elif isinstance(event, yaml.AliasEvent):
+            raise _Refused("aliases are not allowed in a policy", event)
+    return yaml.load(document, Loader=_PolicyLoader)
+
+
+class _Refused(yaml.YAMLError):
+    def __init__(self, problem: str, event: yaml.Event) -> None:
+        mark = event.start_mark
+        super().__init__(f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark else problem)
 
 
 def _check_plain(data: Any, path: str) -> None:
@@ -351,9 +380,9 @@ def _when(raw: Mapping[str, Any], path: str) -> tuple[When, list[FieldViolation]
     pattern = None
     if "regex" in raw:
         try:
-            pattern = re.compile(raw["regex"])
-        except re.error as exc:
-            problems.append(FieldViolation(f"{path}.regex", f"not a valid regular expression: {exc}"))
+            pattern = compile_linear(raw["regex"])
+        except PatternError as exc:
+            problems.append(FieldViolation(f"{path}.regex", f"not a regular expression RE2 reads: {exc}"))
     ranges = {}
     for name in ("tokens", "age_turns", "utilization"):
         if name in raw:
@@ -389,5 +418,5 @@ def default_policy() -> Policy:
     from contextd.engine.strategies import BUILT_IN_STRATEGIES  # they build on the transforms this module names
 
     document = default_policy_text()
-    data = yaml.load(document, Loader=_PolicyLoader)
+    data = _load(document)
     return _build(data, document, TransformRegistry(BUILT_IN_STRATEGIES), "default policy")

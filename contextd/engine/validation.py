@@ -11,6 +11,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from contextd.engine.errors import FieldViolation, InvalidArgument, LimitExceeded
 from contextd.engine.model import (
@@ -181,12 +182,24 @@ def _check_tool_use(block: ToolUseBlock, at: str) -> list[FieldViolation]:
         found.append(FieldViolation(f"{at}.name", "name is empty"))
     try:
         arguments = _parse_arguments(block.input_json)
-    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser goes
+    except ValueError as exc:
         found.append(FieldViolation(f"{at}.input_json", f"not valid JSON: {exc}"))
     else:
         if not isinstance(arguments, dict):
             found.append(FieldViolation(f"{at}.input_json", f"must be a JSON object, not {type(arguments).__name__}"))
     return found
+
+
+def load_json(text: str, max_depth: int = MAX_ARGUMENT_DEPTH) -> Any:
+    """`text` parsed as JSON, strictly (no NaN or Infinity, no number JSON cannot write
+    back) and at most `max_depth` levels deep; ValueError saying what is wrong otherwise."""
+    try:
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError:  # deeper than the parser goes: far past any limit
+        raise ValueError(f"nested deeper than {max_depth} levels") from None
+    if _depth(value) > max_depth:
+        raise ValueError(f"nested deeper than {max_depth} levels")
+    return value
 
 
 def _parse_arguments(input_json: str) -> object:
@@ -195,9 +208,7 @@ def _parse_arguments(input_json: str) -> object:
     Checked here because history is append-only: text accepted now that a
     view cannot carry would break every later render of the session.
     """
-    value = json.loads(input_json, parse_constant=_reject_constant, parse_float=_finite_float)
-    if _depth(value) > MAX_ARGUMENT_DEPTH:
-        raise ValueError(f"nested deeper than {MAX_ARGUMENT_DEPTH} levels")
+    value = load_json(input_json)
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:

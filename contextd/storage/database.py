@@ -38,11 +38,14 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
-from contextd.engine.errors import SessionBusy, StorageUnavailable
+from contextd.engine.errors import DATABASE_BUSY, SessionBusy, StorageUnavailable
 
 _WRITE_OPTION = "contextd_write"
 _LOCK_NOT_AVAILABLE = "55P03"  # Postgres SQLSTATE for lock_timeout expiry
-_RETRY_AFTER_MS = 200
+_BUSY_RETRY_MS = 200  # a session's lock or this server's pool: a moment
+# A restarting Postgres takes seconds: a client that waits a second between tries rides
+# it out without adding load while it starts.
+_UNAVAILABLE_RETRY_MS = 1000
 
 
 def session_lock_key(tenant: str, session_id: str) -> int:
@@ -57,7 +60,7 @@ class Database:
         self.lock_timeout_ms = lock_timeout_ms
         self.dialect = "sqlite" if url.startswith("sqlite") else "postgresql"
         # No pre-ping: it costs a round trip on every checkout. A connection
-        # that died with the server fails its call with STORAGE_UNAVAILABLE
+        # that died with the server fails its call with DATABASE_UNAVAILABLE
         # (retryable; SQLAlchemy then replaces the pool's connections).
         options: dict[str, Any] = {}
         if self.dialect == "postgresql":
@@ -157,7 +160,7 @@ class Database:
 
 
 def _busy(session_id: str, started: float) -> SessionBusy:
-    return SessionBusy(session_id, int((time.monotonic() - started) * 1000), _RETRY_AFTER_MS)
+    return SessionBusy(session_id, int((time.monotonic() - started) * 1000), _BUSY_RETRY_MS)
 
 
 def _configure_sqlite(engine: AsyncEngine, busy_timeout_ms: int) -> None:
@@ -182,7 +185,7 @@ def _configure_sqlite(engine: AsyncEngine, busy_timeout_ms: int) -> None:
 
 @contextmanager
 def _unavailable_on_connection_failure() -> Iterator[None]:
-    """Turn a lost, refused or exhausted database connection into StorageUnavailable (retryable).
+    """Turn every way the database can be unavailable into StorageUnavailable (retryable).
 
     Anything else (a bug, a schema that is not migrated) stays what it is
     and surfaces as an internal error with a reference in the log.
@@ -190,13 +193,37 @@ def _unavailable_on_connection_failure() -> Iterator[None]:
     try:
         yield
     except PoolTimeout as exc:
-        raise StorageUnavailable("every database connection of this server is busy; retry") from exc
+        raise StorageUnavailable(
+            "every database connection of this server is busy; retry", _BUSY_RETRY_MS, DATABASE_BUSY
+        ) from exc
     except DBAPIError as exc:
-        if exc.connection_invalidated or _sqlite_locked(exc):
-            raise StorageUnavailable(f"the database is unavailable ({type(exc.orig).__name__})") from exc
+        sqlstate = getattr(exc.orig, "sqlstate", None) or ""
+        if exc.connection_invalidated or _sqlite_locked(exc) or _unavailable_state(sqlstate):
+            raise StorageUnavailable(
+                f"the database is unavailable ({_what(exc.orig, sqlstate)}); retry", _UNAVAILABLE_RETRY_MS
+            ) from exc
         raise
-    except OSError as exc:
-        raise StorageUnavailable(f"the database is unavailable ({type(exc).__name__})") from exc
+    except OSError as exc:  # refused, unreachable, timed out while connecting
+        raise StorageUnavailable(
+            f"the database is unavailable ({type(exc).__name__}); retry", _UNAVAILABLE_RETRY_MS
+        ) from exc
+
+
+# Postgres conditions that end when the server (or a failover) is back, whatever the call:
+# class 08 (connection exceptions), 57P01-57P03 (shutting down by an administrator or after
+# a crash; cannot connect now: starting up, shutting down, in recovery), 53300 (too many
+# connections) and 25006 (a read-only transaction: connected to a standby mid-failover).
+_UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "25006"})
+
+
+def _unavailable_state(sqlstate: str) -> bool:
+    return sqlstate.startswith("08") or sqlstate in _UNAVAILABLE_STATES
+
+
+def _what(orig: BaseException | None, sqlstate: str) -> str:
+    # SQLAlchemy's asyncpg adapter wraps the driver's exception, whose name says more.
+    name = type(orig.__cause__ or orig).__name__ if orig is not None else "unknown"
+    return f"{name}, SQLSTATE {sqlstate}" if sqlstate else name
 
 
 def _sqlite_locked(exc: DBAPIError) -> bool:

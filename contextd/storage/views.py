@@ -112,9 +112,10 @@ async def load_state(conn: AsyncConnection, key: int, cache: StateCache | None =
 
 
 @traced("storage.save_view_state")
-async def save_state(conn: AsyncConnection, key: int, state: ViewState) -> None:
+async def save_state(conn: AsyncConnection, key: int, state: ViewState, encoded: str | None = None) -> None:
+    """Store the session's view state; `encoded` is `state_to_json(state)` when the caller has it."""
     v = schema.view_states
-    values = {"view_version": state.view_version, "state": state_to_json(state), "updated_at": _now()}
+    values = {"view_version": state.view_version, "state": encoded or state_to_json(state), "updated_at": _now()}
     changed = await conn.execute(update(v).where(v.c.session_key == key).values(**values))
     if changed.rowcount == 0:
         await conn.execute(insert(v).values(session_key=key, **values))

@@ -7,11 +7,23 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
+import grpc
 import pytest
-from contextd_client import Client, ContextdError, InvalidArgument, NotFound, Unauthenticated, ViewFormat
+from contextd_client import (
+    NO_RETRY,
+    Client,
+    ContextdError,
+    InvalidArgument,
+    NotFound,
+    Unauthenticated,
+    Unavailable,
+    ViewFormat,
+)
 from contextd_client.v1 import content_pb2 as pb
+from contextd_client.v1 import contextd_pb2 as api
 
 from contextd.view_service import ViewService
+from tests import backends, conftest
 from tests.conftest import ServerThread
 
 MakeServer = Callable[..., ServerThread]
@@ -107,3 +119,96 @@ def test_api_keys_authenticate_and_isolate_tenants(make_server: MakeServer) -> N
         assert globex.render_openai("shared-name") == []
         assert [s.id for s in globex.list_sessions()] == ["shared-name"]
         assert acme.render_openai("shared-name") == [{"role": "user", "content": "acme's secret plan"}]
+
+
+def _raw_call(target: str, method: str, data: bytes, metadata: tuple[tuple[str, str], ...] = ()) -> grpc.RpcError:
+    """Send `data` as the request of `method`, byte for byte; the error it is answered with."""
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_unary(f"/contextd.v1.ContextService/{method}")
+        with pytest.raises(grpc.RpcError) as failed:
+            call(data, timeout=15, metadata=metadata)
+    return failed.value
+
+
+def _field(error: grpc.RpcError) -> str:
+    return dict(error.trailing_metadata() or ()).get("contextd-field", "")
+
+
+def test_malformed_request_bytes_are_invalid_arguments_naming_the_field(make_server: MakeServer) -> None:
+    server = make_server()
+    with Client(server.target) as client:
+        sid = client.create_session().id
+    item = pb.Item(role=pb.ROLE_USER, content=[pb.ContentBlock(text=pb.TextBlock(text="MARK"))], metadata={"k": "v"})
+    good = api.AppendItemsRequest(session_id=sid, items=[item, item]).SerializeToString()
+    cases = [
+        (good.replace(b"MARK", b"\xff\xfeRK", 1), "items[0].content[0].text.text", "not valid UTF-8"),
+        (good.replace(b"\x12\x01v", b"\x12\x01\xff"), "items[0].metadata.value", "not valid UTF-8"),
+        (good[:-4], "items[1]", "truncated"),
+        (b"\xff\xff\xff\xff", "request", "truncated"),
+        (b"\x07garbage", "<field 0>", "malformed"),
+    ]
+    for data, field, words in cases:
+        error = _raw_call(server.target, "AppendItems", data)
+        assert (error.code(), _field(error)) == (grpc.StatusCode.INVALID_ARGUMENT, field), error.details()
+        assert words in (error.details() or "")
+    with Client(server.target) as client:
+        assert client.get_session(sid).version == 0  # refused, so nothing written
+
+
+def test_numbers_past_the_stored_range_are_invalid_arguments_naming_the_field(make_server: MakeServer) -> None:
+    server = make_server()
+    with Client(server.target) as client:
+        sid = client.create_session().id
+        client.append_items(sid, [user("a")])
+    huge, largest = 2**64 - 1, 2**63 - 1
+    requests = [
+        ("ListCertificates", api.ListCertificatesRequest(session_id=sid, seq=huge), "seq"),
+        ("ListCertificates", api.ListCertificatesRequest(session_id=sid, view_version=2**63), "view_version"),
+        ("ReportUsage", api.ReportUsageRequest(session_id=sid, view_version=huge, provider="openai"), "view_version"),
+        ("Pin", api.PinRequest(session_id=sid, seqs=[1, huge]), "seqs[1]"),
+        ("ExplainItem", api.ExplainItemRequest(session_id=sid, seq=huge), "seq"),
+        (
+            "AppendItems",
+            api.AppendItemsRequest(session_id=sid, items=[user("b")], expected_version=huge),
+            "expected_version",
+        ),
+        ("RenderView", api.RenderViewRequest(session_id=sid, format=1, budget_tokens=huge), "budget_tokens"),
+    ]
+    for method, request, field in requests:
+        error = _raw_call(server.target, method, request.SerializeToString())
+        assert (error.code(), _field(error)) == (grpc.StatusCode.INVALID_ARGUMENT, field), (method, error.details())
+    # The largest stored value itself is an ordinary (absent) one.
+    with Client(server.target) as client, pytest.raises(InvalidArgument) as no_item:
+        client.explain_item(sid, largest)
+    assert no_item.value.field == "seq"
+
+
+def test_two_authorization_headers_are_refused(make_server: MakeServer) -> None:
+    server = make_server(api_keys="acme:key-a,globex:key-b")
+    request = api.ListSessionsRequest().SerializeToString()
+    both = (("authorization", "Bearer key-a"), ("authorization", "Bearer key-b"))
+    error = _raw_call(server.target, "ListSessions", request, both)
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED and "2 authorization headers" in (error.details() or "")
+    with Client(server.target, api_key="key-b") as globex:
+        assert list(globex.list_sessions()) == []
+
+
+@pytest.mark.postgres
+def test_a_database_that_refuses_connections_is_unavailable_with_a_delay(postgres_url: str) -> None:
+    with backends.postgres_role(postgres_url) as (url, role):
+        server = ServerThread(conftest.test_settings(url)).start()
+        try:
+            with Client(server.target, retry=NO_RETRY) as client:
+                sid = client.create_session().id
+                backends.admin(postgres_url, f'ALTER ROLE "{role}" CONNECTION LIMIT 0')
+                backends.end_connections(postgres_url, role)
+                with pytest.raises(Unavailable) as refused:
+                    client.append_items(sid, [user("while it refuses")], idempotency_key="k1")
+                assert refused.value.reason == "DATABASE_UNAVAILABLE"
+                assert int(refused.value.metadata["retry_after_ms"]) >= 500
+                backends.admin(postgres_url, f'ALTER ROLE "{role}" CONNECTION LIMIT -1')
+                # The retry (same key) writes it once, and the failed try wrote nothing.
+                result = client.append_items(sid, [user("while it refuses")], idempotency_key="k1")
+                assert (result.first_seq, result.replayed) == (1, False)
+        finally:
+            server.stop()

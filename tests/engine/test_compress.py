@@ -244,20 +244,25 @@ def test_other_languages_are_read_with_tree_sitter(path: str, source: str, kept:
 
 
 def test_a_class_is_one_container_to_tree_sitter_reading() -> None:
+    import tree_sitter
+
     from contextd.engine.compress import code
 
     source = "class Cart {\n  add(item) {\n    this.items.push(item);\n    return this;\n  }\n}\n"
-    parser = code._tree_sitter("javascript")
-    assert parser is not None
+    grammar = code._grammar("javascript")
+    assert grammar is not None
+    parser = tree_sitter.Parser(grammar)
     bodies = list(code._tree_sitter_bodies(parser.parse(source.encode()).root_node, source.split("\n")))
     # The declaration is a container; its `class` keyword, a node of the same type name, is not.
     assert [(b.name, b.start, b.stop, b.elidable) for b in bodies] == [("Cart", 0, 6, False), ("add", 2, 4, True)]
 
 
 def test_a_tree_sitter_parse_that_takes_too_much_work_is_given_up_and_the_parser_still_works() -> None:
+    import tree_sitter
+
     from contextd.engine.compress import code
 
-    parser = code._tree_sitter("javascript")
+    parser = tree_sitter.Parser(code._grammar("javascript"))
     source = b"function add(a, b) {\n  return a + b;\n}\n"
     assert code.parse_bounded(parser, b"a:b " * 5_000, steps=0) is None  # over its budget at once
     # Text that is not code at all: given up within its budget (a minute's work unbounded).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -133,7 +134,10 @@ def test_prices_can_be_given_outright() -> None:
             "rules: [{name: a, transform: mask}, {name: a, transform: mask}]",
             [("policy.rules[1].name", "rule name 'a' is used twice")],
         ),
-        ("rules: [{name: a, transform: mask, when: {regex: '(('}}]", [("policy.rules[0].when.regex", "not a valid")]),
+        ("rules: [{name: a, transform: mask, when: {regex: '(('}}]", [("policy.rules[0].when.regex", "RE2 reads")]),
+        # RE2 has no backreferences or lookaround: what it reads, it matches in linear time.
+        (r"rules: [{name: a, transform: mask, when: {regex: '(a)\1'}}]", [("policy.rules[0].when.regex", "RE2 reads")]),
+        ("rules: [{name: a, transform: mask, when: {regex: 'x(?=y)'}}]", [("policy.rules[0].when.regex", "RE2 reads")]),
         (
             "rules: [{name: a, transform: mask, when: {tokens: {min: 9, max: 1}}}]",
             [("policy.rules[0].when.tokens", "min 9 is above max 1")],
@@ -143,6 +147,11 @@ def test_prices_can_be_given_outright() -> None:
         ("rules: [unclosed", [("policy", "not valid JSON or YAML")]),
         # Plain data only: no aliases, keys are strings.
         ("a: &x [1, 2]\nb: *x", [("policy", "aliases are not allowed in a policy")]),
+        # Nesting is refused before it is loaded (the loader recurses), in JSON and YAML alike.
+        ('{"a":' * 10_000 + "1" + "}" * 10_000, [("policy", "nested deeper than 32 levels")]),
+        ("[" * 100_000 + "]" * 100_000, [("policy", "not valid JSON or YAML")]),
+        ("rules:\n" + "".join("  " * n + "- a:\n" for n in range(1, 40)), [("policy", "nested deeper than 32 levels")]),
+        ("protection: {sources: [" + ",".join(["a"] * 1001) + "]}", [("policy.protection.sources", "too long")]),
         ("protection: {1: 2}", [("policy.protection", "the key 1 is not a string")]),
         ("protection: {sources: !!set {a: null}}", [("policy.protection.sources", "a set is not plain data")]),
         ("protection: {sources: [!!binary aGk=]}", [("policy.protection.sources[0]", "a bytes is not plain data")]),
@@ -187,3 +196,27 @@ def test_expected_calls_may_grow_with_the_session() -> None:
     with pytest.raises(InvalidArgument) as refused:
         parse_policy("cache: {expected_calls: many}", REGISTRY)
     assert refused.value.violations[0].field == "policy.cache.expected_calls"
+
+
+def test_a_backtracking_pattern_matches_in_linear_time() -> None:
+    """`(a+)+$` takes Python's `re` twice as long per extra character; RE2 reads a
+    megabyte of it at once (a loose bound: it is milliseconds)."""
+    when = parse_policy("rules: [{name: a, transform: mask, when: {regex: '(a+)+$'}}]", REGISTRY).rules[0].when
+    started = time.perf_counter()
+    assert when.regex.search("a" * 1_000_000 + "!") is None
+    assert time.perf_counter() - started < 2.0
+
+
+def test_hostile_documents_are_invalid_arguments() -> None:
+    """Deep nesting in either syntax, and repetition past the schema's bounds: refused
+    as the caller's mistake (never a RecursionError), within the size limit."""
+    documents = [
+        '{"a":' * 10_000 + "1" + "}" * 10_000,
+        "[" * 120_000 + "]" * 120_000,
+        "protection: {sources: [" + ",".join(f'"s{n}"' for n in range(20_000)) + "]}",
+        "rules: [" + ",".join(f"{{name: r{n}, transform: mask}}" for n in range(300)) + "]",
+    ]
+    for document in documents:
+        assert len(document.encode()) <= MAX_DOCUMENT_BYTES
+        with pytest.raises(InvalidArgument):
+            parse_policy(document, REGISTRY)

@@ -157,10 +157,14 @@ def _parsed_bodies(source: str, lines: Sequence[str], language: str) -> tuple[tu
         except (SyntaxError, ValueError, RecursionError, MemoryError):  # deep nesting recurses in the parser
             return tuple(_indented_bodies(lines)), "by indentation"
         return tuple(_python_bodies(tree, lines)), "ast"
-    parser = _tree_sitter(language)
-    if parser is None:
+    grammar = _grammar(language)
+    if grammar is None:
         return None, ""
-    parsed = parse_bounded(parser, source.encode())
+    # A parser of its own per parse (cheap beside the parse): renders may run on several
+    # threads, and a tree-sitter parser is not to be shared between them.
+    import tree_sitter
+
+    parsed = parse_bounded(tree_sitter.Parser(grammar), source.encode())
     if parsed is None:
         return None, ""
     return tuple(_tree_sitter_bodies(parsed.root_node, lines)), "tree-sitter"
@@ -344,8 +348,8 @@ _CONTAINERS = {
 
 
 @functools.cache
-def _tree_sitter(language: str) -> Any | None:
-    """A parser for `language` from its installed grammar package (None when not installed)."""
+def _grammar(language: str) -> Any | None:
+    """The tree-sitter grammar of `language` from its installed package (None when not installed)."""
     try:
         import tree_sitter
     except ImportError:
@@ -365,7 +369,7 @@ def _tree_sitter(language: str) -> Any | None:
         module = __import__(module_name)
     except ImportError:
         return None
-    return tree_sitter.Parser(tree_sitter.Language(getattr(module, function)()))
+    return tree_sitter.Language(getattr(module, function)())
 
 
 _DESCEND = _CONTAINERS | {

@@ -48,7 +48,7 @@ def parse(text: str) -> Any | None:
         return None
     try:
         value = json.loads(stripped)
-    except ValueError:
+    except (ValueError, RecursionError):  # deeper than the parser goes: not data to compress
         return None
     _last_parsed = (text, value)
     return value

@@ -11,6 +11,7 @@ import bisect
 import functools
 import itertools
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -45,20 +46,24 @@ def identifiers(text: str, limit: int = MAX_FOCUS_TERMS) -> tuple[str, ...]:
 
 
 class Remembered(Generic[V]):
-    """Values by a key of content (a hash), bounded: the least recently used goes first."""
+    """Values by a key of content (a hash), bounded: the least recently used goes first.
+    Safe to share between threads (the order is kept under a lock; `compute` runs outside it)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._values: OrderedDict[Hashable, V] = OrderedDict()
+        self._lock = threading.Lock()
 
     def get(self, key: Hashable, compute: Callable[[], V]) -> V:
-        if key in self._values:
-            self._values.move_to_end(key)
-            return self._values[key]
+        with self._lock:
+            if key in self._values:
+                self._values.move_to_end(key)
+                return self._values[key]
         value = compute()
-        self._values[key] = value
-        if len(self._values) > self.size:
-            self._values.popitem(last=False)
+        with self._lock:
+            self._values[key] = value
+            if len(self._values) > self.size:
+                self._values.popitem(last=False)
         return value
 
     def __len__(self) -> int:
