@@ -17,6 +17,7 @@ from contextd_client import (
     AlreadyExists,
     AsyncClient,
     Client,
+    ContextdError,
     DeadlineExceeded,
     NotFound,
     RetryPolicy,
@@ -51,8 +52,9 @@ class LoseAnswers(grpc.aio.ServerInterceptor):
             return handler
         inner = handler.unary_unary
 
-        async def lossy(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            key = (name, hashlib.sha256(request.SerializeToString(deterministic=True)).hexdigest())
+        async def lossy(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            # Interceptors outside contextd's own see each request as its bytes.
+            key = (name, hashlib.sha256(request).hexdigest())
             self.seen[key] += 1
             if self.delay and not self.late:
                 await asyncio.sleep(self.delay)
@@ -187,3 +189,69 @@ async def test_the_async_client_does_everything_the_sync_one_does(make_server: M
         assert await client.delete_session(session.id) == 3
         with pytest.raises(NotFound):
             await client.get_session(session.id)
+
+
+class RateLimit(grpc.aio.ServerInterceptor):
+    """Refuses the first `times` calls of `method` with RESOURCE_EXHAUSTED, as a
+    per-tenant rate limit does, with a retry-after hint when `hint`."""
+
+    def __init__(self, method: str, times: int, hint: bool, retry_after_ms: int = 300) -> None:
+        self.method, self.times, self.hint, self.retry_after_ms = method, times, hint, retry_after_ms
+        self.refused = 0
+
+    def _trailers(self) -> tuple[tuple[str, str | bytes], ...]:
+        trailers: list[tuple[str, str | bytes]] = [("contextd-reason", "RATE_LIMITED")]
+        if self.hint:
+            trailers.append(("contextd-retry-after-ms", str(self.retry_after_ms)))
+        return tuple(trailers)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(details)
+        if handler is None or handler.unary_unary is None or not details.method.endswith("/" + self.method):
+            return handler
+        inner = handler.unary_unary
+
+        async def limited(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            if self.refused < self.times:
+                self.refused += 1
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rate limited", self._trailers())
+            return await inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            limited, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
+
+
+async def test_a_rate_limited_call_waits_as_told_and_succeeds(make_server: MakeServer) -> None:
+    limit = RateLimit("GetSession", times=2, hint=True)
+    server = make_server(interceptors=[limit])
+    with Client(server.target) as client:
+        session_id = client.create_session().id
+        started = time.monotonic()
+        assert client.get_session(session_id).id == session_id
+        assert time.monotonic() - started >= 0.6  # two waits of the hinted 300 ms, at least
+    limit.refused = 0
+    async with AsyncClient(server.target) as aclient:
+        started = time.monotonic()
+        assert (await aclient.get_session(session_id)).id == session_id
+        assert time.monotonic() - started >= 0.6
+    assert limit.refused == 2
+
+
+async def test_resource_exhausted_without_a_hint_is_not_retried(make_server: MakeServer) -> None:
+    limit = RateLimit("GetSession", times=100, hint=False)
+    server = make_server(interceptors=[limit])
+    with Client(server.target) as client:
+        session_id = client.create_session().id
+        with pytest.raises(ContextdError) as refused:
+            client.get_session(session_id)
+    async with AsyncClient(server.target) as aclient:
+        with pytest.raises(ContextdError) as arefused:
+            await aclient.get_session(session_id)
+    assert refused.value.code == arefused.value.code == "RESOURCE_EXHAUSTED"
+    assert refused.value.reason == "RATE_LIMITED"
+    assert limit.refused == 2  # one try each

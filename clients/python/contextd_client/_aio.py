@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
 import grpc
 
-from contextd_client._calls import Call, after_failure
+from contextd_client._calls import Call, Tries
 from contextd_client._calls import append_items as _append_items
 from contextd_client._calls import create_session as _create_session
 from contextd_client._calls import delete_session as _delete_session
@@ -25,7 +26,7 @@ from contextd_client._calls import report_usage as _report_usage
 from contextd_client._calls import retrieve as _retrieve
 from contextd_client._calls import search as _search
 from contextd_client._calls import update_session as _update_session
-from contextd_client._channel import ChannelConfig
+from contextd_client._channel import ChannelConfig, channel_targets
 from contextd_client._retry import RetryPolicy
 from contextd_client._types import (
     AppendResult,
@@ -50,12 +51,12 @@ T = TypeVar("T")
 class AsyncClient:
     """An asyncio connection to contextd; see `Client` for the behaviour of each call.
 
-    The channel opens on first use, inside the running event loop.
+    The channels open on first use, inside the running event loop.
     """
 
     def __init__(
         self,
-        target: str = "127.0.0.1:50051",
+        target: str | Sequence[str] = "127.0.0.1:50051",
         *,
         api_key: str | None = None,
         timeout: float = 10.0,
@@ -63,14 +64,16 @@ class AsyncClient:
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
-        self._config = ChannelConfig(target, api_key, timeout, retry or RetryPolicy(), credentials, tuple(options))
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: contextd_pb2_grpc.ContextServiceAsyncStub | None = None
+        targets = channel_targets(target)
+        self._config = ChannelConfig(targets, api_key, timeout, retry or RetryPolicy(), credentials, tuple(options))
+        self._channels: list[grpc.aio.Channel] = []
+        self._stubs: list[contextd_pb2_grpc.ContextServiceAsyncStub] = []
+        self._turns = itertools.count()
 
     async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = self._stub = None
+        channels, self._channels, self._stubs = self._channels, [], []
+        for channel in channels:
+            await channel.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -225,18 +228,20 @@ class AsyncClient:
         return await self._run(_retrieve(session_id, handle=handle, seq=seq, **paging))
 
     async def _run(self, call: Call[T]) -> T:
-        if self._stub is None:
-            self._channel = self._config.aio_channel()
-            self._stub = contextd_pb2_grpc.ContextServiceStub(self._channel)
-        method = getattr(self._stub, call.method)
-        attempt = 0
+        if not self._stubs:
+            self._channels = self._config.aio_channels()
+            self._stubs = [contextd_pb2_grpc.ContextServiceStub(c) for c in self._channels]
+        stubs, turn = self._stubs, next(self._turns)
+        tries = Tries(call, self._config.retry, self._config.timeout)
         while True:
-            attempt += 1
+            timeout = tries.begin()
+            # With several channels, each try goes to the next: a retry leaves the one that failed.
+            method = getattr(stubs[(turn + tries.attempt) % len(stubs)], call.method)
             try:
-                response = await method(call.request, timeout=self._config.timeout, metadata=self._config.metadata)
+                response = await method(call.request, timeout=timeout, metadata=self._config.metadata)
                 return call.decode(response)
             except grpc.RpcError as error:
-                outcome = after_failure(call, attempt, error, self._config.retry)
+                outcome = tries.failed(error)
                 if outcome.settled:
                     return await self._run(call.settle) if call.settle is not None else cast(T, call.settle_value)
                 if outcome.error is not None:

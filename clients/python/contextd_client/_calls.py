@@ -8,6 +8,7 @@ that call reuses.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,9 @@ class Call(Generic[T]):
     writes: bool = False
     """A mutation made safe to repeat (by key or client-chosen id): retried even
     after a deadline, when the first try may have been committed unseen."""
+    safe_to_repeat: bool = True
+    """False for a mutation nothing makes harmless to repeat: it gets only a few
+    tries, when the service could not take it (`RetryPolicy.unsafe_attempts`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +66,11 @@ class Outcome(Generic[T]):
     error: ContextdError | None = None
 
 
-def after_failure(call: Call[T], attempt: int, error: grpc.RpcError, policy: RetryPolicy) -> Outcome[T]:
+def after_failure(call: Call[T], attempt: int, error: grpc.RpcError, policy: RetryPolicy, elapsed: float) -> Outcome[T]:
+    """What to do after try `attempt` of `call` failed, `elapsed` seconds after the first try started."""
     if attempt > 1 and call.done_code is not None and error.code() == call.done_code:
         return Outcome(settled=True)
-    delay = policy.delay(attempt, error, after_deadline=call.writes)
+    delay = policy.delay(attempt, error, elapsed, after_deadline=call.writes, safe=call.safe_to_repeat)
     if delay is not None:
         return Outcome(delay=delay)
     failure = error_from_rpc(error)
@@ -74,14 +79,34 @@ def after_failure(call: Call[T], attempt: int, error: grpc.RpcError, policy: Ret
     return Outcome(error=failure)
 
 
+class Tries(Generic[T]):
+    """The tries of one call, timed on `clock` (seconds; `time.monotonic` unless given)."""
+
+    def __init__(
+        self, call: Call[T], policy: RetryPolicy, timeout: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.call, self.policy, self.timeout, self.clock = call, policy, timeout, clock
+        self.attempt = 0
+        self.started = clock()
+
+    def begin(self) -> float:
+        """Count a new try; returns its deadline, in seconds."""
+        self.attempt += 1
+        return self.policy.try_timeout(self.timeout, self.attempt, self.clock() - self.started)
+
+    def failed(self, error: grpc.RpcError) -> Outcome[T]:
+        return after_failure(self.call, self.attempt, error, self.policy, self.clock() - self.started)
+
+
 def create_session(session_id: str | None, metadata: Mapping[str, str] | None, policy: str) -> Call[Session]:
     request = api.CreateSessionRequest(
         session_id=session_id or uuid.uuid4().hex, metadata=dict(metadata or {}), policy=policy
     )
     if session_id:
         # A caller-chosen id may be taken by someone else: ALREADY_EXISTS on
-        # a retry cannot be told from a real conflict, so it is reported.
-        return Call("CreateSession", request, _session)
+        # a retry cannot be told from a real conflict, so it is reported, and
+        # the call is not repeated for long.
+        return Call("CreateSession", request, _session, safe_to_repeat=False)
     # An id chosen here is ours alone: ALREADY_EXISTS on a retry means the
     # first try created it, and the answer was lost.
     return Call(
@@ -184,6 +209,7 @@ def propose_prune(session_id: str, seqs: Sequence[int], reason: str) -> Call[lis
         "ProposePrune",
         api.ProposePruneRequest(session_id=session_id, seqs=list(seqs), reason=reason),
         lambda r: [PruneOutcome(o.seq, o.accepted, o.reason) for o in r.outcomes],
+        safe_to_repeat=False,  # no key tells a repeat from a second proposal
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
@@ -9,7 +10,7 @@ from typing import Any, TypeVar, cast
 
 import grpc
 
-from contextd_client._calls import Call, after_failure
+from contextd_client._calls import Call, Tries
 from contextd_client._calls import append_items as _append_items
 from contextd_client._calls import create_session as _create_session
 from contextd_client._calls import delete_session as _delete_session
@@ -25,7 +26,7 @@ from contextd_client._calls import report_usage as _report_usage
 from contextd_client._calls import retrieve as _retrieve
 from contextd_client._calls import search as _search
 from contextd_client._calls import update_session as _update_session
-from contextd_client._channel import ChannelConfig
+from contextd_client._channel import ChannelConfig, channel_targets
 from contextd_client._retry import RetryPolicy
 from contextd_client._types import (
     AppendResult,
@@ -50,14 +51,17 @@ T = TypeVar("T")
 class Client:
     """A connection to contextd. Thread-safe; create one per process and reuse it.
 
-    Every call has a deadline (`timeout`, in seconds) and is retried on
-    UNAVAILABLE per `retry`; appends reuse their idempotency key on every
-    try, so a retry never writes twice.
+    `target` is one "host:port", any gRPC target URI (``dns:///contextd.internal:50051``
+    balances over every address the name resolves to), or a sequence of them for
+    several replicas; calls are spread round robin and a replica that is down is
+    skipped. Every try has a deadline (`timeout`, in seconds); a call the service
+    could not take is retried per `retry`, by default for up to 30 s. Appends
+    reuse their idempotency key on every try, so a retry never writes twice.
     """
 
     def __init__(
         self,
-        target: str = "127.0.0.1:50051",
+        target: str | Sequence[str] = "127.0.0.1:50051",
         *,
         api_key: str | None = None,
         timeout: float = 10.0,
@@ -65,12 +69,15 @@ class Client:
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
-        self._config = ChannelConfig(target, api_key, timeout, retry or RetryPolicy(), credentials, tuple(options))
-        self._channel = self._config.channel()
-        self._stub = contextd_pb2_grpc.ContextServiceStub(self._channel)
+        targets = channel_targets(target)
+        self._config = ChannelConfig(targets, api_key, timeout, retry or RetryPolicy(), credentials, tuple(options))
+        self._channels = self._config.channels()
+        self._stubs = [contextd_pb2_grpc.ContextServiceStub(c) for c in self._channels]
+        self._turns = itertools.count()  # next() on it is atomic: safe across threads
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._channels:
+            channel.close()
 
     def __enter__(self) -> Client:
         return self
@@ -250,15 +257,17 @@ class Client:
     # ------------------------------------------------------------ plumbing
 
     def _run(self, call: Call[T]) -> T:
-        method = getattr(self._stub, call.method)
-        attempt = 0
+        stubs, turn = self._stubs, next(self._turns)
+        tries = Tries(call, self._config.retry, self._config.timeout)
         while True:
-            attempt += 1
+            timeout = tries.begin()
+            # With several channels, each try goes to the next: a retry leaves the one that failed.
+            method = getattr(stubs[(turn + tries.attempt) % len(stubs)], call.method)
             try:
-                response = method(call.request, timeout=self._config.timeout, metadata=self._config.metadata)
+                response = method(call.request, timeout=timeout, metadata=self._config.metadata)
                 return call.decode(response)
             except grpc.RpcError as error:
-                outcome = after_failure(call, attempt, error, self._config.retry)
+                outcome = tries.failed(error)
                 if outcome.settled:
                     return self._run(call.settle) if call.settle is not None else cast(T, call.settle_value)
                 if outcome.error is not None:
