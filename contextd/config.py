@@ -73,6 +73,15 @@ class Settings:
         "one tenant). When set, every call needs `authorization: Bearer <key>` "
         "and sees only its tenant's sessions; when empty, auth is off and all calls use tenant 'default'.",
     )
+    tls_cert: str = _setting(
+        "",
+        "PEM certificate chain the server presents (with --tls-key); empty: plaintext. Reloaded for new "
+        "connections when the file changes.",
+    )
+    tls_key: str = _setting("", "PEM private key of --tls-cert.")
+    tls_client_ca: str = _setting(
+        "", "PEM CA certificates that client certificates must chain to (mutual TLS); empty: no client certificate."
+    )
     otel_exporter: str = _setting("none", "Where OpenTelemetry spans go.", choices=("none", "console", "otlp"))
     otel_endpoint: str = _setting(
         "", "OTLP/gRPC endpoint for otel_exporter=otlp, e.g. http://127.0.0.1:4317 (empty: the exporter's default)."
@@ -113,6 +122,10 @@ class Settings:
                 f"redis_url must be redis://, rediss:// or unix://, not {_hide_password(self.redis_url)!r}"
             )
         self.tenant_keys()
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert and tls_key go together: set both, or neither for plaintext")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ConfigError("tls_client_ca needs tls_cert and tls_key: mutual TLS is TLS first")
 
     def tenant_keys(self) -> dict[str, str]:
         """API key -> tenant, from `api_keys`."""

@@ -24,7 +24,7 @@ import concurrent.futures
 import contextvars
 import functools
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from typing import ParamSpec, TypeVar
 
 from contextd.engine.errors import Retryable
@@ -56,18 +56,16 @@ class FairSlots:
         self.total = total
         self.per_tenant = per_tenant
         self._held: collections.Counter[str] = collections.Counter()
-        self._waiting: collections.OrderedDict[str, collections.deque[asyncio.Future[None]]] = (
-            collections.OrderedDict()
-        )
+        self._waiting: collections.OrderedDict[str, collections.deque[asyncio.Future[None]]] = collections.OrderedDict()
 
     @property
     def in_use(self) -> int:
         return sum(self._held.values())
 
     @asynccontextmanager
-    async def slot(self, tenant: str, timeout: float) -> AsyncIterator[None]:
-        """Hold one of the tenant's slots; RendersBusy when none frees within `timeout` seconds."""
-        await self._acquire(tenant, timeout)
+    async def slot(self, tenant: str, wait_seconds: float) -> AsyncIterator[None]:
+        """Hold one of the tenant's slots; RendersBusy when none frees within `wait_seconds`."""
+        await self._acquire(tenant, wait_seconds)
         try:
             yield
         finally:
@@ -76,14 +74,14 @@ class FairSlots:
     def _free_for(self, tenant: str) -> bool:
         return self.in_use < self.total and self._held[tenant] < self.per_tenant
 
-    async def _acquire(self, tenant: str, timeout: float) -> None:
+    async def _acquire(self, tenant: str, wait_seconds: float) -> None:
         if self._free_for(tenant) and tenant not in self._waiting:
             self._held[tenant] += 1
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(tenant, collections.deque()).append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), timeout)
+            await asyncio.wait_for(asyncio.shield(waiter), wait_seconds)
         except (TimeoutError, asyncio.CancelledError) as exc:
             if waiter.done() and not waiter.cancelled():
                 self._release(tenant)  # handed a slot just as the wait ended: give it back
@@ -91,7 +89,7 @@ class FairSlots:
                 waiter.cancel()
                 self._forget(tenant, waiter)
             if isinstance(exc, TimeoutError):
-                raise RendersBusy(int(timeout * 1000)) from None
+                raise RendersBusy(int(wait_seconds * 1000)) from None
             raise
 
     def _release(self, tenant: str) -> None:
@@ -119,10 +117,8 @@ class FairSlots:
         queue = self._waiting.get(tenant)
         if queue is None:
             return
-        try:
+        with suppress(ValueError):  # handed over meanwhile
             queue.remove(waiter)
-        except ValueError:
-            pass
         if not queue:
             del self._waiting[tenant]
         self._hand_over()

@@ -24,9 +24,9 @@ from contextd.engine.tokens import TokenCounter
 from contextd.engine.transforms import Remove, Replace, TransformRegistry, target_of
 from contextd.engine.validation import MAX_NAME_LENGTH, load_json
 from contextd.engine.view import View, ViewRequest
+from contextd.render_workers import RenderWorkers
 from contextd.sessions import check_session_id
 from contextd.storage import views
-from contextd.render_workers import RenderWorkers
 from contextd.storage.history import HistoryStore
 from contextd.telemetry import annotate
 

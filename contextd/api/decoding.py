@@ -123,9 +123,7 @@ def _is_map(field: FieldDescriptor) -> bool:
     return field.message_type is not None and field.message_type.GetOptions().map_entry
 
 
-def _payload_problem(
-    payload: bytes, field: FieldDescriptor | None, where: str, depth: int
-) -> tuple[str, str] | None:
+def _payload_problem(payload: bytes, field: FieldDescriptor | None, where: str, depth: int) -> tuple[str, str] | None:
     if field is None:
         return None  # an unknown field: protobuf keeps its bytes as they are
     if field.type == FieldDescriptor.TYPE_STRING:

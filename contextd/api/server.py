@@ -13,6 +13,7 @@ import logging
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from contextd_client.v1 import contextd_pb2, contextd_pb2_grpc
@@ -25,6 +26,7 @@ from sqlalchemy.exc import DBAPIError
 from contextd.api.auth import ApiKeys
 from contextd.api.interceptors import ServiceInterceptor
 from contextd.api.servicer import ContextServicer
+from contextd.api.tls import TlsFiles, TlsFilesError, server_credentials
 from contextd.config import Settings
 from contextd.engine.errors import StorageUnavailable
 from contextd.engine.tokens import TiktokenCounter
@@ -72,8 +74,9 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     """Start serving on `settings.listen`; the chosen port is in the result (useful with port 0).
 
     `interceptors` run outside contextd's own (auth, tracing, admission, decoding,
-    error mapping), first one outermost; they see each request as its bytes. Raises StartupError when the database cannot be
-    reached or is not migrated, or the address cannot be bound.
+    error mapping), first one outermost; they see each request as its bytes.
+    Raises StartupError when the database cannot be reached or is not migrated,
+    the TLS files cannot be used, or the address cannot be bound.
     """
     db = await _open_database(settings)
     if settings.redis_url:
@@ -117,7 +120,12 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
             server,
         )
     try:
-        port = server.add_insecure_port(settings.listen)
+        port = _listen(server, settings)
+    except TlsFilesError as exc:
+        workers.close()
+        await db.close()
+        await stash.close()
+        raise StartupError(f"cannot serve TLS: {exc}") from None
     except RuntimeError as exc:  # grpc's way of saying the address is taken or invalid
         workers.close()
         await db.close()
@@ -127,7 +135,10 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     host = settings.listen.rsplit(":", 1)[0]
-    log.info("contextd serving on %s:%d (database: %s)", host, port, db.dialect)
+    security = "mutual TLS" if settings.tls_client_ca else "TLS" if settings.tls_cert else "plaintext"
+    log.info("contextd serving on %s:%d (database: %s, %s)", host, port, db.dialect, security)
+    if settings.api_keys and not settings.tls_cert and host not in ("127.0.0.1", "localhost", "[::1]"):
+        log.warning("API keys travel in plaintext: serve TLS (--tls-cert, --tls-key) or terminate TLS in front")
     return RunningServer(server, health_servicer, db, port, stash, workers)
 
 
@@ -158,6 +169,14 @@ async def serve(settings: Settings) -> bool:
         provider.shutdown()
     log.info("stopped")
     return hurry_up
+
+
+def _listen(server: grpc.aio.Server, settings: Settings) -> int:
+    if not settings.tls_cert:
+        return server.add_insecure_port(settings.listen)
+    client_ca = Path(settings.tls_client_ca) if settings.tls_client_ca else None
+    files = TlsFiles(Path(settings.tls_cert), Path(settings.tls_key), client_ca)
+    return server.add_secure_port(settings.listen, server_credentials(files))
 
 
 async def _open_database(settings: Settings) -> Database:
