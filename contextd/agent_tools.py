@@ -20,13 +20,21 @@ TOOLS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     (
         "retrieve",
         "Get back the original of an item that left your context: the placeholders and compressed outputs "
-        "you see name a handle ('retrieve with handle ...'). Returns a page of at most "
+        "you see name a handle ('retrieve with handle ...'), and status and search name each item's seq; "
+        "give exactly one of handle or seq. Returns a page of at most "
         f"{MAX_PAGE_TOKENS:,} tokens with the total size; ask again with the next offset for more, or narrow "
         "it with a line range or a regular expression.",
         {
+            # Exactly one of handle and seq, said in words and checked by the executor: a
+            # oneOf at the top of a tool's schema is refused by Anthropic's API.
             "type": "object",
             "properties": {
-                "handle": {"type": "string", "pattern": "^[0-9a-f]{16}$", "description": "The handle to get back."},
+                "handle": {
+                    "type": "string",
+                    "pattern": "^[0-9a-f]{16}$",
+                    "description": "The handle to get back (or give seq instead).",
+                },
+                "seq": {"type": "integer", "minimum": 1, "description": "The item's seq (or give handle instead)."},
                 "offset": {"type": "integer", "minimum": 0, "description": "Where the page starts (see page_unit)."},
                 "page_unit": {"type": "string", "enum": ["tokens", "lines"], "description": "Default: tokens."},
                 "line_start": {"type": "integer", "minimum": 1, "description": "First line to return (1-based)."},
@@ -34,14 +42,14 @@ TOOLS: tuple[tuple[str, str, dict[str, Any]], ...] = (
                 "grep": {"type": "string", "description": "Only the lines matching this regular expression."},
                 "context_lines": {"type": "integer", "minimum": 0, "maximum": 50},
             },
-            "required": ["handle"],
             "additionalProperties": False,
         },
     ),
     (
         "search",
-        "Search everything this conversation has seen, including what left your context: full text by "
-        "default, or an exact substring, or a regular expression. Returns matching items with a snippet and "
+        "Search everything this conversation has seen, including what left your context, each item's whole "
+        "text: full text by default (every word required), or an exact substring, or a regular expression. "
+        "Returns matching items with a snippet and "
         f"the handle to retrieve each (at most {MAX_HITS} per page).",
         {
             "type": "object",

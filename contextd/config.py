@@ -11,6 +11,7 @@ the code reads the environment.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,8 +25,9 @@ class ConfigError(ValueError):
     pass
 
 
-def _setting(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
-    return field(default=default, metadata={"help": help, "choices": choices})
+def _setting(default: Any, help: str, choices: tuple[str, ...] = (), off: bool = False) -> Any:
+    """A setting; with `off`, 0 is allowed and turns it off (numbers are positive otherwise)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "off": off})
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,27 @@ class Settings:
         "one tenant). When set, every call needs `authorization: Bearer <key>` "
         "and sees only its tenant's sessions; when empty, auth is off and all calls use tenant 'default'.",
     )
+    tenant_requests_per_second: int = _setting(
+        0,
+        "Calls per second each tenant may make, counted across replicas in Redis (--redis-url; each replica "
+        "on its own without it or while Redis is down); past it a call is RESOURCE_EXHAUSTED (RATE_LIMITED) "
+        "with a retry delay. 0: no limit.",
+        off=True,
+    )
+    tenant_append_bytes_per_second: int = _setting(
+        0, "Bytes of items each tenant may append per second, counted as calls are. 0: no limit.", off=True
+    )
+    tenant_stored_bytes: int = _setting(
+        0,
+        "Bytes of items each tenant may keep in the history, over all its sessions (deleting a session frees "
+        "its bytes); an append past it is RESOURCE_EXHAUSTED (QUOTA_EXCEEDED). 0: no limit.",
+        off=True,
+    )
+    tenant_limits: str = _setting(
+        "",
+        'Per-tenant overrides of the three limits above, as JSON: {"team-a": {"requests_per_second": 50, '
+        '"append_bytes_per_second": 1048576, "stored_bytes": 1073741824}} (0: no limit for that tenant).',
+    )
     tls_cert: str = _setting(
         "",
         "PEM certificate chain the server presents (with --tls-key); empty: plaintext. Reloaded for new "
@@ -112,8 +135,10 @@ class Settings:
             value = getattr(self, f.name)
             if choices and value not in choices:
                 raise ConfigError(f"{f.name} must be one of {', '.join(choices)}, not {value!r}")
-            if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
-                raise ConfigError(f"{f.name} must be positive, not {value}")
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if number and (value < 0 or (value == 0 and not f.metadata["off"])):
+                allowed = "positive or 0 (off)" if f.metadata["off"] else "positive"
+                raise ConfigError(f"{f.name} must be {allowed}, not {value}")
         if ":" not in self.listen:
             raise ConfigError(f"listen must be host:port, not {self.listen!r}")
         normalize_database_url(self.database_url)
@@ -122,6 +147,7 @@ class Settings:
                 f"redis_url must be redis://, rediss:// or unix://, not {_hide_password(self.redis_url)!r}"
             )
         self.tenant_keys()
+        self.limits_of_tenants()
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("tls_cert and tls_key go together: set both, or neither for plaintext")
         if self.tls_client_ca and not self.tls_cert:
@@ -146,6 +172,32 @@ class Settings:
             keys[key] = tenant
         return keys
 
+    def limits_of_tenants(self) -> TenantLimits:
+        """The tenants' limits: the defaults and the overrides of `tenant_limits`."""
+        default = TenantLimit(
+            self.tenant_requests_per_second, self.tenant_append_bytes_per_second, self.tenant_stored_bytes
+        )
+        if not self.tenant_limits.strip():
+            return TenantLimits(default)
+        try:
+            given = json.loads(self.tenant_limits)
+        except ValueError as exc:
+            raise ConfigError(f"tenant_limits is not JSON: {exc}") from None
+        if not isinstance(given, dict):
+            raise ConfigError("tenant_limits must be a JSON object of tenant: {limit: number}")
+        overrides: dict[str, TenantLimit] = {}
+        known = {f.name for f in dataclasses.fields(TenantLimit)}
+        for tenant, limits in given.items():
+            if not TENANT.fullmatch(tenant):
+                raise ConfigError(f"tenant_limits: {tenant[:40]!r} is not a tenant (1-128 of A-Z a-z 0-9 . _ -)")
+            if not isinstance(limits, dict) or set(limits) - known:
+                raise ConfigError(f"tenant_limits: {tenant}'s limits are an object of {', '.join(sorted(known))}")
+            for name, value in limits.items():
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise ConfigError(f"tenant_limits: {tenant}.{name} must be a whole number, 0 or more")
+            overrides[tenant] = dataclasses.replace(default, **limits)
+        return TenantLimits(default, overrides)
+
     def redacted(self) -> dict[str, Any]:
         """The settings with secrets (API keys, URL passwords) masked, for display."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -157,6 +209,30 @@ class Settings:
 
 
 TENANT = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimit:
+    """One tenant's limits; 0 for none."""
+
+    requests_per_second: int = 0
+    append_bytes_per_second: int = 0
+    stored_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimits:
+    default: TenantLimit = TenantLimit()
+    overrides: Mapping[str, TenantLimit] = field(default_factory=dict)
+
+    def of(self, tenant: str) -> TenantLimit:
+        return self.overrides.get(tenant, self.default)
+
+    @property
+    def any(self) -> bool:
+        """Whether any tenant has a limit at all."""
+        return any(dataclasses.astuple(limit) != (0, 0, 0) for limit in (self.default, *self.overrides.values()))
+
 
 _DRIVERS = {
     "postgresql": "postgresql+asyncpg",

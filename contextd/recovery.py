@@ -25,13 +25,14 @@ from typing import Any
 
 import re2
 
-from contextd.engine.errors import InvalidArgument, OriginalNotFound
+from contextd.engine.errors import InvalidArgument, LimitExceeded, OriginalNotFound
 from contextd.engine.memo import IdentityMemo
-from contextd.engine.model import Item, ToolUseBlock
+from contextd.engine.model import Item, Role, ToolUseBlock
 from contextd.engine.originals import original_text
 from contextd.engine.placeholders import arguments_digest, handle_of
 from contextd.engine.tokens import TiktokenCounter
 from contextd.engine.transforms import target_of
+from contextd.engine.validation import MAX_NAME_LENGTH
 from contextd.sessions import check_session_id
 from contextd.stash import Stash, Stashed, scope_of
 from contextd.storage import search, views
@@ -48,6 +49,10 @@ DEFAULT_HITS, MAX_HITS = 10, 50
 TOKENIZED_KEPT = 32
 """Originals (or selections of them) whose token offsets are remembered for paging."""
 MAX_CONTEXT_LINES = 50
+MAX_TOOL_FILTERS = 1000
+"""Most tool names one search filters by."""
+SEQ_LIMIT = 2**63
+"""Seqs are stored as int64: anything from here on names no item."""
 HANDLE = re.compile(r"[0-9a-f]{16}")
 
 
@@ -133,16 +138,7 @@ class RecoveryService:
         """The session's items matching `query`, best first (full text) or in order, a page at a
         time: the hits and the token of the next page ("" after the last)."""
         check_session_id(session_id)
-        if not query.query.strip():
-            raise InvalidArgument.at("query", "empty")
-        for name, value in (("query", query.query), *((f"tools[{n}]", t) for n, t in enumerate(query.where.tools))):
-            if "\x00" in value:
-                raise InvalidArgument.at(name, "holds a NUL character")
-        for name, number in (("min_seq", query.where.min_seq), ("max_seq", query.where.max_seq)):
-            if number >= 2**63:
-                raise InvalidArgument.at(name, "past any seq")
-        if len(query.query) > MAX_QUERY_CHARS:
-            raise InvalidArgument.at("query", f"over {MAX_QUERY_CHARS:,} characters")
+        _check_search(query)
         size = min(query.page_size or DEFAULT_HITS, MAX_HITS)
         offset = _offset(query.page_token)
         pattern = compile_pattern(query.query, "query") if query.mode is SearchMode.REGEX else None
@@ -336,12 +332,50 @@ def _check(query: RetrieveQuery) -> None:
         raise InvalidArgument.at("target", "give a handle or a seq")
     if query.handle and not HANDLE.fullmatch(query.handle):
         raise InvalidArgument.at("handle", "a handle is 16 lowercase hex characters")
+    if not 0 <= query.seq < SEQ_LIMIT:
+        raise InvalidArgument.at("seq", "past any seq" if query.seq > 0 else "negative")
+    # The wire's fields are unsigned; a direct caller's may not be.
+    for name, number in (
+        ("offset", query.offset),
+        ("page_size", query.size),
+        ("line_start", query.line_start),
+        ("line_end", query.line_end),
+        ("context_lines", query.context_lines),
+    ):
+        if number < 0:
+            raise InvalidArgument.at(name, "negative")
     if query.line_end and query.line_end < query.line_start:
         raise InvalidArgument.at("line_end", "before line_start")
     if len(query.grep) > MAX_GREP_CHARS:
         raise InvalidArgument.at("grep", f"over {MAX_GREP_CHARS:,} characters")
     if query.context_lines > MAX_CONTEXT_LINES:
         raise InvalidArgument.at("context_lines", f"over the maximum of {MAX_CONTEXT_LINES}")
+
+
+def _check_search(query: SearchQuery) -> None:
+    """Before any database work: what the database could not bind or store (a NUL, a seq
+    past int64), and filters bounded (each is one parameter, but no list is unbounded)."""
+    if not query.query.strip():
+        raise InvalidArgument.at("query", "empty")
+    if "\x00" in query.query:
+        raise InvalidArgument.at("query", "holds a NUL character")
+    if len(query.query) > MAX_QUERY_CHARS:
+        raise InvalidArgument.at("query", f"over {MAX_QUERY_CHARS:,} characters")
+    where = query.where
+    if len(where.tools) > MAX_TOOL_FILTERS:
+        raise LimitExceeded.at("tools", f"{len(where.tools):,} tool names, over the limit of {MAX_TOOL_FILTERS:,}")
+    for n, tool in enumerate(where.tools):
+        if "\x00" in tool:
+            raise InvalidArgument.at(f"tools[{n}]", "holds a NUL character")
+        if len(tool) > MAX_NAME_LENGTH:
+            raise InvalidArgument.at(f"tools[{n}]", f"over {MAX_NAME_LENGTH} characters: no tool is named so")
+    if len(where.roles) > len(Role):
+        raise LimitExceeded.at("roles", f"{len(where.roles):,} roles: there are {len(Role)}, each given at most once")
+    for name, number in (("min_seq", where.min_seq), ("max_seq", where.max_seq)):
+        if not 0 <= number < SEQ_LIMIT:
+            raise InvalidArgument.at(name, "past any seq" if number > 0 else "negative")
+    if query.page_size < 0:
+        raise InvalidArgument.at("page_size", "negative")
 
 
 def _grep(lines: list[str], pattern: str, context: int, first: int) -> list[str]:
@@ -394,7 +428,8 @@ def _hit(item: Item, found: search.Found) -> Hit:
 def _offset(token: str) -> int:
     if not token:
         return 0
-    if not token.isdigit() or len(token) > 9:
+    # ASCII digits only: `isdigit` alone takes "²", which `int` refuses.
+    if not (token.isascii() and token.isdigit()) or len(token) > 9:
         raise InvalidArgument.at("page_token", "not a token this service gave")
     return int(token)
 

@@ -11,6 +11,8 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 
+from contextd.admission import Admission
+from contextd.config import TenantLimits
 from contextd.engine.codec import canonical_json, content_hash, item_to_json
 from contextd.engine.errors import InvalidArgument, LimitExceeded
 from contextd.engine.model import AppendResult, ItemContent, Session
@@ -35,11 +37,20 @@ _THREAD_THRESHOLD_POLICY = 16_384
 
 
 class SessionService:
-    def __init__(self, store: HistoryStore, counter: TokenCounter, limits: Limits, registry: TransformRegistry) -> None:
+    def __init__(
+        self,
+        store: HistoryStore,
+        counter: TokenCounter,
+        limits: Limits,
+        registry: TransformRegistry,
+        admission: Admission | None = None,
+    ) -> None:
         self.store = store
         self.counter = counter
         self.limits = limits
         self.registry = registry
+        self.admission = admission or Admission(TenantLimits())
+        """The tenants' rates and quotas (none unless configured)."""
 
     async def create_session(self, tenant: str, session_id: str, metadata: Mapping[str, str], policy: str) -> Session:
         session_id = session_id or uuid.uuid4().hex
@@ -72,7 +83,9 @@ class SessionService:
     async def delete_session(self, tenant: str, session_id: str) -> int:
         check_session_id(session_id)
         annotate(session_id=session_id)
-        return await self.store.delete_session(tenant, session_id)
+        deleted = await self.store.delete_session(tenant, session_id)
+        self.admission.forget(tenant)  # its bytes are free again
+        return deleted
 
     async def append(
         self,
@@ -92,13 +105,15 @@ class SessionService:
         for i, item in enumerate(items):
             _check_metadata(item.metadata, f"items[{i}].metadata")
             _check_completion(item.metadata, f"items[{i}].metadata")
-        annotate(session_id=session_id, items=len(items))
-        if sum(item_bytes(i) for i in items) > _THREAD_THRESHOLD_BYTES:
+        size = sum(item_bytes(i) for i in items)
+        annotate(session_id=session_id, items=len(items), bytes=size)
+        await self.admission.admit_append(tenant, size)  # before the hashing and counting
+        if size > _THREAD_THRESHOLD_BYTES:
             prepared, request_hash = await asyncio.to_thread(self._prepare, items, author)
         else:
             prepared, request_hash = self._prepare(items, author)
         annotate(tokens=sum(p.token_count for p in prepared))
-        return await self.store.append(
+        result = await self.store.append(
             AppendRequest(
                 tenant=tenant,
                 session_id=session_id,
@@ -107,8 +122,12 @@ class SessionService:
                 idempotency_key=idempotency_key,
                 expected_version=expected_version,
                 author=author,
+                stored_bytes=size,
             )
         )
+        if not result.replayed:
+            self.admission.appended(tenant, size)
+        return result
 
     async def _parse(self, policy: str) -> Policy:
         """The policy parsed and validated; a large document on a worker thread, off the event loop."""

@@ -24,6 +24,8 @@ from contextd.engine.errors import (
     InvalidArgument,
     NotImplementedYet,
     OriginalNotFound,
+    QuotaExceeded,
+    RateLimited,
     Retryable,
     SessionBusy,
     SessionExists,
@@ -53,6 +55,10 @@ _CODES: list[tuple[type[ContextdError], grpc.StatusCode]] = [
     (NotImplementedYet, grpc.StatusCode.UNIMPLEMENTED),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (ViewTooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (RateLimited, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (QuotaExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    # Any other "not now" (a busy pool of render workers, say): the server could not take it.
+    (Retryable, grpc.StatusCode.UNAVAILABLE),
 ]
 
 

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 from contextd_client.v1 import contextd_pb2
@@ -28,10 +28,12 @@ from google.protobuf import message_factory
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from contextd.admission import Admission
 from contextd.api.auth import ApiKeys
 from contextd.api.decoding import RequestDecoder
 from contextd.api.errors import status_code, trailing_metadata
 from contextd.api.outage_log import OutageLog
+from contextd.config import TenantLimits
 from contextd.engine.errors import ContextdError, LimitExceeded
 from contextd.telemetry import tracer
 
@@ -47,21 +49,11 @@ _DECODERS = {
 Metadata = Sequence[tuple[str, str | bytes]]
 
 
-class Admission(Protocol):
-    async def admit_call(self, tenant: str) -> None:
-        """Raise when the tenant may not make another call now (RateLimited)."""
-
-
-class _AdmitAll:
-    async def admit_call(self, tenant: str) -> None:
-        return None
-
-
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, api_keys: ApiKeys, max_request_bytes: int, admission: Admission | None = None) -> None:
         self._api_keys = api_keys
         self._max_request_bytes = max_request_bytes
-        self._admission = admission or _AdmitAll()
+        self._admission = admission or Admission(TenantLimits())
         self._outages = OutageLog(log)
 
     async def intercept_service(

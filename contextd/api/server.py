@@ -19,10 +19,9 @@ import grpc
 from contextd_client.v1 import contextd_pb2, contextd_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 
+from contextd.admission import Admission
 from contextd.api.auth import ApiKeys
 from contextd.api.interceptors import ServiceInterceptor
 from contextd.api.servicer import ContextServicer
@@ -37,7 +36,6 @@ from contextd.render_workers import RenderWorkers
 from contextd.sessions import SessionService
 from contextd.stash import Stash
 from contextd.stash.memory import MemoryStash
-from contextd.stash.redis_stash import RedisStash
 from contextd.storage import migrate
 from contextd.storage.database import Database
 from contextd.storage.history import HistoryStore
@@ -57,13 +55,12 @@ class RunningServer:
     port: int
     stash: Stash
     workers: RenderWorkers
+    admission: Admission
 
     async def stop(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
-        self.workers.close()
-        await self.db.close()
-        await self.stash.close()
+        await _close(self.workers, self.db, self.stash, self.admission)
 
 
 class StartupError(Exception):
@@ -80,6 +77,8 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     """
     db = await _open_database(settings)
     if settings.redis_url:
+        from contextd.stash.redis_stash import RedisStash  # redis takes 0.15 s of CPU to import: only when used
+
         await _check_redis(settings.redis_url)
     limits = Limits(max_batch_items=settings.max_batch_items, max_item_bytes=settings.max_item_bytes)
     store, counter, registry = HistoryStore(db), TiktokenCounter(), TransformRegistry.default()
@@ -89,14 +88,17 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
         else MemoryStash(settings.stash_ttl_seconds, settings.stash_session_bytes)
     )
     recovery = RecoveryService(store, stash, counter, settings.max_page_tokens)
-    sessions = SessionService(store, counter, limits, registry)
+    admission = Admission(settings.limits_of_tenants(), settings.redis_url, store.tenant_stored_bytes)
+    sessions = SessionService(store, counter, limits, registry, admission)
     workers = RenderWorkers(settings.render_threads, wait_seconds=settings.lock_timeout_ms / 1000)
     views = ViewService(store, counter, registry, on_pruned=recovery.stash_items, workers=workers)
 
     server = grpc.aio.server(
         interceptors=[
             *interceptors,
-            ServiceInterceptor(ApiKeys(settings.tenant_keys()), max_request_bytes=settings.max_message_bytes),
+            ServiceInterceptor(
+                ApiKeys(settings.tenant_keys()), max_request_bytes=settings.max_message_bytes, admission=admission
+            ),
         ],
         options=[
             # gRPC's own receive ceiling sits above the configured limit, so a
@@ -122,14 +124,10 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     try:
         port = _listen(server, settings)
     except TlsFilesError as exc:
-        workers.close()
-        await db.close()
-        await stash.close()
+        await _close(workers, db, stash, admission)
         raise StartupError(f"cannot serve TLS: {exc}") from None
     except RuntimeError as exc:  # grpc's way of saying the address is taken or invalid
-        workers.close()
-        await db.close()
-        await stash.close()
+        await _close(workers, db, stash, admission)
         raise StartupError(f"cannot listen on {settings.listen}: {exc}") from None
     await server.start()
     for name in ("", SERVICE_NAME):
@@ -139,7 +137,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     log.info("contextd serving on %s:%d (database: %s, %s)", host, port, db.dialect, security)
     if settings.api_keys and not settings.tls_cert and host not in ("127.0.0.1", "localhost", "[::1]"):
         log.warning("API keys travel in plaintext: serve TLS (--tls-cert, --tls-key) or terminate TLS in front")
-    return RunningServer(server, health_servicer, db, port, stash, workers)
+    return RunningServer(server, health_servicer, db, port, stash, workers, admission)
 
 
 async def serve(settings: Settings) -> bool:
@@ -171,6 +169,13 @@ async def serve(settings: Settings) -> bool:
     return hurry_up
 
 
+async def _close(workers: RenderWorkers, db: Database, stash: Stash, admission: Admission) -> None:
+    workers.close()
+    await db.close()
+    await stash.close()
+    await admission.close()
+
+
 def _listen(server: grpc.aio.Server, settings: Settings) -> int:
     if not settings.tls_cert:
         return server.add_insecure_port(settings.listen)
@@ -182,10 +187,13 @@ def _listen(server: grpc.aio.Server, settings: Settings) -> int:
 async def _open_database(settings: Settings) -> Database:
     """The database, migrated (or checked to be current), and answering."""
     where = settings.redacted()["database_url"]
+    head = migrate.head_revision()
     try:
-        if settings.migrate_on_start:
+        current = await migrate.current_revision(settings.database_url)
+        if current != head and settings.migrate_on_start:
+            # Only here is Alembic loaded: a restart on a current schema skips its import.
             await migrate.upgrade(settings.database_url)
-        current, head = await migrate.current_revision(settings.database_url), migrate.head_revision()
+            current = await migrate.current_revision(settings.database_url)
     except (OSError, DBAPIError) as exc:
         raise StartupError(f"cannot reach the database at {where}: {exc}") from None
     if current != head:
@@ -205,6 +213,9 @@ async def _open_database(settings: Settings) -> Database:
 async def _check_redis(url: str) -> None:
     # The stash (Redis with a TTL) is not built yet; until it is, the server
     # only reports whether the configured Redis answers.
+    from redis.asyncio import Redis
+    from redis.exceptions import RedisError
+
     client = Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
     try:
         await client.ping()

@@ -118,6 +118,28 @@ class SessionBusy(Retryable):
         )
 
 
+class RateLimited(Retryable):
+    """The tenant is over one of its rates (calls, or appended bytes, per second)."""
+
+    reason = "RATE_LIMITED"
+
+    def __init__(self, tenant: str, what: str, limit: int, retry_after_ms: int) -> None:
+        super().__init__(
+            f"tenant {tenant!r} is over its limit of {limit:,} {what} per second; retry in {retry_after_ms} ms",
+            retry_after_ms,
+            {"limit": str(limit), "per": what},
+        )
+
+
+class QuotaExceeded(ContextdError):
+    """What the call asks for can never fit the tenant's limit as it stands: no retry helps."""
+
+    reason = "QUOTA_EXCEEDED"
+
+    def __init__(self, message: str, limit: int) -> None:
+        super().__init__(message, {"limit": str(limit)})
+
+
 class ViewTooLarge(ContextdError):
     """A rendered view over the message size the server may send."""
 

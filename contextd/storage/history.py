@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -42,7 +42,7 @@ from contextd.engine.model import (
 )
 from contextd.engine.originals import original_text
 from contextd.engine.validation import ToolCall, link_tool_results
-from contextd.storage import schema
+from contextd.storage import schema, search
 from contextd.storage.database import Database
 from contextd.telemetry import annotate, traced
 
@@ -66,6 +66,8 @@ class AppendRequest:
     idempotency_key: str = ""
     expected_version: int | None = None
     author: str = ""
+    stored_bytes: int = 0
+    """Bytes of the items' text and data (validation.item_bytes), added to the session's count."""
 
 
 _IN_CHUNK = 1000
@@ -73,6 +75,7 @@ _IN_CHUNK = 1000
 # Rows a session owns besides its items, deleted with it.
 _SESSION_CHILDREN = (
     schema.item_texts,
+    schema.item_text_chunks,
     schema.tool_uses,
     schema.appends,
     schema.view_states,
@@ -186,6 +189,13 @@ class HistoryStore:
         annotate(items=int(deleted))
         return int(deleted)
 
+    async def tenant_stored_bytes(self, tenant: str) -> int:
+        """Bytes of items the tenant's sessions hold (their `stored_bytes`, summed)."""
+        s = schema.sessions
+        async with self.db.read() as conn:
+            total = await conn.scalar(select(func.coalesce(func.sum(s.c.stored_bytes), 0)).where(s.c.tenant == tenant))
+        return int(total or 0)
+
     # -------------------------------------------------------------- items
 
     @traced("storage.append")
@@ -264,13 +274,14 @@ class HistoryStore:
         ]
         last = first + len(rows) - 1
         await conn.execute(insert(schema.items), rows)
+        texts = [searchable(content) for content in contents]
         await conn.execute(
             insert(schema.item_texts),
-            [
-                {"session_key": key, "seq": row["seq"], "text": searchable(content)}
-                for row, content in zip(rows, contents, strict=True)
-            ],
+            [{"session_key": key, "seq": row["seq"], "text": t} for row, t in zip(rows, texts, strict=True)],
         )
+        chunks = await _chunk_rows(conn, key, [row["seq"] for row in rows], texts)
+        if chunks:
+            await conn.execute(insert(schema.item_text_chunks), chunks)
         uses = [
             {"session_key": key, "tool_use_id": b.id, "seq": row["seq"], "name": b.name}
             for row, content in zip(rows, contents, strict=True)
@@ -296,6 +307,7 @@ class HistoryStore:
             .values(
                 version=last,
                 token_count=s.c.token_count + sum(r["token_count"] for r in rows),
+                stored_bytes=s.c.stored_bytes + request.stored_bytes,
                 updated_at=now,
             )
         )
@@ -382,6 +394,21 @@ async def _session_row(conn: AsyncConnection, tenant: str, session_id: str, idem
     if row is None:
         raise SessionNotFound(session_id)
     return row
+
+
+async def _chunk_rows(conn: AsyncConnection, key: int, seqs: list[int], texts: list[str]) -> list[dict[str, Any]]:
+    """The full-text chunks of the texts (of items `seqs`), numbered on from the session's last
+    chunk (read under the session's lock, so no other append numbers them too)."""
+    c = schema.item_text_chunks
+    number = (
+        await conn.execute(select(func.coalesce(func.max(c.c.number), 0)).where(c.c.session_key == key))
+    ).scalar_one()
+    rows = []
+    for seq, whole in zip(seqs, texts, strict=True):
+        for chunk in search.text_chunks(whole):
+            number += 1
+            rows.append({"session_key": key, "number": number, "seq": seq, "text": chunk})
+    return rows
 
 
 def searchable(content: ItemContent) -> str:

@@ -45,7 +45,15 @@ AutoKey = BigInteger().with_variant(Integer(), "sqlite")
 Json = JSON()
 UtcTime = DateTime(timezone=True)
 
-APPEND_ONLY_TABLES = ("items", "tool_uses", "appends", "certificates", "mutations", "item_texts")
+APPEND_ONLY_TABLES = (
+    "items",
+    "tool_uses",
+    "appends",
+    "certificates",
+    "mutations",
+    "item_texts",
+    "item_text_chunks",
+)
 
 sessions = Table(
     "sessions",
@@ -55,6 +63,8 @@ sessions = Table(
     Column("id", String(128), nullable=False),
     Column("version", BigInteger, nullable=False),
     Column("token_count", BigInteger, nullable=False),
+    # Bytes of its items' text and data (validation.item_bytes), summed per tenant for its quota.
+    Column("stored_bytes", BigInteger, nullable=False, server_default="0"),
     Column("metadata", Json, nullable=False),
     Column("policy", Text, nullable=False),
     Column("policy_version", String(64), nullable=False),
@@ -93,10 +103,7 @@ items = Table(
     Index("uq_items_session_key_tool_use_id", "session_key", "tool_use_id", unique=True),
 )
 
-# Each item's text (what Retrieve returns), for search. Indexed outside this
-# declaration (migration 0003): a stored tsvector column `tsv` with a GIN index
-# on Postgres, an FTS5 table on SQLite; `include_object` keeps schema
-# comparisons off them.
+# Each item's whole text (what Retrieve returns), for substring and regex search.
 item_texts = Table(
     "item_texts",
     metadata,
@@ -105,15 +112,29 @@ item_texts = Table(
     Column("text", Text, nullable=False),
 )
 
+# The same texts in overlapping chunks (contextd.storage.search.text_chunks), for full-text
+# search: `number` counts a session's chunks (in seq order), so on SQLite a session's
+# chunks are one range of full-text rowids. Indexed outside this declaration (migration
+# 0005): a stored tsvector column `tsv` with a GIN index on Postgres, an FTS5 table on
+# SQLite; `include_object` keeps schema comparisons off them.
+item_text_chunks = Table(
+    "item_text_chunks",
+    metadata,
+    Column("session_key", BigInteger, ForeignKey("sessions.key"), primary_key=True),
+    Column("number", BigInteger, primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+    Column("text", Text, nullable=False),
+)
+
 FULL_TEXT_OBJECTS = frozenset(
     {
-        "ix_item_texts_fts",
-        "item_texts_fts",
-        "item_texts_fts_data",
-        "item_texts_fts_idx",
-        "item_texts_fts_docsize",
-        "item_texts_fts_config",
-        "item_texts_fts_content",
+        "ix_item_text_chunks_fts",
+        "item_text_chunks_fts",
+        "item_text_chunks_fts_data",
+        "item_text_chunks_fts_idx",
+        "item_text_chunks_fts_docsize",
+        "item_text_chunks_fts_config",
+        "item_text_chunks_fts_content",
     }
 )
 

@@ -1,12 +1,19 @@
-"""Searching a session's item texts: full text, exact substring, regular expression.
+"""Searching a session's item texts: full text, exact substring, regular expression; every
+item whole, however long.
 
-Full text is the database's own: every word of the query must be there
-(no operators, on either backend); Postgres ranks with `ts_rank` over the
-stored `simple` tsvector (migration 0003), SQLite orders by FTS5's BM25
-(its score is not returned: it weighs words by every tenant's texts); both
-give a snippet around the match. Substring search is the database's too
-(`strpos`, `instr`). Regular expressions are Python's, on both backends
-alike, over the texts the filters leave (a session's worth, bounded).
+Full text is the database's own, over each item's text in overlapping chunks
+(`item_text_chunks`, migration 0005): a Postgres tsvector holds at most 1 MB and
+`ts_headline` over a long output is slow, so neither ever sees more than a chunk
+(`CHUNK_CHARS` characters). Every whitespace-separated piece of the query must be in
+the item (its words together, in one chunk: chunks overlap by more than a query
+holds, so a piece across a chunk edge is whole in one of them); no operators, on
+either backend. Postgres ranks with `ts_rank` over the stored `simple` tsvector,
+SQLite orders by FTS5's BM25 (its score is not returned: it weighs words by every
+tenant's texts); an item is as good as its best chunk, comes back once, with that
+chunk's snippet. Substring search is the database's too (`strpos`, `instr`, over
+`item_texts`, each item's whole text). Regular expressions are Python's (RE2), on
+both backends alike, over the whole texts the filters leave (a session's worth,
+bounded).
 """
 
 from __future__ import annotations
@@ -16,10 +23,50 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 SNIPPET_CHARS = 240
+CHUNK_CHARS = 8_000
+"""Most characters in one indexed chunk: its tsvector stays far under Postgres' 1 MB
+(at most 10 bytes a character, lexeme, position and entry together), and a snippet
+reads one chunk, never a whole long output."""
+OVERLAP_CHARS = 1_000
+"""Characters a chunk shares with the next: at least a whole query (recovery's
+MAX_QUERY_CHARS), so any piece of one is whole in some chunk."""
+WORD_SLACK_CHARS = 200
+"""How far a chunk edge moves back to fall between words (a longer run of word characters,
+base64 say, is cut)."""
+FTS_ROWID_SPAN = 4294967296
+"""SQLite: a chunk's full-text rowid is its session key times this plus its number."""
+_LAST_BREAK = re.compile(r"\W(?=\w*\Z)")
+
+
+def text_chunks(whole: str) -> list[str]:
+    """`whole` as the chunks full text indexes (see `chunk_bounds`); none for an empty text."""
+    return [whole[start:end] for start, end in chunk_bounds(whole)]
+
+
+def chunk_bounds(whole: str) -> list[tuple[int, int]]:
+    """Where each chunk of `whole` starts and ends, in characters: each at most CHUNK_CHARS
+    long and sharing at least OVERLAP_CHARS with the next, its edges just after a character
+    that is not part of a word where one is within WORD_SLACK_CHARS (a fragment of a word
+    indexed as a word would be found by what the text does not say)."""
+    bounds = []
+    start = 0
+    while len(whole) - start > CHUNK_CHARS:
+        end = _after_break(whole, start + CHUNK_CHARS - WORD_SLACK_CHARS, start + CHUNK_CHARS)
+        bounds.append((start, end))
+        start = _after_break(whole, end - OVERLAP_CHARS - WORD_SLACK_CHARS, end - OVERLAP_CHARS)
+    if start < len(whole):
+        bounds.append((start, len(whole)))
+    return bounds
+
+
+def _after_break(whole: str, low: int, high: int) -> int:
+    """Just after the last non-word character in `whole[low:high]`; `high` when there is none."""
+    found = _LAST_BREAK.search(whole, low, high)
+    return found.end() if found else high
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +90,8 @@ class Found:
 
 
 def _filters(where: Where, dialect: str) -> tuple[str, dict[str, object]]:
+    """SQL over the alias `t` (a row with `session_key` and `seq`) and its parameters. Lists
+    are bound as one parameter each, however long (a statement binds at most ~32k one by one)."""
     sql: list[str] = []
     params: dict[str, object] = {}
     if where.min_seq:
@@ -54,77 +103,145 @@ def _filters(where: Where, dialect: str) -> tuple[str, dict[str, object]]:
     if where.roles or where.tools:
         inner = ["i.session_key = t.session_key", "i.seq = t.seq"]
         if where.roles:
-            inner.append("i.role IN :roles")
-            params["roles"] = list(where.roles)
+            inner.append(_among("i.role", "roles", "text", dialect))
+            params["roles"] = _listed(where.roles, dialect)
         if where.tools:
-            inner.append("i.tool_name IN :tools")
-            params["tools"] = list(where.tools)
+            inner.append(_among("i.tool_name", "tools", "text", dialect))
+            params["tools"] = _listed(where.tools, dialect)
         sql.append(f"EXISTS (SELECT 1 FROM items i WHERE {' AND '.join(inner)})")
     if where.seqs is not None:
-        # One parameter, however many seqs (a statement binds at most ~32k one by one).
-        if dialect == "postgresql":
-            sql.append("t.seq = ANY(CAST(:seqs AS bigint[]))")
-            params["seqs"] = list(where.seqs)
-        else:
-            sql.append("t.seq IN (SELECT value FROM json_each(:seqs))")
-            params["seqs"] = json.dumps(where.seqs)
+        sql.append(_among("t.seq", "seqs", "bigint", dialect))
+        params["seqs"] = _listed(where.seqs, dialect)
     return "".join(f" AND {s}" for s in sql), params
 
 
-def _bound(statement: str, params: dict[str, object]) -> object:
-    query = text(statement)
-    for name in ("roles", "tools"):
-        if name in params:
-            query = query.bindparams(bindparam(name, expanding=True))
-    return query
+def _among(column: str, name: str, sql_type: str, dialect: str) -> str:
+    if dialect == "postgresql":
+        return f"{column} = ANY(CAST(:{name} AS {sql_type}[]))"
+    return f"{column} IN (SELECT value FROM json_each(:{name}))"
+
+
+def _listed(values: tuple[Any, ...], dialect: str) -> object:
+    return list(values) if dialect == "postgresql" else json.dumps(values)
 
 
 async def full_text(conn: AsyncConnection, key: int, query: str, where: Where, limit: int, offset: int) -> list[Found]:
-    extra, params = _filters(where, conn.dialect.name)
-    params |= {"key": key, "limit": limit, "offset": offset}
+    """Items holding every piece of `query`, best first, one `Found` each (its best chunk's
+    snippet); `limit` and `offset` count items."""
     if conn.dialect.name == "postgresql":
-        params["query"] = query
-        statement = f"""
-            WITH q AS (SELECT plainto_tsquery('simple'::regconfig, :query) AS q),
-            hits AS (
-                SELECT t.seq, ts_rank(t.tsv, q.q) AS score
-                FROM item_texts t, q
-                WHERE t.session_key = :key AND t.tsv @@ q.q{extra}
-                ORDER BY score DESC, t.seq LIMIT :limit OFFSET :offset
-            )
-            SELECT h.seq, h.score, ts_headline('simple'::regconfig, left(t.text, 100000), q.q,
-                   'MaxFragments=1, MaxWords=24, MinWords=8, StartSel=«, StopSel=»') AS snippet
-            FROM hits h JOIN item_texts t ON t.session_key = :key AND t.seq = h.seq, q
-            ORDER BY h.score DESC, h.seq
-        """
-    else:
-        params["query"] = fts5_query(query)
-        if not params["query"]:
-            return []
-        statement = f"""
-            SELECT t.seq, bm25(item_texts_fts) AS rank,
-                   snippet(item_texts_fts, 0, '«', '»', '…', 24) AS snippet
-            FROM item_texts_fts JOIN item_texts t
-                ON t.session_key = :key AND t.seq = item_texts_fts.rowid - :key * 4294967296
-            WHERE item_texts_fts MATCH :query
-                AND item_texts_fts.rowid BETWEEN :key * 4294967296 AND :key * 4294967296 + 4294967295{extra}
-            ORDER BY rank, t.seq LIMIT :limit OFFSET :offset
-        """
-        rows = await conn.execute(_bound(statement, params), params)  # type: ignore[call-overload]
-        # BM25 weighs words by the whole table (every tenant's texts): only the order is
-        # told, never the value (1/(1 + place in the results)).
-        return [Found(int(r.seq), 1 / (1 + offset + n), _short(r.snippet)) for n, r in enumerate(rows)]
-    rows = await conn.execute(_bound(statement, params), params)  # type: ignore[call-overload]
+        return await _full_text_postgres(conn, key, query, where, limit, offset)
+    return await _full_text_sqlite(conn, key, query, where, limit, offset)
+
+
+async def _full_text_postgres(
+    conn: AsyncConnection, key: int, query: str, where: Where, limit: int, offset: int
+) -> list[Found]:
+    extra, params = _filters(where, "postgresql")
+    pieces = list(dict.fromkeys(query.split()))
+    params |= {"key": key, "limit": limit, "offset": offset, "pieces": pieces}
+    # Each piece's words, as plainto_tsquery reads them (a piece of punctuation alone has none
+    # and asks nothing); `anyq` holds any of them, for the chunks worth looking at and their rank.
+    # A tsquery's text form reads back as the same query, so joining them with | is exact.
+    every_piece = """
+        , held AS (
+            SELECT m.seq FROM matched m JOIN pieces p ON m.tsv @@ p.q
+            GROUP BY m.seq HAVING count(DISTINCT p.n) = (SELECT count(*) FROM pieces)
+        )"""
+    statement = f"""
+        WITH pieces AS (
+            SELECT u.n, plainto_tsquery('simple'::regconfig, u.piece) AS q
+            FROM unnest(CAST(:pieces AS text[])) WITH ORDINALITY AS u(piece, n)
+            WHERE numnode(plainto_tsquery('simple'::regconfig, u.piece)) > 0
+        ),
+        anyq AS (SELECT CAST(string_agg('(' || CAST(q AS text) || ')', ' | ') AS tsquery) AS q FROM pieces),
+        matched AS (
+            SELECT t.seq, t.number, t.tsv FROM item_text_chunks t, anyq
+            WHERE t.session_key = :key AND t.tsv @@ anyq.q{extra}
+        ){every_piece if len(pieces) > 1 else ""},
+        best AS (
+            SELECT DISTINCT ON (m.seq) m.seq, m.number, ts_rank(m.tsv, anyq.q) AS score
+            FROM matched m, anyq
+            {"WHERE m.seq IN (SELECT seq FROM held)" if len(pieces) > 1 else ""}
+            ORDER BY m.seq, score DESC, m.number
+        ),
+        page AS (SELECT seq, number, score FROM best ORDER BY score DESC, seq LIMIT :limit OFFSET :offset)
+        SELECT p.seq, p.score, ts_headline('simple'::regconfig, c.text, anyq.q,
+               'MaxFragments=1, MaxWords=24, MinWords=8, StartSel=«, StopSel=»') AS snippet
+        FROM page p JOIN item_text_chunks c ON c.session_key = :key AND c.number = p.number, anyq
+        ORDER BY p.score DESC, p.seq
+    """
+    rows = await conn.execute(text(statement), params)
     return [Found(int(r.seq), float(r.score), _short(r.snippet)) for r in rows]
 
 
-def fts5_query(query: str) -> str:
-    """The words of a query as FTS5 phrases, all required: its own syntax (AND, NEAR, *, :)
-    is not exposed, so any text searches for itself (as Postgres' `plainto_tsquery` reads
-    it; an identifier's parts must also be in a row here)."""
-    # One phrase per whitespace-separated piece: `ch_7Hq2LwQz` or a UUID is its words in a row.
-    phrases = [" ".join(re.findall(r"\w+", piece)) for piece in query.split()]
-    return " ".join(f'"{p}"' for p in phrases if p)
+async def _full_text_sqlite(
+    conn: AsyncConnection, key: int, query: str, where: Where, limit: int, offset: int
+) -> list[Found]:
+    phrases = list(dict.fromkeys(fts5_phrases(query)))
+    if not phrases:
+        return []
+    extra, params = _filters(where, "sqlite")
+    low = key * FTS_ROWID_SPAN
+    params |= {
+        "key": key,
+        "low": low,
+        "high": low + FTS_ROWID_SPAN - 1,
+        "phrases": json.dumps(phrases),
+        "count": len(phrases),
+        "any": " OR ".join(phrases),
+        "limit": limit,
+        "offset": offset,
+    }
+    # With more than one phrase, the items holding each (in any of their chunks); then every
+    # chunk of theirs holding any, ranked, the best one per item.
+    every_phrase = """
+        held AS (
+            SELECT t.seq FROM phrases p JOIN item_text_chunks_fts f ON f.item_text_chunks_fts MATCH p.phrase
+            JOIN item_text_chunks t ON t.session_key = :key AND t.number = f.rowid - :low
+            WHERE f.rowid BETWEEN :low AND :high
+            GROUP BY t.seq HAVING count(DISTINCT p.n) = :count
+        ),"""
+    statement = f"""
+        WITH phrases(n, phrase) AS (SELECT key, value FROM json_each(:phrases)),
+        {every_phrase if len(phrases) > 1 else ""}
+        ranked AS (
+            SELECT t.seq, item_text_chunks_fts.rowid AS fts_rowid, bm25(item_text_chunks_fts) AS rank
+            FROM item_text_chunks_fts JOIN item_text_chunks t
+                ON t.session_key = :key AND t.number = item_text_chunks_fts.rowid - :low
+            WHERE item_text_chunks_fts MATCH :any AND item_text_chunks_fts.rowid BETWEEN :low AND :high{extra}
+                {"AND t.seq IN (SELECT seq FROM held)" if len(phrases) > 1 else ""}
+        ),
+        best AS (
+            SELECT seq, fts_rowid, rank, row_number() OVER (PARTITION BY seq ORDER BY rank, fts_rowid) AS place
+            FROM ranked
+        )
+        SELECT seq, fts_rowid FROM best WHERE place = 1 ORDER BY rank, seq LIMIT :limit OFFSET :offset
+    """
+    page = (await conn.execute(text(statement), params)).all()
+    if not page:
+        return []
+    # Snippets of the page's chunks alone (FTS5 makes them from the chunk's own copy).
+    snippets = await conn.execute(
+        text(
+            "SELECT rowid, snippet(item_text_chunks_fts, 0, '«', '»', '…', 24) AS snippet FROM item_text_chunks_fts "
+            "WHERE item_text_chunks_fts MATCH :any AND rowid IN (SELECT value FROM json_each(:rowids))"
+        ),
+        {"any": params["any"], "rowids": json.dumps([r.fts_rowid for r in page])},
+    )
+    by_rowid = {int(r.rowid): str(r.snippet) for r in snippets}
+    # BM25 weighs words by the whole table (every tenant's texts): only the order is
+    # told, never the value (1/(1 + place in the results)).
+    return [
+        Found(int(r.seq), 1 / (1 + offset + n), _short(by_rowid.get(int(r.fts_rowid), ""))) for n, r in enumerate(page)
+    ]
+
+
+def fts5_phrases(query: str) -> list[str]:
+    """The pieces of a query as FTS5 phrases, one per whitespace-separated piece (`ch_7Hq2LwQz`
+    or a UUID is its words in a row): its own syntax (AND, NEAR, *, :) is not exposed, so any
+    text searches for itself, as Postgres' `plainto_tsquery` reads it."""
+    words = (" ".join(re.findall(r"\w+", piece)) for piece in query.split())
+    return [f'"{w}"' for w in words if w]
 
 
 async def substring(conn: AsyncConnection, key: int, needle: str, where: Where, limit: int, offset: int) -> list[Found]:
@@ -138,7 +255,7 @@ async def substring(conn: AsyncConnection, key: int, needle: str, where: Where, 
         WHERE t.session_key = :key AND {position} > 0{extra}
         ORDER BY t.seq LIMIT :limit OFFSET :offset
     """
-    rows = await conn.execute(_bound(statement, params), params)  # type: ignore[call-overload]
+    rows = await conn.execute(text(statement), params)
     return [Found(int(r.seq), 0.0, _mark(r.around, needle)) for r in rows]
 
 
@@ -147,7 +264,7 @@ async def regex(conn: AsyncConnection, key: int, pattern: Any, where: Where, lim
     extra, params = _filters(where, conn.dialect.name)
     params["key"] = key
     statement = f"SELECT t.seq, t.text FROM item_texts t WHERE t.session_key = :key{extra} ORDER BY t.seq"
-    rows = await conn.stream(_bound(statement, params), params)  # type: ignore[call-overload]
+    rows = await conn.stream(text(statement), params)
     out: list[Found] = []
     skipped = 0
     async for row in rows:

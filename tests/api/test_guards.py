@@ -212,3 +212,42 @@ def test_a_database_that_refuses_connections_is_unavailable_with_a_delay(postgre
                 assert (result.first_seq, result.replayed) == (1, False)
         finally:
             server.stop()
+
+
+def test_a_tenant_over_its_rate_is_refused_with_a_wait_and_others_are_not(make_server: MakeServer) -> None:
+    server = make_server(api_keys="acme:key-a,globex:key-b", tenant_limits='{"acme": {"requests_per_second": 4}}')
+    with (
+        Client(server.target, api_key="key-a", retry=NO_RETRY) as acme,
+        Client(server.target, api_key="key-b") as globex,
+    ):
+        refused = []
+        for _ in range(10):
+            try:
+                list(acme.list_sessions())
+            except ContextdError as exc:
+                refused.append(exc)
+        assert 5 <= len(refused) <= 6
+        error = refused[0]
+        assert (error.code, error.reason) == ("RESOURCE_EXHAUSTED", "RATE_LIMITED")
+        assert 0 < int(error.metadata["retry_after_ms"]) <= 1000
+        for _ in range(10):  # another tenant goes on as if acme were not there
+            globex.create_session()
+    # The client's own retry waits as told, and the call goes through.
+    with Client(server.target, api_key="key-a") as patient:
+        for _ in range(8):
+            patient.create_session()
+
+
+def test_an_append_past_the_tenant_s_stored_bytes_is_refused_until_sessions_go(make_server: MakeServer) -> None:
+    server = make_server(tenant_stored_bytes=10_000)
+    with Client(server.target) as client:
+        first = client.create_session().id
+        client.append_items(first, [user("a" * 6_000)])
+        second = client.create_session().id
+        with pytest.raises(ContextdError) as refused:
+            client.append_items(second, [user("b" * 6_000)])
+        assert (refused.value.code, refused.value.reason) == ("RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED")
+        assert "stores 6,000 bytes" in refused.value.message and refused.value.metadata["limit"] == "10000"
+        assert client.get_session(second).version == 0
+        client.delete_session(first)
+        assert client.append_items(second, [user("b" * 6_000)]).first_seq == 1

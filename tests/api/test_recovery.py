@@ -276,3 +276,30 @@ def test_a_selection_pages_to_its_own_end(make_server: object) -> None:
             pages.append(page.content)
             offset = page.next_offset
         assert "".join(pages) == "line 2\nline 3\nline 4\n"
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"seq": 2**64 - 1}, "seq"),
+        ({"seq": 2**63}, "seq"),
+        ({"seq": 1, "offset": 2**64 - 1}, "offset"),
+        ({"seq": 1, "offset": 2**64 - 1, "page_unit": "lines"}, "offset"),
+        ({"seq": 1, "line_start": 2**32 - 1}, "line_start"),
+        ({"seq": 1, "context_lines": 2**32 - 1, "grep": "x"}, "context_lines"),
+    ],
+)
+def test_retrieve_values_past_any_item_name_their_field(
+    client: Client, session_id: str, options: dict[str, object], field: str
+) -> None:
+    client.append_openai(session_id, [{"role": "user", "content": "one\ntwo\n"}])
+    with pytest.raises(ContextdError) as bad:
+        client.retrieve(session_id, **options)  # type: ignore[arg-type]
+    assert bad.value.code == "INVALID_ARGUMENT" and bad.value.message.startswith(f"{field}:")
+
+
+def test_retrieve_takes_the_largest_sizes_and_line_ends_as_the_cap(client: Client, session_id: str) -> None:
+    client.append_openai(session_id, [{"role": "user", "content": "one\ntwo\n"}])
+    assert client.retrieve(session_id, seq=1, page_size=2**32 - 1).content == "one\ntwo\n"
+    assert client.retrieve(session_id, seq=1, line_start=2, line_end=2**32 - 1).content == "two\n"
+    assert client.retrieve(session_id, seq=1, page_unit="lines", page_size=2**32 - 1).next_offset == 2

@@ -12,6 +12,7 @@ import pytest
 from contextd_client import AgentTools, AsyncAgentTools, AsyncClient, Client, ViewFormat
 
 from tests.api.test_recovery import MASK_OLD
+from tests.api.test_search import tail_session
 from tests.api.test_view_engine import conversation
 from tests.conftest import ServerThread
 
@@ -92,6 +93,11 @@ def test_a_model_call_in_anthropic_format_gets_a_tool_result_block(server: Serve
     [
         (openai_call("contextd_retrieve", {"handle": "0123456789abcdef"}), "names nothing"),
         (openai_call("contextd_retrieve", {"handle": "x", "bogus": 1}), "unknown arguments bogus"),
+        (openai_call("contextd_retrieve", {}), "exactly one of handle or seq"),
+        (openai_call("contextd_retrieve", {"handle": "0123456789abcdef", "seq": 1}), "exactly one of handle or seq"),
+        (openai_call("contextd_retrieve", {"seq": "4"}), "seq must be an item number"),
+        (openai_call("contextd_retrieve", {"seq": True}), "seq must be an item number"),
+        (openai_call("contextd_retrieve", {"seq": 99}), "names nothing"),
         (openai_call("contextd_pin", {"seqs": "all"}), "seqs must be a list"),
         (
             {"id": "c9", "type": "function", "function": {"name": "contextd_search", "arguments": "{not json"}},
@@ -141,3 +147,54 @@ def test_sdk_objects_and_hostile_arguments_are_answered(server: ServerThread) ->
         too_many = tools.execute(openai_call("contextd_pin", {"seqs": list(range(1, 200))}))
         assert "at most 100 seqs" in too_many["content"]
         assert "seqs must be" in tools.execute(openai_call("contextd_pin", {"seqs": [True]}))["content"]
+
+
+def test_retrieve_takes_a_seq_as_the_status_lists_them(server: ServerThread) -> None:
+    with Client(server.target) as client:
+        session, handles = pruned_session(client)
+        tools = AgentTools(client, session, "anthropic_messages")
+        schema = next(t for t in tools.definitions() if t["name"] == "contextd_retrieve")["input_schema"]
+        assert schema["properties"]["seq"]["type"] == "integer" and schema["properties"]["seq"]["minimum"] == 1
+        # Exactly one of handle and seq, in words: Anthropic refuses a oneOf at the top of a schema.
+        assert "required" not in schema and not {"oneOf", "anyOf", "allOf"} & set(schema)
+        assert "seq 4: bash" in tools.execute(anthropic_call("contextd_status", {}))["content"]
+        by_seq = tools.execute(anthropic_call("contextd_retrieve", {"seq": 4}))
+        assert by_seq["is_error"] is False and by_seq["content"].startswith(f"[seq 4, handle {handles[4]}: 20 lines")
+        by_handle = tools.execute(anthropic_call("contextd_retrieve", {"handle": handles[4]}))
+        assert by_seq["content"] == by_handle["content"]
+
+
+async def test_the_asyncio_executor_retrieves_by_seq_too(server: ServerThread) -> None:
+    with Client(server.target) as client:
+        session, handles = pruned_session(client)
+    async with AsyncClient(server.target) as client:
+        tools = AsyncAgentTools(client, session, "openai_chat")
+        result = await tools.execute(openai_call("contextd_retrieve", {"seq": 6, "page_unit": "lines", "line_end": 1}))
+        assert result["content"].startswith(f"[seq 6, handle {handles[6]}: 1 lines, ")
+        assert result["content"].endswith("this page ends at offset 1]\noutput number 1\n")
+        both = await tools.execute(openai_call("contextd_retrieve", {"seq": 6, "handle": handles[6]}))
+        assert both["content"] == "error: bad arguments for contextd_retrieve: give exactly one of handle or seq"
+
+
+def test_search_finds_the_tail_of_a_long_output_and_says_what_it_searched(server: ServerThread) -> None:
+    with Client(server.target, timeout=30) as client:
+        session = tail_session(client)
+        tools = AgentTools(client, session, "openai_chat")
+        found = tools.execute(openai_call("contextd_search", {"query": "zanzibar"}))["content"]
+        assert found.startswith("seq 3 (tool, pytest), handle ") and "«zanzibar»" in found
+        said = {
+            (mode, out): tools.execute(
+                openai_call("contextd_search", {"query": "wombat", "mode": mode, "only_out_of_view": out})
+            )["content"]
+            for mode in ("full_text", "substring", "regex")
+            for out in (False, True)
+        }
+        assert said[("full_text", False)] == (
+            "no match: a full-text search (every word required) over the whole text of every item of this "
+            "conversation found nothing"
+        )
+        assert said[("substring", True)] == (
+            "no match: an exact substring search over the whole text of the items out of your context found nothing"
+        )
+        assert "a regular expression search" in said[("regex", False)]
+        assert len(set(said.values())) == 6

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from contextd.engine.model import ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
-from contextd.storage import migrate
+from contextd.storage import migrate, search
 from contextd.storage.database import Database
 from contextd.storage.history import AppendRequest, HistoryStore, PreparedItem
 from contextd.storage.schema import APPEND_ONLY_TABLES, FULL_TEXT_OBJECTS, include_object, metadata
@@ -24,6 +24,7 @@ TABLES = {
     "sessions",
     "items",
     "item_texts",
+    "item_text_chunks",
     "tool_uses",
     "appends",
     "view_states",
@@ -114,6 +115,8 @@ async def _store_with_history(url: str) -> tuple[Database, HistoryStore]:
         "DELETE FROM appends",
         "DELETE FROM tool_uses",
         "UPDATE tool_uses SET name = 'rm'",
+        "UPDATE item_text_chunks SET text = 'forged'",
+        "DELETE FROM item_text_chunks",
     ],
 )
 async def test_database_refuses_to_change_history(empty_database: str, statement: str) -> None:
@@ -149,5 +152,93 @@ async def test_deleting_a_session_is_the_one_way_to_remove_history(empty_databas
         async with db.read() as conn:
             assert (await conn.execute(text("SELECT count(*) FROM items"))).scalar_one() == 0
             assert (await conn.execute(text("SELECT count(*) FROM sessions"))).scalar_one() == 0
+    finally:
+        await db.close()
+
+
+async def test_0005_chunks_the_texts_already_stored_and_its_downgrade_restores_0003s_index(
+    empty_database: str,
+) -> None:
+    url = empty_database
+    tail = "".join(f"row {n:06d} fine\n" for n in range(9000)) + "last row: wombat\n"  # 153,000 characters
+    texts = ["short note on quokkas", tail]
+    await migrate.upgrade(url)
+    db = Database(url)
+    try:
+        store = HistoryStore(db)
+        await store.create_session("t", "s", {})
+        items = [ItemContent(role=Role.USER, content=(TextBlock(t),)) for t in texts]
+        prepared = [PreparedItem(item, f"{n}" * 64, 1) for n, item in enumerate(items)]
+        await store.append(AppendRequest("t", "s", prepared, request_hash="r"))
+        key = await store.session_key("t", "s")
+    finally:
+        await db.close()
+
+    await migrate.downgrade(url, "0004")
+    assert "item_text_chunks" not in await _tables(url)
+    engine = create_async_engine(url, poolclass=NullPool)
+    try:
+        async with engine.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                matching = "SELECT count(*) FROM item_texts WHERE tsv @@ plainto_tsquery('simple', :word)"
+            else:
+                matching = "SELECT count(*) FROM item_texts_fts WHERE item_texts_fts MATCH :word"
+            # 0003's index again: the first 100,000 characters of each item, rebuilt from item_texts.
+            assert (await conn.execute(text(matching), {"word": "quokkas"})).scalar_one() == 1
+            assert (await conn.execute(text(matching), {"word": "000001"})).scalar_one() == 1
+            assert (await conn.execute(text(matching), {"word": "wombat"})).scalar_one() == 0
+    finally:
+        await engine.dispose()
+
+    await migrate.upgrade(url)
+    db = Database(url)
+    try:
+        async with db.read() as conn:
+            rows = (await conn.execute(text("SELECT number, seq, text FROM item_text_chunks ORDER BY number"))).all()
+            expected = [(seq, chunk) for seq, t in enumerate(texts, 1) for chunk in search.text_chunks(t)]
+            assert [(r.seq, r.text) for r in rows] == expected and [r.number for r in rows] == list(
+                range(1, len(expected) + 1)
+            )
+            found = await search.full_text(conn, key, "wombat", search.Where(), 10, 0)
+            assert [f.seq for f in found] == [2] and "«wombat»" in found[0].snippet
+        # Appends number on from the chunks filled in.
+        more = ItemContent(role=Role.USER, content=(TextBlock("and a wombat again"),))
+        await HistoryStore(db).append(AppendRequest("t", "s", [PreparedItem(more, "c" * 64, 1)], request_hash="m"))
+        async with db.read() as conn:
+            last = (await conn.execute(text("SELECT max(number) FROM item_text_chunks"))).scalar_one()
+            assert last == len(expected) + 1
+            found = await search.full_text(conn, key, "wombat", search.Where(), 10, 0)
+            assert sorted(f.seq for f in found) == [2, 3]
+    finally:
+        await db.close()
+
+
+async def test_0006_counts_the_bytes_sessions_already_store(empty_database: str) -> None:
+    url = empty_database
+    await migrate.upgrade(url)
+    db = Database(url)
+    try:
+        store = HistoryStore(db)
+        for session_id, body in (("small", "x" * 10), ("large", "y" * 50_000)):
+            await store.create_session("t", session_id, {})
+            item = ItemContent(role=Role.USER, content=(TextBlock(body),))
+            await store.append(AppendRequest("t", session_id, [PreparedItem(item, "a" * 64, 1)], request_hash="r"))
+        await store.create_session("t", "empty", {})
+    finally:
+        await db.close()
+    # Sessions from before 0006 have no count: the upgrade makes it.
+    await migrate.downgrade(url, "0005")
+    await migrate.upgrade(url)
+    db = Database(url)
+    try:
+        async with db.read() as conn:
+            rows = dict((await conn.execute(text("SELECT id, stored_bytes FROM sessions"))).all())
+        # The stored content's length: the text and the JSON around it.
+        assert rows["empty"] == 0 and 10 < rows["small"] < 100 and 50_000 < rows["large"] < 50_100
+        store = HistoryStore(db)
+        item = ItemContent(role=Role.USER, content=(TextBlock("z" * 300),))
+        await store.append(AppendRequest("t", "empty", [PreparedItem(item, "b" * 64, 1)], "r", stored_bytes=300))
+        assert await store.tenant_stored_bytes("t") == rows["small"] + rows["large"] + 300
+        assert await store.tenant_stored_bytes("another") == 0
     finally:
         await db.close()

@@ -60,9 +60,10 @@ class _Tools:
         session = self.session_id
         match name.removeprefix(PREFIX):
             case "retrieve":
-                return _Planned(retrieve(session, **_only(arguments, _RETRIEVE)), _say_retrieved)
+                return _Planned(retrieve(session, **_target(_only(arguments, _RETRIEVE))), _say_retrieved)
             case "search":
-                return _Planned(search(session, **_only(arguments, _SEARCH)), _say_found)
+                asked = _only(arguments, _SEARCH)
+                return _Planned(search(session, **asked), lambda results: _say_found(results, asked))
             case "pin":
                 return _Planned(pin(session, _seqs(arguments), True), lambda seqs: f"pinned: {_list(seqs)}")
             case "unpin":
@@ -185,8 +186,13 @@ def _read(call: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
     return str(call["id"]), str(name), arguments
 
 
-_RETRIEVE = ("handle", "offset", "page_unit", "line_start", "line_end", "grep", "context_lines")
+_RETRIEVE = ("handle", "seq", "offset", "page_unit", "line_start", "line_end", "grep", "context_lines")
 _SEARCH = ("query", "mode", "only_out_of_view", "page_token")
+_SEARCHED = {
+    "full_text": "a full-text search (every word required)",
+    "substring": "an exact substring search",
+    "regex": "a regular expression search",
+}
 
 
 def _only(arguments: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
@@ -194,6 +200,18 @@ def _only(arguments: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any
     if unknown:
         raise ValueError(f"unknown arguments {', '.join(unknown)}")
     return dict(arguments)
+
+
+def _target(arguments: dict[str, Any]) -> dict[str, Any]:
+    """Retrieve's arguments, naming exactly one item: by handle or by seq."""
+    handle, seq = arguments.get("handle"), arguments.get("seq")
+    if (handle is None) == (seq is None):
+        raise ValueError("give exactly one of handle or seq")
+    if handle is not None and (not isinstance(handle, str) or not handle):
+        raise ValueError("handle must be a handle from your context")
+    if seq is not None and (type(seq) is not int or seq < 1):
+        raise ValueError("seq must be an item number")
+    return arguments
 
 
 def _seqs(arguments: Mapping[str, Any]) -> list[int]:
@@ -220,9 +238,13 @@ def _say_retrieved(page: Retrieved) -> str:
     return f"{header}\n{page.content}"
 
 
-def _say_found(results: SearchResults) -> str:
+def _say_found(results: SearchResults, asked: Mapping[str, Any]) -> str:
     if not results.hits:
-        return "no match"
+        # What was searched, so "nothing" is not read as "not looked at": every item, whole.
+        what = _SEARCHED[str(asked.get("mode", "full_text"))]
+        among = "the items out of your context" if asked.get("only_out_of_view") else "every item of this conversation"
+        found = "no further match" if asked.get("page_token") else "no match"
+        return f"{found}: {what} over the whole text of {among} found nothing"
     lines = [
         f"seq {h.seq} ({h.role}{', ' + h.tool_name if h.tool_name else ''}), handle {h.handle}: {h.snippet}"
         for h in results.hits
