@@ -75,21 +75,42 @@ def _pack(message: object) -> any_pb2.Any:
     return packed
 
 
+# Errors travel in HTTP/2 trailers, which clients cap (gRPC's default: 8 KiB for all of
+# them): a message echoing a hostile value (a 200,000-character name) is cut short.
+MAX_MESSAGE_CHARS = 1000
+MAX_DESCRIPTION_CHARS = 300
+MAX_VIOLATIONS = 20
+MAX_FACT_CHARS = 200
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text):,} characters)"
+
+
+def status_message(error: ContextdError) -> str:
+    """The error's message as sent: bounded."""
+    return _short(error.message, MAX_MESSAGE_CHARS)
+
+
 def _ascii(value: str) -> str:
     """Plain metadata values must be printable ASCII: escape the rest, and keep them short."""
     escaped = value.encode("unicode_escape").decode("ascii")
-    return escaped if len(escaped) <= 200 else escaped[:200] + "..."
+    return escaped if len(escaped) <= MAX_FACT_CHARS else escaped[:MAX_FACT_CHARS] + "..."
 
 
 def trailing_metadata(error: ContextdError, code: grpc.StatusCode) -> tuple[tuple[str, str | bytes], ...]:
-    details = [_pack(error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN, metadata=error.metadata))]
+    facts = {key: _short(value, MAX_FACT_CHARS) for key, value in error.metadata.items()}
+    details = [_pack(error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN, metadata=facts))]
     if isinstance(error, InvalidArgument):
         details.append(
             _pack(
                 error_details_pb2.BadRequest(
                     field_violations=[
-                        error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
-                        for v in error.violations
+                        error_details_pb2.BadRequest.FieldViolation(
+                            field=_short(v.field, MAX_FACT_CHARS),
+                            description=_short(v.description, MAX_DESCRIPTION_CHARS),
+                        )
+                        for v in error.violations[:MAX_VIOLATIONS]
                     ]
                 )
             )
@@ -98,7 +119,7 @@ def trailing_metadata(error: ContextdError, code: grpc.StatusCode) -> tuple[tupl
         delay = duration_pb2.Duration()
         delay.FromMilliseconds(error.retry_after_ms)
         details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
-    status = status_pb2.Status(code=code.value[0], message=error.message, details=details)
+    status = status_pb2.Status(code=code.value[0], message=status_message(error), details=details)
     metadata: list[tuple[str, str | bytes]] = [(DETAILS_KEY, status.SerializeToString()), (REASON_KEY, error.reason)]
     metadata.extend((f"contextd-{key.replace('_', '-')}", _ascii(value)) for key, value in error.metadata.items())
     return tuple(metadata)

@@ -31,7 +31,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from contextd.admission import Admission
 from contextd.api.auth import ApiKeys
 from contextd.api.decoding import RequestDecoder
-from contextd.api.errors import status_code, trailing_metadata
+from contextd.api.errors import status_code, status_message, trailing_metadata
 from contextd.api.outage_log import OutageLog
 from contextd.config import TenantLimits
 from contextd.engine.errors import ContextdError, LimitExceeded
@@ -155,9 +155,9 @@ async def _abort(
         code = status_code(exc)
         span.set_attribute("contextd.error_reason", exc.reason)
         if code is grpc.StatusCode.UNAVAILABLE:
-            outages.failed(exc.reason, f"{method}: {exc.message}")
+            outages.failed(exc.reason, f"{method}: {status_message(exc)}")
         span.set_status(Status(StatusCode.ERROR, exc.reason))
-        await context.abort(code, exc.message, trailing_metadata(exc, code))
+        await context.abort(code, status_message(exc), trailing_metadata(exc, code))
     reference = uuid.uuid4().hex[:12]
     log.error("%s failed (reference %s)", method, reference, exc_info=exc)
     span.record_exception(exc)

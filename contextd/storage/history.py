@@ -8,8 +8,6 @@ and bump the version. Either all of it commits or none of it does.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,7 +40,7 @@ from contextd.engine.model import (
 )
 from contextd.engine.originals import original_text
 from contextd.engine.validation import ToolCall, link_tool_results
-from contextd.storage import schema, search
+from contextd.storage import page_tokens, schema, search
 from contextd.storage.database import Database
 from contextd.telemetry import annotate, traced
 
@@ -158,7 +156,7 @@ class HistoryStore:
     @traced("storage.list_sessions")
     async def list_sessions(self, tenant: str, page_size: int, page_token: str) -> tuple[list[Session], str]:
         annotate(tenant=tenant, page_size=page_size)
-        after = _decode_page_token(page_token)
+        after = page_tokens.decode("after", page_token)
         query = (
             select(schema.sessions)
             .where(schema.sessions.c.tenant == tenant, schema.sessions.c.key > after)
@@ -168,7 +166,7 @@ class HistoryStore:
         async with self.db.read() as conn:
             rows = (await conn.execute(query)).mappings().all()
         page = rows[:page_size]
-        next_token = _encode_page_token(page[-1]["key"]) if len(rows) > page_size else ""
+        next_token = page_tokens.encode("after", page[-1]["key"]) if len(rows) > page_size else ""
         return [_session(r) for r in page], next_token
 
     @traced("storage.delete_session")
@@ -476,19 +474,3 @@ def _item(row: Any) -> Item:
         author=row["author"],
         created_at=_utc(row["created_at"]),
     )
-
-
-def _encode_page_token(key: int) -> str:
-    return base64.urlsafe_b64encode(f"after:{key}".encode()).decode()
-
-
-def _decode_page_token(token: str) -> int:
-    if not token:
-        return 0
-    try:
-        prefix, _, value = base64.urlsafe_b64decode(token.encode()).decode().partition(":")
-        if prefix != "after":
-            raise ValueError(prefix)
-        return int(value)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise InvalidArgument.at("page_token", "not a page token this service issued") from None

@@ -7,8 +7,6 @@ render holds the session lock for all of them); the others open their own.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +17,7 @@ from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contextd.engine.certificates import GENESIS, Certificate, CertificateBody, Decision, Stamp, chain
-from contextd.engine.errors import CallNotFound, InvalidArgument, UsageAlreadyReported
+from contextd.engine.errors import CallNotFound, UsageAlreadyReported
 from contextd.engine.pipeline import AgentProposal, Carry
 from contextd.engine.state import (
     AppliedEdit,
@@ -32,7 +30,7 @@ from contextd.engine.state import (
 )
 from contextd.engine.timing import Usage
 from contextd.engine.transforms import target_of
-from contextd.storage import schema
+from contextd.storage import page_tokens, schema
 from contextd.telemetry import traced
 
 
@@ -264,7 +262,7 @@ async def list_certificates(
     conn: AsyncConnection, key: int, where: CertificateFilter, page_size: int, page_token: str
 ) -> tuple[list[StoredCertificate], str]:
     c = schema.certificates
-    after = _decode_token(page_token)
+    after = page_tokens.decode("certificate", page_token)
     query = select(c).where(c.c.session_key == key, c.c.number > after)
     if where.decision is not None:
         query = query.where(c.c.decision == where.decision.value)
@@ -279,29 +277,13 @@ async def list_certificates(
     rows = (await conn.execute(query.order_by(c.c.number).limit(page_size + 1))).all()
     page = [_stored(r) for r in rows[:page_size]]
     more = len(rows) > page_size
-    return page, _encode_token(page[-1].certificate.number) if more else ""
+    return page, page_tokens.encode("certificate", page[-1].certificate.number) if more else ""
 
 
 async def all_certificates(conn: AsyncConnection, key: int) -> list[Certificate]:
     c = schema.certificates
     rows = await conn.execute(select(c).where(c.c.session_key == key).order_by(c.c.number))
     return [_stored(r).certificate for r in rows]
-
-
-def _encode_token(number: int) -> str:
-    return base64.urlsafe_b64encode(f"certificate:{number}".encode()).decode()
-
-
-def _decode_token(token: str) -> int:
-    if not token:
-        return 0
-    try:
-        prefix, _, value = base64.urlsafe_b64decode(token.encode()).decode().partition(":")
-        if prefix != "certificate":
-            raise ValueError(prefix)
-        return int(value)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise InvalidArgument.at("page_token", "not a page token this service issued") from None
 
 
 # -------------------------------------------------------------- mutations
