@@ -1,8 +1,9 @@
 """``contextd-lab``: fixtures, replays and the lab's report (issue 6).
 
-    contextd-lab fixtures [--seeds 0-4] [--out DIR]
+    contextd-lab fixtures [--seeds 0-4] [--episodes 18] [--out DIR]
     contextd-lab replay TRACE [--probes FILE] [--condition NAME ...] [--at-once] [--json FILE] [SERVICE]
-    contextd-lab report [--traces DIR] [--probes DIR] [--seeds 0-4] [--out docs/lab.md] [--json FILE] [SERVICE]
+    contextd-lab report [--traces DIR] [--probes DIR] [--seeds 0-4] [--episodes 18] [--out docs/lab.md]
+                        [--json FILE] [SERVICE]
 
 SERVICE: ``--target HOST:PORT`` replays through a running contextd; otherwise one is
 started for the run (``contextd serve`` on a free port): embedded (SQLite in a temporary
@@ -36,6 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     made = commands.add_parser("fixtures", help="write generated fixtures (trace + labels, probes)")
     made.add_argument("--seeds", type=_seeds, default=_seeds("0-4"), help="a seed or a range, e.g. 0-4")
     made.add_argument("--out", type=Path, default=Path("lab-fixtures"))
+    made.add_argument("--episodes", type=int, default=fixtures.EPISODES_PER_FIXTURE, help="episodes in each fixture")
 
     one = commands.add_parser("replay", help="replay one trace under each condition and print its figures")
     one.add_argument("trace", type=Path)
@@ -52,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.add_argument("--traces", type=Path, default=Path("../shared/traces"))
     report.add_argument("--probes", type=Path, default=Path("bench/probes"), help="<trace id>.json probe files")
     report.add_argument("--seeds", type=_seeds, default=_seeds("0-4"))
+    report.add_argument("--episodes", type=int, default=fixtures.EPISODES_PER_FIXTURE, help="episodes in each fixture")
     report.add_argument("--out", type=Path, default=Path("docs/lab.md"), help="the report; plots go beside it")
     report.add_argument("--json", type=Path, help="also write every figure as JSON records to this file")
     _service_options(report)
@@ -60,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:  # the command itself: stopped from outside, unwind so the service started for it stops too
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.command == "fixtures":
-        return _write_fixtures(args.seeds, args.out)
+        return _write_fixtures(args.seeds, args.episodes, args.out)
     with _service(args) as target, Client(target, timeout=120) as client:
         if args.command == "replay":
             trace = json.loads(args.trace.read_text())
@@ -73,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         traces = [json.loads(p.read_text()) for p in sorted(args.traces.glob("*.json"))]
         if not traces:
             print(f"no traces in {args.traces} (--traces): the report covers the fixtures only", file=sys.stderr)
-        made_fixtures = [fixtures.generate(seed).trace() for seed in args.seeds]
+        made_fixtures = [fixtures.generate(seed, args.episodes).trace() for seed in args.seeds]
         probes = {t["id"]: _probes(t, args.probes / f"{t['id']}.json") for t in traces}
         probes.update((f["id"], _probes(f, None)) for f in made_fixtures)
         command = "contextd-lab " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -132,10 +135,10 @@ def _write_json(path: Path | None, results: lab_report.Results) -> None:
         path.write_text(json.dumps(lab_report.records(results), indent=1, sort_keys=True) + "\n")
 
 
-def _write_fixtures(seeds: Sequence[int], out: Path) -> int:
+def _write_fixtures(seeds: Sequence[int], episodes: int, out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for seed in seeds:
-        fixture = fixtures.generate(seed)
+        fixture = fixtures.generate(seed, episodes)
         (out / f"{fixture.id}.json").write_text(json.dumps(fixture.trace(), indent=1) + "\n")
         (out / f"{fixture.id}.probes.json").write_text(json.dumps(fixture.probe_file(), indent=1) + "\n")
         print(f"{out / fixture.id}.json: {len(fixture.messages)} messages, {len(fixture.probes)} probes")

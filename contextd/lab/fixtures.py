@@ -408,7 +408,11 @@ EPISODES = (
 )  # fmt: skip
 
 
-def generate(seed: int, episodes: int = 18) -> Fixture:
+EPISODES_PER_FIXTURE = 18
+"""Episodes in a generated fixture unless asked otherwise (the report's figures use this)."""
+
+
+def generate(seed: int, episodes: int = EPISODES_PER_FIXTURE) -> Fixture:
     """One fixture: a system prompt, a task, `episodes` interleaved episodes (each kind at least
     once when there is room), and a closing stretch that asks for the probes' facts."""
     rng = random.Random(seed)

@@ -743,8 +743,10 @@ rules:
 """
 
 
+# Examples are sized so each property takes seconds even on a busy machine (CI runs them
+# derandomized: the same examples every run).
 @pytest.mark.parametrize("fmt", [OPENAI, ANTHROPIC])
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversations(), st.sampled_from("abcdefghij"), st.sampled_from("klmnop"), st.booleans())
 def test_any_edits_leave_views_the_providers_accept(
     fmt: ViewFormat, items: list[Item], drop: str, shorten: str, placeholder: bool
@@ -922,7 +924,7 @@ def follow(
     return out, inp.carry is not None and inp.carry.follows(inp)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversations(), st.data())
 def test_a_render_from_the_carry_is_the_render_without_it(items: list[Item], data: st.DataObject) -> None:
     markers = [data.draw(st.sampled_from("abcdefghijklmnop")) for _ in range(2)]

@@ -15,7 +15,8 @@ CONDITIONS = ["B-duplicates", "C-errors", "D-superseded", "E-aggressive", "F-ora
 
 
 def test_b_to_d_prune_only_what_is_unnecessary_and_lose_no_probe(client: Client) -> None:
-    traces = [fixtures.generate(seed).trace() for seed in (0, 1)]
+    # Each kind of episode once per fixture: enough for every rule to act, small enough for seconds.
+    traces = [fixtures.generate(seed, len(fixtures.EPISODES)).trace() for seed in (0, 1)]
     results = report.run(client, traces, {t["id"]: t["probes"] for t in traces}, CONDITIONS, 30, at_once=True)
     recall = {}
     for condition in CONDITIONS:
@@ -49,7 +50,7 @@ def test_contextd_lab_report_runs_end_to_end(
 ) -> None:
     traces = tmp_path / "traces"
     traces.mkdir()
-    trace = fixtures.generate(7, episodes=8).trace()  # a generated trace stands in for a real one
+    trace = fixtures.generate(7, episodes=4).trace()  # a generated trace stands in for a real one
     del trace["labels"]
     (traces / "t.json").write_text(json.dumps(trace))
     probes = tmp_path / "probes"
@@ -64,6 +65,8 @@ def test_contextd_lab_report_runs_end_to_end(
         str(probes),
         "--seeds",
         "0",
+        "--episodes",
+        "6",
         "--out",
         str(tmp_path / "lab.md"),
     ]
@@ -83,7 +86,7 @@ def test_contextd_lab_report_runs_end_to_end(
 def test_without_traces_the_report_covers_the_fixtures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     empty = tmp_path / "none"
     empty.mkdir()
-    args = ["report", "--traces", str(empty), "--seeds", "2", "--out", str(tmp_path / "lab.md")]
+    args = ["report", "--traces", str(empty), "--seeds", "2", "--episodes", "6", "--out", str(tmp_path / "lab.md")]
     assert main(args) == 0
     assert "no traces in" in capsys.readouterr().err
     text = (tmp_path / "lab.md").read_text()
