@@ -564,3 +564,12 @@ def test_no_call_was_answered_internal_or_unknown(run: FaultRun) -> None:
         + run.outcomes.table(frozenset(forbidden))
         + f"\nwhat the replicas logged as failed:\n{logged}"
     )
+
+
+def test_the_outages_were_logged_briefly_and_without_tracebacks(run: FaultRun) -> None:
+    """Expected unavailability is logged once when it starts and then counted: no traceback,
+    and a few kilobytes per replica for the whole run (not a line per failed call)."""
+    for replica in run.cluster.started:
+        text = "\n".join(replica.log)
+        assert len(text.encode()) < 64 * 1024, f"{len(text.encode()):,} bytes logged:\n{text[-3000:]}"
+        assert "Traceback" not in text, text[-3000:]
