@@ -17,18 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-import re2
-
 from contextd.engine.errors import InvalidArgument, LimitExceeded, OriginalNotFound
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Item, Role, ToolUseBlock
 from contextd.engine.originals import original_text
+from contextd.engine.patterns import compile_pattern
 from contextd.engine.placeholders import arguments_digest, handle_of
 from contextd.engine.tokens import TiktokenCounter
 from contextd.engine.transforms import target_of
@@ -40,6 +40,8 @@ from contextd.storage.history import HistoryStore
 from contextd.telemetry import annotate
 
 MAX_PAGE_TOKENS = 2000
+_INLINE_PAGE_CHARS = 64 * 1024
+"""Larger originals are paged on a worker thread, not on the event loop."""
 """The server's cap on one page, whatever the client asks."""
 MAX_GREP_CHARS = 1000
 STASH_WRITES_AT_ONCE = 16
@@ -100,6 +102,7 @@ class RecoveryService:
         """Per loaded history (by its first and last item), its items by handle."""
         self._tokenized: OrderedDict[tuple[Any, ...], array[int]] = OrderedDict()
         """Per original (or selection of one), where its tokens start."""
+        self._tokenizing = threading.Lock()
 
     async def stash_items(self, tenant: str, session_key: int, items: list[Item]) -> None:
         """Keep the originals of `items` (taken out of a view) in the stash, a few at a time
@@ -130,7 +133,12 @@ class RecoveryService:
             handle = handle_of(item)
             found = Stashed(item.seq, original_text(item))
             await self.stash.put(scope, handle, found)  # warm again: the next ask is fast
-        content, total_lines, total_tokens, next_offset = self._page(handle, found.text, query)
+        if len(found.text) > _INLINE_PAGE_CHARS:  # splitting, matching, tokenizing: off the event loop
+            content, total_lines, total_tokens, next_offset = await asyncio.to_thread(
+                self._page, handle, found.text, query
+            )
+        else:
+            content, total_lines, total_tokens, next_offset = self._page(handle, found.text, query)
         annotate(session_id=session_id, tenant=tenant, served_from=served_from, tokens=total_tokens)
         return Page(handle, found.seq, content, total_lines, total_tokens, next_offset, served_from)
 
@@ -211,14 +219,18 @@ class RecoveryService:
 
     def _starts(self, key: tuple[Any, ...], text: str) -> array[int]:
         """Where each token of `text` starts, remembered by `key` (an original never changes
-        under its handle): paging through a long original tokenizes it once, not per page."""
-        found = self._tokenized.get(key)
-        if found is None:
-            found = self._tokenized[key] = array("I", self.counter.starts(text))  # 4 bytes an offset
+        under its handle): paging through a long original tokenizes it once, not per page.
+        Called from worker threads too: the memory is kept under a lock."""
+        with self._tokenizing:
+            found = self._tokenized.get(key)
+            if found is not None:
+                self._tokenized.move_to_end(key)
+                return found
+        found = array("I", self.counter.starts(text))  # 4 bytes an offset
+        with self._tokenizing:
+            self._tokenized[key] = found
             if len(self._tokenized) > TOKENIZED_KEPT:
                 self._tokenized.popitem(last=False)
-        else:
-            self._tokenized.move_to_end(key)
         return found
 
     def _page(self, handle: str, text: str, query: RetrieveQuery) -> tuple[str, int, int, int]:
@@ -432,17 +444,6 @@ def _offset(token: str) -> int:
     if not (token.isascii() and token.isdigit()) or len(token) > 9:
         raise InvalidArgument.at("page_token", "not a token this service gave")
     return int(token)
-
-
-def compile_pattern(pattern: str, field: str) -> Any:
-    """A client's (or a model's) regular expression, compiled by RE2: matching takes time
-    linear in the text whatever the pattern (no backtracking, so no backreferences or
-    lookaround), so no pattern can stall the server."""
-    try:
-        return re2.compile(pattern)
-    except re2.error as exc:
-        message = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else str(exc)
-        raise InvalidArgument.at(field, f"not a regular expression RE2 reads: {message}") from None
 
 
 def lines_of(text: str) -> list[str]:

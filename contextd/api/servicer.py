@@ -16,6 +16,7 @@ from contextd.api import mapping
 from contextd.api.auth import current_tenant
 from contextd.engine.errors import InvalidArgument, NotImplementedYet, ViewTooLarge
 from contextd.engine.model import Role
+from contextd.engine.validation import check_batch_size
 from contextd.engine.view import ViewFormat, ViewRequest
 from contextd.recovery import PageUnit, RecoveryService, RetrieveQuery, SearchMode, SearchQuery
 from contextd.sessions import SessionService, check_session_id
@@ -77,6 +78,7 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
         return api.UpdateSessionResponse(session=mapping.session_to_proto(session))
 
     async def AppendItems(self, request: api.AppendItemsRequest, context: Context) -> api.AppendItemsResponse:
+        check_batch_size(len(request.items), self.sessions.limits)  # before mapping every item
         result = await self.sessions.append(
             current_tenant(),
             request.session_id,

@@ -84,14 +84,19 @@ def _block_bytes(block: Block) -> int:
     raise TypeError(f"not a content block: {block!r}")
 
 
+def check_batch_size(count: int, limits: Limits) -> None:
+    """The batch's size alone: checked before anything is made of its items."""
+    if not count:
+        raise InvalidArgument.at("items", "the batch is empty: append at least one item")
+    if count > limits.max_batch_items:
+        raise LimitExceeded.at(
+            "items", f"{count:,} items, over the limit of {limits.max_batch_items:,} per append (max_batch_items)"
+        )
+
+
 def check_batch(items: Sequence[ItemContent], limits: Limits) -> None:
     """Raise InvalidArgument naming every bad field of the batch."""
-    if not items:
-        raise InvalidArgument.at("items", "the batch is empty: append at least one item")
-    if len(items) > limits.max_batch_items:
-        raise LimitExceeded.at(
-            "items", f"{len(items)} items, over the limit of {limits.max_batch_items} per append (max_batch_items)"
-        )
+    check_batch_size(len(items), limits)
     violations: list[FieldViolation] = []
     tool_use_ids: set[str] = set()
     for i, item in enumerate(items):

@@ -18,8 +18,10 @@ bounded).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -267,20 +269,33 @@ async def regex(conn: AsyncConnection, key: int, pattern: Any, where: Where, lim
     rows = await conn.stream(text(statement), params)
     out: list[Found] = []
     skipped = 0
-    async for row in rows:
-        match = pattern.search(row.text)
-        if match is None:
-            continue
-        if skipped < offset:
-            skipped += 1
-            continue
-        start = max(0, match.start() - 80)
-        around = row.text[start : match.end() + 80]
-        out.append(Found(int(row.seq), 0.0, _mark(around, match.group(0))))
-        if len(out) >= limit:
-            break
+    async for batch in rows.partitions(REGEX_BATCH):
+        # Matching is linear but a session's texts can run to hundreds of megabytes: on a
+        # worker thread, a batch at a time, so the event loop goes on serving meanwhile.
+        for seq, body, match in await asyncio.to_thread(_matches, pattern, batch):
+            if skipped < offset:
+                skipped += 1
+                continue
+            start = max(0, match.start() - 80)
+            out.append(Found(seq, 0.0, _mark(body[start : match.end() + 80], match.group(0))))
+            if len(out) >= limit:
+                await rows.close()
+                return out
     await rows.close()
     return out
+
+
+REGEX_BATCH = 64
+"""Rows matched per trip to a worker thread (each at most an item's text: a bounded batch)."""
+
+
+def _matches(pattern: Any, rows: Sequence[Any]) -> list[tuple[int, str, Any]]:
+    found = []
+    for row in rows:
+        match = pattern.search(row.text)
+        if match is not None:
+            found.append((int(row.seq), row.text, match))
+    return found
 
 
 def _mark(around: str, found: str) -> str:
