@@ -25,16 +25,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from limits import RateLimitItem, RateLimitItemPerSecond
 from limits.aio.storage import MemoryStorage
 from limits.aio.strategies import SlidingWindowCounterRateLimiter
 from limits.errors import StorageError
 from limits.storage import storage_from_string
-from redis.asyncio import ConnectionPool
 
 from contextd.config import TenantLimits
 from contextd.engine.errors import QuotaExceeded, RateLimited
+
+if TYPE_CHECKING:
+    from redis.asyncio import ConnectionPool
 
 log = logging.getLogger("contextd.admission")
 
@@ -61,6 +64,8 @@ class Admission:
         self._shared: SlidingWindowCounterRateLimiter | None = None
         if redis_url and limits.any:
             # Our own pool, handed to `limits`, so that closing the service closes it.
+            from redis.asyncio import ConnectionPool  # 0.1 s of CPU to import: only with Redis
+
             self._pool = ConnectionPool.from_url(redis_url, socket_connect_timeout=1, socket_timeout=1)
             storage = storage_from_string(
                 _limits_uri(redis_url),

@@ -2,21 +2,23 @@
 storage call (`traced`), with session, item and token attributes.
 
 The exporter is chosen by configuration: none (the default: no provider is
-installed and spans cost nothing), console, or OTLP over gRPC.
+installed and spans cost nothing), console, or OTLP over gRPC. The SDK is
+imported only when an exporter is configured.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
 from contextd.config import Settings
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 tracer = trace.get_tracer("contextd")
 
@@ -53,6 +55,10 @@ def configure_tracing(settings: Settings) -> TracerProvider | None:
     exporter = _exporter(settings)
     if exporter is None:
         return None
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
     provider = TracerProvider(resource=Resource.create({"service.name": settings.service_name}))
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
@@ -61,6 +67,8 @@ def configure_tracing(settings: Settings) -> TracerProvider | None:
 
 def _exporter(settings: Settings) -> SpanExporter | None:
     if settings.otel_exporter == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
         return ConsoleSpanExporter()
     if settings.otel_exporter == "otlp":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter

@@ -9,8 +9,12 @@ and buffered spans are flushed.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
+import os
 import signal
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from sqlalchemy.exc import DBAPIError
 
+from contextd import interpreter
 from contextd.admission import Admission
 from contextd.api.auth import ApiKeys
 from contextd.api.interceptors import ServiceInterceptor
@@ -145,24 +150,66 @@ async def serve(settings: Settings) -> bool:
 
     Returns whether the stop was hurried: calls were cancelled mid-flight, and
     driver threads they held may still be blocked (the caller should exit).
+    Half a second past the grace period (or a second signal), the process ends
+    whatever still runs (0.9 s and exit status 1 when something holds the
+    interpreter even then): a render mid-way on its thread or a database driver
+    thread in a lock wait cannot be interrupted, and the cleanup after the drain
+    may be waiting on one. The caller ends the process once this returns, without
+    waiting for them either (contextd/cli.py).
     """
     provider = configure_tracing(settings)
     running = await start(settings)
+
+    # Start-up leaves the tokenizer out to be SERVING sooner (0.15 s of CPU); every append
+    # needs it, so it is built now, off the loop. (The policy checker, which only a session's
+    # own policy needs, is left for its first use: loading it here too slowed the first
+    # appends and renders more than it saved the first such session.)
+    threading.Thread(target=TiktokenCounter().warm, name="contextd-warm", daemon=True).start()
+    interpreter.tune()  # renders on threads must not stall the loop through the GC (interpreter.py)
+    collecting = asyncio.create_task(interpreter.maintain())
     loop = asyncio.get_running_loop()
     stopping, hurry = asyncio.Event(), asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: hurry.set() if stopping.is_set() else stopping.set())
     await stopping.wait()
     log.info("shutting down: draining calls for up to %.1f s (signal again to stop now)", settings.grace_seconds)
+    # Past the grace period, seconds for the cleanup (then the timer below ends the
+    # process), and for the backstop should that timer be held up.
+    signalled, slack, backstop = time.monotonic(), 0.5, 0.9
+
+    def exit_now() -> None:
+        others = [
+            t.name for t in threading.enumerate() if t not in (threading.main_thread(), threading.current_thread())
+        ]
+        log.warning(
+            "still stopping %.1f s after the signal: exiting without waiting for what still runs (threads: %s)",
+            time.monotonic() - signalled,
+            ", ".join(others),
+        )
+        logging.shutdown()
+        os._exit(0)
+
+    def exit_after(seconds: float) -> None:
+        deadline = threading.Timer(seconds, exit_now)
+        deadline.daemon = True  # it must not hold the exit up itself
+        deadline.start()
+
+    exit_after(settings.grace_seconds + slack)
+    # The timer needs the interpreter, which a long garbage collection (or C call) of a big
+    # render can hold for a while: faulthandler's thread does not, and ends the process
+    # regardless a little later (status 1, every thread's stack on stderr to say what ran).
+    faulthandler.dump_traceback_later(settings.grace_seconds + backstop, exit=True)
     draining = asyncio.create_task(running.stop(settings.grace_seconds))
     hurried = asyncio.create_task(hurry.wait())
     await asyncio.wait({draining, hurried}, return_when=asyncio.FIRST_COMPLETED)
     hurry_up = not draining.done()
     if hurry_up:
         log.warning("second signal: cancelling the calls still in flight")
+        exit_after(slack)
         await running.server.stop(None)
     await draining
     hurried.cancel()
+    collecting.cancel()
     if provider is not None:
         provider.shutdown()
     log.info("stopped")

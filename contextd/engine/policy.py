@@ -21,9 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib.resources import files
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import yaml
 
 from contextd.engine.codec import canonical_json
@@ -31,6 +30,9 @@ from contextd.engine.errors import FieldViolation, InvalidArgument
 from contextd.engine.model import Role, ToolEffectKind
 from contextd.engine.patterns import PatternError, compile_linear
 from contextd.engine.transforms import TransformRegistry, UnknownTransform
+
+if TYPE_CHECKING:
+    import jsonschema
 
 MAX_DOCUMENT_BYTES = 256 * 1024
 
@@ -214,9 +216,13 @@ def parse_policy(document: str, registry: TransformRegistry, field_name: str = "
         data = _load(document)  # YAML is a superset of JSON: one parser reads both
     except yaml.YAMLError as exc:
         raise InvalidArgument.at(field_name, f"not valid JSON or YAML: {exc}") from None
+    except ValueError as exc:  # a scalar the loader cannot make: an integer of 5,000 digits, say
+        raise InvalidArgument.at(field_name, f"not plain data: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidArgument.at(field_name, f"must be a mapping, not {type(data).__name__}")
     _check_plain(data, field_name)
+    import jsonschema  # 0.1 s of CPU to import: when a document is checked, not when a server starts
+
     violations = [
         FieldViolation(_path(field_name, error.absolute_path), error.message)
         for error in sorted(jsonschema.Draft202012Validator(schema()).iter_errors(data), key=_error_order)

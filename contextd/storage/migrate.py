@@ -3,27 +3,43 @@
 On Postgres a session-level advisory lock on a dedicated connection makes
 replicas that start together migrate one at a time; the others find the
 schema current and do nothing.
+
+Alembic is imported only to run a migration (a third of a second of CPU): the
+database's revision is one query of its version table, and the head is read
+from the scripts' `revision` and `down_revision` lines, so a server starting
+on a current schema never loads it (tests/test_startup.py holds this head to
+Alembic's own).
 """
 
 from __future__ import annotations
 
+import ast
+import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import text
-from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 from sqlalchemy.pool import NullPool
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from sqlalchemy.engine import Connection
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 _MIGRATION_LOCK = 0x636F6E7465787464  # "contextd" as a 64-bit advisory-lock key
+# `revision = "0006"`, `down_revision: str | None = "0005"  # a comment` (an annotation is allowed)
+_REVISION_LINE = re.compile(r"^(revision|down_revision)\s*(?::[^=\n]*)?=\s*(.+?)\s*(?:#.*)?$", re.MULTILINE)
+_VERSION_TABLE_EXISTS = {
+    "postgresql": "SELECT to_regclass('alembic_version') IS NOT NULL",  # on the search path, as Alembic looks
+    "sqlite": "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'",
+}
 
 
 def alembic_config() -> Config:
+    from alembic.config import Config
+
     if not (MIGRATIONS / "env.py").exists():
         raise RuntimeError(f"migration scripts not found at {MIGRATIONS}: run contextd from its repository checkout")
     config = Config()
@@ -32,26 +48,51 @@ def alembic_config() -> Config:
 
 
 async def upgrade(url: str, revision: str = "head") -> None:
+    from alembic import command
+
     await _run(url, lambda conn: command.upgrade(_bound(conn), revision))
 
 
 async def downgrade(url: str, revision: str = "base") -> None:
+    from alembic import command
+
     await _run(url, lambda conn: command.downgrade(_bound(conn), revision))
 
 
 async def current_revision(url: str) -> str | None:
+    """The database's schema revision; None when it has none (never migrated, or downgraded to base)."""
     engine = create_async_engine(url, poolclass=NullPool)
     try:
         async with engine.connect() as conn:
-            return await conn.run_sync(lambda c: MigrationContext.configure(c).get_current_revision())
+            return await _revision_of(conn)
     finally:
         await engine.dispose()
 
 
+async def _revision_of(conn: AsyncConnection) -> str | None:
+    if not (await conn.execute(text(_VERSION_TABLE_EXISTS[conn.dialect.name]))).scalar():
+        return None
+    versions = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalars().all()
+    if len(versions) > 1:  # contextd's history has no branches; Alembic refuses this too
+        raise RuntimeError(f"the database's alembic_version holds {len(versions)} revisions, not one")
+    return versions[0] if versions else None
+
+
 def head_revision() -> str:
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head is not None
-    return head
+    """The newest revision of migrations/versions: the one no script names as its down_revision."""
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for script in (MIGRATIONS / "versions").glob("*.py"):
+        fields = {match[1]: match[2] for match in _REVISION_LINE.finditer(script.read_text())}
+        if "revision" not in fields:
+            continue  # not a revision script (Alembic skips it too)
+        revisions.add(ast.literal_eval(fields["revision"]))
+        down = ast.literal_eval(fields.get("down_revision", "None"))
+        parents.update([down] if isinstance(down, str) else down or ())  # a merge names a tuple
+    heads = revisions - parents
+    if len(heads) != 1:
+        raise RuntimeError(f"the migration scripts at {MIGRATIONS} have {len(heads)} heads, not one")
+    return heads.pop()
 
 
 def _bound(connection: Connection) -> Config:

@@ -1,0 +1,70 @@
+"""The interpreter tuned for a server whose renders run on threads beside the event loop.
+
+Two things let one tenant's render stall every call of a replica even off
+the loop, both measured with bench/stall.py (docs/benchmarks.md):
+
+* Full garbage collections. A replica's heap holds what its recent sessions
+  need (decoded items, the engine's memos, carries): millions of objects for
+  a few sessions of 10,000 items. A full collection scans all of them holding
+  the interpreter lock, 130-200 ms each, during which no call moves. So the
+  survivors of each full collection are frozen (`gc.freeze`): the next one
+  scans only what was allocated since (about 30 ms). A frozen object is still
+  freed when its last reference goes; only reference cycles among frozen
+  objects that become garbage later are kept, so every `REFREEZE_SECONDS`
+  everything is unfrozen and collected once in full.
+* The interpreter's switch interval. A waiting thread gets the lock after at
+  most this long; a call on the loop needs it several times, so the default
+  5 ms adds up behind a busy render thread. At 1 ms the render threads are
+  interrupted more often, at a small cost to their own speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import sys
+import time
+from typing import Any
+
+log = logging.getLogger("contextd.interpreter")
+
+SWITCH_INTERVAL_SECONDS = 0.001
+REFREEZE_SECONDS = 900.0
+
+
+def tune() -> None:
+    """Freeze the survivors of full collections from now on, and shorten the switch interval."""
+    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
+    if _freeze_survivors not in gc.callbacks:
+        gc.callbacks.append(_freeze_survivors)
+
+
+def untune() -> None:
+    """Back to the interpreter's defaults (for tests and embedders)."""
+    if _freeze_survivors in gc.callbacks:
+        gc.callbacks.remove(_freeze_survivors)
+    gc.unfreeze()
+    sys.setswitchinterval(0.005)
+
+
+def _freeze_survivors(phase: str, info: dict[str, Any]) -> None:
+    if phase == "stop" and info["generation"] == 2:
+        gc.freeze()
+
+
+def collect_in_full() -> int:
+    """Unfreeze everything and collect it: what frozen cycles became garbage is freed.
+    Returns the objects collected. One full pause: call it seldom."""
+    started = time.perf_counter()
+    gc.unfreeze()
+    collected = gc.collect()  # freezes the survivors again, through the callback
+    log.info("full collection: %d objects freed in %.0f ms", collected, (time.perf_counter() - started) * 1000)
+    return collected
+
+
+async def maintain(every_seconds: float = REFREEZE_SECONDS) -> None:
+    """Run `collect_in_full` every `every_seconds`, until cancelled."""
+    while True:
+        await asyncio.sleep(every_seconds)
+        collect_in_full()

@@ -1,0 +1,49 @@
+"""The interpreter's tuning: survivors of full collections frozen, cycles freed in full later."""
+
+from __future__ import annotations
+
+import gc
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from contextd import interpreter
+
+
+@pytest.fixture
+def tuned() -> Iterator[None]:
+    interpreter.tune()
+    try:
+        yield
+    finally:
+        interpreter.untune()
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.other: _Node | None = None
+
+
+def test_survivors_of_a_full_collection_are_frozen(tuned: None) -> None:
+    assert sys.getswitchinterval() == interpreter.SWITCH_INTERVAL_SECONDS
+    kept = [[n] for n in range(1000)]
+    gc.collect()
+    assert gc.get_freeze_count() >= len(kept)  # the next full collection scans none of them
+
+
+def test_cycles_among_frozen_objects_are_freed_by_the_full_collection(tuned: None) -> None:
+    first, second = _Node(), _Node()
+    first.other, second.other = second, first  # a cycle
+    gc.collect()  # both survive, and are frozen
+    del first, second  # garbage now, but only a collection of the frozen can see it
+    assert gc.collect() == 0
+    assert interpreter.collect_in_full() >= 2
+    assert gc.get_freeze_count() > 0  # what survived the full collection is frozen again
+
+
+def test_untune_leaves_the_defaults() -> None:
+    interpreter.tune()
+    interpreter.untune()
+    assert sys.getswitchinterval() == 0.005 and gc.get_freeze_count() == 0
+    assert not any(getattr(cb, "__module__", "") == interpreter.__name__ for cb in gc.callbacks)
