@@ -56,7 +56,7 @@ class SessionService:
         session_id = session_id or uuid.uuid4().hex
         check_session_id(session_id)
         _check_metadata(metadata, "metadata")
-        parsed = await self._parse(policy)
+        parsed = await parse_off_loop(policy, self.registry)
         annotate(session_id=session_id, policy_version=parsed.version)
         return await self.store.create_session(tenant, session_id, dict(metadata), _own(policy), parsed.version)
 
@@ -66,7 +66,7 @@ class SessionService:
         annotate(session_id=session_id)
         if policy is None:
             return await self.store.get_session(tenant, session_id)
-        parsed = await self._parse(policy)
+        parsed = await parse_off_loop(policy, self.registry)
         annotate(policy_version=parsed.version)
         return await self.store.set_policy(tenant, session_id, _own(policy), parsed.version)
 
@@ -129,16 +129,17 @@ class SessionService:
             self.admission.appended(tenant, size)
         return result
 
-    async def _parse(self, policy: str) -> Policy:
-        """The policy parsed and validated; a large document on a worker thread, off the event loop."""
-        if len(policy) > _THREAD_THRESHOLD_POLICY:
-            return await asyncio.to_thread(parse_policy, policy, self.registry)
-        return parse_policy(policy, self.registry)
-
     def _prepare(self, items: Sequence[ItemContent], author: str) -> tuple[list[PreparedItem], str]:
         prepared = [PreparedItem(i, content_hash(i), item_tokens(i, self.counter)) for i in items]
         request_hash = hashlib.sha256(canonical_json([author, [item_to_json(i) for i in items]])).hexdigest()
         return prepared, request_hash
+
+
+async def parse_off_loop(policy: str, registry: TransformRegistry) -> Policy:
+    """The policy parsed and validated; a large document on a worker thread, off the event loop."""
+    if len(policy) > _THREAD_THRESHOLD_POLICY:
+        return await asyncio.to_thread(parse_policy, policy, registry)
+    return parse_policy(policy, registry)
 
 
 def check_session_id(session_id: str) -> None:

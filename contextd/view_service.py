@@ -5,7 +5,6 @@ proposals, the certificate log, explanations). Nothing here knows gRPC.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -18,14 +17,14 @@ from contextd.engine.certificates import Certificate, Decision, Stamp, verify_ch
 from contextd.engine.errors import InvalidArgument, LimitExceeded
 from contextd.engine.model import Item, Representation, Session
 from contextd.engine.pipeline import RenderInput, RenderOutput, protection_map, render
-from contextd.engine.policy import Policy, parse_policy
+from contextd.engine.policy import Policy
 from contextd.engine.state import AppliedEdit, state_to_json
 from contextd.engine.tokens import TokenCounter
 from contextd.engine.transforms import Remove, Replace, TransformRegistry, target_of
 from contextd.engine.validation import MAX_NAME_LENGTH, load_json
 from contextd.engine.view import View, ViewRequest
 from contextd.render_workers import RenderWorkers
-from contextd.sessions import check_session_id
+from contextd.sessions import check_session_id, parse_off_loop
 from contextd.storage import views
 from contextd.storage.history import HistoryStore
 from contextd.telemetry import annotate
@@ -35,8 +34,6 @@ R = TypeVar("R")
 
 MAX_PROPOSAL_REASON = 1000
 MAX_SEQS = 1000
-_INLINE_POLICY_BYTES = 16_384
-"""Larger policy documents are parsed on a worker thread, not on the event loop."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +84,7 @@ class ViewService:
         """The session's parsed policy, parsed once per version (a large document off the loop)."""
         policy = self._policies.get(session.policy_version)
         if policy is None:
-            if len(session.policy) > _INLINE_POLICY_BYTES:
-                policy = await asyncio.to_thread(parse_policy, session.policy, self.registry)
-            else:
-                policy = parse_policy(session.policy, self.registry)
+            policy = await parse_off_loop(session.policy, self.registry)
             if len(self._policies) > 256:
                 self._policies.clear()
             self._policies[session.policy_version] = policy

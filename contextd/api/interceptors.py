@@ -2,7 +2,7 @@
 
 For each call, in order: open a SERVER span (continuing the caller's trace
 from the metadata), resolve the tenant from the API key, admit the call
-under the tenant's rate (api/admission.py), decode the request from its
+under the tenant's rate (contextd/admission.py), decode the request from its
 bytes (api/decoding.py: a malformed message is INVALID_ARGUMENT naming the
 field, decided before any work), run the handler, and turn whatever it
 raised into a status. Domain errors map through api/errors.py; anything
@@ -39,7 +39,6 @@ from contextd.telemetry import tracer
 
 log = logging.getLogger("contextd.api")
 
-SERVICE_PREFIX = "/contextd.v1."
 _SERVICE = contextd_pb2.DESCRIPTOR.services_by_name["ContextService"]
 _DECODERS = {
     f"/{_SERVICE.full_name}/{m.name}": RequestDecoder(message_factory.GetMessageClass(m.input_type))
