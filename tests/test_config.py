@@ -1,0 +1,37 @@
+"""Settings refused at start-up with one line: keys that name two tenants, TLS half given."""
+
+from __future__ import annotations
+
+import pytest
+
+from contextd.config import ConfigError, Settings
+
+
+@pytest.mark.parametrize(
+    ("keys", "words"),
+    [
+        ("a:k,b:k", "tenant 'b' has a key that is listed already for tenant 'a'"),
+        ("a:k,a:k", "tenant 'a' has a key that is listed already for it"),
+    ],
+)
+def test_a_key_names_one_tenant_once(keys: str, words: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings(api_keys=keys).validate()
+    assert words in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_tenant_may_have_several_keys_while_rotating() -> None:
+    assert Settings(api_keys="a:old,a:new,b:k").tenant_keys() == {"old": "a", "new": "a", "k": "b"}
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"tls_cert": "c.pem"}, "tls_cert and tls_key go together"),
+        ({"tls_key": "k.pem"}, "tls_cert and tls_key go together"),
+        ({"tls_client_ca": "ca.pem"}, "mutual TLS is TLS first"),
+    ],
+)
+def test_tls_settings_go_together(settings: dict[str, str], words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        Settings(**settings).validate()  # type: ignore[arg-type]
