@@ -4,7 +4,6 @@ every item whole however long, filters, paging, and bounded answers."""
 from __future__ import annotations
 
 import itertools
-import re
 import uuid
 
 import pytest
@@ -12,11 +11,7 @@ from contextd_client import Client, ContextdError, ViewFormat
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contextd.engine.model import ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.recovery import MAX_QUERY_CHARS, MAX_TOOL_FILTERS
-from contextd.storage import search
-from contextd.storage.database import Database
-from contextd.storage.history import AppendRequest, HistoryStore, PreparedItem
 from contextd.storage.search import CHUNK_CHARS, OVERLAP_CHARS, chunk_bounds, text_chunks
 from tests.api.test_recovery import MASK_OLD
 from tests.conftest import ServerThread
@@ -234,38 +229,6 @@ def test_a_tools_filter_is_bounded_and_bound_as_one_parameter(server: ServerThre
         assert refused.value.message.startswith("tools:")
         roles = client.search(session, "ch_7Hq2LwQz", roles=["system", "user", "assistant", "tool"]).hits
         assert [h.seq for h in roles] == [planted]
-
-
-@pytest.mark.parametrize("search_with", ["full_text", "substring", "regex"])
-async def test_tool_and_role_filters_are_one_parameter_however_long(database_url: str, search_with: str) -> None:
-    # Below the service's bound, in the store itself: 40,000 names, more than a statement may
-    # bind one by one (32,767 for asyncpg, 32,766 for SQLite).
-    db = Database(database_url)
-    store = HistoryStore(db)
-    session = f"s-{uuid.uuid4().hex[:10]}"
-    await store.create_session("tenant", session, {})
-    call = ItemContent(role=Role.ASSISTANT, content=(ToolUseBlock("c1", "ls", "{}"),))
-    output = ItemContent(role=Role.TOOL, content=(ToolResultBlock("c1", (TextBlock("ledger rows: 3"),)),))
-    note = ItemContent(role=Role.USER, content=(TextBlock("the ledger"),))
-    prepared = [PreparedItem(c, f"{n}" * 64, 2) for n, c in enumerate((call, output, note))]
-    await store.append(AppendRequest("tenant", session, prepared, request_hash="r"))
-    key = await store.session_key("tenant", session)
-    wheres = {
-        (2,): search.Where(tools=(*(f"tool-{n}" for n in range(40_000)), "ls")),
-        (3,): search.Where(roles=("user",) * 40_000),
-    }
-    try:
-        async with db.read() as conn:
-            for expected, where in wheres.items():
-                if search_with == "regex":
-                    found = await search.regex(conn, key, re.compile("ledger"), where, 10, 0)
-                elif search_with == "substring":
-                    found = await search.substring(conn, key, "ledger", where, 10, 0)
-                else:
-                    found = await search.full_text(conn, key, "ledger", where, 10, 0)
-                assert tuple(f.seq for f in found) == expected
-    finally:
-        await db.close()
 
 
 def test_full_text_reads_any_query_as_text_never_as_syntax(client: Client, session_id: str) -> None:

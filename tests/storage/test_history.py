@@ -11,6 +11,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from sqlalchemy.engine import make_url
@@ -382,10 +383,33 @@ async def test_a_search_may_be_limited_to_more_seqs_than_a_query_has_parameters(
     key = await store.session_key("tenant", session)
     where = search.Where(seqs=tuple(range(2, 40_002)))
     async with store.db.read() as conn:
-        if search_with == "regex":
-            found = await search.regex(conn, key, re.compile("ledger"), where, 10, 0)
-        elif search_with == "substring":
-            found = await search.substring(conn, key, "ledger", where, 10, 0)
-        else:
-            found = await search.full_text(conn, key, "ledger", where, 10, 0)
+        found = await _search(conn, key, search_with, where)
     assert sorted(f.seq for f in found) == [2, 3]
+
+
+@pytest.mark.parametrize("search_with", ["full_text", "substring", "regex"])
+async def test_tool_and_role_filters_are_one_parameter_however_long(
+    store: HistoryStore, session: str, search_with: str
+) -> None:
+    # Below the service's bound (1,000 tools), in the store itself: 40,000 names.
+    call = ItemContent(role=Role.ASSISTANT, content=(ToolUseBlock("c1", "ls", "{}"),))
+    output = ItemContent(role=Role.TOOL, content=(ToolResultBlock("c1", (TextBlock("ledger rows: 3"),)),))
+    note = ItemContent(role=Role.USER, content=(TextBlock("the ledger"),))
+    await store.append(request(session, [call, output, note]))
+    key = await store.session_key("tenant", session)
+    wheres = {
+        (2,): search.Where(tools=(*(f"tool-{n}" for n in range(40_000)), "ls")),
+        (3,): search.Where(roles=("user",) * 40_000),
+    }
+    async with store.db.read() as conn:
+        for expected, where in wheres.items():
+            assert tuple(f.seq for f in await _search(conn, key, search_with, where)) == expected
+
+
+async def _search(conn: Any, key: int, mode: str, where: search.Where) -> list[search.Found]:
+    """The items of session `key` with "ledger" in them, by `mode`."""
+    if mode == "regex":
+        return await search.regex(conn, key, re.compile("ledger"), where, 10, 0)
+    if mode == "substring":
+        return await search.substring(conn, key, "ledger", where, 10, 0)
+    return await search.full_text(conn, key, "ledger", where, 10, 0)
