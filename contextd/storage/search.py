@@ -11,9 +11,9 @@ either backend. Postgres ranks with `ts_rank` over the stored `simple` tsvector,
 SQLite orders by FTS5's BM25 (its score is not returned: it weighs words by every
 tenant's texts); an item is as good as its best chunk, comes back once, with that
 chunk's snippet. Substring search is the database's too (`strpos`, `instr`, over
-`item_texts`, each item's whole text). Regular expressions are Python's (RE2), on
-both backends alike, over the whole texts the filters leave (a session's worth,
-bounded).
+`item_texts`, each item's whole text). Regular expressions are RE2's, matched here on
+worker threads, on both backends alike, over the whole texts the filters leave (a
+session's worth, bounded).
 """
 
 from __future__ import annotations
