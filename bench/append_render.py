@@ -28,7 +28,7 @@ from contextd_client.v1 import content_pb2 as pb
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from contextd.lab.service import ServerProcess  # noqa: E402
+from contextd_lab.service import ServerProcess  # noqa: E402
 from tests import backends  # noqa: E402 - reuse the suite's database helpers
 
 PARAGRAPH = (

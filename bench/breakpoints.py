@@ -4,12 +4,12 @@
 
 For every trace in ../shared/traces/ (replayed in-process with the default
 policy, as bench/traces.py does, `--gap` seconds between calls), it prices
-with Anthropic's cache (the lab's model, contextd/lab/cache.py) the raw
+with Anthropic's cache (the lab's model, bench/contextd_lab/cache.py) the raw
 history with a breakpoint at the end of each call, as agents put it; the
 policy's prompts with that same breakpoint (the caller places it); and the
 policy's prompts rendered with `place_breakpoint`, which the view ends
 before the newest outputs the next render expects to reduce, when that pays
-(contextd/engine/breakpoint.py). The engine prices its edits from where the
+(service/contextd/engine/breakpoint.py). The engine prices its edits from where the
 breakpoint was, so the two policy runs may decide differently: it also
 prints their tokens, and how many calls of the last placed the breakpoint
 early and how many of those the next call did reduce.
@@ -29,8 +29,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from traces import contents  # noqa: E402
-
 from contextd.engine.model import Representation, Role  # noqa: E402
 from contextd.engine.pipeline import RenderInput, identity_view, render  # noqa: E402
 from contextd.engine.policy import Policy, default_policy, parse_policy  # noqa: E402
@@ -38,9 +36,10 @@ from contextd.engine.state import ViewState  # noqa: E402
 from contextd.engine.tokens import TiktokenCounter  # noqa: E402
 from contextd.engine.transforms import TransformRegistry  # noqa: E402
 from contextd.engine.view import View, ViewFormat, ViewRequest  # noqa: E402
-from contextd.lab.cache import PromptCache, Segment  # noqa: E402
-from contextd.lab.replay import _segments, cached_messages  # noqa: E402
+from contextd_lab.cache import PromptCache, Segment  # noqa: E402
+from contextd_lab.replay import _segments, cached_messages  # noqa: E402
 from tests.helpers import make_session, to_item  # noqa: E402
+from traces import contents  # noqa: E402
 
 
 def prompt(view: View) -> tuple[Segment, ...]:

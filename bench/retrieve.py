@@ -25,13 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
+
 from contextd_client import Client, ViewFormat
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from contextd.lab.service import ServerProcess  # noqa: E402
-from contextd.stash import keys  # noqa: E402
+from contextd_lab.service import ServerProcess  # noqa: E402
+from contextd_storage.stash import keys  # noqa: E402
 from tests import backends  # noqa: E402
 
 MASK_OLD = (

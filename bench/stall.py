@@ -66,6 +66,7 @@ def _render_loop(target: str, session_id: str, seconds: float, next_call: int, o
     back as bytes, not decoded: this process shares the machine's two cores with the server,
     and what is measured is the server."""
     import grpc
+
     from contextd_client import Client, RetryPolicy
     from contextd_client.v1 import contextd_pb2 as api
 
@@ -138,8 +139,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from contextd_client import Client
-
-    from contextd.lab.service import ServerProcess
+    from contextd_lab.service import ServerProcess
     from tests import backends
 
     server, database = None, ""

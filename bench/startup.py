@@ -291,7 +291,7 @@ def write_lock_held(backend: str, url: str, session: str) -> Iterator[None]:
     import asyncpg
     from sqlalchemy.engine import make_url
 
-    from contextd.storage.database import session_lock_key
+    from contextd_storage.database import session_lock_key
 
     held, release = threading.Event(), threading.Event()
 

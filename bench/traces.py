@@ -52,7 +52,7 @@ from contextd.engine.state import ViewState  # noqa: E402
 from contextd.engine.tokens import TiktokenCounter, block_tokens  # noqa: E402
 from contextd.engine.transforms import TransformRegistry  # noqa: E402
 from contextd.engine.view import ViewFormat, ViewRequest  # noqa: E402
-from contextd.lab.replay import answer_terms, used_and_hidden, view_text, written  # noqa: E402
+from contextd_lab.replay import answer_terms, used_and_hidden, view_text, written  # noqa: E402
 from tests.helpers import make_session, to_item  # noqa: E402
 
 

@@ -37,17 +37,17 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from contextd_client.v1 import contextd_pb2 as api
-from contextd_client.v1 import contextd_pb2_grpc
 from google.protobuf.message import Message
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
+from contextd_client.v1 import contextd_pb2 as api
+from contextd_client.v1 import contextd_pb2_grpc
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from contextd.lab.service import ServerProcess  # noqa: E402
-from tests.api.fuzzing import Caller, Failure, Findings, Fuzzer, ServerError, ServerErrors  # noqa: E402
+from contextd_lab.service import ServerProcess  # noqa: E402
 from tests.fuzzing import (  # noqa: E402
     RPCS,
     HistoryRender,
@@ -62,6 +62,7 @@ from tests.fuzzing import (  # noqa: E402
     requests,
     sweep,
 )
+from tests.service.api.fuzzing import Caller, Failure, Findings, Fuzzer, ServerError, ServerErrors  # noqa: E402
 
 EXAMPLES_PER_TURN = 10
 """Hypothesis examples of one family (an RPC's messages, its raw bytes, a scenario) before the next."""

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from contextd_client import Client
 from hypothesis import settings
 
 from contextd.api import server as server_module
 from contextd.config import Settings
-from contextd.storage import migrate
+from contextd_client import Client
+from contextd_storage import migrate
 from tests import backends
 
 # In CI the property tests draw the same examples every run, so a red build

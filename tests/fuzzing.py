@@ -1,7 +1,7 @@
 """What the fuzzer sends: hostile requests for every RPC of contextd.v1.ContextService.
 
-tests/api/test_fuzz.py sends them for seconds in CI, scripts/fuzz.py for
-minutes (docs/fuzz.md); tests/api/fuzzing.py sends them and judges the
+tests/service/api/test_fuzz.py sends them for seconds in CI, scripts/fuzz.py for
+minutes (docs/fuzz.md); tests/service/api/fuzzing.py sends them and judges the
 answers. Requests are built field by field from the protobuf descriptors,
 so a new RPC or field is fuzzed without a change here:
 
@@ -40,13 +40,14 @@ from typing import Any
 
 import grpc
 import yaml
-from contextd_client.v1 import content_pb2 as pb
-from contextd_client.v1 import contextd_pb2 as api
-from contextd_client.v1 import contextd_pb2_grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
 from google.protobuf.message import Message
 from hypothesis import strategies as st
+
+from contextd_client.v1 import content_pb2 as pb
+from contextd_client.v1 import contextd_pb2 as api
+from contextd_client.v1 import contextd_pb2_grpc
 
 SERVICE = api.DESCRIPTOR.services_by_name["ContextService"]
 METHODS: dict[str, MethodDescriptor] = {m.name: m for m in SERVICE.methods}

@@ -15,15 +15,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from contextd_client.formats import items_from_anthropic, items_from_openai
-from contextd_client.v1 import content_pb2 as pb
-
 from contextd.api.mapping import items_from_proto
 from contextd.engine.codec import content_hash
 from contextd.engine.errors import InvalidArgument
 from contextd.engine.model import Block, Item, ItemContent, Role, Session
 from contextd.engine.tokens import TiktokenCounter, item_tokens
 from contextd.engine.validation import Limits, ToolCall, check_batch, link_tool_results
+from contextd_client.formats import items_from_anthropic, items_from_openai
+from contextd_client.v1 import content_pb2 as pb
 
 LIMITS = Limits(max_batch_items=1000, max_item_bytes=1_048_576)
 """The service's default limits."""

@@ -9,12 +9,12 @@ import uuid
 
 import jsonschema
 import pytest
-from contextd_client import AgentTools, AsyncAgentTools, AsyncClient, Client, ViewFormat
 
-from tests.api.test_recovery import MASK_OLD
-from tests.api.test_search import tail_session
-from tests.api.test_view_engine import conversation
+from contextd_client import AgentTools, AsyncAgentTools, AsyncClient, Client, ViewFormat
 from tests.conftest import ServerThread
+from tests.service.api.test_recovery import MASK_OLD
+from tests.service.api.test_search import tail_session
+from tests.service.api.test_view_engine import conversation
 
 
 def pruned_session(client: Client) -> tuple[str, dict[int, str]]:

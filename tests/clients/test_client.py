@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
+
 from contextd_client import (
     NO_RETRY,
     AlreadyExists,
@@ -24,7 +25,6 @@ from contextd_client import (
     Unavailable,
     ViewFormat,
 )
-
 from tests.conftest import ServerThread
 
 MakeServer = Callable[..., ServerThread]

@@ -17,9 +17,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from contextd_client import Usage
-from contextd_client.formats import items_from_anthropic, items_from_openai
-from contextd_client.v1 import content_pb2 as pb
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +26,9 @@ from contextd.engine.pipeline import identity_view as build_view
 from contextd.engine.render.base import ViewWarning
 from contextd.engine.render.openai import render_openai
 from contextd.engine.view import ViewFormat, ViewRequest
+from contextd_client import Usage
+from contextd_client.formats import items_from_anthropic, items_from_openai
+from contextd_client.v1 import content_pb2 as pb
 from tests.helpers import counter, items_from_anthropic_messages, items_from_openai_messages, make_session
 from tests.validators import check_anthropic, check_openai
 

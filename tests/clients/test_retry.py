@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
+
 from contextd_client import NO_RETRY, ContextdError, DeadlineExceeded, RetryPolicy, Unavailable
 from contextd_client._calls import Call, Tries, append_items, create_session, get_session, propose_prune
 from contextd_client._retry import MIN_TRY, retry_after

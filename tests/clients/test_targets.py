@@ -13,11 +13,11 @@ from typing import Any
 
 import grpc
 import pytest
+
 from contextd_client import AsyncClient, Client, ContextdError, RetryPolicy
 from contextd_client._channel import ChannelConfig, channel_targets
 from contextd_client.v1 import content_pb2 as pb
-
-from contextd.lab.service import ServerProcess
+from contextd_lab.service import ServerProcess
 from tests.conftest import ServerThread
 
 MakeServer = Callable[..., ServerThread]

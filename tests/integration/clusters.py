@@ -26,8 +26,8 @@ from pathlib import Path
 
 import redis
 
-from contextd.lab.service import ServerProcess
-from contextd.storage import migrate
+from contextd_lab.service import ServerProcess
+from contextd_storage import migrate
 from tests import backends
 
 START_TIMEOUT = 30.0

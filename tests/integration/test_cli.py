@@ -13,12 +13,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from contextd_client import Client, ContextdError, RetryPolicy
-from contextd_client.v1 import content_pb2 as pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from contextd.lab.service import SERVING, ServerProcess
-from contextd.storage import migrate
+from contextd_client import Client, ContextdError, RetryPolicy
+from contextd_client.v1 import content_pb2 as pb
+from contextd_lab.service import SERVING, ServerProcess
+from contextd_storage import migrate
 
 
 def user(text: str) -> pb.Item:

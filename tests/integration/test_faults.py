@@ -30,16 +30,16 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pytest
-from contextd_client import AppendResult, Certificate, Client, ContextdError, RetryPolicy, View, ViewFormat
-from contextd_client.formats import items_from_openai
-from contextd_client.v1 import content_pb2 as pb
 
 from contextd.api.auth import DEFAULT_TENANT
 from contextd.engine.tokens import TiktokenCounter
 from contextd.engine.transforms import TransformRegistry
-from contextd.storage.database import Database
-from contextd.storage.history import HistoryStore
 from contextd.view_service import ViewService
+from contextd_client import AppendResult, Certificate, Client, ContextdError, RetryPolicy, View, ViewFormat
+from contextd_client.formats import items_from_openai
+from contextd_client.v1 import content_pb2 as pb
+from contextd_storage.database import Database
+from contextd_storage.history import HistoryStore
 from tests.integration.clusters import Cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(300)]

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
+
 from contextd_client import AppendResult, Client, RetryPolicy, ViewFormat
 from contextd_client.v1 import content_pb2 as pb
-
-from contextd.lab.service import ServerProcess
-from contextd.storage import migrate
+from contextd_lab.service import ServerProcess
+from contextd_storage import migrate
 from tests import backends
 
 REPLICAS = 3

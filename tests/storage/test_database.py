@@ -12,8 +12,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from contextd.engine.errors import StorageUnavailable
-from contextd.storage.database import Database, _unavailable_on_connection_failure
-from contextd.storage.history import HistoryStore
+from contextd_storage.database import Database, _unavailable_on_connection_failure
+from contextd_storage.history import HistoryStore
 from tests import backends
 from tests.storage.test_history import request, text_item
 

@@ -39,9 +39,9 @@ from contextd.engine.model import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from contextd.storage import migrate, search
-from contextd.storage.database import Database
-from contextd.storage.history import AppendRequest, HistoryStore, PreparedItem
+from contextd_storage import migrate, search
+from contextd_storage.database import Database
+from contextd_storage.history import AppendRequest, HistoryStore, PreparedItem
 from tests import backends
 
 

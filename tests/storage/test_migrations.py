@@ -14,10 +14,10 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from contextd.engine.model import ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
-from contextd.storage import migrate, search
-from contextd.storage.database import Database
-from contextd.storage.history import AppendRequest, HistoryStore, PreparedItem
-from contextd.storage.schema import APPEND_ONLY_TABLES, FULL_TEXT_OBJECTS, include_object, metadata
+from contextd_storage import migrate, search
+from contextd_storage.database import Database
+from contextd_storage.history import AppendRequest, HistoryStore, PreparedItem
+from contextd_storage.schema import APPEND_ONLY_TABLES, FULL_TEXT_OBJECTS, include_object, metadata
 from tests import backends
 
 TABLES = {

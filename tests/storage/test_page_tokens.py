@@ -7,7 +7,7 @@ import base64
 import pytest
 
 from contextd.engine.errors import InvalidArgument
-from contextd.storage import page_tokens
+from contextd_storage import page_tokens
 
 
 def _raw(text: str) -> str:

@@ -1,4 +1,4 @@
-"""The in-process caches of view states and carries (contextd/storage/views.py)."""
+"""The in-process caches of view states and carries (storage/contextd_storage/views.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from contextd.engine.policy import default_policy
 from contextd.engine.state import ViewState
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.view import ViewFormat, ViewRequest
-from contextd.storage.views import StateCache
+from contextd_storage.views import StateCache
 from tests.helpers import counter, make_item, make_session
 
 

@@ -1,0 +1,273 @@
+"""Server lifecycle: build, start, serve until a signal, drain, stop.
+
+Shutdown order on SIGTERM or SIGINT: health turns NOT_SERVING (load
+balancers stop sending), the server stops accepting calls and gives
+in-flight ones `grace_seconds` to finish, then the database pool closes
+and buffered spans are flushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import faulthandler
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from sqlalchemy.exc import DBAPIError
+
+from contextd import interpreter
+from contextd.admission import Admission
+from contextd.api.auth import ApiKeys
+from contextd.api.interceptors import ServiceInterceptor
+from contextd.api.servicer import ContextServicer
+from contextd.api.tls import TlsFiles, TlsFilesError, server_credentials
+from contextd.config import Settings
+from contextd.engine.errors import StorageUnavailable
+from contextd.engine.tokens import TiktokenCounter
+from contextd.engine.transforms import TransformRegistry
+from contextd.engine.validation import Limits
+from contextd.recovery import RecoveryService
+from contextd.render_workers import RenderWorkers
+from contextd.sessions import SessionService
+from contextd.telemetry import configure_tracing
+from contextd.view_service import ViewService
+from contextd_client.v1 import contextd_pb2, contextd_pb2_grpc
+from contextd_storage import migrate
+from contextd_storage.database import Database
+from contextd_storage.history import HistoryStore
+from contextd_storage.stash import Stash
+from contextd_storage.stash.memory import MemoryStash
+
+log = logging.getLogger("contextd")
+
+SERVICE_NAME = contextd_pb2.DESCRIPTOR.services_by_name["ContextService"].full_name
+
+
+@dataclass
+class RunningServer:
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    db: Database
+    port: int
+    stash: Stash
+    workers: RenderWorkers
+    admission: Admission
+
+    async def stop(self, grace: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        await _close(self.workers, self.db, self.stash, self.admission)
+
+
+class StartupError(Exception):
+    """The server cannot start; the message says why, for the operator."""
+
+
+async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> RunningServer:
+    """Start serving on `settings.listen`; the chosen port is in the result (useful with port 0).
+
+    `interceptors` run outside contextd's own (auth, tracing, admission, decoding,
+    error mapping), first one outermost; they see each request as its bytes.
+    Raises StartupError when the database cannot be reached or is not migrated,
+    the TLS files cannot be used, or the address cannot be bound.
+    """
+    db = await _open_database(settings)
+    if settings.redis_url:
+        from contextd_storage.stash.redis_stash import RedisStash  # redis takes 0.15 s of CPU to import: only when used
+
+        await _check_redis(settings.redis_url)
+    limits = Limits(max_batch_items=settings.max_batch_items, max_item_bytes=settings.max_item_bytes)
+    store, counter, registry = HistoryStore(db), TiktokenCounter(), TransformRegistry.default()
+    stash: Stash = (
+        RedisStash.from_url(settings.redis_url, settings.stash_ttl_seconds, settings.stash_session_bytes)
+        if settings.redis_url
+        else MemoryStash(settings.stash_ttl_seconds, settings.stash_session_bytes)
+    )
+    recovery = RecoveryService(store, stash, counter, settings.max_page_tokens)
+    admission = Admission(settings.limits_of_tenants(), settings.redis_url, store.tenant_stored_bytes)
+    sessions = SessionService(store, counter, limits, registry, admission)
+    workers = RenderWorkers(settings.render_threads, wait_seconds=settings.lock_timeout_ms / 1000)
+    views = ViewService(store, counter, registry, on_pruned=recovery.stash_items, workers=workers)
+
+    server = grpc.aio.server(
+        interceptors=[
+            *interceptors,
+            ServiceInterceptor(
+                ApiKeys(settings.tenant_keys()), max_request_bytes=settings.max_message_bytes, admission=admission
+            ),
+        ],
+        options=[
+            # gRPC's own receive ceiling sits above the configured limit, so a
+            # request between the two gets INVALID_ARGUMENT naming the limit
+            # rather than a bare RESOURCE_EXHAUSTED. Views are checked against
+            # the limit before they are sent (VIEW_TOO_LARGE).
+            ("grpc.max_receive_message_length", 2 * settings.max_message_bytes),
+            ("grpc.max_send_message_length", settings.max_message_bytes),
+            # gRPC shares ports by default (SO_REUSEPORT): a second daemon on
+            # the same address would silently take half the calls. Refuse it.
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    servicer = ContextServicer(sessions, views, recovery, max_response_bytes=settings.max_message_bytes)
+    contextd_pb2_grpc.add_ContextServiceServicer_to_server(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if settings.reflection:
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server,
+        )
+    try:
+        port = _listen(server, settings)
+    except TlsFilesError as exc:
+        await _close(workers, db, stash, admission)
+        raise StartupError(f"cannot serve TLS: {exc}") from None
+    except RuntimeError as exc:  # grpc's way of saying the address is taken or invalid
+        await _close(workers, db, stash, admission)
+        raise StartupError(f"cannot listen on {settings.listen}: {exc}") from None
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    host = settings.listen.rsplit(":", 1)[0]
+    security = "mutual TLS" if settings.tls_client_ca else "TLS" if settings.tls_cert else "plaintext"
+    log.info("contextd serving on %s:%d (database: %s, %s)", host, port, db.dialect, security)
+    if settings.api_keys and not settings.tls_cert and host not in ("127.0.0.1", "localhost", "[::1]"):
+        log.warning("API keys travel in plaintext: serve TLS (--tls-cert, --tls-key) or terminate TLS in front")
+    return RunningServer(server, health_servicer, db, port, stash, workers, admission)
+
+
+async def serve(settings: Settings) -> bool:
+    """Run until SIGTERM or SIGINT, then shut down gracefully; a second signal stops at once.
+
+    Returns whether the stop was hurried: calls were cancelled mid-flight, and
+    driver threads they held may still be blocked (the caller should exit).
+    Half a second past the grace period (or a second signal), the process ends
+    whatever still runs (0.9 s and exit status 1 when something holds the
+    interpreter even then): a render mid-way on its thread or a database driver
+    thread in a lock wait cannot be interrupted, and the cleanup after the drain
+    may be waiting on one. The caller ends the process once this returns, without
+    waiting for them either (service/contextd/cli.py).
+    """
+    provider = configure_tracing(settings)
+    running = await start(settings)
+
+    # Start-up leaves the tokenizer out to be SERVING sooner (0.15 s of CPU); every append
+    # needs it, so it is built now, off the loop. (The policy checker, which only a session's
+    # own policy needs, is left for its first use: loading it here too slowed the first
+    # appends and renders more than it saved the first such session.)
+    threading.Thread(target=TiktokenCounter().warm, name="contextd-warm", daemon=True).start()
+    interpreter.tune()  # renders on threads must not stall the loop through the GC (interpreter.py)
+    collecting = asyncio.create_task(interpreter.maintain())
+    loop = asyncio.get_running_loop()
+    stopping, hurry = asyncio.Event(), asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: hurry.set() if stopping.is_set() else stopping.set())
+    await stopping.wait()
+    log.info("shutting down: draining calls for up to %.1f s (signal again to stop now)", settings.grace_seconds)
+    # Past the grace period, seconds for the cleanup (then the timer below ends the
+    # process), and for the backstop should that timer be held up.
+    signalled, slack, backstop = time.monotonic(), 0.5, 0.9
+
+    def exit_now() -> None:
+        others = [
+            t.name for t in threading.enumerate() if t not in (threading.main_thread(), threading.current_thread())
+        ]
+        log.warning(
+            "still stopping %.1f s after the signal: exiting without waiting for what still runs (threads: %s)",
+            time.monotonic() - signalled,
+            ", ".join(others),
+        )
+        logging.shutdown()
+        os._exit(0)
+
+    def exit_after(seconds: float) -> None:
+        deadline = threading.Timer(seconds, exit_now)
+        deadline.daemon = True  # it must not hold the exit up itself
+        deadline.start()
+
+    exit_after(settings.grace_seconds + slack)
+    # The timer needs the interpreter, which a long garbage collection (or C call) of a big
+    # render can hold for a while: faulthandler's thread does not, and ends the process
+    # regardless a little later (status 1, every thread's stack on stderr to say what ran).
+    faulthandler.dump_traceback_later(settings.grace_seconds + backstop, exit=True)
+    draining = asyncio.create_task(running.stop(settings.grace_seconds))
+    hurried = asyncio.create_task(hurry.wait())
+    await asyncio.wait({draining, hurried}, return_when=asyncio.FIRST_COMPLETED)
+    hurry_up = not draining.done()
+    if hurry_up:
+        log.warning("second signal: cancelling the calls still in flight")
+        exit_after(slack)
+        await running.server.stop(None)
+    await draining
+    hurried.cancel()
+    collecting.cancel()
+    if provider is not None:
+        provider.shutdown()
+    log.info("stopped")
+    return hurry_up
+
+
+async def _close(workers: RenderWorkers, db: Database, stash: Stash, admission: Admission) -> None:
+    workers.close()
+    await db.close()
+    await stash.close()
+    await admission.close()
+
+
+def _listen(server: grpc.aio.Server, settings: Settings) -> int:
+    if not settings.tls_cert:
+        return server.add_insecure_port(settings.listen)
+    client_ca = Path(settings.tls_client_ca) if settings.tls_client_ca else None
+    files = TlsFiles(Path(settings.tls_cert), Path(settings.tls_key), client_ca)
+    return server.add_secure_port(settings.listen, server_credentials(files))
+
+
+async def _open_database(settings: Settings) -> Database:
+    """The database, migrated (or checked to be current), and answering."""
+    where = settings.redacted()["database_url"]
+    head = migrate.head_revision()
+    try:
+        current = await migrate.current_revision(settings.database_url)
+        if current != head and settings.migrate_on_start:
+            # Only here is Alembic loaded: a restart on a current schema skips its import.
+            await migrate.upgrade(settings.database_url)
+            current = await migrate.current_revision(settings.database_url)
+    except (OSError, DBAPIError) as exc:
+        raise StartupError(f"cannot reach the database at {where}: {exc}") from None
+    if current != head:
+        raise StartupError(
+            f"the database at {where} has schema revision {current or 'none'}, not {head}: "
+            "run `contextd migrate` or start with --migrate-on-start"
+        )
+    db = Database(settings.database_url, pool_size=settings.db_pool_size, lock_timeout_ms=settings.lock_timeout_ms)
+    try:
+        await db.ping()
+    except StorageUnavailable as exc:
+        await db.close()
+        raise StartupError(f"cannot reach the database at {where}: {exc}") from None
+    return db
+
+
+async def _check_redis(url: str) -> None:
+    # The stash (Redis with a TTL) is not built yet; until it is, the server
+    # only reports whether the configured Redis answers.
+    from redis.asyncio import Redis
+    from redis.exceptions import RedisError
+
+    client = Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        await client.ping()
+        log.info("redis reachable at %s", client.connection_pool.connection_kwargs.get("host", url))
+    except (RedisError, OSError) as exc:
+        log.warning("redis unreachable (%s): the stash will not be available", exc)
+    finally:
+        await client.aclose()

@@ -1,0 +1,152 @@
+"""The `contextd` command: serve, migrate, prune, certificates, config.
+
+    contextd serve [--listen HOST:PORT] [--database-url URL] [--redis-url URL] ...
+    contextd migrate [--revision REV | --downgrade REV]
+    contextd prune --session ID [--tenant T] [--format F] [--budget N] [--apply]
+    contextd certificates verify --session ID [--tenant T]
+    contextd config [--markdown]
+
+Every setting has a flag here and an environment variable (service/contextd/config.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from contextd.config import ConfigError, Settings, env_name, markdown_table
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    for f in dataclasses.fields(Settings):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{f.metadata['help']} [{env_name(f.name)}, default: {f.default!r}]"
+        if isinstance(f.default, bool):
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            choices = f.metadata["choices"] or None
+            parser.add_argument(flag, dest=f.name, type=type(f.default), choices=choices, default=None, help=help_text)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="contextd", description="A context service for LLM agents.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the gRPC server")
+    _add_setting_flags(serve)
+    migrate = commands.add_parser("migrate", help="upgrade (or downgrade) the database schema")
+    _add_setting_flags(migrate)
+    migrate.add_argument("--revision", default="head", help="upgrade to this revision (default: head)")
+    migrate.add_argument("--downgrade", metavar="REVISION", help="downgrade to this revision instead ('base': empty)")
+    prune = commands.add_parser("prune", help="show (and with --apply, take) what the session's rules would prune")
+    _add_setting_flags(prune)
+    _add_session_flags(prune)
+    prune.add_argument("--format", default="openai_chat", choices=["openai_chat", "anthropic_messages"])
+    prune.add_argument("--budget", type=int, default=0, help="the view's budget in tokens (default: none)")
+    prune.add_argument("--apply", action="store_true", help="apply every eligible edit now and certify it")
+    certificates = commands.add_parser("certificates", help="the certificate log")
+    certificate_commands = certificates.add_subparsers(dest="certificates_command", required=True)
+    verify = certificate_commands.add_parser("verify", help="check a session's certificate hash chain")
+    _add_setting_flags(verify)
+    _add_session_flags(verify)
+    config = commands.add_parser("config", help="print the effective configuration")
+    _add_setting_flags(config)
+    config.add_argument("--markdown", action="store_true", help="print the settings table for the README")
+    return parser
+
+
+def _add_session_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--session", required=True, help="the session id")
+    parser.add_argument("--tenant", default="default", help="the session's tenant (default: default)")
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    names = {f.name for f in dataclasses.fields(Settings)}
+    overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k in names}
+    return Settings.load(os.environ, overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        settings = _settings(args)
+    except ConfigError as exc:
+        print(f"contextd: configuration error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    if settings.log_level != "debug":
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+    if args.command == "config":
+        if args.markdown:
+            print(markdown_table())
+        else:
+            for name, value in settings.redacted().items():
+                print(f"{name} = {value}")
+        return 0
+    if args.command == "migrate":
+        return _migrate(settings, args.revision, args.downgrade)
+    if args.command in ("prune", "certificates"):
+        return _operate(settings, args)
+    from contextd.api.server import StartupError, serve
+
+    runner = asyncio.Runner()
+    try:
+        runner.run(serve(settings))
+    except StartupError as exc:
+        print(f"contextd: cannot start: {exc}", file=sys.stderr)
+        runner.close()
+        return 1
+    except KeyboardInterrupt:  # Ctrl-C before the server was up
+        runner.close()
+        return 130
+    # The server has stopped and closed what it owns (pool, stash, spans). What can
+    # remain is not worth the wait: a task of a call cancelled mid-flight waiting on a
+    # database driver thread (an SQLite busy wait, say), which closing the loop would
+    # wait for; a render thread past the grace period, which the interpreter would join;
+    # and the heap, which it would free object by object (a second on a large replica).
+    logging.shutdown()
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def _operate(settings: Settings, args: argparse.Namespace) -> int:
+    from contextd import admin
+    from contextd.engine.errors import ContextdError
+
+    try:
+        if args.command == "prune":
+            return admin.prune(settings, args.tenant, args.session, args.format, args.budget, args.apply)
+        return admin.verify(settings, args.tenant, args.session)
+    except ContextdError as exc:
+        print(f"contextd: {exc.message}", file=sys.stderr)
+        return 1
+
+
+def _migrate(settings: Settings, revision: str, downgrade_to: str | None) -> int:
+    from sqlalchemy.exc import DBAPIError
+
+    from contextd_storage import migrate
+
+    try:
+        if downgrade_to:
+            asyncio.run(migrate.downgrade(settings.database_url, downgrade_to))
+        else:
+            asyncio.run(migrate.upgrade(settings.database_url, revision))
+        current = asyncio.run(migrate.current_revision(settings.database_url))
+    except (OSError, DBAPIError) as exc:
+        print(f"contextd: cannot migrate {settings.redacted()['database_url']}: {exc}", file=sys.stderr)
+        return 1
+    print(f"database at revision {current or 'base'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,367 @@
+"""The application core for views: rendering through the engine under the
+session lock, and the controls around it (pins, the agent's prune
+proposals, the certificate log, explanations). Nothing here knows gRPC.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from contextd.engine.certificates import Certificate, Decision, Stamp, verify_chain
+from contextd.engine.errors import InvalidArgument, LimitExceeded
+from contextd.engine.model import Item, Representation, Session
+from contextd.engine.pipeline import RenderInput, RenderOutput, protection_map, render
+from contextd.engine.policy import Policy
+from contextd.engine.state import AppliedEdit, state_to_json
+from contextd.engine.tokens import TokenCounter
+from contextd.engine.transforms import Remove, Replace, TransformRegistry, target_of
+from contextd.engine.validation import MAX_NAME_LENGTH, load_json
+from contextd.engine.view import View, ViewRequest
+from contextd.render_workers import RenderWorkers
+from contextd.sessions import check_session_id, parse_off_loop
+from contextd.telemetry import annotate
+from contextd_storage import views
+from contextd_storage.history import HistoryStore
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+MAX_PROPOSAL_REASON = 1000
+MAX_SEQS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class RenderResult:
+    view: View
+    certificates: list[Certificate]
+    """The decisions of this render, numbered and chained (a dry run numbers none: 0)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProposalOutcome:
+    seq: int
+    accepted: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    item: Item
+    representation: Representation
+    pinned: bool
+    protection: str
+    certificates: list[views.StoredCertificate]
+
+
+class ViewService:
+    def __init__(
+        self,
+        store: HistoryStore,
+        counter: TokenCounter,
+        registry: TransformRegistry,
+        clock: Callable[[], float] = time.time,
+        on_pruned: Callable[[str, int, list[Item]], Awaitable[None]] | None = None,
+        workers: RenderWorkers | None = None,
+    ) -> None:
+        self.store = store
+        self.counter = counter
+        self.registry = registry
+        self.clock = clock
+        self.on_pruned = on_pruned
+        """Told, after a render commits, the items it took out of the view (the stash keeps them)."""
+        self.workers = workers
+        """Where the engine runs (None: on the caller's thread, as the operator commands do)."""
+        self._policies: dict[str, Policy] = {}
+        self._states = views.StateCache()
+
+    async def policy_of(self, session: Session) -> Policy:
+        """The session's parsed policy, parsed once per version (a large document off the loop)."""
+        policy = self._policies.get(session.policy_version)
+        if policy is None:
+            policy = await parse_off_loop(session.policy, self.registry)
+            if len(self._policies) > 256:
+                self._policies.clear()
+            self._policies[session.policy_version] = policy
+        return policy
+
+    async def render(
+        self,
+        tenant: str,
+        session_id: str,
+        request: ViewRequest,
+        *,
+        tools_json: str = "",
+        force: bool = False,
+        dry_run: bool = False,
+        check: Callable[[RenderResult], None] | None = None,
+    ) -> RenderResult:
+        """Render a view; the decisions and the new view state are stored unless `dry_run`.
+
+        The engine's work runs on a render thread (render_workers.py) when the
+        service has them, so the event loop goes on serving other calls.
+        `check` sees the result before the transaction commits, on that thread
+        too; if it raises (the response would be too large to send), nothing
+        is stored.
+        """
+        check_session_id(session_id)
+        tools = _tools(tools_json)
+        async with self._slot(tenant), self.store.db.write(tenant, session_id) as conn:
+            row, session, items = await self.store.history_in(conn, tenant, session_id)
+            key = row["key"]
+            policy = await self.policy_of(session)
+            state = await views.load_state(conn, key, self._states)
+            render_input = RenderInput(
+                session=session,
+                items=items,
+                policy=policy,
+                request=request,
+                counter=self.counter,
+                registry=self.registry,
+                state=state,
+                now=self.clock(),
+                pins=await views.pinned(conn, key),
+                agent_proposals=await views.proposals(conn, key),
+                force=force,
+                tools=tools,
+                durable=await views.load_mutations(conn, key),
+                carry=self._states.carry(key, state),
+            )
+            out, state_json = await self._run(_render, render_input)
+            stamp = Stamp(out.state.view_version, request.format.value, policy.version)
+            if dry_run:
+                certificates = [Certificate(0, body, stamp, "", "") for body in out.certificates]
+            else:
+                await views.save_state(conn, key, out.state, state_json)
+                if not force:  # an operator's render is no model call
+                    await views.record_call(
+                        conn, key, out.state.view_version, request.format.value, out.view.total_tokens, out.predicted
+                    )
+                certificates = await views.append_certificates(conn, key, out.certificates, stamp)
+                await views.forget_proposals(conn, out.decided_proposals)
+                await views.append_mutations(conn, key, out.durable)
+            result = RenderResult(out.view, certificates)
+            if check is not None:
+                await self._run(check, result)
+        if not dry_run:
+            self._states.put(key, out.state, out.carry)  # committed now
+            pruned = [items[c.seq - 1] for c in out.certificates if c.decision is Decision.PRUNE and c.seq > 0]
+            if pruned and self.on_pruned is not None:
+                await self.on_pruned(tenant, key, pruned)
+        view = out.view
+        annotate(
+            session_id=session_id,
+            items=len(items),
+            tokens=view.total_tokens,
+            budget_tokens=request.budget_tokens,
+            over_budget=view.over_budget,
+            decisions=len(certificates),
+            view_version=view.view_version,
+            stable_prefix_tokens=view.stable_prefix_tokens,
+            cache_breakpoint_seq=view.cache_breakpoint_seq,
+            warnings=",".join(sorted({w.code for w in view.warnings})),
+            volatile_content=sum(w.code == "VOLATILE_CONTENT" for w in view.warnings),
+        )
+        return result
+
+    def _slot(self, tenant: str) -> AbstractAsyncContextManager[None]:
+        return self.workers.slot(tenant) if self.workers is not None else nullcontext()
+
+    async def _run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        if self.workers is None:
+            return fn(*args, **kwargs)
+        return await self.workers.run(fn, *args, **kwargs)
+
+    async def report_usage(self, tenant: str, session_id: str, view_version: int, usage: views.ReportedUsage) -> bool:
+        """Record what the provider billed for the call made with render `view_version`, beside
+        what the engine predicted for it; False when the same was recorded before (a retry)."""
+        check_session_id(session_id)
+        _check_usage(view_version, usage)
+        async with self.store.db.write(tenant, session_id) as conn:
+            key = (await self.store.session_row(conn, tenant, session_id))["key"]
+            stored = await views.report_usage(conn, key, session_id, view_version, usage)
+        annotate(
+            session_id=session_id,
+            view_version=view_version,
+            provider=usage.provider,
+            cache_read_tokens=usage.cache_read_tokens,
+            cache_write_tokens=usage.cache_write_tokens,
+            replayed=not stored,
+        )
+        return stored
+
+    async def pin(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[int]:
+        """Pin items: never pruned, and shown in full again from the next render. Returns the seqs."""
+        return await self._pins(tenant, session_id, seqs, views.pin)
+
+    async def unpin(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[int]:
+        """Unpin items: eligible again for the session's rules. Returns the seqs."""
+        return await self._pins(tenant, session_id, seqs, views.unpin)
+
+    async def _pins(
+        self,
+        tenant: str,
+        session_id: str,
+        seqs: Sequence[int],
+        change: Callable[[AsyncConnection, int, Sequence[int]], Awaitable[None]],
+    ) -> list[int]:
+        check_session_id(session_id)
+        async with self.store.db.write(tenant, session_id) as conn:
+            row, _, _ = await self.store.history_in(conn, tenant, session_id)
+            _check_seqs(seqs, row["version"])
+            await change(conn, row["key"], seqs)
+        annotate(session_id=session_id, items=len(seqs))
+        return sorted(set(seqs))
+
+    async def propose_prune(
+        self, tenant: str, session_id: str, seqs: Sequence[int], reason: str
+    ) -> list[ProposalOutcome]:
+        """Queue the agent's prunes for the next render. Refused now: protected items, items
+        already pruned and items already queued."""
+        check_session_id(session_id)
+        if len(reason) > MAX_PROPOSAL_REASON:
+            raise LimitExceeded.at("reason", f"{len(reason):,} characters, over the maximum of {MAX_PROPOSAL_REASON}")
+        async with self.store.db.write(tenant, session_id) as conn:
+            row, session, items = await self.store.history_in(conn, tenant, session_id)
+            _check_seqs(seqs, row["version"])
+            key = row["key"]
+            protected = protection_map(items, await self.policy_of(session), await views.pinned(conn, key))
+            state = await views.load_state(conn, key, self._states)
+            in_force = (*await views.load_mutations(conn, key), *state.applied)
+            pruned = {target_of(a.edit) for a in in_force}
+            evidence = {s: target_of(a.edit) for a in in_force for s in a.evidence_seqs}
+            queued = {p.seq for p in await views.proposals(conn, key)} | {
+                target_of(p.proposal.edit) for p in state.pending
+            }
+            outcomes = [_outcome(s, protected, pruned, queued, evidence) for s in dict.fromkeys(seqs)]
+            await views.propose(conn, key, [o.seq for o in outcomes if o.accepted], reason)
+        annotate(session_id=session_id, items=len(outcomes))
+        return outcomes
+
+    async def list_certificates(
+        self, tenant: str, session_id: str, where: views.CertificateFilter, page_size: int, page_token: str
+    ) -> tuple[list[views.StoredCertificate], str]:
+        check_session_id(session_id)
+        if page_size > 1000:
+            raise LimitExceeded.at("page_size", f"{page_size} is over the maximum of 1000")
+        if page_size < 0:
+            raise InvalidArgument.at("page_size", f"{page_size} is negative")
+        for name, value in (("seq", where.seq), ("view_version", where.view_version)):
+            if value is not None and value < 1:
+                raise InvalidArgument.at(name, f"{value} is not a {name.replace('_', ' ')} (they start at 1)")
+        if where.level is not None and not 0 <= where.level <= 4:
+            raise InvalidArgument.at("level", f"{where.level} is not on the evidence ladder (0-4)")
+        async with self.store.db.read() as conn:
+            row, _, _ = await self.store.history_in(conn, tenant, session_id)
+            return await views.list_certificates(conn, row["key"], where, page_size or 100, page_token)
+
+    async def explain(self, tenant: str, session_id: str, seq: int) -> Explanation:
+        """Why item `seq` is shown the way it is now, with its certificate history."""
+        check_session_id(session_id)
+        async with self.store.db.read() as conn:
+            row, session, items = await self.store.history_in(conn, tenant, session_id)
+            _check_seqs([seq], row["version"], field="seq")
+            key = row["key"]
+            pins = await views.pinned(conn, key)
+            state = await views.load_state(conn, key, self._states)
+            durable = await views.load_mutations(conn, key)
+            history, _ = await views.list_certificates(conn, key, views.CertificateFilter(seq=seq), 1000, "")
+        return Explanation(
+            item=items[seq - 1],
+            representation=_representation(seq, durable, state.applied, pins),
+            pinned=seq in pins,
+            protection=protection_map(items, await self.policy_of(session), pins).get(seq, ""),
+            certificates=history,
+        )
+
+    async def verify(self, tenant: str, session_id: str) -> tuple[int, int | None]:
+        """(certificates checked, the number of the first broken one or None)."""
+        check_session_id(session_id)
+        async with self.store.db.read() as conn:
+            row, _, _ = await self.store.history_in(conn, tenant, session_id)
+            chain = await views.all_certificates(conn, row["key"])
+        return len(chain), verify_chain(chain)
+
+
+def _render(render_input: RenderInput) -> tuple[RenderOutput, str]:
+    """The engine's render and its view state as stored: the CPU work of a render, for a thread."""
+    out = render(render_input)
+    return out, state_to_json(out.state)
+
+
+def _outcome(
+    seq: int,
+    protected: Mapping[int, str],
+    pruned: set[int | None],
+    queued: set[int | None],
+    evidence: Mapping[int, int | None],
+) -> ProposalOutcome:
+    if seq in protected:
+        return ProposalOutcome(seq, False, f"protected: {protected[seq]}")
+    if seq in pruned:
+        return ProposalOutcome(seq, False, "already pruned")
+    if seq in evidence:
+        return ProposalOutcome(seq, False, f"item {seq} is the evidence for the reduction of item {evidence[seq]}")
+    if seq in queued:
+        return ProposalOutcome(seq, False, "already queued")
+    return ProposalOutcome(seq, True, "queued: decided at the next render, applied at a cache-safe point")
+
+
+def _representation(
+    seq: int, durable: Sequence[AppliedEdit], applied: Sequence[AppliedEdit], pins: frozenset[int]
+) -> Representation:
+    """How the next render shows item `seq`: durable edits are history, whatever the pins;
+    the other edits in force give way to a pin."""
+    for edit in (*durable, *(() if seq in pins else applied)):
+        if target_of(edit.edit) != seq:
+            continue
+        if isinstance(edit.edit, Replace):
+            return Representation.REDUCED
+        if isinstance(edit.edit, Remove):
+            return Representation.PLACEHOLDER if edit.edit.placeholder else Representation.OMITTED
+    return Representation.FULL
+
+
+def _check_seqs(seqs: Sequence[int], version: int, field: str = "seqs") -> None:
+    if not seqs:
+        raise InvalidArgument.at(field, "name at least one item")
+    if len(seqs) > MAX_SEQS:
+        raise LimitExceeded.at(field, f"{len(seqs)} items, over the maximum of {MAX_SEQS}")
+    for i, seq in enumerate(seqs):
+        if not 1 <= seq <= version:
+            where = field if field == "seq" else f"{field}[{i}]"
+            raise InvalidArgument.at(where, f"no item {seq} in this session (its items are 1-{version})")
+
+
+def _tools(tools_json: str) -> tuple[dict[str, Any], ...]:
+    if not tools_json:
+        return ()
+    try:
+        tools = load_json(tools_json)
+    except ValueError as exc:
+        raise InvalidArgument.at("tools_json", f"not valid JSON: {exc}") from None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise InvalidArgument.at("tools_json", "must be a JSON array of tool objects")
+    return tuple(tools)
+
+
+MAX_TOKENS_REPORTED = 10**9
+"""Per figure of one call: past any model's window (and the sums over a session stay in range)."""
+
+
+def _check_usage(view_version: int, usage: views.ReportedUsage) -> None:
+    if not 0 < view_version < 2**63:
+        raise InvalidArgument.at("view_version", "names no render: view versions start at 1 (View.view_version)")
+    for name, text, limit in (("provider", usage.provider, 64), ("model", usage.model, MAX_NAME_LENGTH)):
+        if not text and name == "provider":
+            raise InvalidArgument.at(name, "required: the provider that billed the call (anthropic, openai, ...)")
+        if len(text) > limit or "\x00" in text:
+            raise InvalidArgument.at(name, f"at most {limit} characters, without NUL")
+    for name in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens"):
+        if getattr(usage, name) > MAX_TOKENS_REPORTED:
+            raise InvalidArgument.at(name, f"over {MAX_TOKENS_REPORTED:,} tokens: past any call")

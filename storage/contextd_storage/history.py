@@ -1,0 +1,476 @@
+"""The L0 history store: sessions and their append-only items.
+
+Appends run in one transaction under the session lock: look up the
+idempotency key, check the expected version, link tool results to their
+calls, allocate dense sequence numbers from the session's version, insert,
+and bump the version. Either all of it commits or none of it does.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from contextd.engine.codec import blocks_from_json, blocks_to_json
+from contextd.engine.errors import (
+    IdempotencyKeyReused,
+    InvalidArgument,
+    SessionExists,
+    SessionNotFound,
+    VersionConflict,
+)
+from contextd.engine.model import (
+    AppendResult,
+    Item,
+    ItemContent,
+    ItemReceipt,
+    Role,
+    Session,
+    Source,
+    ToolEffect,
+    ToolEffectKind,
+    ToolUseBlock,
+)
+from contextd.engine.originals import original_text
+from contextd.engine.validation import ToolCall, link_tool_results
+from contextd.telemetry import annotate, traced
+from contextd_storage import page_tokens, schema, search
+from contextd_storage.database import Database
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedItem:
+    """An item ready to write: its hash and token count computed outside the lock."""
+
+    content: ItemContent
+    content_hash: str
+    token_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest:
+    tenant: str
+    session_id: str
+    items: Sequence[PreparedItem]
+    request_hash: str
+    """Identifies the batch, so a reused idempotency key can be told from a retry."""
+    idempotency_key: str = ""
+    expected_version: int | None = None
+    author: str = ""
+    stored_bytes: int = 0
+    """Bytes of the items' text and data (validation.item_bytes), added to the session's count."""
+
+
+_IN_CHUNK = 1000
+
+# Rows a session owns besides its items, deleted with it.
+_SESSION_CHILDREN = (
+    schema.item_texts,
+    schema.item_text_chunks,
+    schema.tool_uses,
+    schema.appends,
+    schema.view_states,
+    schema.pins,
+    schema.prune_proposals,
+    schema.certificates,
+    schema.mutations,
+    schema.calls,
+)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _utc(value: datetime) -> datetime:
+    # SQLite hands back naive datetimes; everything stored is UTC.
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+class HistoryStore:
+    def __init__(self, db: Database, cache: ItemCache | None = None) -> None:
+        self.db = db
+        self._cache = cache or ItemCache()
+
+    # ------------------------------------------------------------ sessions
+
+    @traced("storage.create_session")
+    async def create_session(
+        self, tenant: str, session_id: str, metadata: dict[str, str], policy: str = "", policy_version: str = ""
+    ) -> Session:
+        annotate(session_id=session_id, tenant=tenant)
+        now = _now()
+        row = {
+            "tenant": tenant,
+            "id": session_id,
+            "version": 0,
+            "token_count": 0,
+            "metadata": metadata,
+            "policy": policy,
+            "policy_version": policy_version,
+            "created_at": now,
+            "updated_at": now,
+        }
+        try:
+            async with self.db.write() as conn:
+                await conn.execute(insert(schema.sessions).values(row))
+        except IntegrityError:
+            raise SessionExists(session_id) from None
+        return _session(row)
+
+    @traced("storage.set_policy")
+    async def set_policy(self, tenant: str, session_id: str, document: str, version: str) -> Session:
+        annotate(session_id=session_id, tenant=tenant, policy_version=version)
+        s = schema.sessions
+        async with self.db.write(tenant, session_id) as conn:
+            key = (await _session_row(conn, tenant, session_id))["key"]
+            await conn.execute(
+                update(s).where(s.c.key == key).values(policy=document, policy_version=version, updated_at=_now())
+            )
+            return _session(await _session_row(conn, tenant, session_id))
+
+    @traced("storage.get_session")
+    async def session_key(self, tenant: str, session_id: str) -> int:
+        """The session's key: never handed out again, even after the session is deleted."""
+        s = schema.sessions
+        async with self.db.read() as conn:
+            key = (
+                await conn.execute(select(s.c.key).where(s.c.tenant == tenant, s.c.id == session_id, ~s.c.deleting))
+            ).scalar_one_or_none()
+        if key is None:
+            raise SessionNotFound(session_id)
+        return int(key)
+
+    async def get_session(self, tenant: str, session_id: str) -> Session:
+        annotate(session_id=session_id, tenant=tenant)
+        async with self.db.read() as conn:
+            return _session(await _session_row(conn, tenant, session_id))
+
+    @traced("storage.list_sessions")
+    async def list_sessions(self, tenant: str, page_size: int, page_token: str) -> tuple[list[Session], str]:
+        annotate(tenant=tenant, page_size=page_size)
+        after = page_tokens.decode("after", page_token)
+        query = (
+            select(schema.sessions)
+            .where(schema.sessions.c.tenant == tenant, schema.sessions.c.key > after)
+            .order_by(schema.sessions.c.key)
+            .limit(page_size + 1)
+        )
+        async with self.db.read() as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        page = rows[:page_size]
+        next_token = page_tokens.encode("after", page[-1]["key"]) if len(rows) > page_size else ""
+        return [_session(r) for r in page], next_token
+
+    @traced("storage.delete_session")
+    async def delete_session(self, tenant: str, session_id: str) -> int:
+        """Delete a session and its history; returns the number of items deleted."""
+        annotate(session_id=session_id, tenant=tenant)
+        s = schema.sessions
+        async with self.db.write(tenant, session_id) as conn:
+            key = (await _session_row(conn, tenant, session_id))["key"]
+            # The append-only triggers let history rows go only once their
+            # session is marked as being deleted.
+            await conn.execute(update(s).where(s.c.key == key).values(deleting=True))
+            deleted = (await conn.execute(schema.items.delete().where(schema.items.c.session_key == key))).rowcount
+            for table in _SESSION_CHILDREN:
+                await conn.execute(table.delete().where(table.c.session_key == key))
+            await conn.execute(s.delete().where(s.c.key == key))
+        self._cache.discard(key)
+        annotate(items=int(deleted))
+        return int(deleted)
+
+    async def tenant_stored_bytes(self, tenant: str) -> int:
+        """Bytes of items the tenant's sessions hold (their `stored_bytes`, summed)."""
+        s = schema.sessions
+        async with self.db.read() as conn:
+            total = await conn.scalar(select(func.coalesce(func.sum(s.c.stored_bytes), 0)).where(s.c.tenant == tenant))
+        return int(total or 0)
+
+    # -------------------------------------------------------------- items
+
+    @traced("storage.append")
+    async def append(self, request: AppendRequest) -> AppendResult:
+        annotate(
+            session_id=request.session_id,
+            tenant=request.tenant,
+            items=len(request.items),
+            tokens=sum(p.token_count for p in request.items),
+        )
+        async with self.db.write(request.tenant, request.session_id) as conn:
+            # The session row and any earlier append with this key, in one query.
+            session = await _session_row(conn, request.tenant, request.session_id, request.idempotency_key)
+            if session.get("request_hash") is not None:
+                return await self._replay(conn, session, request)
+            if request.expected_version is not None and request.expected_version != session["version"]:
+                raise VersionConflict(request.session_id, request.expected_version, session["version"])
+            contents = await self._linked(conn, session["key"], request.items)
+            return await self._insert(conn, session, request, contents)
+
+    async def _replay(self, conn: AsyncConnection, earlier: Any, request: AppendRequest) -> AppendResult:
+        """The stored result of the earlier append with the request's key (checked to be the same batch)."""
+        if earlier["request_hash"] != request.request_hash:
+            raise IdempotencyKeyReused(request.session_id, request.idempotency_key)
+        i = schema.items
+        receipts = (
+            await conn.execute(
+                select(i.c.seq, i.c.content_hash, i.c.token_count)
+                .where(i.c.session_key == earlier["key"], i.c.seq.between(earlier["first_seq"], earlier["last_seq"]))
+                .order_by(i.c.seq)
+            )
+        ).all()
+        return AppendResult(
+            first_seq=earlier["first_seq"],
+            last_seq=earlier["last_seq"],
+            version=earlier["last_seq"],
+            receipts=tuple(ItemReceipt(r.seq, r.content_hash, r.token_count) for r in receipts),
+            replayed=True,
+        )
+
+    async def _linked(self, conn: AsyncConnection, key: int, items: Sequence[PreparedItem]) -> list[ItemContent]:
+        """The batch with tool results linked to their calls; InvalidArgument if any link is wrong."""
+        contents = [p.content for p in items]
+        ids = {b.id for c in contents for b in c.content if isinstance(b, ToolUseBlock)}
+        ids |= {c.tool_result.tool_use_id for c in contents if c.tool_result is not None}
+        known: dict[str, ToolCall] = {}
+        u, i = schema.tool_uses, schema.items
+        ordered = sorted(ids)
+        # In chunks: drivers cap the parameters of one statement (asyncpg at 32,767).
+        for start in range(0, len(ordered), _IN_CHUNK):
+            chunk = ordered[start : start + _IN_CHUNK]
+            uses = await conn.execute(
+                select(u.c.tool_use_id, u.c.name).where(u.c.session_key == key, u.c.tool_use_id.in_(chunk))
+            )
+            answered = set(
+                (
+                    await conn.execute(
+                        select(i.c.tool_use_id).where(i.c.session_key == key, i.c.tool_use_id.in_(chunk))
+                    )
+                ).scalars()
+            )
+            known |= {r.tool_use_id: ToolCall(r.name, r.tool_use_id in answered) for r in uses}
+        linked, violations = link_tool_results(contents, known)
+        if violations:
+            raise InvalidArgument(violations)
+        return linked
+
+    async def _insert(
+        self, conn: AsyncConnection, session: Any, request: AppendRequest, contents: list[ItemContent]
+    ) -> AppendResult:
+        key, first = session["key"], session["version"] + 1
+        now = _now()
+        rows = [
+            _item_row(key, first + n, content, prepared, request.author, now)
+            for n, (content, prepared) in enumerate(zip(contents, request.items, strict=True))
+        ]
+        last = first + len(rows) - 1
+        await conn.execute(insert(schema.items), rows)
+        texts = [searchable(content) for content in contents]
+        await conn.execute(
+            insert(schema.item_texts),
+            [{"session_key": key, "seq": row["seq"], "text": t} for row, t in zip(rows, texts, strict=True)],
+        )
+        chunks = await _chunk_rows(conn, key, [row["seq"] for row in rows], texts)
+        if chunks:
+            await conn.execute(insert(schema.item_text_chunks), chunks)
+        uses = [
+            {"session_key": key, "tool_use_id": b.id, "seq": row["seq"], "name": b.name}
+            for row, content in zip(rows, contents, strict=True)
+            for b in content.tool_uses
+        ]
+        if uses:
+            await conn.execute(insert(schema.tool_uses), uses)
+        if request.idempotency_key:
+            await conn.execute(
+                insert(schema.appends).values(
+                    session_key=key,
+                    idempotency_key=request.idempotency_key,
+                    request_hash=request.request_hash,
+                    first_seq=first,
+                    last_seq=last,
+                    created_at=now,
+                )
+            )
+        s = schema.sessions
+        await conn.execute(
+            update(s)
+            .where(s.c.key == key)
+            .values(
+                version=last,
+                token_count=s.c.token_count + sum(r["token_count"] for r in rows),
+                stored_bytes=s.c.stored_bytes + request.stored_bytes,
+                updated_at=now,
+            )
+        )
+        return AppendResult(
+            first_seq=first,
+            last_seq=last,
+            version=last,
+            receipts=tuple(ItemReceipt(r["seq"], r["content_hash"], r["token_count"]) for r in rows),
+        )
+
+    async def load_history(self, tenant: str, session_id: str) -> tuple[Session, list[Item]]:
+        """The session and all its items up to its current version, in seq order."""
+        async with self.db.read() as conn:
+            _, session, items = await self.history_in(conn, tenant, session_id)
+        return session, items
+
+    async def session_row(self, conn: AsyncConnection, tenant: str, session_id: str) -> Any:
+        """The session's row, read in the caller's transaction (SessionNotFound when there is none)."""
+        return await _session_row(conn, tenant, session_id)
+
+    @traced("storage.load_history")
+    async def history_in(self, conn: AsyncConnection, tenant: str, session_id: str) -> tuple[Any, Session, list[Item]]:
+        """Like `load_history`, inside the caller's transaction; also the session row."""
+        row = await _session_row(conn, tenant, session_id)
+        key, version = row["key"], row["version"]
+        cached = self._cache.get(key, [])
+        if len(cached) < version:
+            # Items are immutable and seqs dense, so only the new ones are read;
+            # bounding by the version read above gives a consistent snapshot.
+            i = schema.items
+            rows = (
+                await conn.execute(
+                    select(i).where(i.c.session_key == key, i.c.seq > len(cached), i.c.seq <= version).order_by(i.c.seq)
+                )
+            ).mappings()
+            cached = [*cached, *(_item(r) for r in rows)]
+            self._cache.put(key, cached)
+        items = cached[:version]
+        annotate(session_id=session_id, tenant=tenant, items=len(items), tokens=row["token_count"])
+        return row, _session(row), items
+
+
+class ItemCache:
+    """Decoded items of recently used sessions, bounded by the number of items held.
+
+    Safe across replicas: items never change, and a session key is never
+    reused (deleted sessions' keys are not handed out again).
+    """
+
+    def __init__(self, max_items: int = 200_000) -> None:
+        self.max_items = max_items
+        self._entries: OrderedDict[int, list[Item]] = OrderedDict()
+        self._held = 0
+
+    def get(self, key: int, default: list[Item]) -> list[Item]:
+        found = self._entries.get(key)
+        if found is None:
+            return default
+        self._entries.move_to_end(key)
+        return found
+
+    def put(self, key: int, items: list[Item]) -> None:
+        self.discard(key)
+        self._entries[key] = items
+        self._held += len(items)
+        while self._held > self.max_items and len(self._entries) > 1:
+            _, evicted = self._entries.popitem(last=False)
+            self._held -= len(evicted)
+
+    def discard(self, key: int) -> None:
+        evicted = self._entries.pop(key, None)
+        if evicted is not None:
+            self._held -= len(evicted)
+
+
+async def _session_row(conn: AsyncConnection, tenant: str, session_id: str, idempotency_key: str = "") -> Any:
+    """The live session row; with a key, joined to the append recorded under it (if any)."""
+    s, a = schema.sessions, schema.appends
+    query = select(s).where(s.c.tenant == tenant, s.c.id == session_id)
+    if idempotency_key:
+        earlier = (a.c.session_key == s.c.key) & (a.c.idempotency_key == idempotency_key)
+        query = query.add_columns(a.c.request_hash, a.c.first_seq, a.c.last_seq).select_from(s.outerjoin(a, earlier))
+    row = (await conn.execute(query)).mappings().first()
+    if row is None:
+        raise SessionNotFound(session_id)
+    return row
+
+
+async def _chunk_rows(conn: AsyncConnection, key: int, seqs: list[int], texts: list[str]) -> list[dict[str, Any]]:
+    """The full-text chunks of the texts (of items `seqs`), numbered on from the session's last
+    chunk (read under the session's lock, so no other append numbers them too)."""
+    c = schema.item_text_chunks
+    number = (
+        await conn.execute(select(func.coalesce(func.max(c.c.number), 0)).where(c.c.session_key == key))
+    ).scalar_one()
+    rows = []
+    for seq, whole in zip(seqs, texts, strict=True):
+        for chunk in search.text_chunks(whole):
+            number += 1
+            rows.append({"session_key": key, "number": number, "seq": seq, "text": chunk})
+    return rows
+
+
+def searchable(content: ItemContent) -> str:
+    """The text search reads: the original's, NULs replaced (a Postgres text cannot hold them;
+    the original itself is kept whole in the item)."""
+    return original_text(content).replace("\x00", "\ufffd")
+
+
+def _session(row: Any) -> Session:
+    return Session(
+        id=row["id"],
+        tenant=row["tenant"],
+        version=row["version"],
+        token_count=row["token_count"],
+        created_at=_utc(row["created_at"]),
+        updated_at=_utc(row["updated_at"]),
+        metadata=dict(row["metadata"]),
+        policy=row["policy"],
+        policy_version=row["policy_version"],
+    )
+
+
+def _item_row(
+    key: int, seq: int, content: ItemContent, prepared: PreparedItem, author: str, now: datetime
+) -> dict[str, Any]:
+    source, effect, result = content.source, content.tool_effect, content.tool_result
+    return {
+        "session_key": key,
+        "seq": seq,
+        "role": content.role.value,
+        "content": blocks_to_json(content.content),
+        "name": content.name,
+        "source_uri": source.uri if source else None,
+        "source_version": source.version if source else None,
+        "source_observed_at": source.observed_at if source else None,
+        "tool_effect": effect.kind.value if effect else None,
+        "tool_effect_source_arg": effect.source_arg if effect else None,
+        "tool_use_id": result.tool_use_id if result else None,
+        "tool_name": result.name if result else None,
+        "is_error": result.is_error if result else False,
+        "content_hash": prepared.content_hash,
+        "token_count": prepared.token_count,
+        "author": author,
+        "metadata": dict(content.metadata) or None,
+        "created_at": now,
+    }
+
+
+def _item(row: Any) -> Item:
+    observed = row["source_observed_at"]
+    return Item(
+        seq=row["seq"],
+        role=Role(row["role"]),
+        content=blocks_from_json(row["content"]),
+        source=Source(row["source_uri"], row["source_version"] or "", _utc(observed) if observed else None)
+        if row["source_uri"] is not None
+        else None,
+        tool_effect=ToolEffect(ToolEffectKind(row["tool_effect"]), row["tool_effect_source_arg"] or "")
+        if row["tool_effect"]
+        else None,
+        name=row["name"],
+        metadata=dict(row["metadata"] or {}),
+        content_hash=row["content_hash"],
+        token_count=row["token_count"],
+        author=row["author"],
+        created_at=_utc(row["created_at"]),
+    )

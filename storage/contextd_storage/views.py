@@ -1,0 +1,421 @@
+"""The view engine's records: view states, pins, prune proposals, the
+certificate log and history-mode mutations.
+
+Functions that take a connection run inside the caller's transaction (a
+render holds the session lock for all of them); the others open their own.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import case, delete, func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from contextd.engine.certificates import GENESIS, Certificate, CertificateBody, Decision, Stamp, chain
+from contextd.engine.errors import CallNotFound, UsageAlreadyReported
+from contextd.engine.pipeline import AgentProposal, Carry
+from contextd.engine.state import (
+    AppliedEdit,
+    ControlMode,
+    ViewState,
+    applied_from_json,
+    applied_to_json,
+    state_from_json,
+    state_to_json,
+)
+from contextd.engine.timing import Usage
+from contextd.engine.transforms import target_of
+from contextd.telemetry import traced
+from contextd_storage import page_tokens, schema
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+# ------------------------------------------------------------------ state
+
+
+class StateCache:
+    """The view states this process saved last, by session.
+
+    A render reads only the stored version number when it holds the state of
+    that version already: no JSON to parse, and the same objects as before,
+    which keeps the engine's memos (rendered messages, handles) warm. Another
+    replica's render changes the version, and the state is read again.
+
+    With the state, the engine's carry of the render that made it, so the
+    next render works only on what was appended since. Carries are bounded by
+    the bytes they hold (`Carry.footprint`: about 320 per item, and the view's
+    serialized messages); the least recently rendered go first.
+    """
+
+    def __init__(self, max_states: int = 4096, max_carry_bytes: int = 256 * 1024 * 1024) -> None:
+        self.max_states = max_states
+        self.max_carry_bytes = max_carry_bytes
+        self._states: OrderedDict[int, ViewState] = OrderedDict()
+        self._carries: OrderedDict[int, tuple[Carry, int]] = OrderedDict()
+        self._carried_bytes = 0
+
+    def get(self, key: int, version: int) -> ViewState | None:
+        state = self._states.get(key)
+        if state is None or state.view_version != version:
+            return None
+        self._states.move_to_end(key)
+        return state
+
+    def carry(self, key: int, state: ViewState) -> Carry | None:
+        """The carry of the render that produced `state`, if it is still held."""
+        held = self._carries.get(key)
+        return held[0] if held is not None and held[0].state is state else None
+
+    def put(self, key: int, state: ViewState, carry: Carry | None = None) -> None:
+        """Remember a state once its transaction has committed (never before: a rolled-back
+        version number could be committed later, by another render, with other content)."""
+        self._states[key] = state
+        self._states.move_to_end(key)
+        if len(self._states) > self.max_states:
+            evicted, _ = self._states.popitem(last=False)
+            self._drop_carry(evicted)
+        self._drop_carry(key)
+        if carry is not None:
+            size = carry.footprint()
+            self._carries[key] = (carry, size)
+            self._carried_bytes += size
+            while self._carried_bytes > self.max_carry_bytes and len(self._carries) > 1:
+                self._drop_carry(next(iter(self._carries)))
+
+    def _drop_carry(self, key: int) -> None:
+        dropped = self._carries.pop(key, None)
+        if dropped is not None:
+            self._carried_bytes -= dropped[1]
+
+
+async def load_state(conn: AsyncConnection, key: int, cache: StateCache | None = None) -> ViewState:
+    v = schema.view_states
+    if cache is not None:
+        version = (await conn.execute(select(v.c.view_version).where(v.c.session_key == key))).scalar_one_or_none()
+        if version is None:
+            return ViewState()
+        cached = cache.get(key, version)
+        if cached is not None:
+            return cached
+    text = (await conn.execute(select(v.c.state).where(v.c.session_key == key))).scalar_one_or_none()
+    return ViewState() if text is None else state_from_json(text)
+
+
+@traced("storage.save_view_state")
+async def save_state(conn: AsyncConnection, key: int, state: ViewState, encoded: str | None = None) -> None:
+    """Store the session's view state; `encoded` is `state_to_json(state)` when the caller has it."""
+    v = schema.view_states
+    values = {"view_version": state.view_version, "state": encoded or state_to_json(state), "updated_at": _now()}
+    changed = await conn.execute(update(v).where(v.c.session_key == key).values(**values))
+    if changed.rowcount == 0:
+        await conn.execute(insert(v).values(session_key=key, **values))
+
+
+# ------------------------------------------------------------------- pins
+
+
+async def pinned(conn: AsyncConnection, key: int) -> frozenset[int]:
+    p = schema.pins
+    return frozenset((await conn.execute(select(p.c.seq).where(p.c.session_key == key))).scalars())
+
+
+async def pin(conn: AsyncConnection, key: int, seqs: Sequence[int]) -> None:
+    p = schema.pins
+    have = await pinned(conn, key)
+    new = sorted(set(seqs) - have)
+    if new:
+        await conn.execute(insert(p), [{"session_key": key, "seq": s, "created_at": _now()} for s in new])
+
+
+async def unpin(conn: AsyncConnection, key: int, seqs: Sequence[int]) -> None:
+    p = schema.pins
+    await conn.execute(delete(p).where(p.c.session_key == key, p.c.seq.in_(sorted(set(seqs)))))
+
+
+# -------------------------------------------------------------- proposals
+
+
+async def propose(conn: AsyncConnection, key: int, seqs: Sequence[int], reason: str) -> None:
+    if not seqs:
+        return
+    await conn.execute(
+        insert(schema.prune_proposals),
+        [{"session_key": key, "seq": s, "reason": reason, "created_at": _now()} for s in seqs],
+    )
+
+
+async def proposals(conn: AsyncConnection, key: int) -> list[AgentProposal]:
+    p = schema.prune_proposals
+    rows = await conn.execute(select(p.c.id, p.c.seq, p.c.reason).where(p.c.session_key == key).order_by(p.c.id))
+    return [AgentProposal(r.id, r.seq, r.reason) for r in rows]
+
+
+async def forget_proposals(conn: AsyncConnection, ids: Sequence[int]) -> None:
+    if ids:
+        p = schema.prune_proposals
+        await conn.execute(delete(p).where(p.c.id.in_(sorted(ids))))
+
+
+# ----------------------------------------------------------- certificates
+
+
+@traced("storage.append_certificates")
+async def append_certificates(
+    conn: AsyncConnection,
+    key: int,
+    bodies: Sequence[CertificateBody],
+    stamp: Stamp,
+) -> list[Certificate]:
+    """Number, chain and store `bodies` after the session's last certificate."""
+    if not bodies:
+        return []
+    c = schema.certificates
+    last = (
+        await conn.execute(
+            select(c.c.number, c.c.hash).where(c.c.session_key == key).order_by(c.c.number.desc()).limit(1)
+        )
+    ).first()
+    chained = chain(bodies, (last.number + 1) if last else 1, last.hash if last else GENESIS, stamp)
+    now = _now()
+    await conn.execute(
+        insert(c),
+        [
+            {
+                "session_key": key,
+                "number": cert.number,
+                "seq": cert.body.seq,
+                "decision": cert.body.decision.value,
+                "level": cert.body.level,
+                "rule": cert.body.rule,
+                "reason": cert.body.reason,
+                "evidence": cert.body.evidence,
+                "rationale": cert.body.rationale,
+                "handle": cert.body.handle,
+                "protection": cert.body.protection,
+                "tokens_removed": cert.body.tokens_removed,
+                "placeholder_tokens": cert.body.placeholder_tokens,
+                "first_divergence_tokens": cert.body.first_divergence_tokens,
+                "mutation_radius_tokens": cert.body.mutation_radius_tokens,
+                "cost_effect": cert.body.cost_effect,
+                "control": cert.body.control.value,
+                "view_format": cert.view_format,
+                "view_version": cert.view_version,
+                "policy_version": cert.policy_version,
+                "previous_hash": cert.previous_hash,
+                "hash": cert.hash,
+                "created_at": now,
+            }
+            for cert in chained
+        ],
+    )
+    return chained
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCertificate:
+    certificate: Certificate
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class CertificateFilter:
+    decision: Decision | None = None
+    level: int | None = None
+    seq: int | None = None
+    view_version: int | None = None
+    view_format: str | None = None
+
+
+def _stored(row: Any) -> StoredCertificate:
+    body = CertificateBody(
+        seq=row.seq,
+        decision=Decision(row.decision),
+        level=row.level,
+        rule=row.rule,
+        reason=row.reason,
+        evidence=row.evidence,
+        rationale=row.rationale,
+        handle=row.handle,
+        protection=row.protection,
+        tokens_removed=row.tokens_removed,
+        placeholder_tokens=row.placeholder_tokens,
+        first_divergence_tokens=row.first_divergence_tokens,
+        mutation_radius_tokens=row.mutation_radius_tokens,
+        cost_effect=row.cost_effect,
+        control=ControlMode(row.control),
+    )
+    created = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=UTC)
+    stamp = Stamp(row.view_version, row.view_format, row.policy_version)
+    return StoredCertificate(Certificate(row.number, body, stamp, row.previous_hash, row.hash), created)
+
+
+@traced("storage.list_certificates")
+async def list_certificates(
+    conn: AsyncConnection, key: int, where: CertificateFilter, page_size: int, page_token: str
+) -> tuple[list[StoredCertificate], str]:
+    c = schema.certificates
+    after = page_tokens.decode("certificate", page_token)
+    query = select(c).where(c.c.session_key == key, c.c.number > after)
+    if where.decision is not None:
+        query = query.where(c.c.decision == where.decision.value)
+    if where.level is not None:
+        query = query.where(c.c.level == where.level)
+    if where.seq is not None:
+        query = query.where(c.c.seq == where.seq)
+    if where.view_version is not None:
+        query = query.where(c.c.view_version == where.view_version)
+    if where.view_format is not None:
+        query = query.where(c.c.view_format == where.view_format)
+    rows = (await conn.execute(query.order_by(c.c.number).limit(page_size + 1))).all()
+    page = [_stored(r) for r in rows[:page_size]]
+    more = len(rows) > page_size
+    return page, page_tokens.encode("certificate", page[-1].certificate.number) if more else ""
+
+
+async def all_certificates(conn: AsyncConnection, key: int) -> list[Certificate]:
+    c = schema.certificates
+    rows = await conn.execute(select(c).where(c.c.session_key == key).order_by(c.c.number))
+    return [_stored(r).certificate for r in rows]
+
+
+# -------------------------------------------------------------- mutations
+
+
+async def append_mutations(conn: AsyncConnection, key: int, edits: Sequence[AppliedEdit]) -> None:
+    if not edits:
+        return
+    m = schema.mutations
+    last = (await conn.execute(select(func.max(m.c.number)).where(m.c.session_key == key))).scalar_one() or 0
+    now = _now()
+    await conn.execute(
+        insert(m),
+        [
+            {
+                "session_key": key,
+                "number": last + n,
+                "seq": target_of(e.edit) or 0,
+                "edit": applied_to_json(e),
+                "created_at": now,
+            }
+            for n, e in enumerate(edits, start=1)
+        ],
+    )
+
+
+async def load_mutations(conn: AsyncConnection, key: int) -> tuple[AppliedEdit, ...]:
+    m = schema.mutations
+    rows = await conn.execute(select(m.c.edit).where(m.c.session_key == key).order_by(m.c.number))
+    return tuple(applied_from_json(r.edit) for r in rows)
+
+
+# ------------------------------------------------------------------ calls
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedUsage:
+    """A call's usage as its provider billed it (ReportUsage)."""
+
+    provider: str
+    model: str
+    input_tokens: int
+    """Input billed at the input price: neither read from the cache nor written to it."""
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class UsageSummary:
+    """A session's calls: how many renders, how many of their calls were reported, and over
+    those, the usage predicted beside the usage reported."""
+
+    renders: int
+    reported: int
+    predicted: Usage
+    reported_usage: Usage
+    """cache read, cache write, input billed at the input price."""
+    output_tokens: int
+
+
+async def record_call(
+    conn: AsyncConnection, key: int, view_version: int, view_format: str, total: int, predicted: Usage
+) -> None:
+    await conn.execute(
+        insert(schema.calls).values(
+            session_key=key,
+            view_version=view_version,
+            view_format=view_format,
+            total_tokens=total,
+            predicted_cache_read=predicted.cache_read,
+            predicted_cache_write=predicted.cache_write,
+            predicted_uncached=predicted.uncached,
+            created_at=_now(),
+        )
+    )
+
+
+async def report_usage(
+    conn: AsyncConnection, key: int, session_id: str, view_version: int, usage: ReportedUsage
+) -> bool:
+    """Store the usage of the call made with render `view_version`; False when that same usage
+    was stored already (a retry). Raises CallNotFound for a render the session has not made, and
+    UsageAlreadyReported when other usage was stored for it."""
+    c = schema.calls
+    row = (
+        (await conn.execute(select(c).where(c.c.session_key == key, c.c.view_version == view_version)))
+        .mappings()
+        .first()
+    )
+    if row is None:
+        raise CallNotFound(session_id, view_version)
+    figures = {
+        "provider": usage.provider,
+        "model": usage.model,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cache_read_tokens": usage.cache_read_tokens,
+        "cache_write_tokens": usage.cache_write_tokens,
+    }
+    if row["reported_at"] is not None:
+        if all(row[name] == value for name, value in figures.items()):
+            return False
+        raise UsageAlreadyReported(session_id, view_version)
+    where = (c.c.session_key == key) & (c.c.view_version == view_version)
+    await conn.execute(update(c).where(where).values(**figures, reported_at=_now()))
+    return True
+
+
+async def usage_summary(conn: AsyncConnection, key: int) -> UsageSummary:
+    """The session's renders and reported calls, with both sides summed over the reported ones."""
+    c = schema.calls
+    reported = c.c.reported_at.is_not(None)
+    row = (
+        await conn.execute(
+            select(
+                func.count(),
+                func.count(c.c.reported_at),
+                *(  # (no FILTER clause: SQLite has it only since 3.30)
+                    func.coalesce(func.sum(case((reported, column), else_=0)), 0)
+                    for column in (
+                        c.c.predicted_cache_read,
+                        c.c.predicted_cache_write,
+                        c.c.predicted_uncached,
+                        c.c.cache_read_tokens,
+                        c.c.cache_write_tokens,
+                        c.c.input_tokens,
+                        c.c.output_tokens,
+                    )
+                ),
+            ).where(c.c.session_key == key)
+        )
+    ).one()
+    renders, count, p_read, p_write, p_uncached, r_read, r_write, r_input, output = (int(v) for v in row)
+    return UsageSummary(renders, count, Usage(p_read, p_write, p_uncached), Usage(r_read, r_write, r_input), output)

@@ -1,0 +1,472 @@
+"""The built-in strategies (service/contextd/engine/strategies.py) on small agent sessions
+with ground truth, the traps included: each test says which items must go, and
+which must stay whatever the rules would like."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from contextd.engine.certificates import Decision
+from contextd.engine.model import Item, ItemContent, Representation, Role, TextBlock, ToolResultBlock, ToolUseBlock
+from contextd.engine.pipeline import RenderInput, RenderOutput, render
+from contextd.engine.placeholders import handle_of
+from contextd.engine.policy import parse_policy
+from contextd.engine.state import ViewState
+from contextd.engine.strategies import error_lines
+from contextd.engine.transforms import TransformRegistry
+from contextd.engine.view import ViewFormat, ViewRequest
+from tests.helpers import counter, make_session, stored_items, to_item
+
+REGISTRY = TransformRegistry.default()
+BODY = "\n".join(f"    line {n} of the body, long enough to be worth a placeholder" for n in range(12))
+
+POLICY = """
+protection: {last_turns: 0, latest_error_per_tool: %s}
+tools: {bash: {effect: shell}}
+rules:
+  - {name: %s, transform: %s, params: %s, when: {roles: [tool]}}
+"""
+
+
+def session(*calls: tuple[str, str] | tuple[str, str, bool]) -> list[Item]:
+    """A bash agent's session: (command, output[, failed]) per call; call ids c1, c2 ..."""
+    contents = [
+        ItemContent(role=Role.SYSTEM, content=(TextBlock("You are a coding agent."),)),
+        ItemContent(role=Role.USER, content=(TextBlock("Fix the bug."),)),
+    ]
+    for n, call in enumerate(calls, start=1):
+        command, output = call[0], call[1]
+        failed = call[2] if len(call) == 3 else False
+        use = ToolUseBlock(f"c{n}", "bash", json.dumps({"command": command}))
+        contents.append(ItemContent(role=Role.ASSISTANT, content=(use,)))
+        result = ToolResultBlock(f"c{n}", (TextBlock(output),), is_error=failed, name="bash")
+        contents.append(ItemContent(role=Role.TOOL, content=(result,)))
+    return stored_items(contents)
+
+
+def seq_of(call: int) -> int:
+    """The seq of the output of call `call` (1-based) in `session`."""
+    return 2 + 2 * call
+
+
+def run(items: list[Item], transform: str, params: str = "{}", latest_error: str = "false") -> RenderOutput:
+    return run_policy(items, POLICY % (latest_error, transform, transform, params))
+
+
+def run_policy(items: list[Item], document: str) -> RenderOutput:
+    return render(policy_input(items, document))
+
+
+def policy_input(items: list[Item], document: str, state: ViewState | None = None, now: float = 0.0) -> RenderInput:
+    return RenderInput(
+        make_session(len(items)),
+        items,
+        parse_policy(document, REGISTRY),
+        ViewRequest(ViewFormat.OPENAI_CHAT),
+        counter(),
+        REGISTRY,
+        state or ViewState(),
+        now,
+    )
+
+
+def pruned(out: RenderOutput) -> dict[int, tuple[int, str]]:
+    """seq -> (level, evidence) of what the render reduced."""
+    return {c.seq: (c.level, c.evidence) for c in out.certificates if c.decision is Decision.PRUNE}
+
+
+def shown(out: RenderOutput, seq: int) -> Representation:
+    return next(i.representation for i in out.view.items if i.seq == seq)
+
+
+# ------------------------------------------------------------------ dedupe
+
+
+def test_an_identical_output_is_replaced_by_a_pointer_to_the_earlier_copy() -> None:
+    items = session(("ls src", "a.py\nb.py\n" + BODY), ("ls ./src", "a.py\nb.py\n" + BODY))
+    out = run(items, "dedupe")
+    assert pruned(out) == {seq_of(2): (0, "identical to the output of call c1 (seq 4)")}
+    assert shown(out, seq_of(1)) is Representation.FULL  # the older copy, in the cached prefix, stays
+    assert "identical to the output of call c1 (seq 4)" in out.view.messages_json
+    assert handle_of(items[seq_of(2) - 1]) in out.view.messages_json
+
+
+def test_the_same_command_with_another_output_is_never_deduped() -> None:
+    items = session(("pytest tests", "1 failed\n" + BODY), ("pytest tests", "all passed\n" + BODY))
+    assert pruned(run(items, "dedupe")) == {}
+
+
+def test_a_small_duplicate_is_left_alone() -> None:
+    items = session(("true", "ok"), ("true", "ok"))
+    out = run(items, "dedupe")
+    assert out.certificates == ()  # not even a refusal: nothing worth proposing
+
+
+# --------------------------------------------------------------- supersede
+
+
+def test_a_read_is_superseded_by_a_later_read_of_the_whole_file_whatever_happened_between() -> None:
+    items = session(
+        ("cat src/app.py", "old\n" + BODY),
+        ("sed -i 's/old/new/' src/app.py", ""),
+        ("python3 reproduce.py", "boom"),  # unknown: may have written anything
+        ("cat src/app.py", "new\n" + BODY),
+    )
+    out = run(items, "supersede")
+    assert pruned(out) == {seq_of(1): (2, "read again later by call c4 (seq 10)")}
+    assert shown(out, seq_of(4)) is Representation.FULL
+
+
+def test_lines_read_again_supersede_only_when_nothing_may_have_moved_them() -> None:
+    first = ("sed -n '10,20p' src/app.py", "lines 10-20\n" + BODY)
+    again = ("nl -ba src/app.py | sed -n '1,50p'", "lines 1-50\n" + BODY)
+    assert seq_of(1) in pruned(run(session(first, again), "supersede"))
+    substituted = session(first, ("sed -i 's/parse/parse_header/g' src/app.py", ""), again)
+    assert seq_of(1) in pruned(run(substituted, "supersede"))  # changed line for line: nothing moved
+    lines_moved = session(first, ("sed -i '3d' src/app.py", ""), again)
+    assert pruned(run(lines_moved, "supersede")) == {}
+    by_another_path = session(first, ("cd /elsewhere && sed -i '/^$/d' app.py", ""), again)
+    assert pruned(run(by_another_path, "supersede")) == {}  # a file of that name was written
+    unknown = session(first, ("python3 fix.py", "done"), again)
+    assert pruned(run(unknown, "supersede")) == {}
+
+
+def test_a_write_between_two_reads_of_different_lines_supersedes_nothing() -> None:
+    items = session(
+        ("sed -n '1,50p' src/app.py", "lines 1-50\n" + BODY),
+        ("sed -i '120d' src/app.py", ""),
+        ("sed -n '100,150p' src/app.py", "lines 100-150\n" + BODY),
+    )
+    assert pruned(run(items, "supersede")) == {}
+
+
+def test_an_unknown_command_never_licenses_a_supersession() -> None:
+    items = session(("python3 dump.py src/app.py", "x\n" + BODY), ("cat src/app.py", "x\n" + BODY))
+    assert pruned(run(items, "supersede")) == {}
+
+
+def test_paths_resolve_through_cd() -> None:
+    items = session(("cd /repo && sed -n '1,5p' src/app.py", "1-5\n" + BODY), ("cat /repo/src/app.py", "all\n" + BODY))
+    assert pruned(run(items, "supersede")) == {seq_of(1): (2, "read again later by call c2 (seq 6)")}
+
+
+def test_a_search_or_a_filtered_read_is_not_a_read_of_lines() -> None:
+    items = session(("grep -n foo src/app.py", "3: foo\n" + BODY), ("cat src/app.py", "all\n" + BODY))
+    assert pruned(run(items, "supersede")) == {}  # the grep's output is not the file's
+
+
+# --------------------------------------------------------------- snapshots
+
+
+def test_a_declared_snapshot_keeps_a_residue_of_the_older_run() -> None:
+    first = (
+        "<returncode>1</returncode>\n<output>\n"
+        + BODY
+        + "\nFAILED tests/test_app.py::test_parse\n1 failed, 3 passed\n</output>"
+    )
+    items = session(("pytest tests", first, True), ("pytest tests", "<returncode>0</returncode>\n4 passed\n" + BODY))
+    out = run(items, "snapshots", '{commands: ["pytest*"]}')
+    assert pruned(out) == {seq_of(1): (2, "the same command ran again at seq 6 (call c2)")}
+    view = out.view.messages_json
+    assert "`pytest tests`, exit 1; last line: '1 failed, 3 passed'" in view
+    assert handle_of(items[seq_of(1) - 1]) in view
+    assert pruned(run(items, "snapshots")) == {}  # not declared: nothing
+
+
+# ------------------------------------------------------------------ errors
+
+TRACEBACK = """<returncode>1</returncode>
+<output>
+Traceback (most recent call last):
+  File "/repo/reproduce.py", line 3, in <module>
+    main()
+  File "/repo/src/app.py", line 41, in parse_header
+    key, value = line.split(':', 1)
+ValueError: not enough values to unpack (expected 2, got 1)
+</output>"""
+
+
+def test_a_failed_output_keeps_its_error_lines_once_the_tool_has_succeeded() -> None:
+    noisy = TRACEBACK.replace("<output>\n", "<output>\n" + BODY + "\n")
+    items = session(("python3 reproduce.py", noisy, True), ("python3 reproduce.py", "ok\n" + BODY))
+    out = run(items, "errors", latest_error="true")
+    assert pruned(out) == {seq_of(1): (2, "a later call of bash succeeded (seq 6)")}
+    view = json.loads(out.view.messages_json)[seq_of(1) - 1]["content"]
+    assert "ValueError: not enough values to unpack (expected 2, got 1)" in view
+    assert 'File "/repo/src/app.py", line 41, in parse_header' in view
+    assert "line 3 of the body" not in view and handle_of(items[seq_of(1) - 1]) in view
+
+
+SCRIPT = "cat <<'EOF' > patch.py\n" + "\n".join(f"lines[{n}] = lines[{n}].replace('a', 'b')" for n in range(40))
+SCRIPT += "\nEOF\npython3 patch.py"
+INPUTS = """
+protection: {last_turns: 0, latest_error_per_tool: false}
+tools: {bash: {effect: shell}}
+rules: [{name: inputs, transform: errored_inputs, when: {roles: [assistant]}}]
+"""
+
+
+def run_inputs(items: list[Item]) -> RenderOutput:
+    return run_policy(items, INPUTS)
+
+
+def test_a_failed_calls_bulky_input_goes_once_its_tool_has_succeeded() -> None:
+    items = session((SCRIPT, TRACEBACK, True), ("python3 reproduce.py", "ok\n" + BODY))
+    out = run_inputs(items)
+    call_seq = seq_of(1) - 1
+    assert pruned(out) == {call_seq: (2, "later calls succeeded (seq 6)")}
+    [turn] = [m for m in json.loads(out.view.messages_json) if m.get("tool_calls") and m["tool_calls"][0]["id"] == "c1"]
+    [call] = turn["tool_calls"]
+    stand_in = json.loads(call["function"]["arguments"])["contextd"]
+    # The call keeps its id and name (its result still answers it); its input says what went and why.
+    assert (call["id"], call["function"]["name"]) == ("c1", "bash")
+    assert f"input left out ({len(json.dumps({'command': SCRIPT})):,} characters)" in stand_in
+    assert "ValueError: not enough values to unpack (expected 2, got 1)" in stand_in
+    assert "bash succeeded since, at seq 6" in stand_in and handle_of(items[call_seq - 1]) in stand_in
+    assert "lines[17]" not in out.view.messages_json
+
+
+def test_a_failed_calls_input_stays_while_the_failure_is_the_latest_or_small() -> None:
+    still_failing = session((SCRIPT, TRACEBACK, True), ("python3 reproduce.py", TRACEBACK, True))
+    assert pruned(run_inputs(still_failing)) == {}
+    small = session(("python3 -c 'import app'", TRACEBACK, True), ("python3 reproduce.py", "ok"))
+    assert pruned(run_inputs(small)) == {}
+    succeeded = session((SCRIPT, "ok\n" + BODY), ("python3 reproduce.py", "ok"))
+    assert pruned(run_inputs(succeeded)) == {}
+
+
+def test_the_latest_failure_stays_whole_until_its_tool_succeeds() -> None:
+    noisy = TRACEBACK.replace("<output>\n", "<output>\n" + BODY + "\n")
+    items = session(("python3 reproduce.py", noisy, True), ("python3 reproduce.py", noisy, True))
+    assert pruned(run(items, "errors")) == {}
+
+
+def test_error_lines_are_the_error_the_frame_it_came_from_and_the_exit_code() -> None:
+    assert error_lines(TRACEBACK, 12) == [
+        "<returncode>1</returncode>",
+        "Traceback (most recent call last):",
+        '  File "/repo/src/app.py", line 41, in parse_header',
+        "    key, value = line.split(':', 1)",
+        "ValueError: not enough values to unpack (expected 2, got 1)",
+    ]
+
+
+WHOLE_READ = ("cat src/app.py", "the file\n" + BODY)
+
+
+@pytest.mark.parametrize(
+    "later",
+    [
+        # Found by a second reading: each later call looks like a read of the file, and is not one.
+        ("cat src/app.py > /dev/null && echo ok", "ok"),
+        ("cat src/app.py > /tmp/backup.py", ""),
+        ("grep -q TODO src/app.py || cat src/app.py", ""),
+        ("cat src/util.py  # compare with src/app.py", "util\n" + BODY),
+        ("cat src/app.py", "cat: src/app.py: No such file or directory"),  # failed, not flagged
+        ("sed -i '3d' src/app.py && sed -n '1,5p' src/app.py", "after the deletion\n" + BODY),
+    ],
+)
+def test_a_later_call_that_does_not_show_the_file_supersedes_nothing(later: tuple[str, str]) -> None:
+    assert pruned(run(session(WHOLE_READ, later), "supersede")) == {}
+
+
+def test_a_directory_left_changed_between_two_reads_of_a_relative_path_supersedes_nothing() -> None:
+    items = session(("cat app.py", "one file\n" + BODY), ("cd tests", ""), ("cat app.py", "another\n" + BODY))
+    assert pruned(run(items, "supersede")) == {}
+
+
+def test_an_output_that_shows_more_than_the_read_is_not_superseded() -> None:
+    items = session(("grep -rn parse src/ && cat src/app.py", "src/util.py:7: parse(x)\n" + BODY), WHOLE_READ)
+    assert pruned(run(items, "supersede")) == {}
+
+
+SOURCE = "\n".join(
+    f'def handler_{n}(request):\n    """Handle case {n}."""\n'
+    + "".join(f"    value_{k} = request.get('field_{k}', {k})\n" for k in range(8))
+    + "    return value_0\n"
+    for n in range(6)
+)
+READ_THEN_COMPRESS = """
+protection: {last_turns: 0}
+tools: {bash: {effect: shell}}
+rules:
+  - {name: superseded-reads, transform: supersede, when: {roles: [tool]}}
+  - {name: compress-outputs, transform: compress, when: {roles: [tool]}}
+"""
+
+
+def test_a_read_compressed_while_old_still_gives_way_to_a_later_whole_read() -> None:
+    first = session(("cat src/app.py", SOURCE), ("ls", "src\ntests"))
+    early = run_policy(first, READ_THEN_COMPRESS)
+    assert [(c.seq, c.reason) for c in early.certificates] == [(seq_of(1), "compressed_code")]
+    assert shown(early, seq_of(1)) is Representation.REDUCED
+
+    later = [
+        *first,
+        *session(("cat src/app.py", SOURCE), ("ls", "src\ntests"), ("cat src/app.py", SOURCE))[len(first) :],
+    ]
+    inp = policy_input(later, READ_THEN_COMPRESS, early.state, now=1_000.0)  # the cache cold: what pays applies
+    out = render(inp)
+    assert pruned(out)[seq_of(1)] == (2, "read again later by call c3 (seq 8)")
+    assert shown(out, seq_of(1)) is Representation.PLACEHOLDER  # no longer the compressed copy
+    assert [a.reason for a in out.state.applied if getattr(a.edit, "seq", None) == seq_of(1)] == ["superseded"]
+    # The same from what the first render carried (its entries pooled whole, compressed since).
+    carried = render(replace(inp, carry=early.carry))
+    assert early.carry is not None and early.carry.follows(inp)
+    assert (carried.view, carried.certificates, carried.state) == (out.view, out.certificates, out.state)
+    # Rendered again from the stored state (no carry), the view is the same.
+    again = render(replace(inp, state=out.state, now=1_010.0, carry=None))
+    assert again.view.messages_json == out.view.messages_json and not pruned(again)
+
+
+def test_an_output_keeps_what_the_call_that_made_it_was_for() -> None:
+    # The agent says why it reads the file; by the time the output is compressed it has moved
+    # on (the latest call, `ls`, names nothing in it). The function it asked about stays whole.
+    contents = [
+        ItemContent(role=Role.SYSTEM, content=(TextBlock("You are a coding agent."),)),
+        ItemContent(role=Role.USER, content=(TextBlock("Fix the bug."),)),
+    ]
+    for n, (reason, command, output) in enumerate(
+        [("Let's look at `handler_3`, where the error is raised.", "cat src/app.py", SOURCE), ("", "ls", "src\ntests")],
+        start=1,
+    ):
+        said = (TextBlock(reason),) if reason else ()
+        contents.append(
+            ItemContent(
+                role=Role.ASSISTANT, content=(*said, ToolUseBlock(f"c{n}", "bash", json.dumps({"command": command})))
+            )
+        )
+        result = ToolResultBlock(f"c{n}", (TextBlock(output),), name="bash")
+        contents.append(ItemContent(role=Role.TOOL, content=(result,)))
+    out = run_policy(stored_items(contents), READ_THEN_COMPRESS)
+    assert [(c.seq, c.reason) for c in out.certificates] == [(seq_of(1), "compressed_code")]
+    view = out.view.messages_json
+    assert "value_7 = request.get('field_7', 7)" in view  # handler_3's body, whole
+    assert view.count("value_7 = request.get") == 1  # the other handlers' bodies left out
+
+
+@pytest.mark.parametrize("compressed_before", [True, False])
+def test_over_its_budget_a_view_offloads_compressed_outputs_too(compressed_before: bool) -> None:
+    items = session(("cat src/app.py", SOURCE), ("cat src/other.py", SOURCE.replace("handler", "worker")))
+    compressed = run_policy(items, READ_THEN_COMPRESS)
+    assert [c.reason for c in compressed.certificates] == ["compressed_code"] * 2
+    inp = policy_input(items, READ_THEN_COMPRESS, compressed.state if compressed_before else None)
+    tight = compressed.view.total_tokens - 50  # the compressed view does not fit
+    out = render(replace(inp, request=ViewRequest(ViewFormat.OPENAI_CHAT, tight)))
+    budget = [c.seq for c in out.certificates if c.rule == "budget"]
+    assert seq_of(1) in budget and shown(out, seq_of(1)) is Representation.PLACEHOLDER
+    assert out.view.total_tokens <= tight
+    # One edit in force for the item: the offload (a compression, earlier or just now, gives way).
+    assert [a.rule for a in out.state.applied if getattr(a.edit, "seq", None) == seq_of(1)] == ["budget"]
+
+
+@pytest.mark.parametrize("bound", ["min", "max"])
+def test_a_render_carried_on_matches_rules_on_entries_as_they_are_shown_now(bound: str) -> None:
+    # A rule whose condition holds for the output whole but not compressed (min), or the reverse (max).
+    first = session(("cat src/app.py", SOURCE), ("ls", "src\ntests"))
+    compressed = run_policy(first, READ_THEN_COMPRESS).view.items[seq_of(1) - 1].tokens
+    policy = READ_THEN_COMPRESS.replace(
+        "transform: supersede, when: {roles: [tool]}",
+        f"transform: supersede, when: {{roles: [tool], tokens: {{{bound}: {compressed + 50}}}}}",
+    )
+    early = run_policy(first, policy)
+    assert shown(early, seq_of(1)) is Representation.REDUCED
+    later = [
+        *first,
+        *session(("cat src/app.py", SOURCE), ("ls", "src\ntests"), ("cat src/app.py", SOURCE))[len(first) :],
+    ]
+    inp = policy_input(later, policy, early.state, now=1_000.0)
+    rebuilt = render(inp)
+    carried = render(replace(inp, carry=early.carry))
+    assert early.carry is not None and early.carry.follows(inp)
+    assert (carried.view, carried.certificates, carried.state) == (rebuilt.view, rebuilt.certificates, rebuilt.state)
+    superseded = seq_of(1) in pruned(rebuilt)
+    assert superseded is (bound == "max")  # the condition is read on the compressed output
+
+
+def test_a_snapshot_is_not_replaced_by_a_run_that_failed() -> None:
+    full = "FAILED tests/t.py::test_x - AssertionError: 3 != 4\n" + BODY + "\n1 failed, 3 passed"
+    items = session(("pytest tests", full), ("pytest tests", "Command timed out after 60 seconds", True))
+    assert pruned(run(items, "snapshots", '{commands: ["pytest*"]}')) == {}
+
+
+def test_a_snapshot_is_replaced_by_a_later_run_whose_tests_failed_but_that_ran_to_its_end() -> None:
+    # pytest exits 1 when tests fail: the run is whole, its summary line says it finished.
+    def run_of(failed: int) -> str:
+        summary = f"=========== {failed} failed, {10 - failed} passed in 0.52s ==========="
+        return f"<returncode>1</returncode>\n<output>\n{BODY}\nFAILED tests/t.py::test_x\n{summary}\n</output>"
+
+    items = session(("pytest tests", run_of(2), True), ("pytest tests", run_of(1), True))
+    assert pruned(run(items, "snapshots", '{commands: ["pytest*"]}')) == {
+        seq_of(1): (2, "the same command ran again at seq 6 (call c2)")
+    }
+    cut = run_of(1).replace("in 0.52s", "in progress")  # no summary: it may have stopped short
+    stopped = session(("pytest tests", run_of(2), True), ("pytest tests", cut, True))
+    assert pruned(run(stopped, "snapshots", '{commands: ["pytest*"]}')) == {}
+
+
+@pytest.mark.parametrize(
+    ("output", "kept"),
+    [
+        (
+            "    def test_total():\n>       assert total([1, 2]) == 4\nE       assert 3 == 4\n"
+            "E        +  where 3 = total([1, 2])\n\ntests/test_sum.py:9: AssertionError",
+            ["E       assert 3 == 4", "E        +  where 3 = total([1, 2])", "tests/test_sum.py:9: AssertionError"],
+        ),
+        (
+            "--- FAIL: TestSum (0.00s)\n    sum_test.go:8: Sum(1,2) = 3; want 4\nFAIL",
+            ["    sum_test.go:8: Sum(1,2) = 3; want 4"],
+        ),
+        (
+            "thread 'main' panicked at src/main.rs:4:5:\nassertion `left == right` failed\n  left: 4\n right: 5",
+            ["  left: 4", " right: 5"],
+        ),
+        (
+            'error[E0308]: mismatched types\n --> src/main.rs:4:18\n  |\n4 |     let x: i32 = "a";\n'
+            "  |            ---   ^^^ expected `i32`, found `&str`",
+            [" --> src/main.rs:4:18", "  |            ---   ^^^ expected `i32`, found `&str`"],
+        ),
+        (
+            "npm ERR! code ERESOLVE\nnpm ERR! ERESOLVE unable to resolve dependency tree\nnpm ERR! Found: react@18.2.0",
+            ["npm ERR! code ERESOLVE", "npm ERR! Found: react@18.2.0"],
+        ),
+        (
+            "src/app.test.js\n  ● sums\n    expect(received).toBe(expected)\n    Expected: 4\n    Received: 3",
+            ["    Expected: 4", "    Received: 3"],
+        ),
+    ],
+)
+def test_error_lines_keep_what_names_the_failure(output: str, kept: list[str]) -> None:
+    lines = error_lines(output, 12)
+    assert all(line in lines for line in kept), lines
+
+
+# --------------------------------------------------------------- completed
+
+
+def completed_session(mark: str) -> list[Item]:
+    """Four calls of work, then the agent's note of what it came to, marked as their outcome."""
+    items = session(*((f"python3 step{n}.py", f"step {n} output\n" + BODY) for n in range(1, 5)))
+    note = ItemContent(
+        role=Role.ASSISTANT,
+        content=(TextBlock("Steps 1-4 done: the parser accepts empty headers now."),),
+        metadata={"contextd.completes": mark},
+    )
+    return [*items, to_item(note, len(items) + 1)]
+
+
+def test_a_span_marked_complete_goes_once_its_outcome_is_recorded() -> None:
+    items = completed_session("3-10")  # the four calls and their outputs
+    out = run(items, "completed")
+    assert pruned(out) == {
+        seq: (3, "completed work (items 3-10); its outcome is recorded at seq 11") for seq in (4, 6, 8, 10)
+    }
+    assert shown(out, 11) is Representation.FULL  # the outcome: the evidence, kept whole
+
+
+def test_a_mark_that_does_not_point_back_or_does_not_parse_completes_nothing() -> None:
+    assert pruned(run(completed_session("3-12"), "completed")) == {}  # ends after its own record
+    assert pruned(run(completed_session("ten-twelve"), "completed")) == {}
