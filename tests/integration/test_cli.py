@@ -321,3 +321,40 @@ def test_serving_with_redis_configured(tmp_path: Path, redis_url: str, reachable
         server.stop()
     expected = "redis reachable" if reachable else "redis unreachable"
     assert any(expected in line for line in server.log), server.log
+
+
+def test_operator_commands_show_their_own_flags_only(tmp_path: Path) -> None:
+    for command in (("prune",), ("certificates", "verify"), ("migrate",)):
+        usage = contextd(*command, "--help", cwd=tmp_path)
+        assert usage.returncode == 0 and "--database-url" in usage.stdout
+        assert not {"--listen", "--redis-url", "--api-keys", "--tls-cert"} & set(usage.stdout.split()), command
+    assert "--listen" in contextd("serve", "--help", cwd=tmp_path).stdout
+
+
+def test_prune_and_verify_a_session_of_a_tenant_and_name_the_tenant_when_it_is_not_found(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'ops.db'}"
+    keys = {"CONTEXTD_API_KEYS": "acme:k-acme,globex:k-globex"}
+    server = ServerProcess("--database-url", url, cwd=tmp_path, env=keys).wait_serving()
+    with server, Client(server.target, api_key="k-acme") as client:
+        client.create_session("ops")
+        client.append_items("ops", [user("hello"), user("again")])
+        client.render_openai("ops")
+
+    pruned = contextd("prune", "--database-url", url, "--session", "ops", "--tenant", "acme", cwd=tmp_path, env=keys)
+    assert pruned.returncode == 0, pruned.stderr
+    assert "session ops (tenant acme)" in pruned.stdout and "would be taken (dry run" in pruned.stdout
+    verified = contextd(
+        "certificates", "verify", "--database-url", url, "--session", "ops", "--tenant", "acme", cwd=tmp_path
+    )
+    assert verified.returncode == 0 and "chain intact" in verified.stdout
+
+    missing = contextd("prune", "--database-url", url, "--session", "ops", cwd=tmp_path, env=keys)
+    assert missing.returncode == 1
+    assert "session 'ops' not found in tenant 'default'" in missing.stderr
+    assert "tenants they name: acme, globex; pass --tenant" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    # Without keys there is no other tenant to point at: the tenant is named all the same.
+    plain = contextd(
+        "certificates", "verify", "--database-url", url, "--session", "nope", "--tenant", "acme", cwd=tmp_path
+    )
+    assert plain.returncode == 1 and plain.stderr.strip() == "contextd: session 'nope' not found in tenant 'acme'"
