@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
-from contextd.engine.transforms import Entry, Proposal, Remove, TransformContext, prunable
+from contextd.engine.types import Entry, Proposal, Remove, TransformContext, prunable
 
 
 class LatestCall:

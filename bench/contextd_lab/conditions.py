@@ -36,7 +36,7 @@ import yaml
 from contextd.engine.model import TextBlock, ToolUseBlock
 from contextd.engine.placeholders import handle_of
 from contextd.engine.policy import default_policy_text
-from contextd.engine.transforms import Entry, Proposal, Remove, Replace, TransformContext, prunable
+from contextd.engine.types import Entry, Proposal, Remove, Replace, TransformContext, prunable
 
 ORACLE = "lab.oracle"
 """Item metadata: what the oracle does with the item (``placeholder`` or ``residue``)."""

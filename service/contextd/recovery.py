@@ -31,7 +31,7 @@ from contextd.engine.originals import original_text
 from contextd.engine.patterns import compile_pattern
 from contextd.engine.placeholders import arguments_digest, handle_of
 from contextd.engine.tokens import TiktokenCounter
-from contextd.engine.transforms import target_of
+from contextd.engine.types import target_of
 from contextd.engine.validation import MAX_NAME_LENGTH
 from contextd.sessions import check_session_id
 from contextd.telemetry import annotate

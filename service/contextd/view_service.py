@@ -20,7 +20,8 @@ from contextd.engine.pipeline import RenderInput, RenderOutput, protection_map, 
 from contextd.engine.policy import Policy
 from contextd.engine.state import AppliedEdit, state_to_json
 from contextd.engine.tokens import TokenCounter
-from contextd.engine.transforms import Remove, Replace, TransformRegistry, target_of
+from contextd.engine.transforms import TransformRegistry
+from contextd.engine.types import Remove, Replace, target_of
 from contextd.engine.validation import MAX_NAME_LENGTH, load_json
 from contextd.engine.view import View, ViewRequest
 from contextd.render_workers import RenderWorkers

@@ -29,7 +29,7 @@ from contextd.engine.state import (
     state_to_json,
 )
 from contextd.engine.timing import Usage
-from contextd.engine.transforms import target_of
+from contextd.engine.types import target_of
 from contextd.telemetry import traced
 from contextd_storage import page_tokens, schema
 

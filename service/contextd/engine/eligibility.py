@@ -8,6 +8,7 @@ import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from contextd.engine.model import (
     Block,
@@ -22,7 +23,7 @@ from contextd.engine.model import (
 )
 from contextd.engine.policy import Policy
 from contextd.engine.state import ControlMode
-from contextd.engine.transforms import Edit, Entry, Insert, Proposal, Reorder, Replace, target_of
+from contextd.engine.types import Edit, Entry, Insert, Proposal, Reorder, Replace, target_of
 
 LEVELS = {
     0: "identical copy",
@@ -172,9 +173,11 @@ class Judge:
         opening = next((s for s in self._order if self._entries[s].role is not Role.SYSTEM), None)
         return opening if opening is not None else max(systems, default=0) + 1
 
-    def relied_upon(self, seq: int) -> bool:
-        """Whether a reduction (in force, or accepted in this render) rests on item `seq`."""
-        return seq in self._relied_on
+    @property
+    def relied_on(self) -> Mapping[int, int]:
+        """What the reductions in force and those accepted so far rest on: evidence seq ->
+        the seq whose reduction rests on it (a read-only view, kept up to date)."""
+        return MappingProxyType(self._relied_on)
 
     def lapses(self, seq: int) -> bool:
         """Whether item `seq` is protected only until the next turn (`Protections.lapses`)."""

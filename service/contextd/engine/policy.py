@@ -29,6 +29,7 @@ from contextd.engine.codec import canonical_json
 from contextd.engine.errors import FieldViolation, InvalidArgument
 from contextd.engine.model import Role, ToolEffectKind
 from contextd.engine.patterns import PatternError, compile_linear
+from contextd.engine.strategies import BUILT_IN_STRATEGIES
 from contextd.engine.transforms import TransformRegistry, UnknownTransform
 
 if TYPE_CHECKING:
@@ -421,8 +422,6 @@ def default_policy_text() -> str:
 def default_policy() -> Policy:
     """The shipped default (`default_policy.yaml`): protection on, evidence up to
     level 3, Anthropic prices, the built-in strategies."""
-    from contextd.engine.strategies import BUILT_IN_STRATEGIES  # they build on the transforms this module names
-
     document = default_policy_text()
     data = _load(document)
     return _build(data, document, TransformRegistry(BUILT_IN_STRATEGIES), "default policy")

@@ -27,7 +27,7 @@ from contextd.engine.model import Representation, Role, ToolUseBlock
 from contextd.engine.placeholders import placeholder_blocks
 from contextd.engine.render.base import ViewWarning
 from contextd.engine.tokens import TokenCounter, block_tokens
-from contextd.engine.transforms import Entry
+from contextd.engine.types import Entry
 
 
 @dataclass(slots=True, eq=False)

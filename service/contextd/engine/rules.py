@@ -11,7 +11,7 @@ from contextd.engine.model import (
     ToolUseBlock,
 )
 from contextd.engine.policy import When
-from contextd.engine.transforms import Entry, TransformContext
+from contextd.engine.types import Entry, TransformContext
 
 _texts: IdentityMemo[str] = IdentityMemo(100_000)
 

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from contextd.engine.codec import blocks_from_json, blocks_to_json, canonical_json
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Block, ItemContent, Role
-from contextd.engine.transforms import Edit, Insert, PatchRequest, Proposal, Remove, Reorder, Replace
+from contextd.engine.types import Edit, Insert, PatchRequest, Proposal, Remove, Reorder, Replace
 
 
 class ControlMode(StrEnum):

@@ -57,7 +57,7 @@ from contextd.engine.model import Item, ReasoningBlock, Representation, TextBloc
 from contextd.engine.observations import Observation, ObservationIndex
 from contextd.engine.placeholders import PREFIX, describe, handle_of
 from contextd.engine.shell import WHOLE, Read, covers
-from contextd.engine.transforms import Entry, Proposal, Remove, Replace, TransformContext, prunable
+from contextd.engine.types import Entry, Proposal, Remove, Replace, TransformContext, prunable
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from contextd.engine.policy import BREAKPOINTS, CACHE_STEPS, MIN_CACHED_TOKENS, CachePolicy
 from contextd.engine.state import PreviousRender
-from contextd.engine.transforms import CacheState
+from contextd.engine.types import CacheState
 
 PER_TOKEN = 1_000_000  # prices are per million tokens
 
@@ -52,6 +52,23 @@ class Timing:
     """Previously sent tokens after the change: what the next call must write again."""
     value: float
     """Estimated dollars saved over the expected calls by applying now (negative: it costs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCache:
+    """The provider's prompt cache as a render finds it."""
+
+    previous: PreviousRender | None
+    """The session's latest render in the view's format: the prompt the provider may hold."""
+    state: CacheState
+    """What the provider holds of it now."""
+    pricing: CachePolicy
+    """The policy's cache pricing for the session so far (its expected calls may grow with it)."""
+
+
+def prompt_cache(previous: PreviousRender | None, now: float, cache: CachePolicy, calls_so_far: int) -> PromptCache:
+    """The cache a render finds `now`, after `previous`, in a session of `calls_so_far` calls."""
+    return PromptCache(previous, cache_state(previous, now, cache), cache.for_session(calls_so_far))
 
 
 def cache_state(previous: PreviousRender | None, now: float, cache: CachePolicy) -> CacheState:

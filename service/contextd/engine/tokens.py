@@ -15,6 +15,7 @@ items and renders, which is what budgets and savings need.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
 import tiktoken
@@ -107,6 +108,11 @@ def block_tokens(block: Block, counter: TokenCounter) -> int:
         case ReasoningBlock(text, _, redacted_data):
             return counter.count(text) + counter.count(redacted_data)
     raise TypeError(f"not a content block: {block!r}")
+
+
+def blocks_tokens(blocks: Iterable[Block], counter: TokenCounter) -> int:
+    """Tokens of a representation's blocks (framing added by a provider is not included)."""
+    return sum(block_tokens(b, counter) for b in blocks)
 
 
 def item_tokens(item: ItemContent, counter: TokenCounter) -> int:

@@ -23,7 +23,7 @@ from contextd.engine.render.base import Folder, Rendered, ViewWarning, to_json
 from contextd.engine.render.openai import OpenAIFolder
 from contextd.engine.state import Segment
 from contextd.engine.tokens import TokenCounter, block_tokens
-from contextd.engine.transforms import Entry
+from contextd.engine.types import Entry
 
 FRAMING_TOKENS_PER_MESSAGE = 3
 """Role and separator tokens a provider wraps each message in (OpenAI's

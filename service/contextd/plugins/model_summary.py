@@ -41,7 +41,7 @@ from opentelemetry import metrics
 
 from contextd.engine.model import Representation, TextBlock
 from contextd.engine.placeholders import PREFIX, describe, handle_of
-from contextd.engine.transforms import Entry, Proposal, Replace, TransformContext
+from contextd.engine.types import Entry, Proposal, Replace, TransformContext
 
 log = logging.getLogger(__name__)
 

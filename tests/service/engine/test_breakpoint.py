@@ -15,7 +15,7 @@ from contextd.engine.policy import PREFIX, PROVIDER_PRICES, CachePolicy, parse_p
 from contextd.engine.render.anthropic import CACHE_CONTROL, mark_breakpoint, render_anthropic
 from contextd.engine.state import PreviousRender, Segment, ViewState, state_from_json, state_to_json
 from contextd.engine.timing import Usage, cache_state, predicted_usage
-from contextd.engine.transforms import CacheState
+from contextd.engine.types import CacheState
 from contextd.engine.view import ViewFormat, ViewRequest
 from contextd_lab.cache import PromptCache
 from contextd_lab.replay import _segments, cached_messages

@@ -14,8 +14,9 @@ from contextd.engine.compress.listing import UNNAMED
 from contextd.engine.compress.router import SNIFFED, envelope, hint
 from contextd.engine.compress.text import MAX_FOCUS_TERMS, WORD
 from contextd.engine.model import ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
-from contextd.engine.pipeline import RenderInput, focus_terms, render
+from contextd.engine.pipeline import RenderInput, render
 from contextd.engine.policy import parse_policy, schema
+from contextd.engine.stages.propose import focus_terms
 from contextd.engine.state import ViewState
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.view import ViewFormat, ViewRequest

@@ -37,7 +37,7 @@ from contextd.engine.state import (
     state_from_json,
     state_to_json,
 )
-from contextd.engine.transforms import Remove, Reorder
+from contextd.engine.types import Remove, Reorder
 from contextd.engine.view import ViewFormat, ViewRequest
 from tests.helpers import counter, make_session, stored_items, to_item
 from tests.service.engine.conversations import conversations

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from contextd.engine.policy import CachePolicy
 from contextd.engine.timing import Costed, schedule, value_now
-from contextd.engine.transforms import CacheState
+from contextd.engine.types import CacheState
 
 WARM = CacheState(previous_tokens=10_000, age_seconds=10.0, ttl_seconds=300.0)
 CACHE = CachePolicy()

@@ -10,7 +10,7 @@ from contextd.engine.policy import parse_policy
 from contextd.engine.transforms import ENTRY_POINT_GROUP, Mask, TransformRegistry, UnknownTransform
 
 PLUGIN = """
-from contextd.engine.transforms import Proposal, Remove
+from contextd.engine.types import Proposal, Remove
 
 
 class Squash:

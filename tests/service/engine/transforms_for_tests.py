@@ -7,7 +7,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from contextd.engine.model import Block, ImageBlock, ItemContent, Representation, Role, TextBlock, ToolUseBlock
-from contextd.engine.transforms import (
+from contextd.engine.transforms import TransformRegistry
+from contextd.engine.types import (
     Entry,
     Insert,
     PatchRequest,
@@ -16,7 +17,6 @@ from contextd.engine.transforms import (
     Reorder,
     Replace,
     TransformContext,
-    TransformRegistry,
 )
 
 

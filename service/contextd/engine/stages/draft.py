@@ -1,0 +1,231 @@
+"""The draft of one render: the history's entries as edits are applied to them, and what
+an edit occupies and gives its target.
+
+The draft is the one mutable value of a render, on purpose: a render applies its edits one
+at a time to thousands of entries (load those in force, apply this render's, budget its
+offloads, reading the view's tokens after each), and a copy per edit would cost the whole
+history every time. The stages that apply edits change it; the others only read it. A
+carry hands the finished draft to the next render, which copies it once (`following`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from contextd.engine.codec import content_hash
+from contextd.engine.eligibility import Protections
+from contextd.engine.model import Block, Item, Representation, Role, TextBlock, ToolResultBlock, ToolUseBlock
+from contextd.engine.observations import ObservationIndex
+from contextd.engine.placeholders import placeholder_blocks, with_calls
+from contextd.engine.policy import Policy, ToolDeclaration
+from contextd.engine.state import AppliedEdit, edit_key
+from contextd.engine.strategies import COMPRESSED
+from contextd.engine.types import Edit, Entry, Insert, PatchRequest, Remove, Reorder, Replace
+
+_INSERTED_AT = datetime(1970, 1, 1, tzinfo=UTC)  # content a transform inserted has no time of its own
+
+
+def turn_indexes(items: Sequence[Item]) -> list[int]:
+    """The turn of each item: a user item, or an assistant item with the tool results that follow it."""
+    turns, current = [], -1
+    for item in items:
+        if item.role in (Role.USER, Role.ASSISTANT) or current < 0:
+            current += 1
+        turns.append(current)
+    return turns
+
+
+class Draft:
+    """The entries of one render as edits are applied to them."""
+
+    def __init__(self, items: Sequence[Item], pins: frozenset[int], tools: Mapping[str, ToolDeclaration]) -> None:
+        turns = turn_indexes(items)
+        self.entries: dict[int, Entry] = {
+            item.seq: Entry(item, item.content, Representation.FULL, item.token_count, turn, item.seq in pins)
+            for item, turn in zip(items, turns, strict=True)
+        }
+        self.natural: tuple[int, ...] = tuple(item.seq for item in items)
+        self.turns = turns[-1] + 1 if turns else 0
+        self.order: list[int] = list(self.natural)
+        """History items in the order shown."""
+        self.inserted: list[tuple[int, int]] = []
+        """(after_seq, seq) of inserted entries, in the order they were inserted."""
+        self.patches: dict[str, Any] = {}
+        self.view_tokens = sum(item.token_count for item in items)
+        """Tokens of the entries shown (kept as edits are applied)."""
+        self.latest_results: dict[str, int] = {}
+        """tool name -> seq of its latest result."""
+        self.latest_user: Item | None = None
+        self.latest_calls: Item | None = None
+        """The latest assistant item that called tools."""
+        self.observations = ObservationIndex(tools)
+        self._note(items)
+        self._ordered: list[Entry] | None = None
+
+    def _note(self, items: Iterable[Item]) -> None:
+        """Keep the latest result of each tool, the latest user item and the latest calls."""
+        self.observations.extend(items)
+        for item in items:
+            if item.role is Role.TOOL:
+                result = item.tool_result
+                if result is not None:
+                    self.latest_results[result.name] = item.seq
+            elif item.role is Role.USER:
+                self.latest_user = item
+            elif item.role is Role.ASSISTANT and item.tool_uses:
+                self.latest_calls = item
+
+    def following(self, items: Sequence[Item], pins: frozenset[int]) -> Draft:
+        """A copy of this (finished) draft with the items appended since: what building a
+        draft from `items` and applying this one's edits in the same order would give."""
+        draft = object.__new__(type(self))
+        draft.entries = dict(self.entries)
+        draft.inserted = list(self.inserted)
+        draft.patches = dict(self.patches)
+        draft.view_tokens = self.view_tokens
+        draft.latest_results = dict(self.latest_results)
+        draft.latest_user, draft.latest_calls = self.latest_user, self.latest_calls
+        draft.observations = self.observations.copy()
+        new = items[len(self.natural) :]
+        turn = self.turns - 1
+        for item in new:
+            if item.role in (Role.USER, Role.ASSISTANT) or turn < 0:
+                turn += 1
+            draft.entries[item.seq] = Entry(
+                item, item.content, Representation.FULL, item.token_count, turn, item.seq in pins
+            )
+            draft.view_tokens += item.token_count
+        seqs = [item.seq for item in new]
+        draft.natural = (*self.natural, *seqs)
+        draft.turns = turn + 1
+        draft.order = [*self.order, *seqs]  # appended items follow, whatever order is in force
+        draft._note(new)
+        draft._ordered = [*self.ordered(), *(draft.entries[s] for s in seqs)]  # nothing is inserted after them
+        return draft
+
+    def protections(self, policy: Policy) -> Protections:
+        """Why each of the draft's items is protected under `policy` (asked as needed)."""
+        return Protections(self.entries, self.natural, self.turns, policy, self.latest_results)
+
+    def apply(self, applied: AppliedEdit) -> None:
+        self._ordered = None
+        edit = applied.edit
+        match edit:
+            case Replace(seq):
+                self._set(seq, applied.content, Representation.REDUCED, applied.tokens)
+            case Remove(seq, placeholder):
+                kind = Representation.PLACEHOLDER if placeholder else Representation.OMITTED
+                self._set(seq, applied.content, kind, applied.tokens)
+            case Insert(after_seq, content):
+                seq = -(len(self.inserted) + 1)
+                anchor = self.entries.get(after_seq)
+                item = Item(
+                    role=content.role,
+                    content=content.content,
+                    seq=seq,
+                    content_hash=content_hash(content),
+                    token_count=applied.tokens,
+                    created_at=_INSERTED_AT,
+                )
+                self.entries[seq] = Entry(
+                    item, content.content, Representation.FULL, applied.tokens, anchor.turn if anchor else 0
+                )
+                self.inserted.append((after_seq, seq))
+                self.view_tokens += applied.tokens
+            case Reorder():
+                self.order = reordered(edit, self.order)
+            case PatchRequest(name, value):
+                self.patches[name] = value
+
+    def _set(self, seq: int, content: tuple[Block, ...], kind: Representation, tokens: int) -> None:
+        old = self.entries[seq]
+        self.entries[seq] = Entry(old.item, content, kind, tokens, old.turn, old.pinned)
+        self.view_tokens += _shown_tokens(kind, tokens) - _shown_tokens(old.representation, old.tokens)
+
+    def ordered(self) -> list[Entry]:
+        """The entries in view order (the same list until an edit is applied: not to be changed)."""
+        if self._ordered is None:
+            self._ordered = self._in_view_order()
+        return self._ordered
+
+    def _in_view_order(self) -> list[Entry]:
+        entries = self.entries
+        if not self.inserted:
+            return [entries[s] for s in self.order]
+        after: dict[int, list[int]] = {}
+        for anchor, seq in self.inserted:
+            after.setdefault(anchor, []).append(seq)
+        out = []
+        for s in self.order:
+            out.append(entries[s])
+            out.extend(entries[i] for i in after.get(s, ()))
+        return out
+
+    def leading_system(self) -> Iterator[Item]:
+        """The system items the history opens with (the prompt a provider caches first)."""
+        for seq in self.natural:
+            item = self.entries[seq].item
+            if item.role is not Role.SYSTEM:
+                return
+            yield item
+
+
+def _shown_tokens(kind: Representation, tokens: int) -> int:
+    return 0 if kind is Representation.OMITTED else tokens
+
+
+def reordered(edit: Reorder, order: Sequence[int]) -> list[int]:
+    """The history's seqs in `edit`'s order; those appended since it was decided follow, in `order`."""
+    listed = list(edit.order)
+    known = set(listed)
+    return listed + [s for s in order if s not in known]
+
+
+def new_representation(entry: Entry, edit: Edit, reason: str) -> tuple[Block, ...]:
+    """The blocks an edit gives its target, normalized so pairs and signed reasoning survive."""
+    item = entry.item
+    if isinstance(edit, Remove):
+        return placeholder_blocks(item, reason, edit.note) if edit.placeholder else ()
+    assert isinstance(edit, Replace)
+    result = item.tool_result
+    if result is not None:
+        # A tool item stays one tool_result for its call, whatever the transform returned.
+        parts = tuple(
+            p
+            for b in edit.content
+            for p in (b.content if isinstance(b, ToolResultBlock) else (b,))
+            if isinstance(p, TextBlock)
+        )
+        return (ToolResultBlock(result.tool_use_id, parts, result.is_error, result.name),)
+    if item.role is Role.ASSISTANT and item.tool_uses:
+        # The transform may rewrite the text, and stand in for the calls' inputs (the same
+        # calls, checked by eligibility); the calls, and the signed reasoning that led to
+        # them, are otherwise the originals.
+        texts = tuple(b for b in edit.content if isinstance(b, TextBlock))
+        calls = tuple(b for b in edit.content if isinstance(b, ToolUseBlock))
+        return with_calls(texts, item.content, calls)
+    return edit.content
+
+
+Slot = int | str
+"""What an edit occupies: an item (its seq), or a string naming something else."""
+
+
+def slot_of(edit: Edit) -> Slot:
+    """At most one edit per item, one reorder, one patch per request field; inserts are
+    told apart by what they insert."""
+    match edit:
+        case Replace(seq) | Remove(seq):
+            return seq
+        case Reorder():
+            return "reorder"
+        case PatchRequest(name):
+            return f"patch:{name}"
+    return edit_key(edit)
+
+
+def is_compression(applied: AppliedEdit) -> bool:
+    """Whether an edit in force is a built-in compression (it keeps the item's facts in the view)."""
+    return isinstance(applied.edit, Replace) and applied.reason.startswith(COMPRESSED)

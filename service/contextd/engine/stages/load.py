@@ -1,0 +1,142 @@
+"""Load (DESIGN section 4): the history as the edits in force show it.
+
+Edits made durable come first (history, whatever pins and policy say), then the view
+state's edits in force: they stay, so the bytes a provider cached stay valid, except on
+items protected since (pinned, or protected by a changed policy), which are shown in
+full again (KEEP). A render that follows the previous one (only items appended since)
+starts from that render's finished draft instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from contextd.engine.certificates import CertificateBody, Decision
+from contextd.engine.eligibility import Protections
+from contextd.engine.model import Item
+from contextd.engine.policy import Policy
+from contextd.engine.stages.certify import certificate, refusal_key
+from contextd.engine.stages.draft import Draft, Slot, is_compression, slot_of
+from contextd.engine.state import AppliedEdit, ViewState
+from contextd.engine.types import target_of
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A render's draft with all its edits applied, and what they take and rest on: where
+    the next render from its state starts, when only items were appended since (the carry)."""
+
+    draft: Draft
+    taken: frozenset[Slot]
+    relied: Mapping[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    draft: Draft
+    """Every edit in force applied; the later stages apply this render's edits to it."""
+    protected: Protections
+    in_force: tuple[AppliedEdit, ...]
+    """The view state's edits that stay in force (those made durable are history)."""
+    taken: frozenset[Slot]
+    """The slots of every edit in force, durable ones included."""
+    compressed: frozenset[Slot]
+    """Those held by a compression: it keeps an item's facts, and a prune its evidence
+    allows later may still take its slot."""
+    relied: Mapping[int, int]
+    """What the edits in force rest on: evidence seq -> the seq whose reduction rests on it."""
+    certificates: tuple[CertificateBody, ...]
+    """KEEP for each edit undone on an item protected since."""
+    decided: frozenset[str]
+    """The refusals certified so far (`ViewState.decided`, and those KEEPs)."""
+
+
+def load(
+    items: Sequence[Item],
+    pins: frozenset[int],
+    policy: Policy,
+    state: ViewState,
+    durable: tuple[AppliedEdit, ...],
+    finished: Finished | None = None,
+) -> Loaded:
+    """The draft of `items` with the edits in force applied (`finished`: the previous render's,
+    when this render differs from its input only by items appended: its edits stand as it left
+    them)."""
+    if finished is not None:
+        draft = finished.draft.following(items, pins)
+        return Loaded(
+            draft,
+            draft.protections(policy),
+            state.applied,
+            finished.taken,
+            _compressions(state.applied),
+            finished.relied,
+            (),
+            state.decided,
+        )
+    draft = Draft(items, pins, policy.tools)
+    protected = draft.protections(policy)
+    for edit in durable:
+        draft.apply(edit)
+    in_force, certificates, undone = _carry_over(draft, protected, policy, state, pins, durable)
+    return Loaded(
+        draft,
+        protected,
+        in_force,
+        frozenset(slot_of(a.edit) for a in (*durable, *in_force)),
+        _compressions(in_force),
+        relied_on([*durable, *in_force]),
+        certificates,
+        state.decided | undone,
+    )
+
+
+def _carry_over(
+    draft: Draft,
+    protected: Protections,
+    policy: Policy,
+    state: ViewState,
+    pins: frozenset[int],
+    durable: tuple[AppliedEdit, ...],
+) -> tuple[tuple[AppliedEdit, ...], tuple[CertificateBody, ...], frozenset[str]]:
+    """Apply the state's edits in force after the durable ones. Returns those that stay, the
+    KEEPs of those undone, and the keys those KEEPs are certified under."""
+    in_force: list[AppliedEdit] = []
+    certificates: list[CertificateBody] = []
+    undone: set[str] = set()
+    durable_slots = {slot_of(a.edit) for a in durable}
+    # Under the same policy only a pin can protect an item an edit reduced:
+    # an item out of the last turns, or not the latest error, stays so.
+    recheck = state.policy_version != policy.version
+    for applied in state.applied:
+        if durable_slots and slot_of(applied.edit) in durable_slots:
+            continue
+        seq = target_of(applied.edit)
+        protection = protected.of(seq) if seq is not None and (recheck or seq in pins) else ""
+        if protection:
+            entry = draft.entries[seq] if seq is not None else None
+            why = f"protected: {protection}; shown in full again"
+            certificates.append(
+                certificate(entry, Decision.KEEP, applied.rule, applied.reason, why, protection=protection)
+            )
+            undone.add(refusal_key(Decision.KEEP, applied.edit, applied.rule, applied.reason))
+            continue
+        draft.apply(applied)
+        in_force.append(applied)
+    return tuple(in_force), tuple(certificates), frozenset(undone)
+
+
+def _compressions(in_force: Iterable[AppliedEdit]) -> frozenset[Slot]:
+    return frozenset(slot_of(a.edit) for a in in_force if is_compression(a))
+
+
+def relied_on(in_force: Iterable[AppliedEdit]) -> dict[int, int]:
+    """evidence seq -> the seq whose reduction rests on it (the first edit to rely on an item)."""
+    relied: dict[int, int] = {}
+    for applied in in_force:
+        seq = target_of(applied.edit)
+        for s in applied.evidence_seqs:
+            if seq is not None:
+                relied.setdefault(s, seq)
+    return relied

@@ -1,0 +1,226 @@
+"""The one transform primitive (DESIGN section 4): what a transform sees, and the edits it
+proposes.
+
+A transform sees the whole request (every item with its current
+representation, the budget, the cache state, the focus, the policy) and
+proposes edits. It decides nothing: each proposal states the evidence it
+rests on, and the engine decides (eligibility, then timing) and writes the
+decision down. Rules are sugar over this: a rule picks candidates with its
+`when` predicates and hands them to one transform with its params. The
+registry of transforms, built-in and installed, is transforms.py.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, NamedTuple, Protocol
+
+from contextd.engine.model import Block, Item, ItemContent, Representation, Role, ToolResultBlock, ToolUseBlock
+from contextd.engine.observations import ObservationIndex
+
+# ------------------------------------------------------------------ edits
+
+
+@dataclass(frozen=True, slots=True)
+class Replace:
+    """Show `content` instead of the item (a reduced form); the original stays retrievable."""
+
+    seq: int
+    content: tuple[Block, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Remove:
+    """Take the item out of the view, leaving a placeholder with its handle (or nothing at all)."""
+
+    seq: int
+    placeholder: bool = True
+    note: str = ""
+    """Said in the placeholder after the reason: where the content can still be seen
+    (``identical to the output of call c3, seq 8``). Identity, never content."""
+
+
+@dataclass(frozen=True, slots=True)
+class Insert:
+    """Add content that is not in the history, after item `after_seq`: the opening turn
+    or a later item (nothing goes before the system prompt and the opening turn)."""
+
+    after_seq: int
+    content: ItemContent
+
+
+@dataclass(frozen=True, slots=True)
+class Reorder:
+    """Show the items in this order of seqs (a permutation of those in the view)."""
+
+    order: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PatchRequest:
+    """Ask the client to set a field of its provider request (returned with the view)."""
+
+    field: str
+    value: Any
+
+
+Edit = Replace | Remove | Insert | Reorder | PatchRequest
+
+
+def target_of(edit: Edit) -> int | None:
+    """The seq of the item an edit reduces, or None for edits that remove nothing."""
+    return edit.seq if isinstance(edit, Replace | Remove) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """An edit and the claim that makes it safe."""
+
+    edit: Edit
+    level: int
+    """Rung of the evidence ladder the claim is on (DESIGN section 5): 0 identical copy,
+    1 same versioned source, 2 superseded, 3 completed work, 4 predicted irrelevant."""
+    reason: str
+    """A stable code, e.g. ``duplicate``, ``superseded``, ``errored_input``."""
+    evidence: str = ""
+    evidence_seqs: tuple[int, ...] = ()
+    """Items the claim rests on (for level 0: items with the identical content)."""
+    abstain: bool = False
+    """The transform looked and could not establish safety: recorded as ABSTAIN."""
+    compression: bool = False
+    """A reduced form that keeps the item in the view (its fact lines verbatim, the rest
+    said by line range, the handle named): allowed by the policy's `compression` switch
+    rather than by its maximum level."""
+
+
+# ---------------------------------------------------------- what it sees
+
+
+class Entry(NamedTuple):
+    """One history item as the view currently shows it.
+
+    A NamedTuple rather than a frozen dataclass: every render builds one
+    per item, and tuples are several times cheaper to make.
+    """
+
+    item: Item
+    content: tuple[Block, ...]
+    """The current representation (the original blocks when `representation` is full)."""
+    representation: Representation
+    tokens: int
+    """Tokens of the current representation."""
+    turn: int
+    """Index of the turn the item belongs to (a user item, or an assistant item and its tool results)."""
+    pinned: bool = False
+
+    @property
+    def seq(self) -> int:
+        return self.item.seq
+
+    @property
+    def role(self) -> Role:
+        return self.item.role
+
+    @property
+    def name(self) -> str:
+        return self.item.name
+
+    @property
+    def tool_result(self) -> ToolResultBlock | None:
+        """The tool result as shown (for the original, see ``item.tool_result``)."""
+        if self.item.role is Role.TOOL:
+            for block in self.content:
+                if isinstance(block, ToolResultBlock):
+                    return block
+        return None
+
+    @property
+    def tool_uses(self) -> tuple[ToolUseBlock, ...]:
+        return tuple(b for b in self.content if isinstance(b, ToolUseBlock))
+
+    @property
+    def tool_name(self) -> str:
+        result = self.item.tool_result
+        if result is not None:
+            return result.name
+        uses = self.item.tool_uses
+        return uses[0].name if len(uses) == 1 else ""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheState:
+    """What the engine knows of the provider's prompt cache for this view."""
+
+    previous_tokens: int
+    """Tokens of the previous render the provider cached: all it sent, or those before the
+    breakpoint the view placed in it (0: no previous render)."""
+    age_seconds: float | None
+    """Seconds since the previous render; None without one."""
+    ttl_seconds: float
+    breakpoints: tuple[int, ...] | None = None
+    """Where the provider can read the previous render from when it reads only whole earlier
+    prompts: their ends (token offsets in the previous render, ascending), still cached. None
+    when it reads any prefix two prompts share."""
+
+    @property
+    def cold(self) -> bool:
+        """Nothing cached to keep: no previous render, too old, or none of it cached."""
+        return self.age_seconds is None or self.age_seconds > self.ttl_seconds or self.breakpoints == ()
+
+    def read_until(self, position: int) -> int:
+        """How far the next call reads the previous render from the cache when its prompt first
+        differs from it at token `position`: what comes after is written again."""
+        if self.breakpoints is None:
+            return position
+        at = bisect_right(self.breakpoints, position)
+        return self.breakpoints[at - 1] if at else 0
+
+
+@dataclass(frozen=True, slots=True)
+class TransformContext:
+    entries: tuple[Entry, ...]
+    budget_tokens: int
+    """0: no budget."""
+    view_tokens: int
+    """Tokens of the view as it stands before this transform."""
+    cache: CacheState
+    focus: tuple[str, ...]
+    """Identifiers the next call is about: the request's, then those of the latest tool calls and
+    user turn, the newer first (stages/propose.py, `focus_terms`)."""
+    requested_focus: tuple[str, ...] = ()
+    """The focus terms the client gave with the request (the first of `focus`)."""
+    tools: tuple[Mapping[str, Any], ...] = ()
+    """The provider tool schemas sent with the request, when the client gave them."""
+    tool_effects: Mapping[str, Any] = field(default_factory=dict)
+    """The policy's tool declarations by tool name."""
+    turns: int = 0
+    """Turns in the history (whatever order the view shows them in): an entry is
+    ``turns - 1 - entry.turn`` turns old."""
+    observations: ObservationIndex = field(default_factory=lambda: ObservationIndex({}))
+    """The session's tool calls with their results, as evidence (what each read and wrote)."""
+    by_seq: Mapping[int, Entry] = field(default_factory=dict)
+    """The entries by seq (history items and inserted content)."""
+
+    @property
+    def utilization(self) -> float:
+        return self.view_tokens / self.budget_tokens if self.budget_tokens else 0.0
+
+
+class Transform(Protocol):
+    name: ClassVar[str]
+    version: ClassVar[str]
+    """Changes whenever the transform's output for the same input may change."""
+
+    def propose(
+        self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
+    ) -> Iterable[Proposal]:
+        """Edits for (some of) `candidates`, each with the claim that makes it safe."""
+        ...
+
+
+def prunable(entry: Entry) -> bool:
+    """Whether a candidate entry may still be pruned: shown whole, or compressed (a candidate
+    reduced is compressed, and a prune the policy allows may replace a compression)."""
+    return entry.representation in (Representation.FULL, Representation.REDUCED)
