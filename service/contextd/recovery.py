@@ -24,6 +24,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from contextd.engine.errors import InvalidArgument, LimitExceeded, OriginalNotFound
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Item, Role, ToolUseBlock
@@ -37,6 +39,7 @@ from contextd.sessions import check_session_id
 from contextd.telemetry import annotate
 from contextd_storage import search, views
 from contextd_storage.history import HistoryStore
+from contextd_storage.regex_literals import required_literals
 from contextd_storage.stash import Stash, Stashed, scope_of
 
 MAX_PAGE_TOKENS = 2000
@@ -50,6 +53,8 @@ DEFAULT_HITS, MAX_HITS = 10, 50
 """Search results per page: by default, and at most whatever the client asks."""
 TOKENIZED_KEPT = 32
 """Originals (or selections of them) whose token offsets are remembered for paging."""
+REDUCED_KEPT = 1_000_000
+"""Most seqs remembered (8 bytes each), over all sessions, of the items their views leave out."""
 MAX_CONTEXT_LINES = 50
 MAX_TOOL_FILTERS = 1000
 """Most tool names one search filters by."""
@@ -92,12 +97,23 @@ class Page:
 
 class RecoveryService:
     def __init__(
-        self, store: HistoryStore, stash: Stash, counter: TiktokenCounter, max_page_tokens: int = MAX_PAGE_TOKENS
+        self,
+        store: HistoryStore,
+        stash: Stash,
+        counter: TiktokenCounter,
+        max_page_tokens: int = MAX_PAGE_TOKENS,
+        states: views.StateCache | None = None,
     ) -> None:
         self.store = store
         self.stash = stash
         self.counter = counter
         self.max_page_tokens = max_page_tokens
+        self.states = states
+        """The view states this process's renders saved (the view service's): what is out of a
+        view is read from them."""
+        self._reduced: OrderedDict[int, tuple[int, array[int]]] = OrderedDict()
+        """Per session, its view state's version and the items that state's edits reduce."""
+        self._reduced_seqs = 0
         self._handles: IdentityMemo[dict[str, Item]] = IdentityMemo(64)
         """Per loaded history (by its first and last item), its items by handle."""
         self._tokenized: OrderedDict[tuple[Any, ...], array[int]] = OrderedDict()
@@ -154,11 +170,10 @@ class RecoveryService:
             row, _, items = await self.store.history_in(conn, tenant, session_id)
             where = query.where
             if query.only_out_of_view:
-                state = await views.load_state(conn, row["key"])
-                reduced = {target_of(a.edit) for a in (*await views.load_mutations(conn, row["key"]), *state.applied)}
-                where = replace(where, seqs=tuple(sorted(s for s in reduced if s is not None and s > 0)))
+                where = replace(where, seqs=await self._out_of_view(conn, row["key"]))
             if pattern is not None:
-                found = await search.regex(conn, row["key"], pattern, where, size + 1, offset)
+                literals = required_literals(query.query)
+                found = await search.regex(conn, row["key"], pattern, where, size + 1, offset, literals)
             elif query.mode is SearchMode.SUBSTRING:
                 found = await search.substring(conn, row["key"], query.query, where, size + 1, offset)
             else:
@@ -166,6 +181,34 @@ class RecoveryService:
         hits = [_hit(items[f.seq - 1], f) for f in found[:size]]
         annotate(session_id=session_id, tenant=tenant, items=len(hits))
         return hits, str(offset + size) if len(found) > size else ""
+
+    async def _out_of_view(self, conn: AsyncConnection, key: int) -> tuple[int, ...]:
+        """The items out of the session's view: those the edits in force reduce, the durable
+        ones included. The state's are read from the state this process's render saved, else
+        remembered by the state's version: a state is decoded once a version, not per search."""
+        version = await views.state_version(conn, key)
+        held = self._reduced.get(key)
+        if held is not None and held[0] == version:
+            self._reduced.move_to_end(key)
+            reduced = held[1]
+        else:
+            state = self.states.get(key, version) if self.states is not None else None
+            if state is None:
+                state = await views.load_state(conn, key)
+            seqs = {target_of(a.edit) for a in state.applied}
+            reduced = array("q", sorted(s for s in seqs if s is not None and s > 0))
+            self._remember_reduced(key, state.view_version, reduced)
+        durable = await views.mutation_targets(conn, key)
+        return tuple(sorted(durable.union(reduced))) if durable else tuple(reduced)
+
+    def _remember_reduced(self, key: int, version: int, reduced: array[int]) -> None:
+        dropped = self._reduced.pop(key, None)
+        self._reduced_seqs -= len(dropped[1]) if dropped is not None else 0
+        self._reduced[key] = (version, reduced)
+        self._reduced_seqs += len(reduced)
+        while self._reduced_seqs > REDUCED_KEPT and len(self._reduced) > 1:
+            _, (_, evicted) = self._reduced.popitem(last=False)
+            self._reduced_seqs -= len(evicted)
 
     async def status(self, tenant: str, session_id: str) -> Status:
         """Where the session stands: its size, its latest view, what is out of it and why."""

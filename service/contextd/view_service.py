@@ -69,6 +69,7 @@ class ViewService:
         clock: Callable[[], float] = time.time,
         on_pruned: Callable[[str, int, list[Item]], Awaitable[None]] | None = None,
         workers: RenderWorkers | None = None,
+        states: views.StateCache | None = None,
     ) -> None:
         self.store = store
         self.counter = counter
@@ -79,7 +80,8 @@ class ViewService:
         self.workers = workers
         """Where the engine runs (None: on the caller's thread, as the operator commands do)."""
         self._policies: dict[str, Policy] = {}
-        self._states = views.StateCache()
+        self._states = states if states is not None else views.StateCache()
+        """The states this process's renders saved (shared with the recovery service)."""
 
     async def policy_of(self, session: Session) -> Policy:
         """The session's parsed policy, parsed once per version (a large document off the loop)."""

@@ -103,7 +103,9 @@ items = Table(
     Index("uq_items_session_key_tool_use_id", "session_key", "tool_use_id", unique=True),
 )
 
-# Each item's whole text (what Retrieve returns), for substring and regex search.
+# Each item's whole text (what Retrieve returns), for substring and regex search. Indexed
+# by trigrams outside this declaration where the database can (migration 0007): a pg_trgm
+# GIN index on Postgres, an FTS5 table on SQLite.
 item_texts = Table(
     "item_texts",
     metadata,
@@ -135,12 +137,18 @@ FULL_TEXT_OBJECTS = frozenset(
         "item_text_chunks_fts_docsize",
         "item_text_chunks_fts_config",
         "item_text_chunks_fts_content",
+        "ix_item_texts_trigrams",
+        "item_texts_trigrams",
+        "item_texts_trigrams_data",
+        "item_texts_trigrams_idx",
+        "item_texts_trigrams_config",
     }
 )
 
 
 def include_object(obj: object, name: str | None, type_: str, reflected: bool, compare_to: object) -> bool:
-    """For schema comparisons (alembic): the full-text index objects are the migration's alone."""
+    """For schema comparisons (alembic): the full-text and trigram index objects are the
+    migrations' alone."""
     return name not in FULL_TEXT_OBJECTS and not (type_ == "column" and name == "tsv")
 
 

@@ -10,10 +10,16 @@ holds, so a piece across a chunk edge is whole in one of them); no operators, on
 either backend. Postgres ranks with `ts_rank` over the stored `simple` tsvector,
 SQLite orders by FTS5's BM25 (its score is not returned: it weighs words by every
 tenant's texts); an item is as good as its best chunk, comes back once, with that
-chunk's snippet. Substring search is the database's too (`strpos`, `instr`, over
-`item_texts`, each item's whole text). Regular expressions are RE2's, matched here on
-worker threads, on both backends alike, over the whole texts the filters leave (a
-session's worth, bounded).
+chunk's snippet. Substring search is the database's too (`LIKE` on Postgres, `instr`
+on SQLite, over `item_texts`, each item's whole text). Regular expressions are RE2's,
+matched here on worker threads, on both backends alike, over the whole texts the filters
+leave: those holding every literal the pattern requires (regex_literals), when it requires
+any, else every one (a session's worth, bounded).
+
+Both find their texts through a trigram index where the database has one (migration
+0007): pg_trgm's GIN index, which Postgres uses for `LIKE`; on SQLite an FTS5 table of
+each text's trigrams, which narrows the texts `instr` then reads. Without one, the same
+conditions read every text of the session: the same answers, slower.
 """
 
 from __future__ import annotations
@@ -40,7 +46,10 @@ WORD_SLACK_CHARS = 200
 """How far a chunk edge moves back to fall between words (a longer run of word characters,
 base64 say, is cut)."""
 FTS_ROWID_SPAN = 4294967296
-"""SQLite: a chunk's full-text rowid is its session key times this plus its number."""
+"""SQLite: a chunk's full-text rowid is its session key times this plus its number; an
+item's trigram rowid, its session key times this plus its seq."""
+MOST_TRIGRAMS = 24
+"""SQLite: most trigrams one search asks the trigram table for (a long needle has hundreds)."""
 _LAST_BREAK = re.compile(r"\W(?=\w*\Z)")
 
 
@@ -135,9 +144,17 @@ async def full_text(conn: AsyncConnection, key: int, query: str, where: Where, l
     return await _full_text_sqlite(conn, key, query, where, limit, offset)
 
 
+async def _planned_for_each(conn: AsyncConnection) -> None:
+    """Postgres: the transaction's statements are planned for the values they are given (a
+    needle most texts hold, or none; thousands of seqs out of the view), never once for any
+    values, which serves neither."""
+    await conn.execute(text("SET LOCAL plan_cache_mode = force_custom_plan"))
+
+
 async def _full_text_postgres(
     conn: AsyncConnection, key: int, query: str, where: Where, limit: int, offset: int
 ) -> list[Found]:
+    await _planned_for_each(conn)
     extra, params = _filters(where, "postgresql")
     pieces = list(dict.fromkeys(query.split()))
     params |= {"key": key, "limit": limit, "offset": offset, "pieces": pieces}
@@ -247,42 +264,143 @@ def fts5_phrases(query: str) -> list[str]:
 
 
 async def substring(conn: AsyncConnection, key: int, needle: str, where: Where, limit: int, offset: int) -> list[Found]:
+    """Items whose text holds `needle`, in seq order, each with the text around its first place."""
+    postgres = conn.dialect.name == "postgresql"
     extra, params = _filters(where, conn.dialect.name)
-    position = "strpos(t.text, :needle)" if conn.dialect.name == "postgresql" else "instr(t.text, :needle)"
-    window = "greatest(1, {p} - 80)" if conn.dialect.name == "postgresql" else "max(1, {p} - 80)"
-    params |= {"key": key, "needle": needle, "limit": limit, "offset": offset, "span": len(needle) + 160}
-    statement = f"""
-        SELECT t.seq, substr(t.text, {window.format(p=position)}, :span) AS around
-        FROM item_texts t
-        WHERE t.session_key = :key AND {position} > 0{extra}
-        ORDER BY t.seq LIMIT :limit OFFSET :offset
-    """
-    rows = await conn.execute(text(statement), params)
-    return [Found(int(r.seq), 0.0, _mark(r.around, needle)) for r in rows]
+    params |= {"key": key, "needle": needle, "span": len(needle) + 160}
+    held = _holding([needle], postgres, params)
+    position = "strpos(t.text, :needle)" if postgres else "instr(t.text, :needle)"
+    around = f"substr(t.text, {'greatest' if postgres else 'max'}(1, {position} - 80), :span) AS around"
+    found: list[Found] = []
+    for rows, rest in await _in_order(conn, key, where, [needle], params):
+        page = await conn.execute(
+            text(f"SELECT t.seq, {around} FROM {rows} WHERE {held}{extra}{rest} LIMIT :limit"),
+            params | {"limit": offset + limit - len(found)},
+        )
+        found.extend(Found(int(r.seq), 0.0, _mark(r.around, needle)) for r in page)
+        if len(found) >= offset + limit:
+            break
+    return found[offset : offset + limit]
 
 
-async def regex(conn: AsyncConnection, key: int, pattern: Any, where: Where, limit: int, offset: int) -> list[Found]:
-    """`pattern`: a compiled expression with `search` (RE2's: linear time)."""
+async def regex(
+    conn: AsyncConnection,
+    key: int,
+    pattern: Any,
+    where: Where,
+    limit: int,
+    offset: int,
+    literals: Sequence[str] = (),
+) -> list[Found]:
+    """`pattern`: a compiled expression with `search` (RE2's: linear time). `literals`: strings
+    every match of it holds (regex_literals.required_literals): only the texts holding them
+    all are read."""
+    postgres = conn.dialect.name == "postgresql"
     extra, params = _filters(where, conn.dialect.name)
     params["key"] = key
-    statement = f"SELECT t.seq, t.text FROM item_texts t WHERE t.session_key = :key{extra} ORDER BY t.seq"
-    rows = await conn.stream(text(statement), params)
+    literals = _indexable(literals, postgres)
+    held = _holding(literals, postgres, params) or "1 = 1"
     out: list[Found] = []
     skipped = 0
-    async for batch in rows.partitions(REGEX_BATCH):
-        # Matching is linear but a session's texts can run to hundreds of megabytes: on a
-        # worker thread, a batch at a time, so the event loop goes on serving meanwhile.
-        for seq, body, match in await asyncio.to_thread(_matches, pattern, batch):
-            if skipped < offset:
-                skipped += 1
-                continue
-            start = max(0, match.start() - 80)
-            out.append(Found(seq, 0.0, _mark(body[start : match.end() + 80], match.group(0))))
-            if len(out) >= limit:
-                await rows.close()
-                return out
-    await rows.close()
+    for rows, rest in await _in_order(conn, key, where, literals, params):
+        stream = await conn.stream(text(f"SELECT t.seq, t.text FROM {rows} WHERE {held}{extra}{rest}"), params)
+        async for batch in stream.partitions(REGEX_BATCH):
+            # Matching is linear but a session's texts can run to hundreds of megabytes: on a
+            # worker thread, a batch at a time, so the event loop goes on serving meanwhile.
+            for seq, body, match in await asyncio.to_thread(_matches, pattern, batch):
+                if skipped < offset:
+                    skipped += 1
+                    continue
+                start = max(0, match.start() - 80)
+                out.append(Found(seq, 0.0, _mark(body[start : match.end() + 80], match.group(0))))
+                if len(out) >= limit:
+                    await stream.close()
+                    return out
+        await stream.close()
     return out
+
+
+WINDOW_ITEMS = 200
+"""Substring and regex search read this many of the session's first items (from `min_seq`) in
+order before asking the index: a needle most texts hold fills a page there, whereas the index
+finds every text that holds it, each read again to be sure, before the first is returned."""
+
+
+async def _in_order(
+    conn: AsyncConnection, key: int, where: Where, literals: Sequence[str], params: dict[str, object]
+) -> list[tuple[str, str]]:
+    """What substring and regex search read, in seq order, one statement after the other: a
+    FROM clause naming the rows `t` and the end of the WHERE clause with the order. With
+    literals, a window of the session's first items, then the items after it (on SQLite
+    narrowed by the trigram table); without, every item."""
+    postgres = conn.dialect.name == "postgresql"
+    if postgres:
+        await _planned_for_each(conn)
+    if not literals:
+        return [("item_texts t", " AND t.session_key = :key ORDER BY t.seq")]
+    first = max(where.min_seq, 1)
+    params |= {"window_from": first, "window_to": min(first + WINDOW_ITEMS - 1, _LAST_SEQ)}
+    # On Postgres, OFFSET 0 keeps the planner from reading the window through the trigram index.
+    window = (
+        "(SELECT session_key, seq, text FROM item_texts WHERE session_key = :key"
+        f" AND seq BETWEEN :window_from AND :window_to{' OFFSET 0' if postgres else ''}) t"
+    )
+    narrowed = "" if postgres else await _narrowed(conn, key, literals, params)
+    after = f" AND t.session_key = :key AND t.seq > :window_to{narrowed} ORDER BY t.seq"
+    return [(window, " ORDER BY t.seq"), ("item_texts t", after)]
+
+
+def _indexable(literals: Sequence[str], postgres: bool) -> list[str]:
+    """The literals a trigram index finds texts by: on Postgres those with a word of three
+    ASCII letters or digits (pg_trgm's trigrams are of words), on SQLite those of three
+    characters; the others would only make each text be read once more."""
+    return [w for w in literals if (_WORD.search(w) if postgres else len(w) >= 3)]
+
+
+_WORD = re.compile(r"[A-Za-z0-9]{3}")
+_LAST_SEQ = 2**63 - 1
+"""Seqs are stored as int64."""
+
+
+def _holding(literals: Sequence[str], postgres: bool, params: dict[str, object]) -> str:
+    """SQL over the alias `t` (an item_texts row): its text holds every one of `literals`.
+    On Postgres as `LIKE`, which a pg_trgm index answers (the same test as `strpos`)."""
+    sql = []
+    for n, literal in enumerate(literals):
+        name = f"literal_{n}"
+        if postgres:
+            sql.append(f"t.text LIKE :{name} ESCAPE '\\'")
+            params[name] = "%" + re.sub(r"([\\%_])", r"\\\1", literal) + "%"
+        else:
+            sql.append(f"instr(t.text, :{name}) > 0")
+            params[name] = literal
+    return " AND ".join(sql)
+
+
+async def _narrowed(conn: AsyncConnection, key: int, literals: Sequence[str], params: dict[str, object]) -> str:
+    """SQLite: SQL over the alias `t` keeping the items whose trigrams include those of
+    `literals` ("" on Postgres, whose planner reads its index itself; "" without the table,
+    or without a literal of three characters)."""
+    trigrams = list(dict.fromkeys(w[i : i + 3] for w in literals for i in range(len(w) - 2)))
+    if conn.dialect.name == "postgresql" or not trigrams:
+        return ""
+    exists = "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'item_texts_trigrams'"
+    if not (await conn.execute(text(exists))).scalar_one():
+        return ""
+    if len(trigrams) > MOST_TRIGRAMS:  # any of them narrows soundly; spread over the literals
+        trigrams = [trigrams[n * len(trigrams) // MOST_TRIGRAMS] for n in range(MOST_TRIGRAMS)]
+    low = key * FTS_ROWID_SPAN
+    # Each trigram one FTS5 string ("" doubles a quote): the table keeps no positions, so
+    # the query asks for every trigram, anywhere in the text.
+    params |= {
+        "trigrams": " AND ".join('"' + t.replace('"', '""') + '"' for t in trigrams),
+        "trigrams_low": low,
+        "trigrams_high": low + FTS_ROWID_SPAN - 1,
+    }
+    return (
+        " AND t.seq IN (SELECT rowid - :trigrams_low FROM item_texts_trigrams"
+        " WHERE item_texts_trigrams MATCH :trigrams AND rowid BETWEEN :trigrams_low AND :trigrams_high)"
+    )
 
 
 REGEX_BATCH = 64

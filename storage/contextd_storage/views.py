@@ -109,6 +109,13 @@ async def load_state(conn: AsyncConnection, key: int, cache: StateCache | None =
     return ViewState() if text is None else state_from_json(text)
 
 
+async def state_version(conn: AsyncConnection, key: int) -> int:
+    """The version of the session's stored view state; 0 before its first render."""
+    v = schema.view_states
+    version = (await conn.execute(select(v.c.view_version).where(v.c.session_key == key))).scalar_one_or_none()
+    return int(version or 0)
+
+
 @traced("storage.save_view_state")
 async def save_state(conn: AsyncConnection, key: int, state: ViewState, encoded: str | None = None) -> None:
     """Store the session's view state; `encoded` is `state_to_json(state)` when the caller has it."""
@@ -308,6 +315,14 @@ async def append_mutations(conn: AsyncConnection, key: int, edits: Sequence[Appl
             for n, e in enumerate(edits, start=1)
         ],
     )
+
+
+async def mutation_targets(conn: AsyncConnection, key: int) -> frozenset[int]:
+    """The items the session's durable edits reduce (each row's `seq`, stored with the edit),
+    without decoding the edits."""
+    m = schema.mutations
+    rows = await conn.execute(select(m.c.seq).where(m.c.session_key == key, m.c.seq > 0).distinct())
+    return frozenset(int(seq) for seq in rows.scalars())
 
 
 async def load_mutations(conn: AsyncConnection, key: int) -> tuple[AppliedEdit, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
@@ -242,3 +244,89 @@ async def test_0006_counts_the_bytes_sessions_already_store(empty_database: str)
         assert await store.tenant_stored_bytes("another") == 0
     finally:
         await db.close()
+
+
+async def _trigram_objects(url: str) -> set[str]:
+    engine = create_async_engine(url, poolclass=NullPool)
+    try:
+        async with engine.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                query = "SELECT indexname FROM pg_indexes WHERE indexname LIKE '%trigram%'"
+            else:
+                query = "SELECT name FROM sqlite_master WHERE name LIKE '%trigram%'"
+            return set((await conn.execute(text(query))).scalars())
+    finally:
+        await engine.dispose()
+
+
+async def test_0007_indexes_the_texts_already_stored_and_its_downgrade_drops_the_index(empty_database: str) -> None:
+    url = empty_database
+    await migrate.upgrade(url, "0006")
+    db = Database(url)
+    try:
+        store = HistoryStore(db)
+        await store.create_session("t", "s", {})
+        items = [ItemContent(role=Role.USER, content=(TextBlock(t),)) for t in ("a quokka", "the wombat KEY_42")]
+        prepared = [PreparedItem(item, f"{n}" * 64, 1) for n, item in enumerate(items)]
+        await store.append(AppendRequest("t", "s", prepared, request_hash="r"))
+        key = await store.session_key("t", "s")
+    finally:
+        await db.close()
+    assert await _trigram_objects(url) == set()
+
+    await migrate.upgrade(url)
+    objects = await _trigram_objects(url)
+    assert "ix_item_texts_trigrams" in objects or "item_texts_trigrams" in objects
+    db = Database(url)
+    try:
+        async with db.read() as conn:
+            if conn.dialect.name == "sqlite":  # the texts already stored are in the table
+                indexed = "SELECT rowid FROM item_texts_trigrams WHERE item_texts_trigrams MATCH '\"_42\"'"
+                assert (await conn.execute(text(indexed))).scalars().all() == [key * search.FTS_ROWID_SPAN + 2]
+            found = await search.substring(conn, key, "wombat KEY", search.Where(), 10, 0)
+            assert [f.seq for f in found] == [2]
+    finally:
+        await db.close()
+
+    await migrate.downgrade(url, "0006")
+    assert await _trigram_objects(url) == set()
+    await migrate.upgrade(url)
+    assert await _trigram_objects(url) == objects
+
+
+async def test_0007_without_the_right_to_install_pg_trgm_migrates_without_the_index(
+    postgres_server_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A role that owns its schema but may not create extensions (no CREATE on the database)."""
+    url = backends.create_database(postgres_server_url, "contextd_no_trgm")
+    role = f"contextd_{uuid.uuid4().hex[:10]}"
+    database = make_url(url).database
+    backends.admin(
+        url,
+        f'CREATE ROLE "{role}" LOGIN',
+        f'REVOKE CREATE ON DATABASE "{database}" FROM PUBLIC',
+        f'GRANT CONNECT ON DATABASE "{database}" TO "{role}"',
+        f'GRANT USAGE, CREATE ON SCHEMA public TO "{role}"',
+    )
+    as_role = make_url(url).set(username=role).render_as_string(hide_password=False)
+    try:
+        with caplog.at_level("WARNING"):
+            await migrate.upgrade(as_role)
+        assert await migrate.current_revision(as_role) == migrate.head_revision()
+        assert "cannot install the pg_trgm extension" in caplog.text and "CREATE INDEX" in caplog.text
+        assert await _trigram_objects(as_role) == set()
+        db = Database(as_role)
+        try:
+            store = HistoryStore(db)
+            await store.create_session("t", "s", {})
+            item = ItemContent(role=Role.USER, content=(TextBlock("the wombat KEY_42"),))
+            await store.append(AppendRequest("t", "s", [PreparedItem(item, "a" * 64, 1)], request_hash="r"))
+            key = await store.session_key("t", "s")
+            async with db.read() as conn:  # search reads every text instead
+                assert [f.seq for f in await search.substring(conn, key, "KEY_42", search.Where(), 10, 0)] == [1]
+        finally:
+            await db.close()
+        await migrate.downgrade(as_role, "0006")
+    finally:
+        backends.drop_database(postgres_server_url, url)
+        backends.admin(postgres_server_url, f'DROP ROLE IF EXISTS "{role}"')

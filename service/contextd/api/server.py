@@ -46,6 +46,7 @@ from contextd_storage.database import Database
 from contextd_storage.history import HistoryStore
 from contextd_storage.stash import Stash
 from contextd_storage.stash.memory import MemoryStash
+from contextd_storage.views import StateCache
 
 log = logging.getLogger("contextd")
 
@@ -92,11 +93,12 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
         if settings.redis_url
         else MemoryStash(settings.stash_ttl_seconds, settings.stash_session_bytes)
     )
-    recovery = RecoveryService(store, stash, counter, settings.max_page_tokens)
+    states = StateCache()  # what the renders saved, read by Search too
+    recovery = RecoveryService(store, stash, counter, settings.max_page_tokens, states)
     admission = Admission(settings.limits_of_tenants(), settings.redis_url, store.tenant_stored_bytes)
     sessions = SessionService(store, counter, limits, registry, admission)
     workers = RenderWorkers(settings.render_threads, wait_seconds=settings.lock_timeout_ms / 1000)
-    views = ViewService(store, counter, registry, on_pruned=recovery.stash_items, workers=workers)
+    views = ViewService(store, counter, registry, on_pruned=recovery.stash_items, workers=workers, states=states)
 
     server = grpc.aio.server(
         interceptors=[

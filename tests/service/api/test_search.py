@@ -14,6 +14,7 @@ from contextd.recovery import MAX_QUERY_CHARS, MAX_TOOL_FILTERS
 from contextd_client import Client, ContextdError, ViewFormat
 from contextd_storage.search import CHUNK_CHARS, OVERLAP_CHARS, chunk_bounds, text_chunks
 from tests.conftest import ServerThread
+from tests.conftest import test_settings as settings_for
 from tests.service.api.test_recovery import MASK_OLD
 
 
@@ -238,3 +239,34 @@ def test_full_text_reads_any_query_as_text_never_as_syntax(client: Client, sessi
     assert [h.seq for h in client.search(session_id, "x|y (c&d)").hits] == [1]
     assert [h.seq for h in client.search(session_id, "NEAR AND").hits] == [1]
     assert client.search(session_id, "it's nowhere").hits == ()
+
+
+def test_out_of_the_view_follows_each_render_on_every_replica(server: ServerThread, database_url: str) -> None:
+    """What is out of the view is read per view state version: from the state this replica's
+    render saved, or decoded once by a replica that did not render it."""
+    other = ServerThread(settings_for(database_url)).start()
+    try:
+        with Client(server.target, timeout=30) as client, Client(other.target, timeout=30) as replica:
+            session, planted = long_session(client, 500)
+            client.render_view(session, ViewFormat.OPENAI_CHAT)
+            body = "".join(f"late row {k}: charge ok amount={k * 7}\n" for k in range(8))
+            call = {"id": "late", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+            late = [
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "late", "content": body + "request req_55Z1 again: declined\n"},
+            ]
+            client.append_openai(session, late)
+            for each in (client, replica):
+                found = each.search(session, "req_55Z1", mode="substring", only_out_of_view=True)
+                assert [h.seq for h in found.hits] == [planted]  # the late output is in the view
+            client.append_openai(
+                session, [{"role": "user", "content": "Go on."}, {"role": "assistant", "content": "On it."}]
+            )
+            view = client.render_view(session, ViewFormat.OPENAI_CHAT)  # the late output leaves it
+            later = max(c.seq for c in view.certificates if c.decision == "prune")
+            for each in (client, replica):
+                for mode in ("substring", "regex", "full_text"):
+                    found = each.search(session, "req_55Z1", mode=mode, only_out_of_view=True)
+                    assert sorted(h.seq for h in found.hits) == [planted, later], mode  # full text ranks
+    finally:
+        other.stop()
