@@ -21,6 +21,10 @@ from urllib.parse import urlsplit, urlunsplit
 ENV_PREFIX = "CONTEXTD_"
 
 
+MAX_MESSAGE_BYTES = 1 << 30
+"""gRPC takes message sizes as 32-bit ints, and the server receives up to twice this."""
+
+
 class ConfigError(ValueError):
     pass
 
@@ -139,6 +143,9 @@ class Settings:
             if number and (value < 0 or (value == 0 and not f.metadata["off"])):
                 allowed = "positive or 0 (off)" if f.metadata["off"] else "positive"
                 raise ConfigError(f"{f.name} must be {allowed}, not {value}")
+        if self.max_message_bytes > MAX_MESSAGE_BYTES:
+            most = f"at most {MAX_MESSAGE_BYTES} (1 GiB)"
+            raise ConfigError(f"max_message_bytes must be {most}, not {self.max_message_bytes}")
         if ":" not in self.listen:
             raise ConfigError(f"listen must be host:port, not {self.listen!r}")
         normalize_database_url(self.database_url)

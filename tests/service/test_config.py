@@ -1,10 +1,15 @@
-"""Settings refused at start-up with one line: keys that name two tenants, TLS half given."""
+"""Settings refused at start-up with one line: keys that name two tenants, TLS half given, a
+message limit gRPC cannot take."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 
 from contextd.config import ConfigError, Settings
+from contextd_client import Client
+from tests.conftest import ServerThread
 
 
 @pytest.mark.parametrize(
@@ -35,3 +40,13 @@ def test_a_tenant_may_have_several_keys_while_rotating() -> None:
 def test_tls_settings_go_together(settings: dict[str, str], words: str) -> None:
     with pytest.raises(ConfigError, match=words):
         Settings(**settings).validate()  # type: ignore[arg-type]
+
+
+def test_a_message_limit_grpc_cannot_take_is_refused_and_the_largest_it_can_serves(
+    make_server: Callable[..., ServerThread],
+) -> None:
+    with pytest.raises(ConfigError, match=r"max_message_bytes must be at most 1073741824 \(1 GiB\), not 1073741825"):
+        Settings(max_message_bytes=(1 << 30) + 1).validate()
+    server = make_server(max_message_bytes=1 << 30)  # receives up to twice it: capped at gRPC's largest
+    with Client(server.target) as client:
+        assert client.create_session().id

@@ -112,7 +112,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
             # request between the two gets INVALID_ARGUMENT naming the limit
             # rather than a bare RESOURCE_EXHAUSTED. Views are checked against
             # the limit before they are sent (VIEW_TOO_LARGE).
-            ("grpc.max_receive_message_length", 2 * settings.max_message_bytes),
+            ("grpc.max_receive_message_length", min(2 * settings.max_message_bytes, 2**31 - 1)),
             ("grpc.max_send_message_length", settings.max_message_bytes),
             # gRPC shares ports by default (SO_REUSEPORT): a second daemon on
             # the same address would silently take half the calls. Refuse it.

@@ -18,7 +18,7 @@ import bisect
 import json
 import posixpath
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol
@@ -26,6 +26,10 @@ from typing import Any, Protocol
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Item, Role, TextBlock, ToolEffectKind, ToolResultBlock, ToolUseBlock
 from contextd.engine.shell import UNKNOWN, WHOLE, Effects, Read, effects
+from contextd.engine.spans import ReadSpans, Span
+
+LAST_SEQ = 2**63 - 1
+"""Seqs are int64."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +105,6 @@ class ObservationIndex:
         """tool call id -> seq of its result."""
         self.completions: tuple[Completion, ...] = ()
         """Spans of work the client marked complete, in the order of the items that record them."""
-        self._by_path: dict[str, tuple[int, ...]] = {}
-        """path -> seqs of the observations that read it or wrote it."""
         self._by_name: dict[str, tuple[int, ...]] = {}
         """file name (the last part of a path) -> seqs of the observations that wrote it
         in a way that may have moved its lines."""
@@ -114,6 +116,9 @@ class ObservationIndex:
         """Seqs of the observations with unknown effects, in order."""
         self._shell_state: list[int] = []
         """Seqs of the observations that may have changed the shell (its directory ...)."""
+        self._spans: dict[str, tuple[ReadSpans, int]] = {}
+        """path -> the line spans read of it (spans.py), and how many of them this index sees
+        (a copy shares them)."""
 
     def copy(self) -> ObservationIndex:
         other = object.__new__(ObservationIndex)
@@ -122,20 +127,20 @@ class ObservationIndex:
         other.by_seq = dict(self.by_seq)
         other._answers = dict(self._answers)
         other.completions = self.completions
-        other._by_path = dict(self._by_path)
         other._by_name = dict(self._by_name)
         other._by_output = dict(self._by_output)
         other._by_command = dict(self._by_command)
         other._successes = dict(self._successes)
         other._unknown = list(self._unknown)
         other._shell_state = list(self._shell_state)
+        other._spans = dict(self._spans)
         return other
 
     def extend(self, items: Iterable[Item]) -> None:
         """Add items appended to the history (in seq order)."""
         # Gathered in lists and joined once: a tuple grown item by item would cost
         # quadratic time for a tool called a thousand times.
-        grown: dict[str, dict[Any, list[int]]] = {"path": {}, "name": {}, "output": {}, "command": {}, "success": {}}
+        grown: dict[str, dict[Any, list[int]]] = {"name": {}, "output": {}, "command": {}, "success": {}}
         for item in items:
             span = parse_completion(item.metadata.get(COMPLETES, "")) if item.metadata else None
             if span is not None:
@@ -151,8 +156,9 @@ class ObservationIndex:
             seen = _observations.get((item, call, self._tools), partial(self._observe, item, call_seq, call))
             self.by_seq[item.seq] = seen
             self._answers[result.tool_use_id] = item.seq
-            for path in {*(r.path for r in seen.reads), *seen.writes}:
-                grown["path"].setdefault(path, []).append(item.seq)
+            for read in seen.reads:
+                if read.span is not None:
+                    self._read_spans(read.path).add(item.seq, read.span)
             for path in seen.moves_lines:
                 grown["name"].setdefault(posixpath.basename(path.rstrip("/")), []).append(item.seq)
             grown["output"].setdefault(seen.output_hash, []).append(item.seq)
@@ -164,7 +170,6 @@ class ObservationIndex:
             if seen.shell_state:
                 self._shell_state.append(item.seq)
         for index, kind in (
-            (self._by_path, "path"),
             (self._by_name, "name"),
             (self._by_output, "output"),
             (self._by_command, "command"),
@@ -172,6 +177,15 @@ class ObservationIndex:
         ):
             for key, seqs in grown[kind].items():
                 index[key] = (*index.get(key, ()), *seqs)
+
+    def _read_spans(self, path: str) -> ReadSpans:
+        """The spans read of `path`, to add one to: shared with another index only while
+        this one sees them all (a copy that went another way gets its own)."""
+        spans, count = self._spans.get(path, (None, 0))
+        if spans is None or len(spans) != count:
+            spans = ReadSpans() if spans is None else spans.copy(count)
+        self._spans[path] = (spans, count + 1)
+        return spans
 
     def _observe(self, item: Item, call_seq: int, call: ToolUseBlock) -> Observation:
         result = item.tool_result
@@ -222,9 +236,24 @@ class ObservationIndex:
         """Seqs of the observations that returned exactly this, in order."""
         return self._by_output.get(output_hash, ())
 
-    def of_path(self, path: str) -> tuple[Observation, ...]:
-        """The observations that read or wrote `path`, in order."""
-        return tuple(self.by_seq[s] for s in self._by_path.get(path, ()))
+    def reads_covering(self, path: str, span: Span, after: int, until: int) -> Iterator[Observation]:
+        """The observations in seqs (`after`, `until`], in order, that may have read the lines
+        `span` of `path` (WHOLE: the whole file) again: every one that read them (by a read
+        whose span covers them), and some that did not (spans.py), each once."""
+        spans, count = self._spans.get(path, (None, 0))
+        if spans is None:
+            return
+        last = 0
+        for seq in spans.covering(count, after, until, span):
+            if seq != last:  # one observation may read the path twice
+                last = seq
+                yield self.by_seq[seq]
+
+    def shell_unchanged_until(self, after: int) -> int:
+        """The last seq up to which nothing after seq `after` may have changed the shell's
+        directory or variables (the first call that may have; the last seq there can be)."""
+        i = bisect.bisect_right(self._shell_state, after)
+        return self._shell_state[i] if i < len(self._shell_state) else LAST_SEQ
 
     def next_run(self, seen: Observation) -> Observation | None:
         """The next call of the same tool with the same command (or arguments)."""
@@ -263,7 +292,7 @@ class ObservationIndex:
         if self.unknown_between(after, before):
             return True
         name = posixpath.basename(path.rstrip("/"))
-        return any(after < s < before for s in self._by_name.get(name, ()))
+        return _between(self._by_name.get(name, ()), after, before)
 
 
 _FAILURE = re.compile(
@@ -272,7 +301,7 @@ _FAILURE = re.compile(
 )
 
 
-def _between(seqs: list[int], after: int, before: int) -> bool:
+def _between(seqs: Sequence[int], after: int, before: int) -> bool:
     i = bisect.bisect_right(seqs, after)
     return i < len(seqs) and seqs[i] < before
 

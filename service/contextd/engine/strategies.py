@@ -54,7 +54,7 @@ from contextd.engine.compress import Compressed, Focus, compress
 from contextd.engine.compress.text import WORD, identifiers
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Item, ReasoningBlock, Representation, TextBlock, ToolUseBlock
-from contextd.engine.observations import Observation, ObservationIndex
+from contextd.engine.observations import LAST_SEQ, Observation, ObservationIndex
 from contextd.engine.placeholders import PREFIX, describe, handle_of
 from contextd.engine.shell import WHOLE, Read, covers
 from contextd.engine.types import Entry, Proposal, Remove, Replace, TransformContext, prunable
@@ -122,14 +122,15 @@ class SameSource(_Strategy):
         if not seen.version or len(seen.reads) != 1 or seen.writes or seen.unknown or seen.is_error:
             return None
         read = seen.reads[0]
+        if not read.span:
+            return None
         earlier = next(
             (
                 o
-                for o in context.observations.of_path(read.path)
-                if o.seq < entry.seq
-                and o.version == seen.version
+                for o in context.observations.reads_covering(read.path, read.span, 0, entry.seq - 1)
+                if o.version == seen.version
                 and not o.is_error
-                and any(r.path == read.path and r.span and read.span and covers(r.span, read.span) for r in o.reads)
+                and any(r.path == read.path and r.span and covers(r.span, read.span) for r in o.reads)
                 and _shown_in_full(context, o.seq)
             ),
             None,
@@ -155,14 +156,14 @@ class Supersede(_Strategy):
         index = context.observations
         newer: list[Observation] = []
         for read in seen.reads:
+            # A relative path means something else once the shell's directory may have changed.
+            until = LAST_SEQ if posixpath.isabs(read.path) else index.shell_unchanged_until(entry.seq)
+            lines = WHOLE if read.span is None else read.span  # without line numbers: a whole read only
             later = next(
                 (
                     o
-                    for o in index.of_path(read.path)
-                    if o.seq > entry.seq
-                    and not o.failed
-                    and _rereads(o, read, seen, index)
-                    and _shown_in_full(context, o.seq)
+                    for o in index.reads_covering(read.path, lines, entry.seq, until)
+                    if not o.failed and _rereads(o, read, seen, index) and _shown_in_full(context, o.seq)
                 ),
                 None,
             )

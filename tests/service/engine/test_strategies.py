@@ -60,14 +60,20 @@ def run_policy(items: list[Item], document: str) -> RenderOutput:
     return render(policy_input(items, document))
 
 
-def policy_input(items: list[Item], document: str, state: ViewState | None = None, now: float = 0.0) -> RenderInput:
+def policy_input(
+    items: list[Item],
+    document: str,
+    state: ViewState | None = None,
+    now: float = 0.0,
+    registry: TransformRegistry = REGISTRY,
+) -> RenderInput:
     return RenderInput(
         make_session(len(items)),
         items,
-        parse_policy(document, REGISTRY),
+        parse_policy(document, registry),
         ViewRequest(ViewFormat.OPENAI_CHAT),
         counter(),
-        REGISTRY,
+        registry,
         state or ViewState(),
         now,
     )

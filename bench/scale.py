@@ -1,0 +1,286 @@
+"""How a render's cost grows with the session: the engine alone and through the service.
+
+    python bench/scale.py [--sizes 1000,10000] [--workload unprunable|sliding] [--repeat 20]
+                          [--backend sqlite|postgres] [--postgres-url URL] [--parts engine,service]
+
+The session is a coding agent's tool calls whose outputs the default policy can remove
+nothing of (`unprunable`: reads of different files, every output its own; so nothing
+shrinks the work), or reads that page through one file (`sliding`: `sed -n k,k+40p` of
+the same path, as agents do). Each size is measured in processes of its own:
+
+* engine (in process, `contextd.engine.pipeline.render`, no gRPC, no database):
+  *cold*, a genuine first render in a fresh process (nothing memoised; wall time and
+  CPU time, and CPU per item); *one appended*, a render after one item is appended,
+  from the previous render's state and carry, as the service keeps them; *without
+  the carry*, the same from the state alone (memos warm, as in the process that made it).
+* service (`contextd serve` processes over loopback, the blocking client; the view comes
+  back undecoded): *cold*, the first render of the session; *one appended*, one item
+  appended then a render, on the replica that made the previous render; *another
+  replica*, the same, each render on the other of two replicas over one database (on
+  SQLite, two processes over one file, one at a time); *after a restart*, the first
+  render of a replica started after the previous render.
+
+Prints a Markdown table of p50s, the exponent of each column between consecutive sizes
+(cost ~ items^k), and the command. A benchmark, not a test: read ratios, on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CODE_LINES = 60
+
+
+def tool_calls(n_items: int, workload: str, start: int = 0) -> list[dict[str, Any]]:
+    """OpenAI messages: a system prompt and a task (unless `start`), then shell calls and outputs."""
+    messages: list[dict[str, Any]] = (
+        []
+        if start
+        else [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "Fix the parser."},
+        ]
+    )
+    call = start
+    while len(messages) < n_items:
+        call += 1
+        if workload == "sliding":  # paging through one file, 40 lines a read, overlapping
+            command = f"sed -n {call},{call + 40}p src/app/parse.py"
+            output = "".join(f"    line_{k} = parse(line_{k - 1})  # {k}\n" for k in range(call, call + 41))
+        else:  # reads of different files, every output its own
+            command = f"sed -n '1,{CODE_LINES}p' src/module_{call}.py"
+            output = f"# module {call}\n" + "".join(f"value_{call}_{k} = compute({k})\n" for k in range(CODE_LINES))
+        arguments = json.dumps({"command": command})
+        use = {"id": f"c{call}", "type": "function", "function": {"name": "bash", "arguments": arguments}}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [use]})
+        messages.append({"role": "tool", "tool_call_id": f"c{call}", "content": output})
+    return messages[:n_items] if not start else messages
+
+
+def percentile(samples: list[float], p: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+# ------------------------------------------------------------------ engine
+
+
+def engine_child(n_items: int, workload: str, repeat: int) -> dict[str, float]:
+    """Run in a fresh process: the engine's figures for one size (ms; CPU in s)."""
+    from contextd.api.mapping import items_from_proto
+    from contextd.engine.pipeline import RenderInput, render
+    from contextd.engine.policy import default_policy
+    from contextd.engine.state import ViewState
+    from contextd.engine.tokens import TiktokenCounter
+    from contextd.engine.transforms import TransformRegistry
+    from contextd.engine.view import ViewFormat, ViewRequest
+    from contextd_client.formats.openai import items_from_openai
+    from tests.helpers import make_session, to_item
+
+    counter, registry, policy = TiktokenCounter(), TransformRegistry.default(), default_policy()
+    counter.count("warm the tokenizer")
+    messages = tool_calls(n_items + 2 * repeat + 2, workload)
+    items = [to_item(c, seq) for seq, c in enumerate(items_from_proto(items_from_openai(messages)), start=1)]
+    view_request = ViewRequest(ViewFormat.OPENAI_CHAT, budget_tokens=0)
+
+    def run(n: int, state: ViewState, now: float, carry: Any = None) -> Any:
+        return render(
+            RenderInput(make_session(n), items[:n], policy, view_request, counter, registry, state, now, carry=carry)
+        )
+
+    started, cpu = time.perf_counter(), time.process_time()
+    first = run(n_items, ViewState(), 0.0)
+    cold_ms, cold_cpu = (time.perf_counter() - started) * 1000, time.process_time() - cpu
+    appended, uncarried = [], []
+    out = first
+    for k in range(repeat):  # one item appended each time, as a session goes on
+        n = n_items + 1 + k
+        started = time.perf_counter()
+        following = run(n, out.state, 60.0 * (k + 1), out.carry)
+        appended.append((time.perf_counter() - started) * 1000)
+        started = time.perf_counter()
+        run(n, out.state, 60.0 * (k + 1))
+        uncarried.append((time.perf_counter() - started) * 1000)
+        out = following
+    return {
+        "cold_ms": cold_ms,
+        "cold_cpu_s": cold_cpu,
+        "appended_ms": statistics.median(appended),
+        "uncarried_ms": statistics.median(uncarried),
+    }
+
+
+def engine(n_items: int, workload: str, repeat: int) -> dict[str, float]:
+    command = [
+        sys.executable,
+        __file__,
+        "--engine-child",
+        str(n_items),
+        "--workload",
+        workload,
+        "--repeat",
+        str(repeat),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------- service
+
+
+def service(n_items: int, workload: str, repeat: int, database: str, folder: Path) -> dict[str, float]:
+    import grpc
+
+    from contextd_client import Client, RetryPolicy
+    from contextd_client.v1 import contextd_pb2 as api
+    from contextd_lab.service import ServerProcess
+
+    def timed(channel: Any, request: bytes) -> float:
+        started = time.perf_counter()
+        channel(request, timeout=600)
+        return (time.perf_counter() - started) * 1000
+
+    flags = ("--database-url", database, "--no-migrate-on-start", "--max-message-bytes", str(1 << 30))
+    options = [("grpc.max_receive_message_length", 1 << 30)]
+    messages = tool_calls(n_items + 2 * repeat + 1, workload)
+    following = iter(messages[n_items:])  # appended one at a time: a call, then its output, ...
+    results: dict[str, float] = {}
+
+    def renderer(target: str) -> tuple[Any, Any]:
+        channel = grpc.insecure_channel(target, options=options)
+        grpc.channel_ready_future(channel).result(timeout=30)
+        return channel, channel.unary_unary("/contextd.v1.ContextService/RenderView")
+
+    replicas = [ServerProcess(*flags, cwd=folder).wait_serving() for _ in range(2)]
+    clients = [Client(r.target, timeout=600, retry=RetryPolicy(budget=60)) for r in replicas]
+    channels = [renderer(r.target) for r in replicas]
+    try:
+        session_id = clients[0].create_session().id
+        for start in range(0, n_items, 500):
+            clients[0].append_openai(session_id, messages[start : min(start + 500, n_items)])
+        request = api.RenderViewRequest(session_id=session_id, format=api.VIEW_FORMAT_OPENAI_CHAT).SerializeToString()
+        results["cold_ms"] = timed(channels[0][1], request)
+        same, other = [], []
+        for _ in range(repeat):  # append and render on the replica that made the previous render
+            clients[0].append_openai(session_id, [next(following)])
+            same.append(timed(channels[0][1], request))
+        for k in range(repeat):  # each render on the other replica
+            replica = (k + 1) % 2
+            clients[replica].append_openai(session_id, [next(following)])
+            other.append(timed(channels[replica][1], request))
+        results["appended_ms"] = statistics.median(same)
+        results["replica_ms"] = statistics.median(other)
+        channels[0][0].close()
+        clients[0].close()
+        replicas[0].stop()
+        replicas[0] = ServerProcess(*flags, cwd=folder).wait_serving()
+        clients[0] = Client(replicas[0].target, timeout=600, retry=RetryPolicy(budget=60))
+        channels[0] = renderer(replicas[0].target)
+        clients[0].append_openai(session_id, [next(following)])
+        results["restart_ms"] = timed(channels[0][1], request)
+    finally:
+        for channel, _ in channels:
+            channel.close()
+        for client in clients:
+            client.close()
+        for r in replicas:
+            r.stop()
+    return results
+
+
+def exponent(small: float, large: float, n_small: int, n_large: int) -> float:
+    return math.log(large / small) / math.log(n_large / n_small) if small > 0 and large > 0 else float("nan")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1000,10000")
+    parser.add_argument("--workload", choices=["unprunable", "sliding"], default="unprunable")
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--parts", default="engine,service")
+    parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--postgres-url", default=os.environ.get("CONTEXTD_TEST_POSTGRES_URL", ""))
+    parser.add_argument("--engine-child", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.engine_child:
+        print(json.dumps(engine_child(args.engine_child, args.workload, args.repeat)))
+        return 0
+
+    from tests import backends
+
+    sizes = [int(s) for s in args.sizes.split(",")]
+    parts = set(args.parts.split(","))
+    rows: dict[int, dict[str, float]] = {}
+    for n in sizes:
+        row: dict[str, float] = {}
+        if "engine" in parts:
+            row |= {f"engine {k}": v for k, v in engine(n, args.workload, args.repeat).items()}
+        if "service" in parts:
+            with tempfile.TemporaryDirectory() as folder:
+                if args.backend == "postgres":
+                    if not args.postgres_url:
+                        raise SystemExit("--backend postgres needs --postgres-url or CONTEXTD_TEST_POSTGRES_URL")
+                    database = backends.create_database(args.postgres_url, "contextd_bench_scale")
+                else:
+                    database = f"sqlite:///{Path(folder) / 'scale.db'}"
+                subprocess.run(
+                    [sys.executable, "-m", "contextd", "migrate", "--database-url", database], check=True, cwd=folder
+                )
+                try:
+                    row |= {
+                        f"service {k}": v
+                        for k, v in service(n, args.workload, args.repeat, database, Path(folder)).items()
+                    }
+                finally:
+                    if args.backend == "postgres":
+                        backends.drop_database(args.postgres_url, database)
+        rows[n] = row
+        print(f"{n:,} items: " + ", ".join(f"{k} {v:,.2f}" for k, v in row.items()), file=sys.stderr, flush=True)
+
+    print(f"command: python bench/scale.py {' '.join(sys.argv[1:])}".rstrip())
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    print(f"machine: {machine}, {time.strftime('%Y-%m-%d')}; workload: {args.workload}; service on {args.backend}")
+    print()
+    columns = [c for c in rows[sizes[0]] if c != "engine cold_ms"]
+    names = {
+        "engine appended_ms": "engine, one appended",
+        "engine uncarried_ms": "engine, without the carry",
+        "engine cold_cpu_s": "engine, cold (CPU s; ms/item)",
+        "service appended_ms": "service, one appended",
+        "service replica_ms": "service, on another replica",
+        "service restart_ms": "service, after a restart",
+        "service cold_ms": "service, cold",
+    }
+    columns = [c for c in names if c in columns]
+    print("| items | " + " | ".join(names[c] for c in columns) + " |")
+    print("| ---: | " + " | ".join("---:" for _ in columns) + " |")
+    for n in sizes:
+        cells = []
+        for c in columns:
+            value = rows[n][c]
+            cells.append(f"{value:.2f} s; {value * 1000 / n:.3f}" if c.endswith("cpu_s") else f"{value:,.1f} ms")
+        print(f"| {n:,} | " + " | ".join(cells) + " |")
+    for small, large in itertools.pairwise(sizes):
+        cells = [f"{exponent(rows[small][c], rows[large][c], small, large):.2f}" for c in columns]
+        print(f"| exponent {small:,}→{large:,} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
