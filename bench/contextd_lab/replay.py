@@ -28,10 +28,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from contextd.engine.compress.strategy import COMPRESSED
 from contextd.engine.compress.text import identifiers
 from contextd.engine.model import strings_in
 from contextd.engine.stages.eligible import NOT_SMALLER
-from contextd.engine.strategies import COMPRESSED
 from contextd_client import Client, Usage, UsageSummary, View, ViewFormat
 from contextd_client.v1 import content_pb2 as pb
 from contextd_lab.cache import Billed, PromptCache, Segment

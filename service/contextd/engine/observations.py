@@ -249,6 +249,13 @@ class ObservationIndex:
                 last = seq
                 yield self.by_seq[seq]
 
+    def reads_within(self, path: str, span: Span) -> Iterator[int]:
+        """Seqs of the observations, in order, that may have read no more of `path` than the
+        lines `span` (WHOLE: the whole file): every one whose read `span` covers, and some
+        it does not (spans.py); one may come twice."""
+        spans, count = self._spans.get(path, (None, 0))
+        return iter(()) if spans is None else spans.covered_by(count, span)
+
     def shell_unchanged_until(self, after: int) -> int:
         """The last seq up to which nothing after seq `after` may have changed the shell's
         directory or variables (the first call that may have; the last seq there can be)."""

@@ -29,8 +29,7 @@ from contextd.engine.codec import canonical_json
 from contextd.engine.errors import FieldViolation, InvalidArgument
 from contextd.engine.model import Role, ToolEffectKind
 from contextd.engine.patterns import PatternError, compile_linear
-from contextd.engine.strategies import BUILT_IN_STRATEGIES
-from contextd.engine.transforms import TransformRegistry, UnknownTransform
+from contextd.engine.transforms import BUILT_IN_STRATEGIES, TransformRegistry, UnknownTransform
 
 if TYPE_CHECKING:
     import jsonschema

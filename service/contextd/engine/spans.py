@@ -1,18 +1,19 @@
-"""Which reads of one file may cover given lines, found without looking at every read.
+"""Which reads of one file may cover given lines, or be covered by them, found without
+looking at every read.
 
 An agent paging through a file (`sed -n k,k+40p`, k growing) reads it thousands of times,
 and none of those reads covers another. Asking, for each read, "which later read shows
 these lines again?" by looking at every later read costs the square of the reads. Here the
-reads of a path are kept in seq order with, per block of them, the lowest first line and the
-highest last line any of them reads: a block whose reads all start after the lines asked
-for, or all end before them, holds no read that covers them and is passed over whole.
-That is a necessary condition only: what it yields is checked by the caller
-(`shell.covers` and the rest), so the answers are the same as looking at every read.
+reads of a path are kept in seq order with, per block of them, the lowest and the highest
+first line and last line any of them reads: a block whose reads all start after the lines
+asked for, or all end before them, holds no read that covers them and is passed over
+whole (and likewise for reads the lines cover). That is a necessary condition only: what
+it yields is checked by the caller (`shell.covers` and the rest), so the answers are the
+same as looking at every read.
 
 The reads are only ever appended (in seq order). An index and the copy a later render
-extends may share one `ReadSpans`: each knows how many of its reads it sees, and a block's
-bounds only widen as reads are added, which can make a block pass the test in vain, never
-fail it wrongly.
+extends may share one `ReadSpans`: each knows how many of its reads it sees, and only
+blocks whose reads it all sees are passed over by their bounds.
 """
 
 from __future__ import annotations
@@ -27,10 +28,45 @@ SUPER = BLOCK * BLOCK
 Span = tuple[tuple[int, int], ...]
 
 
+class _Bounds:
+    """Per block of `size` reads: the least and the most of their first and last lines."""
+
+    __slots__ = ("high_max", "high_min", "low_max", "low_min", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.low_min: list[int] = []
+        self.low_max: list[int] = []
+        self.high_min: list[int] = []
+        self.high_max: list[int] = []
+
+    def add(self, at: int, low: int, high: int) -> None:
+        if at % self.size == 0:
+            self.low_min.append(low)
+            self.low_max.append(low)
+            self.high_min.append(high)
+            self.high_max.append(high)
+            return
+        self.low_min[-1] = min(self.low_min[-1], low)
+        self.low_max[-1] = max(self.low_max[-1], low)
+        self.high_min[-1] = min(self.high_min[-1], high)
+        self.high_max[-1] = max(self.high_max[-1], high)
+
+    def skips(self, at: int, count: int, covering: bool, low: int, high: int) -> bool:
+        """Whether the block starting at read `at` (all of it among the first `count`) holds no
+        read that covers (`covering`) or lies within the lines `low`-`high`."""
+        if at % self.size or at + self.size > count:
+            return False
+        k = at // self.size
+        if covering:
+            return self.low_min[k] > low or self.high_max[k] < high
+        return self.low_max[k] < low or self.high_min[k] > high
+
+
 class ReadSpans:
     """The line spans read of one path, in seq order; append-only."""
 
-    __slots__ = ("block_high", "block_low", "highs", "lows", "seqs", "super_high", "super_low")
+    __slots__ = ("blocks", "highs", "lows", "seqs", "supers")
 
     def __init__(self) -> None:
         self.seqs: list[int] = []
@@ -38,10 +74,8 @@ class ReadSpans:
         """The first line each read reads."""
         self.highs: list[int] = []
         """The last line each read reads."""
-        self.block_low: list[int] = []
-        self.block_high: list[int] = []
-        self.super_low: list[int] = []
-        self.super_high: list[int] = []
+        self.blocks = _Bounds(BLOCK)
+        self.supers = _Bounds(SUPER)
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -61,37 +95,36 @@ class ReadSpans:
         self.seqs.append(seq)
         self.lows.append(low)
         self.highs.append(high)
-        for lows, highs, size in ((self.block_low, self.block_high, BLOCK), (self.super_low, self.super_high, SUPER)):
-            if at % size == 0:
-                lows.append(low)
-                highs.append(high)
-            else:
-                lows[-1] = min(lows[-1], low)
-                highs[-1] = max(highs[-1], high)
+        self.blocks.add(at, low, high)
+        self.supers.add(at, low, high)
 
     def covering(self, count: int, after: int, until: int, span: Span) -> Iterator[int]:
         """Seqs in (`after`, `until`], in order, of the first `count` reads whose first line is
         at most the first of `span` and whose last line is at least its last: every read that
         covers `span`, and some that do not."""
         low, high = _bounds(span)
-        seqs, lows, highs = self.seqs, self.lows, self.highs
-        i = bisect.bisect_right(seqs, after, 0, count)
+        return self._scan(count, bisect.bisect_right(self.seqs, after, 0, count), until, True, low, high)
+
+    def covered_by(self, count: int, span: Span) -> Iterator[int]:
+        """Seqs, in order, of the first `count` reads whose first line is at least the first of
+        `span` and whose last line is at most its last: every read `span` covers, and some
+        it does not."""
+        low, high = _bounds(span)
+        return self._scan(count, 0, NO_LINE, False, low, high)
+
+    def _scan(self, count: int, i: int, until: int, covering: bool, low: int, high: int) -> Iterator[int]:
+        seqs, lows, highs, supers, blocks = self.seqs, self.lows, self.highs, self.supers, self.blocks
         while i < count:
             if seqs[i] > until:
                 return
-            if i % SUPER == 0 and i + SUPER <= count:
-                k = i // SUPER
-                if self.super_low[k] > low or self.super_high[k] < high:
-                    i += SUPER
-                    continue
-            if i % BLOCK == 0 and i + BLOCK <= count:
-                k = i // BLOCK
-                if self.block_low[k] > low or self.block_high[k] < high:
-                    i += BLOCK
-                    continue
-            if lows[i] <= low and highs[i] >= high:
-                yield seqs[i]
-            i += 1
+            if supers.skips(i, count, covering, low, high):
+                i += SUPER
+            elif blocks.skips(i, count, covering, low, high):
+                i += BLOCK
+            else:
+                if (lows[i] <= low and highs[i] >= high) if covering else (lows[i] >= low and highs[i] <= high):
+                    yield seqs[i]
+                i += 1
 
 
 def _bounds(span: Span) -> tuple[int, int]:

@@ -28,7 +28,7 @@ the cache). Each looks its evidence up in the session's observation index
 * ``completed`` (level 3): an item in a span of work the client marked
   complete (metadata ``contextd.completes: FIRST-LAST`` on the item that
   records the outcome), while the outcome is shown in full.
-* ``compress``: not a prune but a reduced form (compress/): the output stays
+* ``compress`` (compress/strategy.py): not a prune but a reduced form: the output stays
   in the view with its fact lines verbatim, what was left out said by line
   range, and the handle named; what the focus names stays whole, and so does
   what the call that made the output was made for (`_reason`). Certified at
@@ -50,10 +50,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from contextd.engine.compress import Compressed, Focus, compress
-from contextd.engine.compress.text import WORD, identifiers
 from contextd.engine.memo import IdentityMemo
-from contextd.engine.model import Item, ReasoningBlock, Representation, TextBlock, ToolUseBlock
+from contextd.engine.model import ReasoningBlock, Representation, TextBlock, ToolUseBlock
 from contextd.engine.observations import LAST_SEQ, Observation, ObservationIndex
 from contextd.engine.placeholders import PREFIX, describe, handle_of
 from contextd.engine.shell import WHOLE, Read, covers
@@ -65,16 +63,16 @@ MIN_TOKENS = 40
 """Below this an output is about the size of the placeholder that would replace it."""
 
 
-def _worth(entry: Entry, params: Mapping[str, Any]) -> bool:
+def worth(entry: Entry, params: Mapping[str, Any]) -> bool:
     return prunable(entry) and entry.tokens >= params.get("min_tokens", MIN_TOKENS)
 
 
-def _shown_in_full(context: TransformContext, seq: int) -> bool:
+def shown_in_full(context: TransformContext, seq: int) -> bool:
     entry = context.by_seq.get(seq)
     return entry is not None and entry.representation is Representation.FULL
 
 
-class _Strategy:
+class Strategy:
     """Proposes, for each candidate that is a tool output worth a placeholder, what
     `proposal` finds (or nothing)."""
 
@@ -86,7 +84,7 @@ class _Strategy:
     ) -> Iterator[Proposal]:
         for entry in candidates:
             seen = context.observations.by_seq.get(entry.seq)
-            if seen is not None and _worth(entry, params):
+            if seen is not None and worth(entry, params):
                 found = self.proposal(context, entry, seen, params)
                 if found is not None:
                     yield found
@@ -97,7 +95,7 @@ class _Strategy:
         raise NotImplementedError
 
 
-class Dedupe(_Strategy):
+class Dedupe(Strategy):
     name: ClassVar[str] = "dedupe"
 
     def proposal(
@@ -105,7 +103,7 @@ class Dedupe(_Strategy):
     ) -> Proposal | None:
         index = context.observations
         earlier = next(
-            (s for s in index.same_output(seen.output_hash) if s < entry.seq and _shown_in_full(context, s)), None
+            (s for s in index.same_output(seen.output_hash) if s < entry.seq and shown_in_full(context, s)), None
         )
         if earlier is None:
             return None
@@ -113,7 +111,7 @@ class Dedupe(_Strategy):
         return Proposal(Remove(entry.seq, True, note), 0, "duplicate", note, (earlier,))
 
 
-class SameSource(_Strategy):
+class SameSource(Strategy):
     name: ClassVar[str] = "same_source"
 
     def proposal(
@@ -131,7 +129,7 @@ class SameSource(_Strategy):
                 if o.version == seen.version
                 and not o.is_error
                 and any(r.path == read.path and r.span and covers(r.span, read.span) for r in o.reads)
-                and _shown_in_full(context, o.seq)
+                and shown_in_full(context, o.seq)
             ),
             None,
         )
@@ -144,7 +142,7 @@ class SameSource(_Strategy):
         return Proposal(Remove(entry.seq, True, note), 1, "same_source", note, (earlier.seq,))
 
 
-class Supersede(_Strategy):
+class Supersede(Strategy):
     name: ClassVar[str] = "supersede"
 
     def proposal(
@@ -163,7 +161,7 @@ class Supersede(_Strategy):
                 (
                     o
                     for o in index.reads_covering(read.path, lines, entry.seq, until)
-                    if not o.failed and _rereads(o, read, seen, index) and _shown_in_full(context, o.seq)
+                    if not o.failed and _rereads(o, read, seen, index) and shown_in_full(context, o.seq)
                 ),
                 None,
             )
@@ -193,7 +191,7 @@ def _rereads(later: Observation, read: Read, earlier: Observation, index: Observ
     return False
 
 
-class Snapshots(_Strategy):
+class Snapshots(Strategy):
     name: ClassVar[str] = "snapshots"
 
     def proposal(
@@ -203,7 +201,7 @@ class Snapshots(_Strategy):
         if not any(fnmatch.fnmatchcase(command, p) for p in params.get("commands", ())):
             return None
         later = context.observations.next_run(seen)
-        if later is None or (later.failed and not _finished(_output_text(context.by_seq[later.seq]))):
+        if later is None or (later.failed and not _finished(output_text(context.by_seq[later.seq]))):
             return None  # a failed run (a timeout, a crash) may show less than the one it would replace
         return Proposal(
             Replace(entry.seq, (TextBlock(_snapshot_residue(entry, seen, later)),)),
@@ -236,7 +234,7 @@ def _finished(text: str) -> bool:
 _RETURN_CODE = re.compile(r"<returncode>(-?\d+)</returncode>|exit(?:ed with)? (?:code|status) (-?\d+)")
 
 
-def _output_text(entry: Entry) -> str:
+def output_text(entry: Entry) -> str:
     result = entry.item.tool_result
     if result is None:
         return ""
@@ -244,7 +242,7 @@ def _output_text(entry: Entry) -> str:
 
 
 def _snapshot_residue(entry: Entry, seen: Observation, later: Observation) -> str:
-    text = _output_text(entry)
+    text = output_text(entry)
     code = _RETURN_CODE.search(text)
     exit_code = next((g for g in code.groups() if g is not None), "") if code else ""
     lines = [line.strip() for line in re.sub(r"</?(output|returncode)>", "\n", text).splitlines() if line.strip()]
@@ -262,7 +260,7 @@ def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-class Errors(_Strategy):
+class Errors(Strategy):
     name: ClassVar[str] = "errors"
 
     def proposal(
@@ -276,7 +274,7 @@ class Errors(_Strategy):
         held = _residues.get((entry.item,), dict)
         key = (success.seq, params.get("max_lines", 12))
         if key not in held:
-            kept = error_lines(_output_text(entry), key[1])
+            kept = error_lines(output_text(entry), key[1])
             residue = (
                 f"{PREFIX} {describe(entry.item)} reduced to its error lines (errored; {seen.tool} succeeded since, "
                 f"at seq {success.seq}); retrieve the whole with handle {handle_of(entry.item)}]"
@@ -351,7 +349,7 @@ class ErroredInputs:
                 if success is None:
                     continue  # the latest failure of its tool: the agent may still be on it
                 answered = context.by_seq.get(seen.seq)
-                errors = error_lines(_output_text(answered), 12) if answered is not None else []
+                errors = error_lines(output_text(answered), 12) if answered is not None else []
                 error = errors[-1] if errors else ""  # how it ended
                 stand_ins[call.id] = json.dumps(
                     {
@@ -393,114 +391,13 @@ class Completed:
         if not spans:
             return
         for entry in candidates:
-            if not _worth(entry, params):
+            if not worth(entry, params):
                 continue
             done = next(
-                (c for c in spans if c.first <= entry.seq <= c.last < c.outcome and _shown_in_full(context, c.outcome)),
+                (c for c in spans if c.first <= entry.seq <= c.last < c.outcome and shown_in_full(context, c.outcome)),
                 None,
             )
             if done is None:
                 continue
             note = f"completed work (items {done.first}-{done.last}); its outcome is recorded at seq {done.outcome}"
             yield Proposal(Remove(entry.seq, True, note), 3, "completed", note, (done.outcome,))
-
-
-class Compress(_Strategy):
-    name: ClassVar[str] = "compress"
-
-    def proposal(
-        self, context: TransformContext, entry: Entry, seen: Observation, params: Mapping[str, Any]
-    ) -> Proposal | None:
-        result = entry.item.tool_result
-        if entry.representation is not Representation.FULL:
-            return None  # compressed already
-        if result is None or not all(isinstance(p, TextBlock) for p in result.content):
-            return None  # images and documents are not read here
-        text = _output_text(entry)
-        focus = Focus(context.requested_focus, (*_reason(context, seen), *context.focus))
-        if "\\" not in text:
-            # Only the focus terms that may occur in the output change its compression: the
-            # key. (Escapes, as in JSON, hide words from this reading: the whole focus then.)
-            focus = focus.within(_words.get((entry.item,), lambda: frozenset(WORD.findall(text))))
-        declared = entry.item.metadata.get(CONTENT_KEY, "")
-        if not declared and seen.tool in context.tool_effects:
-            declared = getattr(context.tool_effects[seen.tool], "content", "")
-        path = seen.reads[0].path if seen.reads else ""
-        held = _compressions.get((entry.item,), dict)
-        ratio = params.get("max_ratio", MAX_RATIO)
-        key = (focus.terms, ratio, declared, seen.command, path)
-        if key not in held:
-            if len(held) >= HELD_PER_ITEM:
-                held.clear()  # an output asked under many foci: the recent ones matter
-            try:
-                found = compress(text, focus, declared=declared, command=seen.command, path=path)
-            except Exception:  # a compressor's bug must not fail the render: the output stays whole
-                log.exception("compressing the output at seq %d failed; it is left whole", entry.seq)
-                found = None
-            held[key] = (
-                _compressed(entry, found) if found is not None and len(found.text) <= ratio * len(text) else None
-            )
-        return held[key]
-
-
-def _compressed(entry: Entry, found: Compressed) -> Proposal:
-    header = (
-        f"{PREFIX} {describe(entry.item)} compressed as {found.kind}: {found.summary}; "
-        f"retrieve the whole with handle {handle_of(entry.item)}]"
-    )
-    return Proposal(
-        Replace(entry.seq, (TextBlock(header + "\n" + found.text),)),
-        0 if found.lossless else 4,
-        f"{COMPRESSED}{found.kind}",
-        found.summary,
-        compression=True,
-    )
-
-
-COMPRESSED = "compressed_"
-"""The reason codes of compressions start with this: the item stays, its facts verbatim (not a prune)."""
-CONTENT_KEY = "contextd.content_type"
-"""Item metadata declaring what a tool output holds (a compressor kind: log, json, code ...)."""
-MAX_RATIO = 0.7
-"""A compression is proposed only when it keeps at most this share of the output's characters."""
-HELD_PER_ITEM = 8
-_compressions: IdentityMemo[dict[tuple[Any, ...], Proposal | None]] = IdentityMemo(20_000)
-"""Per item, its compression under each focus (and ratio) asked (None: none worth having); the same
-proposal object each render, so what follows from it is remembered too."""
-_words: IdentityMemo[frozenset[str]] = IdentityMemo(20_000)
-"""Per item, the words of its output."""
-
-
-def _reason(context: TransformContext, seen: Observation) -> tuple[str, ...]:
-    """The identifiers the agent wrote with the call that made an output: what it ran, and why
-    (``let's look at `get_prefetch_queryset` around line 722``). An output keeps what it was
-    asked for, whatever the agent has turned to since: on the development traces, agents
-    quote a read's code two or three turns after it."""
-    caller = context.by_seq.get(seen.call_seq)
-    if caller is None:
-        return ()
-    item = caller.item
-    call = next((b for b in item.tool_uses if b.id == seen.call_id), None)
-    return _reasons.get((item, call), lambda: _said_with(item, call))
-
-
-def _said_with(item: Item, call: ToolUseBlock | None) -> tuple[str, ...]:
-    """The identifiers of a call's own arguments, then of its item's text (not of the calls
-    made beside it: each output keeps what was asked of it)."""
-    said = "\n".join(b.text for b in item.content if isinstance(b, TextBlock))
-    return identifiers(f"{call.argument_text() if call else ''}\n{said}")
-
-
-_reasons: IdentityMemo[tuple[str, ...]] = IdentityMemo(20_000)
-
-
-BUILT_IN_STRATEGIES = (
-    Dedupe(),
-    SameSource(),
-    Supersede(),
-    Snapshots(),
-    Errors(),
-    ErroredInputs(),
-    Completed(),
-    Compress(),
-)

@@ -12,10 +12,31 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
-from contextd.engine.strategies import BUILT_IN_STRATEGIES
+from contextd.engine.compress.strategy import Compress
+from contextd.engine.strategies import (
+    Completed,
+    Dedupe,
+    ErroredInputs,
+    Errors,
+    SameSource,
+    Snapshots,
+    Supersede,
+)
 from contextd.engine.types import Entry, Proposal, Remove, Transform, TransformContext, prunable
 
 ENTRY_POINT_GROUP = "contextd.transforms"
+
+BUILT_IN_STRATEGIES = (
+    Dedupe(),
+    SameSource(),
+    Supersede(),
+    Snapshots(),
+    Errors(),
+    ErroredInputs(),
+    Completed(),
+    Compress(),
+)
+"""The strategies on the evidence ladder (strategies.py), then compression."""
 
 # ------------------------------------------------------------- built-ins
 

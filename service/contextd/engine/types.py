@@ -13,7 +13,7 @@ registry of transforms, built-in and installed, is transforms.py.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple, Protocol
 
@@ -217,6 +217,28 @@ class Transform(Protocol):
         self, context: TransformContext, candidates: Sequence[Entry], params: Mapping[str, Any]
     ) -> Iterable[Proposal]:
         """Edits for (some of) `candidates`, each with the claim that makes it safe."""
+        ...
+
+
+class Incremental(Transform, Protocol):
+    """A transform whose proposal for a candidate is about that candidate alone, and rests on
+    the entry as shown and on what `keys` names: a render that follows another (the carry)
+    asks it again only for the candidates whose keys something since touched, those it
+    proposed for, and those new or shown otherwise since (stages/ledger.py). The keys:
+
+    * ``("shown output", hash)``: whether the outputs equal to this one are shown in full;
+    * ``("shown read", path)``: whether the reads of `path` that cover the candidate's
+      lines (both ways) are shown in full;
+    * ``("reread", seq)``: a later read of a path that covers what item `seq` read;
+    * ``("run", tool, command)``: a later run of the same command;
+    * ``("success", tool)``: a later call of `tool` that did not fail;
+    * ``("answer", call_id)``: the result of tool call `call_id`, once appended;
+    * ``("completions",)``: the spans of work marked complete, and their outcomes as shown;
+    * ``("focus",)``: the request's focus and the identifiers of the latest turns.
+    """
+
+    def keys(self, context: TransformContext, entry: Entry, params: Mapping[str, Any]) -> Iterable[Hashable]:
+        """What the proposal for `entry` (as `propose` would make it now) rests on, beyond the entry."""
         ...
 
 

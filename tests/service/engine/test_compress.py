@@ -855,13 +855,13 @@ def test_json_rows_with_a_value_of_another_type_are_kept() -> None:
 
 
 def test_a_compressor_that_fails_leaves_the_output_whole(monkeypatch: pytest.MonkeyPatch) -> None:
-    from contextd.engine import strategies
+    from contextd.engine.compress import strategy
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("a compressor bug")
 
-    monkeypatch.setattr(strategies, "compress", broken)
-    monkeypatch.setattr(strategies, "_compressions", strategies.IdentityMemo(10))
+    monkeypatch.setattr(strategy, "compress", broken)
+    monkeypatch.setattr(strategy, "_compressions", strategy.IdentityMemo(10))
     items = stored_items(
         [
             ItemContent(role=Role.USER, content=(TextBlock("Run it."),)),

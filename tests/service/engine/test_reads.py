@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from contextd.engine import strategies
 from contextd.engine.observations import Observation
 from contextd.engine.pipeline import render
-from contextd.engine.strategies import Supersede, _rereads, _shown_in_full, _worth
+from contextd.engine.strategies import Supersede, _rereads, shown_in_full, worth
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.types import Entry, Proposal, Remove, TransformContext
 from tests.service.engine.test_strategies import BODY, policy_input, pruned, seq_of, session
@@ -38,7 +38,7 @@ def every_later_read(context: TransformContext, entry: Entry, seen: Observation)
                 and o.seq > entry.seq
                 and not o.failed
                 and _rereads(o, read, seen, index)
-                and _shown_in_full(context, o.seq)
+                and shown_in_full(context, o.seq)
             ),
             None,
         )
@@ -63,7 +63,7 @@ class Checked:
         expected = []
         for entry in candidates:
             seen = context.observations.by_seq.get(entry.seq)
-            if seen is not None and _worth(entry, params):
+            if seen is not None and worth(entry, params):
                 proposal = every_later_read(context, entry, seen)
                 if proposal is not None:
                     expected.append(proposal)

@@ -83,3 +83,33 @@ def test_the_lines_of_each_read_find_the_reads_that_take_them_in() -> None:
         seq, span = reads[k]
         for after in (0, seq - 1):
             assert list(index.covering(len(reads), after, 2**62, span)) == expected(reads, after, 2**62, span)
+
+
+def covered(reads: list[tuple[int, Span]], span: Span) -> list[int]:
+    low, high = bounds(span)
+    return [seq for seq, read in reads if bounds(read)[0] >= low and bounds(read)[1] <= high]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**32), st.sampled_from([0, 5, 3 * BLOCK + 7, SUPER + 3 * BLOCK, 2 * SUPER + 9]), st.data())
+def test_covered_by_yields_every_read_whose_bounds_lie_within_the_lines(seed: int, n: int, data: st.DataObject) -> None:
+    reads = [(2 * k + 1, s) for k, s in enumerate(pages(seed, n))]
+    index = ReadSpans()
+    for seq, read in reads:
+        index.add(seq, read)
+    count = data.draw(st.integers(0, n))
+    if count and data.draw(st.booleans()):  # the lines of a read: at the blocks' bounds
+        span = reads[data.draw(st.integers(0, count - 1))][1]
+    else:
+        first = data.draw(st.integers(1, 2 * n + 2))
+        span = data.draw(st.sampled_from([((first, first + data.draw(st.integers(0, 90))),), WHOLE, ()]))
+    assert list(index.covered_by(count, span)) == covered(reads[:count], span)
+
+
+def test_the_lines_of_each_read_find_the_reads_they_take_in() -> None:
+    reads = [(2 * k + 1, s) for k, s in enumerate(pages(11, 2 * SUPER + 9))]
+    index = ReadSpans()
+    for seq, read in reads:
+        index.add(seq, read)
+    for k in sorted({*range(0, len(reads), 7), *range(0, len(reads), BLOCK)}):
+        assert list(index.covered_by(len(reads), reads[k][1])) == covered(reads, reads[k][1])

@@ -15,13 +15,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from contextd.engine.codec import content_hash
+from contextd.engine.compress.strategy import COMPRESSED
 from contextd.engine.eligibility import Protections
 from contextd.engine.model import Block, Item, Representation, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.observations import ObservationIndex
 from contextd.engine.placeholders import placeholder_blocks, with_calls
 from contextd.engine.policy import Policy, ToolDeclaration
 from contextd.engine.state import AppliedEdit, edit_key
-from contextd.engine.strategies import COMPRESSED
 from contextd.engine.types import Edit, Entry, Insert, PatchRequest, Remove, Reorder, Replace
 
 _INSERTED_AT = datetime(1970, 1, 1, tzinfo=UTC)  # content a transform inserted has no time of its own

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from contextd.engine.certificates import CertificateBody, Decision
+from contextd.engine.compress.strategy import Compress
 from contextd.engine.compress.text import MAX_FOCUS_TERMS, identifiers
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Item, Role
@@ -20,7 +21,6 @@ from contextd.engine.stages.certify import certificate
 from contextd.engine.stages.draft import Draft, Slot, reordered
 from contextd.engine.stages.load import Loaded
 from contextd.engine.state import ControlMode, PendingEdit
-from contextd.engine.strategies import Compress
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.types import CacheState, Entry, Proposal, Remove, Reorder, TransformContext, target_of
 from contextd.engine.view import ViewRequest

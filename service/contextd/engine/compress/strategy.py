@@ -1,0 +1,113 @@
+"""The compress strategy: a transform proposing a compressor's form of a tool output (not a
+prune: the output stays in the view with its fact lines verbatim, what was left out said by
+line range, and the handle named). What the focus names stays whole, and so does what the
+call that made the output was made for (`_reason`). Certified at level 0 when only
+repetition was folded, else 4; the policy's ``compression`` switch allows it whatever the
+maximum level.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from contextd.engine.compress.router import compress
+from contextd.engine.compress.text import WORD, Compressed, Focus, identifiers
+from contextd.engine.memo import IdentityMemo
+from contextd.engine.model import Item, Representation, TextBlock, ToolUseBlock
+from contextd.engine.observations import Observation
+from contextd.engine.placeholders import PREFIX, describe, handle_of
+from contextd.engine.strategies import Strategy, output_text
+from contextd.engine.types import Entry, Proposal, Replace, TransformContext
+
+log = logging.getLogger(__name__)
+
+
+class Compress(Strategy):
+    name: ClassVar[str] = "compress"
+
+    def proposal(
+        self, context: TransformContext, entry: Entry, seen: Observation, params: Mapping[str, Any]
+    ) -> Proposal | None:
+        result = entry.item.tool_result
+        if entry.representation is not Representation.FULL:
+            return None  # compressed already
+        if result is None or not all(isinstance(p, TextBlock) for p in result.content):
+            return None  # images and documents are not read here
+        text = output_text(entry)
+        focus = Focus(context.requested_focus, (*_reason(context, seen), *context.focus))
+        if "\\" not in text:
+            # Only the focus terms that may occur in the output change its compression: the
+            # key. (Escapes, as in JSON, hide words from this reading: the whole focus then.)
+            focus = focus.within(_words.get((entry.item,), lambda: frozenset(WORD.findall(text))))
+        declared = entry.item.metadata.get(CONTENT_KEY, "")
+        if not declared and seen.tool in context.tool_effects:
+            declared = getattr(context.tool_effects[seen.tool], "content", "")
+        path = seen.reads[0].path if seen.reads else ""
+        held = _compressions.get((entry.item,), dict)
+        ratio = params.get("max_ratio", MAX_RATIO)
+        key = (focus.terms, ratio, declared, seen.command, path)
+        if key not in held:
+            if len(held) >= HELD_PER_ITEM:
+                held.clear()  # an output asked under many foci: the recent ones matter
+            try:
+                found = compress(text, focus, declared=declared, command=seen.command, path=path)
+            except Exception:  # a compressor's bug must not fail the render: the output stays whole
+                log.exception("compressing the output at seq %d failed; it is left whole", entry.seq)
+                found = None
+            held[key] = (
+                _compressed(entry, found) if found is not None and len(found.text) <= ratio * len(text) else None
+            )
+        return held[key]
+
+
+def _compressed(entry: Entry, found: Compressed) -> Proposal:
+    header = (
+        f"{PREFIX} {describe(entry.item)} compressed as {found.kind}: {found.summary}; "
+        f"retrieve the whole with handle {handle_of(entry.item)}]"
+    )
+    return Proposal(
+        Replace(entry.seq, (TextBlock(header + "\n" + found.text),)),
+        0 if found.lossless else 4,
+        f"{COMPRESSED}{found.kind}",
+        found.summary,
+        compression=True,
+    )
+
+
+COMPRESSED = "compressed_"
+"""The reason codes of compressions start with this: the item stays, its facts verbatim (not a prune)."""
+CONTENT_KEY = "contextd.content_type"
+"""Item metadata declaring what a tool output holds (a compressor kind: log, json, code ...)."""
+MAX_RATIO = 0.7
+"""A compression is proposed only when it keeps at most this share of the output's characters."""
+HELD_PER_ITEM = 8
+_compressions: IdentityMemo[dict[tuple[Any, ...], Proposal | None]] = IdentityMemo(20_000)
+"""Per item, its compression under each focus (and ratio) asked (None: none worth having); the same
+proposal object each render, so what follows from it is remembered too."""
+_words: IdentityMemo[frozenset[str]] = IdentityMemo(20_000)
+"""Per item, the words of its output."""
+
+
+def _reason(context: TransformContext, seen: Observation) -> tuple[str, ...]:
+    """The identifiers the agent wrote with the call that made an output: what it ran, and why
+    (``let's look at `get_prefetch_queryset` around line 722``). An output keeps what it was
+    asked for, whatever the agent has turned to since: on the development traces, agents
+    quote a read's code two or three turns after it."""
+    caller = context.by_seq.get(seen.call_seq)
+    if caller is None:
+        return ()
+    item = caller.item
+    call = next((b for b in item.tool_uses if b.id == seen.call_id), None)
+    return _reasons.get((item, call), lambda: _said_with(item, call))
+
+
+def _said_with(item: Item, call: ToolUseBlock | None) -> tuple[str, ...]:
+    """The identifiers of a call's own arguments, then of its item's text (not of the calls
+    made beside it: each output keeps what was asked of it)."""
+    said = "\n".join(b.text for b in item.content if isinstance(b, TextBlock))
+    return identifiers(f"{call.argument_text() if call else ''}\n{said}")
+
+
+_reasons: IdentityMemo[tuple[str, ...]] = IdentityMemo(20_000)
