@@ -8,7 +8,8 @@ nothing of (`unprunable`: reads of different files, every output its own; so not
 shrinks the work), or reads that page through one file (`sliding`: `sed -n k,k+40p` of
 the same path, as agents do). Each size is measured in processes of its own:
 
-* engine (in process, `contextd.engine.pipeline.render`, no gRPC, no database):
+* engine (in process, `contextd.engine.pipeline.render`, no gRPC, no database; the
+  garbage collector tuned as the service tunes it):
   *cold*, a genuine first render in a fresh process (nothing memoised; wall time and
   CPU time, and CPU per item); *one appended*, a render after one item is appended,
   from the previous render's state and carry, as the service keeps them; *without
@@ -82,6 +83,7 @@ def percentile(samples: list[float], p: float) -> float:
 
 def engine_child(n_items: int, workload: str, repeat: int) -> dict[str, float]:
     """Run in a fresh process: the engine's figures for one size (ms; CPU in s)."""
+    from contextd import interpreter
     from contextd.api.mapping import items_from_proto
     from contextd.engine.pipeline import RenderInput, render
     from contextd.engine.policy import default_policy
@@ -92,6 +94,7 @@ def engine_child(n_items: int, workload: str, repeat: int) -> dict[str, float]:
     from contextd_client.formats.openai import items_from_openai
     from tests.helpers import make_session, to_item
 
+    interpreter.tune()  # the garbage collector as the service runs it (service/contextd/interpreter.py)
     counter, registry, policy = TiktokenCounter(), TransformRegistry.default(), default_policy()
     counter.count("warm the tokenizer")
     messages = tool_calls(n_items + 2 * repeat + 2, workload)

@@ -116,6 +116,8 @@ class ObservationIndex:
         """Seqs of the observations with unknown effects, in order."""
         self._shell_state: list[int] = []
         """Seqs of the observations that may have changed the shell (its directory ...)."""
+        self._unlined: dict[str, tuple[int, ...]] = {}
+        """path -> seqs of the observations that read some of it, not by line numbers."""
         self._spans: dict[str, tuple[ReadSpans, int]] = {}
         """path -> the line spans read of it (spans.py), and how many of them this index sees
         (a copy shares them)."""
@@ -133,6 +135,7 @@ class ObservationIndex:
         other._successes = dict(self._successes)
         other._unknown = list(self._unknown)
         other._shell_state = list(self._shell_state)
+        other._unlined = dict(self._unlined)
         other._spans = dict(self._spans)
         return other
 
@@ -140,7 +143,7 @@ class ObservationIndex:
         """Add items appended to the history (in seq order)."""
         # Gathered in lists and joined once: a tuple grown item by item would cost
         # quadratic time for a tool called a thousand times.
-        grown: dict[str, dict[Any, list[int]]] = {"name": {}, "output": {}, "command": {}, "success": {}}
+        grown: dict[str, dict[Any, list[int]]] = {"name": {}, "output": {}, "command": {}, "success": {}, "unlined": {}}
         for item in items:
             span = parse_completion(item.metadata.get(COMPLETES, "")) if item.metadata else None
             if span is not None:
@@ -159,6 +162,8 @@ class ObservationIndex:
             for read in seen.reads:
                 if read.span is not None:
                     self._read_spans(read.path).add(item.seq, read.span)
+                else:
+                    grown["unlined"].setdefault(read.path, []).append(item.seq)
             for path in seen.moves_lines:
                 grown["name"].setdefault(posixpath.basename(path.rstrip("/")), []).append(item.seq)
             grown["output"].setdefault(seen.output_hash, []).append(item.seq)
@@ -174,6 +179,7 @@ class ObservationIndex:
             (self._by_output, "output"),
             (self._by_command, "command"),
             (self._successes, "success"),
+            (self._unlined, "unlined"),
         ):
             for key, seqs in grown[kind].items():
                 index[key] = (*index.get(key, ()), *seqs)
@@ -255,6 +261,11 @@ class ObservationIndex:
         it does not (spans.py); one may come twice."""
         spans, count = self._spans.get(path, (None, 0))
         return iter(()) if spans is None else spans.covered_by(count, span)
+
+    def unlined(self, path: str) -> tuple[int, ...]:
+        """Seqs of the observations that read some of `path`, not by line numbers (a search, a
+        tail), in order: only a read of the whole file shows what they showed again."""
+        return self._unlined.get(path, ())
 
     def shell_unchanged_until(self, after: int) -> int:
         """The last seq up to which nothing after seq `after` may have changed the shell's

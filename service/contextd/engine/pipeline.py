@@ -22,15 +22,16 @@ from contextd.engine.stages.apply import apply, time_edits
 from contextd.engine.stages.budget import fit_budget
 from contextd.engine.stages.draft import Draft, is_compression, slot_of
 from contextd.engine.stages.eligible import judge
+from contextd.engine.stages.ledger import Ledgers
 from contextd.engine.stages.load import Finished, Loaded, load, relied_on
-from contextd.engine.stages.propose import AgentProposal, Pooled, Pools, propose, transform_context
+from contextd.engine.stages.propose import AgentProposal, propose, transform_context
 from contextd.engine.stages.record import record
 from contextd.engine.stages.show import Shown, looks_ahead, show
 from contextd.engine.state import AppliedEdit, ViewState
 from contextd.engine.timing import NO_USAGE, Usage, prompt_cache
 from contextd.engine.tokens import TokenCounter
 from contextd.engine.transforms import TransformRegistry
-from contextd.engine.types import Reorder
+from contextd.engine.types import Reorder, target_of
 from contextd.engine.view import Assembly, View, ViewRequest
 
 __all__ = ["AgentProposal", "Carry", "RenderInput", "RenderOutput", "identity_view", "protection_map", "render"]
@@ -91,9 +92,9 @@ class Carry:
     finished: Finished
     """The render's draft with every edit in force applied, the slots those edits take
     and what they rest on (where load resumes)."""
-    pooled: Pooled | None
-    """Each rule's pool; None when the render reordered the view (pools are in view order) or
-    compressed an entry (what rules match on an entry depends on how it is shown)."""
+    ledgers: Ledgers | None
+    """What each rule did (stages/ledger.py); None when the render reordered the view (the
+    rules' pools are in the items' order)."""
     repaired: RepairRun
     assembly: Assembly
     """The view as rendered, for the next render in the same format to resume."""
@@ -126,7 +127,7 @@ def render(inp: RenderInput) -> RenderOutput:
     draft = loaded.draft  # the one mutable value: apply and the budget go on applying edits to it
     context = transform_context(draft, request, cache.state, inp.tools, policy)
     proposed = propose(
-        loaded, context, policy, inp.registry, state.pending, inp.agent_proposals, carry.pooled if carry else None
+        loaded, context, policy, inp.registry, state.pending, inp.agent_proposals, carry.ledgers if carry else None
     )
     judged = judge(proposed.candidates, loaded, policy, counter, look_ahead=looks_ahead(request, policy))
     timed = time_edits(judged.eligible, draft, cache, context.utilization, inp.force)
@@ -168,32 +169,36 @@ def render(inp: RenderInput) -> RenderOutput:
         *fitted.certificates,
     )
     # Edits made durable come back as history, which a carry does not follow.
-    next_carry = None if applied.durable else _carry(inp, recorded.state, loaded, proposed.pools, fitted.applied, shown)
+    carried = None if applied.durable else _carry(inp, recorded.state, loaded, proposed.ledgers, fitted.applied, shown)
     agent_ids = tuple(p.id for p in inp.agent_proposals)  # every one is decided now, or waits in the state
     return RenderOutput(
-        recorded.view, certificates, recorded.state, agent_ids, applied.durable, next_carry, recorded.predicted
+        recorded.view, certificates, recorded.state, agent_ids, applied.durable, carried, recorded.predicted
     )
 
 
 def _carry(
-    inp: RenderInput, state: ViewState, loaded: Loaded, pools: Pools, applied: Sequence[AppliedEdit], shown: Shown
+    inp: RenderInput, state: ViewState, loaded: Loaded, ledgers: Ledgers, applied: Sequence[AppliedEdit], shown: Shown
 ) -> Carry:
     """What the next render from `state` may start from, after a render that applied `applied`."""
-    # Pools hold what rules matched on entries as shown: an entry compressed now stays
-    # open but is shown otherwise, so the next render matches every entry afresh.
-    reshown = any(isinstance(a.edit, Reorder) or is_compression(a) for a in applied)
+    slots = {slot_of(a.edit) for a in applied}
     finished = Finished(
         loaded.draft,
-        loaded.taken | {slot_of(a.edit) for a in applied},
+        loaded.taken | slots,
+        # An edit of this render may have taken over a compression's slot (record.py).
+        (loaded.compressed - slots) | {slot_of(a.edit) for a in applied if is_compression(a)},
         {**relied_on(applied), **loaded.relied},  # the first edit to rely on an item is named
     )
+    # The rules proposed for entries as shown before this render's edits: the next render
+    # matches those it changed afresh.
+    changed = frozenset(s for s in map(target_of, (a.edit for a in applied)) if s is not None and s > 0)
+    reordered = any(isinstance(a.edit, Reorder) for a in applied)
     return Carry(
         state=state,
         items=tuple(inp.items),
         pins=inp.pins,
         durable=inp.durable,
         finished=finished,
-        pooled=None if reshown else Pooled(pools, len(inp.items)),
+        ledgers=None if reordered else replace(ledgers, changed=changed),
         repaired=shown.repaired,
         assembly=shown.assembly,
     )

@@ -46,7 +46,7 @@ import json
 import logging
 import posixpath
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -94,6 +94,16 @@ class Strategy:
     ) -> Proposal | None:
         raise NotImplementedError
 
+    def keys(self, context: TransformContext, entry: Entry, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
+        """What `proposal` rests on for `entry` beyond the entry itself (types.Incremental)."""
+        seen = context.observations.by_seq.get(entry.seq)
+        if seen is None or not worth(entry, params):
+            return ()
+        return self.rests_on(entry, seen, params)
+
+    def rests_on(self, entry: Entry, seen: Observation, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
+        raise NotImplementedError
+
 
 class Dedupe(Strategy):
     name: ClassVar[str] = "dedupe"
@@ -110,6 +120,9 @@ class Dedupe(Strategy):
         note = f"identical to the output of call {index.by_seq[earlier].call_id} (seq {earlier})"
         return Proposal(Remove(entry.seq, True, note), 0, "duplicate", note, (earlier,))
 
+    def rests_on(self, entry: Entry, seen: Observation, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
+        return (("shown output", seen.output_hash),)
+
 
 class SameSource(Strategy):
     name: ClassVar[str] = "same_source"
@@ -117,11 +130,10 @@ class SameSource(Strategy):
     def proposal(
         self, context: TransformContext, entry: Entry, seen: Observation, params: Mapping[str, Any]
     ) -> Proposal | None:
-        if not seen.version or len(seen.reads) != 1 or seen.writes or seen.unknown or seen.is_error:
+        if not self._applies(seen):
             return None
         read = seen.reads[0]
-        if not read.span:
-            return None
+        assert read.span
         earlier = next(
             (
                 o
@@ -141,6 +153,16 @@ class SameSource(Strategy):
         )
         return Proposal(Remove(entry.seq, True, note), 1, "same_source", note, (earlier.seq,))
 
+    def rests_on(self, entry: Entry, seen: Observation, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
+        return (("covered", entry.seq),) if self._applies(seen) else ()
+
+    @staticmethod
+    def _applies(seen: Observation) -> bool:
+        """A read of one source at a version the client declared, by lines, and nothing else."""
+        if not seen.version or len(seen.reads) != 1 or seen.writes or seen.unknown or seen.is_error:
+            return False
+        return bool(seen.reads[0].span)
+
 
 class Supersede(Strategy):
     name: ClassVar[str] = "supersede"
@@ -148,8 +170,7 @@ class Supersede(Strategy):
     def proposal(
         self, context: TransformContext, entry: Entry, seen: Observation, params: Mapping[str, Any]
     ) -> Proposal | None:
-        # Only an output that is the read and nothing else: no listing, no writes.
-        if not seen.reads or seen.writes or seen.unknown or seen.listing:
+        if not self._applies(seen):
             return None
         index = context.observations
         newer: list[Observation] = []
@@ -171,6 +192,14 @@ class Supersede(Strategy):
         shown = ", ".join(f"call {o.call_id} (seq {o.seq})" for o in dict.fromkeys(newer))
         note = f"read again later by {shown}"
         return Proposal(Remove(entry.seq, True, note), 2, "superseded", note, tuple(sorted({o.seq for o in newer})))
+
+    def rests_on(self, entry: Entry, seen: Observation, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
+        return (("covered", entry.seq),) if self._applies(seen) else ()
+
+    @staticmethod
+    def _applies(seen: Observation) -> bool:
+        """Only an output that is the read and nothing else: no listing, no writes."""
+        return bool(seen.reads) and not (seen.writes or seen.unknown or seen.listing)
 
 
 def _rereads(later: Observation, read: Read, earlier: Observation, index: ObservationIndex) -> bool:
@@ -197,8 +226,7 @@ class Snapshots(Strategy):
     def proposal(
         self, context: TransformContext, entry: Entry, seen: Observation, params: Mapping[str, Any]
     ) -> Proposal | None:
-        command = seen.command.strip()
-        if not any(fnmatch.fnmatchcase(command, p) for p in params.get("commands", ())):
+        if not self._applies(seen, params):
             return None
         later = context.observations.next_run(seen)
         if later is None or (later.failed and not _finished(output_text(context.by_seq[later.seq]))):
@@ -209,6 +237,14 @@ class Snapshots(Strategy):
             "snapshot",
             f"the same command ran again at seq {later.seq} (call {later.call_id})",
         )
+
+    def rests_on(self, entry: Entry, seen: Observation, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
+        return (("run", seen.tool, seen.command.strip()),) if self._applies(seen, params) else ()
+
+    @staticmethod
+    def _applies(seen: Observation, params: Mapping[str, Any]) -> bool:
+        command = seen.command.strip()
+        return any(fnmatch.fnmatchcase(command, p) for p in params.get("commands", ()))
 
 
 _FINISHED = re.compile(
@@ -286,6 +322,9 @@ class Errors(Strategy):
                 f"a later call of {seen.tool} succeeded (seq {success.seq})",
             )
         return held[key]
+
+    def rests_on(self, entry: Entry, seen: Observation, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
+        return (("success", seen.tool),) if seen.is_error else ()
 
 
 _residues: IdentityMemo[dict[tuple[int, int], Proposal]] = IdentityMemo(20_000)
@@ -371,6 +410,24 @@ class ErroredInputs:
             where = ", ".join(f"seq {s.seq}" for s in successes)
             yield Proposal(Replace(entry.seq, content), 2, "errored_input", f"later calls succeeded ({where})")
 
+    def keys(self, context: TransformContext, entry: Entry, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
+        """Each call's result until it is there; then, for a failed one with a bulky input,
+        its tool's next success (types.Incremental)."""
+        item = entry.item
+        if entry.representation is not Representation.FULL or not item.tool_uses:
+            return ()
+        if any(isinstance(b, ReasoningBlock) for b in item.content):
+            return ()
+        floor = params.get("min_input_chars", MIN_INPUT_CHARS)
+        keys: list[Hashable] = []
+        for call in item.tool_uses:
+            seen = context.observations.answer(call.id)
+            if seen is None:
+                keys.append(("answer", call.id))
+            elif seen.failed and len(call.input_json) >= floor:
+                keys.append(("success", seen.tool))
+        return tuple(keys)
+
 
 MIN_INPUT_CHARS = 400
 """A failed call's input shorter than this stays: its stand-in would be about as long."""
@@ -401,3 +458,6 @@ class Completed:
                 continue
             note = f"completed work (items {done.first}-{done.last}); its outcome is recorded at seq {done.outcome}"
             yield Proposal(Remove(entry.seq, True, note), 3, "completed", note, (done.outcome,))
+
+    def keys(self, context: TransformContext, entry: Entry, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
+        return (("completions",),) if worth(entry, params) else ()

@@ -8,7 +8,7 @@ Third-party transforms register under the entry-point group
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
@@ -58,6 +58,9 @@ class Mask:
         for entry in candidates:
             if prunable(entry):
                 yield Proposal(Remove(entry.seq), level=4, reason="masked", evidence="matched the rule's conditions")
+
+    def keys(self, context: TransformContext, entry: Entry, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
+        return ()  # the entry alone (types.Incremental)
 
 
 def built_in() -> tuple[Transform, ...]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 from contextd.engine.model import Block, Item, ItemContent, Representation, Role, ToolResultBlock, ToolUseBlock
 from contextd.engine.observations import ObservationIndex
@@ -220,6 +220,7 @@ class Transform(Protocol):
         ...
 
 
+@runtime_checkable
 class Incremental(Transform, Protocol):
     """A transform whose proposal for a candidate is about that candidate alone, and rests on
     the entry as shown and on what `keys` names: a render that follows another (the carry)
@@ -227,9 +228,8 @@ class Incremental(Transform, Protocol):
     proposed for, and those new or shown otherwise since (stages/ledger.py). The keys:
 
     * ``("shown output", hash)``: whether the outputs equal to this one are shown in full;
-    * ``("shown read", path)``: whether the reads of `path` that cover the candidate's
-      lines (both ways) are shown in full;
-    * ``("reread", seq)``: a later read of a path that covers what item `seq` read;
+    * ``("covered", seq)``: the reads of a path that cover what item `seq` read of it, earlier
+      or later: appended since, or shown otherwise since;
     * ``("run", tool, command)``: a later run of the same command;
     * ``("success", tool)``: a later call of `tool` that did not fail;
     * ``("answer", call_id)``: the result of tool call `call_id`, once appended;

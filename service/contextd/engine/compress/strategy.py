@@ -9,7 +9,7 @@ maximum level.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any, ClassVar
 
 from contextd.engine.compress.router import compress
@@ -60,6 +60,12 @@ class Compress(Strategy):
                 _compressed(entry, found) if found is not None and len(found.text) <= ratio * len(text) else None
             )
         return held[key]
+
+    def rests_on(self, entry: Entry, seen: Observation, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
+        result = entry.item.tool_result
+        if entry.representation is not Representation.FULL or result is None:
+            return ()
+        return (("focus",),) if all(isinstance(p, TextBlock) for p in result.content) else ()
 
 
 def _compressed(entry: Entry, found: Compressed) -> Proposal:

@@ -50,6 +50,8 @@ class Draft:
         self.turns = turns[-1] + 1 if turns else 0
         self.order: list[int] = list(self.natural)
         """History items in the order shown."""
+        self.reordered = False
+        """Whether a reorder is in force (`order` is not `natural`, or was not at some point)."""
         self.inserted: list[tuple[int, int]] = []
         """(after_seq, seq) of inserted entries, in the order they were inserted."""
         self.patches: dict[str, Any] = {}
@@ -101,6 +103,7 @@ class Draft:
         draft.natural = (*self.natural, *seqs)
         draft.turns = turn + 1
         draft.order = [*self.order, *seqs]  # appended items follow, whatever order is in force
+        draft.reordered = self.reordered
         draft._note(new)
         draft._ordered = [*self.ordered(), *(draft.entries[s] for s in seqs)]  # nothing is inserted after them
         return draft
@@ -136,6 +139,7 @@ class Draft:
                 self.view_tokens += applied.tokens
             case Reorder():
                 self.order = reordered(edit, self.order)
+                self.reordered = True
             case PatchRequest(name, value):
                 self.patches[name] = value
 

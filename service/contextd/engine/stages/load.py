@@ -29,6 +29,8 @@ class Finished:
 
     draft: Draft
     taken: frozenset[Slot]
+    compressed: frozenset[Slot]
+    """Those of `taken` a compression holds."""
     relied: Mapping[int, int]
 
 
@@ -70,7 +72,7 @@ def load(
             draft.protections(policy),
             state.applied,
             finished.taken,
-            _compressions(state.applied),
+            finished.compressed,
             finished.relied,
             (),
             state.decided,

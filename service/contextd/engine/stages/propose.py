@@ -1,7 +1,8 @@
 """Propose (DESIGN section 4): the candidate edits of one render, in the order they are
 judged: the edits deferred earlier, then the agent's prunes (ProposePrune), then each
 rule's proposals in policy order. A rule's `when` picks the entries its transform sees;
-an entry an edit in force holds (but for a compression) is not proposed for again.
+an entry an edit in force holds (but for a compression) is not proposed for again. A render
+that follows another asks each rule only about what that one did not settle (ledger.py).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from contextd.engine.compress.text import MAX_FOCUS_TERMS, identifiers
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Item, Role
 from contextd.engine.policy import Policy
-from contextd.engine.rules import changes_with_time, holds_for, holds_now
+from contextd.engine.rules import holds_for
 from contextd.engine.stages.certify import certificate
 from contextd.engine.stages.draft import Draft, Slot, reordered
+from contextd.engine.stages.ledger import Ledger, Ledgers, pick, recorded, refreshed, to_ask, touched
 from contextd.engine.stages.load import Loaded
 from contextd.engine.state import ControlMode, PendingEdit
 from contextd.engine.transforms import TransformRegistry
-from contextd.engine.types import CacheState, Entry, Proposal, Remove, Reorder, TransformContext, target_of
+from contextd.engine.types import CacheState, Entry, Proposal, Remove, Reorder, Transform, TransformContext, target_of
 from contextd.engine.view import ViewRequest
 
 AGENT_LEVEL = 3
@@ -47,25 +49,12 @@ class Candidate:
     """Deferred in an earlier render (its DEFER is already certified)."""
 
 
-Pools = tuple[tuple[Entry, ...], ...]
-"""Per rule, in policy order: the open entries its conditions on the entry alone hold for."""
-
-
-@dataclass(frozen=True, slots=True)
-class Pooled:
-    """The pools of a render, for the next to start from when only items were appended since."""
-
-    pools: Pools
-    items: int
-    """How many of the history's items they were matched over (those after are matched afresh)."""
-
-
 @dataclass(frozen=True, slots=True)
 class Proposed:
     candidates: tuple[Candidate, ...]
     """Deferred edits, the agent's, then the rules' in policy order."""
-    pools: Pools
-    """Each rule's pool, in view order: what the next render may start from."""
+    ledgers: Ledgers
+    """What each rule did: what the next render from this one's state may start from."""
     certificates: tuple[CertificateBody, ...]
     """ABSTAIN for each deferred edit whose rule the policy no longer has."""
 
@@ -114,14 +103,24 @@ def propose(
     registry: TransformRegistry,
     pending: Sequence[PendingEdit],
     agent_proposals: Sequence[AgentProposal],
-    pooled: Pooled | None = None,
+    ledgers: Ledgers | None = None,
 ) -> Proposed:
-    """The candidates, and each rule's pool (`pooled`: those of the render this one follows)."""
+    """The candidates, and what each rule did (`ledgers`: the rules' work in the render this one
+    follows, when nothing is reordered: stages/ledger.py)."""
     draft = loaded.draft
-    carried = None if pooled is None else (pooled.pools, [draft.entries[s] for s in draft.natural[pooled.items :]])
-    proposed, matched = _proposed(policy, registry, context, loaded.taken - loaded.compressed, carried)
+    if draft.reordered:
+        ledgers = None  # the pools are in view order, which is not the items' order
+    taken = loaded.taken - loaded.compressed
+    if ledgers is None:
+        proposed, done = _proposed(policy, registry, context, taken)
+    else:
+        new = [draft.entries[s] for s in draft.natural[ledgers.items :]]
+        changed = [draft.entries[s] for s in sorted(ledgers.changed) if s in draft.entries]
+        proposed, done = _proposed_since(policy, registry, context, taken, ledgers, new, changed)
     waiting, certificates = _waiting(draft, policy, pending, agent_proposals)
-    return Proposed((*waiting, *proposed), matched, certificates)
+    focus = (context.requested_focus, context.focus)
+    made = Ledgers(tuple(done), len(draft.natural), focus, len(context.observations.completions))
+    return Proposed((*waiting, *proposed), made, certificates)
 
 
 def _waiting(
@@ -157,35 +156,59 @@ def _waiting(
 
 
 def _proposed(
-    policy: Policy,
-    registry: TransformRegistry,
-    context: TransformContext,
-    taken: frozenset[Slot],
-    carried: tuple[Pools, Sequence[Entry]] | None,
-) -> tuple[list[Candidate], Pools]:
-    """Each rule's proposals, in policy order, and each rule's pool: the open entries its
-    conditions on the entry alone hold for, in view order (`carried`: the pools of the
-    render this one follows, and the entries appended since)."""
+    policy: Policy, registry: TransformRegistry, context: TransformContext, taken: frozenset[Slot]
+) -> tuple[list[Candidate], list[Ledger]]:
+    """Each rule's proposals, in policy order, over every open entry its conditions hold for."""
     out: list[Candidate] = []
-    pools: list[tuple[Entry, ...]] = []
-    # With pools carried, only the items appended since are matched afresh.
-    open_entries = [e for e in context.entries if e.seq > 0 and e.seq not in taken] if carried is None else carried[1]
+    ledgers: list[Ledger] = []
+    open_entries = [e for e in context.entries if e.seq > 0 and e.seq not in taken]
     by_role: dict[Role, list[Entry]] = {}  # in view order: most rules name one role
     for e in open_entries:
         by_role.setdefault(e.role, []).append(e)
-    for index, rule in enumerate(policy.rules):
+    for rule in policy.rules:
         transform = registry.get(rule.transform)
         when, roles = rule.when, rule.when.roles
         pool = by_role.get(next(iter(roles)), []) if roles is not None and len(roles) == 1 else open_entries
         matched = [e for e in pool if holds_for(when, e)]
-        if carried is not None:
-            matched = [e for e in carried[0][index] if e.seq not in taken] + matched
-        pools.append(tuple(matched))
-        picked = [e for e in matched if holds_now(when, e, context)] if changes_with_time(when) else matched
-        proposals: Iterable[Proposal] = transform.propose(context, picked, rule.params)
-        if not isinstance(transform, Compress):
-            # Only the built-in compressors' claim is taken: another transform saying
-            # `compression` is held to the ladder like any edit.
-            proposals = (replace(p, compression=False) if p.compression else p for p in proposals)
+        picked, waiting = pick(when, matched, context)
+        proposals = _proposals(transform, context, picked, rule.params)
         out.extend(Candidate(p, rule.name, ControlMode.RULE) for p in proposals)
-    return out, tuple(pools)
+        ledgers.append(
+            recorded(transform, context, rule.params, {e.seq: e for e in matched}, picked, waiting, proposals)
+        )
+    return out, ledgers
+
+
+def _proposed_since(
+    policy: Policy,
+    registry: TransformRegistry,
+    context: TransformContext,
+    taken: frozenset[Slot],
+    ledgers: Ledgers,
+    new: Sequence[Entry],
+    changed: Sequence[Entry],
+) -> tuple[list[Candidate], list[Ledger]]:
+    """The same proposals as `_proposed`, each rule asked again only about what the render
+    its ledger is of did not settle (stages/ledger.py)."""
+    out: list[Candidate] = []
+    done: list[Ledger] = []
+    keys = touched(context, ledgers, new, changed)
+    for rule, ledger in zip(policy.rules, ledgers.rules, strict=True):
+        transform = registry.get(rule.transform)
+        pool, fresh = refreshed(ledger, rule.when, (*changed, *new), taken)
+        picked, waiting = pick(rule.when, to_ask(ledger, pool, fresh, keys), context)
+        proposals = _proposals(transform, context, picked, rule.params)
+        out.extend(Candidate(p, rule.name, ControlMode.RULE) for p in proposals)
+        done.append(recorded(transform, context, rule.params, pool, picked, waiting, proposals, ledger))
+    return out, done
+
+
+def _proposals(
+    transform: Transform, context: TransformContext, picked: Sequence[Entry], params: Mapping[str, Any]
+) -> list[Proposal]:
+    proposals = list(transform.propose(context, picked, params))
+    if isinstance(transform, Compress):
+        return proposals
+    # Only the built-in compressors' claim is taken: another transform saying `compression`
+    # is held to the ladder like any edit.
+    return [replace(p, compression=False) if p.compression else p for p in proposals]

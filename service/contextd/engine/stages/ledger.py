@@ -1,0 +1,180 @@
+"""What each rule did in a render, kept for the next render from its state (the carry), so
+that proposing costs what changed since, not the session.
+
+A rule's proposals come from its transform over its candidates: the open entries its
+conditions on the entry alone hold for (its pool), of those the ones its conditions that
+change with time hold for now. A transform that is `Incremental` (types.py) says, for each
+candidate, what its proposal rests on besides the entry (keys). The next render then asks
+it only about:
+
+* the entries appended since, and those shown otherwise since (the previous render's edits);
+* the entries it proposed for (a proposal refused or deferred is made again);
+* the entries whose keys something since touched (`touched`: a new observation, an entry
+  shown otherwise, a new span of completed work, a new focus);
+* the entries its time conditions did not hold for yet.
+
+For every other entry of its pool it proposed nothing before, and nothing its proposal
+rests on has changed: it would propose nothing again. A transform that is not incremental
+(one an installed package registers, say) sees its whole pool each render, as without a
+carry. Either way the proposals are those of a render without the carry, in the same order
+(`tests/service/engine/test_pipeline.py` holds the two to each other).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from contextd.engine.observations import Observation, ObservationIndex
+from contextd.engine.policy import When
+from contextd.engine.rules import holds_for
+from contextd.engine.shell import WHOLE
+from contextd.engine.types import Entry, Incremental, Proposal, TransformContext, target_of
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """One rule's work in one render."""
+
+    pool: Mapping[int, Entry]
+    """seq -> the open entry its conditions on the entry alone hold for, as shown then."""
+    waiting: frozenset[int]
+    """Seqs of the pool its conditions that change with time did not hold for (and still may)."""
+    proposing: frozenset[int]
+    """Seqs it proposed for."""
+    by_key: Mapping[Hashable, frozenset[int]] | None
+    """key -> seqs of the pool whose proposal rests on it; None when the transform is not
+    incremental."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ledgers:
+    """Every rule's work in one render, for the next render from its state."""
+
+    rules: tuple[Ledger, ...]
+    """In policy order."""
+    items: int
+    """How many of the history's items they were made over."""
+    focus: tuple[tuple[str, ...], tuple[str, ...]]
+    """The request's focus and the render's, as the transforms saw them."""
+    completions: int
+    """How many spans of completed work there were."""
+    changed: frozenset[int] = frozenset()
+    """The items the render's own edits showed otherwise after its rules proposed."""
+
+
+def pick(when: When, entries: Iterable[Entry], context: TransformContext) -> tuple[list[Entry], list[int]]:
+    """Of `entries`, those the rule's conditions that change with time hold for now, and the
+    seqs of those they do not hold for yet (an entry too old for an age maximum never comes
+    back: it is in neither)."""
+    age, utilization = when.age_turns, when.utilization
+    if age is None and utilization is None:
+        return list(entries), []
+    if utilization is not None and not utilization.holds(context.utilization):
+        return [], [e.seq for e in entries]  # none now; any may be when the view fills up
+    picked, waiting = [], []
+    for entry in entries:
+        old = context.turns - 1 - entry.turn
+        if age is None or age.holds(old):
+            picked.append(entry)
+        elif age.max is None or old <= age.max:
+            waiting.append(entry.seq)
+    return picked, waiting
+
+
+def recorded(
+    transform: object,
+    context: TransformContext,
+    params: Mapping[str, Any],
+    pool: Mapping[int, Entry],
+    picked: Sequence[Entry],
+    waiting: Iterable[int],
+    proposals: Sequence[Proposal],
+    earlier: Ledger | None = None,
+) -> Ledger:
+    """The ledger of a rule whose transform proposed `proposals` for `picked` of its `pool`
+    (`earlier`: the ledger of the render this one followed; every entry of its pool that
+    proposed or waited was asked again, so what proposes and waits now is this render's)."""
+    if not isinstance(transform, Incremental):
+        return Ledger(pool, frozenset(waiting), frozenset(), None)
+    adding: dict[Hashable, list[int]] = {}
+    for entry in picked:
+        for key in transform.keys(context, entry, params):
+            adding.setdefault(key, []).append(entry.seq)
+    proposing = frozenset(s for s in map(target_of, (p.edit for p in proposals)) if s is not None)
+    if earlier is None or earlier.by_key is None:
+        return Ledger(pool, frozenset(waiting), proposing, {k: frozenset(v) for k, v in adding.items()})
+    by_key = dict(earlier.by_key)
+    for key, seqs in adding.items():
+        by_key[key] = by_key.get(key, frozenset()).union(seqs)
+    return Ledger(pool, frozenset(waiting), proposing, by_key)
+
+
+def to_ask(ledger: Ledger, pool: Mapping[int, Entry], fresh: Iterable[int], touched: set[Hashable]) -> list[Entry]:
+    """The entries of `pool` a rule's transform is asked about again, in seq order (the view's
+    order while nothing is reordered): all of them unless it is incremental."""
+    if ledger.by_key is None:
+        return [pool[s] for s in sorted(pool)]
+    seqs = set(fresh) | ledger.proposing | ledger.waiting
+    by_key = ledger.by_key
+    for key in touched:
+        found = by_key.get(key)
+        if found:
+            seqs |= found
+    return [pool[s] for s in sorted(seqs) if s in pool]
+
+
+def refreshed(
+    ledger: Ledger, when: When, entries: Iterable[Entry], taken: frozenset[int | str]
+) -> tuple[dict[int, Entry], list[int]]:
+    """The rule's pool with `entries` (appended since, or shown otherwise since) matched
+    afresh, and the seqs of those in it now."""
+    pool = dict(ledger.pool)
+    fresh = []
+    for entry in entries:
+        pool.pop(entry.seq, None)
+        if entry.seq > 0 and entry.seq not in taken and holds_for(when, entry):
+            pool[entry.seq] = entry
+            fresh.append(entry.seq)
+    return pool, fresh
+
+
+def touched(
+    context: TransformContext, ledgers: Ledgers, new: Sequence[Entry], changed: Sequence[Entry]
+) -> set[Hashable]:
+    """The keys (types.Incremental) that what happened since the ledgers' render touched."""
+    index = context.observations
+    keys: set[Hashable] = set()
+    for entry in new:
+        seen = index.by_seq.get(entry.seq)
+        if seen is None:
+            continue
+        keys.add(("run", seen.tool, seen.command.strip()))
+        keys.add(("answer", seen.call_id))
+        if not seen.failed:
+            keys.add(("success", seen.tool))
+        _covered(index, seen, keys)
+    outcomes = {c.outcome for c in index.completions}
+    for entry in changed:
+        seen = index.by_seq.get(entry.seq)
+        if seen is not None:
+            keys.add(("shown output", seen.output_hash))
+            _covered(index, seen, keys)
+        if entry.seq in outcomes:
+            keys.add(("completions",))
+    if len(index.completions) != ledgers.completions:
+        keys.add(("completions",))
+    if (context.requested_focus, context.focus) != ledgers.focus:
+        keys.add(("focus",))
+    return keys
+
+
+def _covered(index: ObservationIndex, seen: Observation, keys: set[Hashable]) -> None:
+    """("covered", s) for every read `seen`'s reads may cover."""
+    for read in seen.reads:
+        if read.span is None:
+            continue  # lines not known: it shows nothing another read showed, as far as is known
+        keys.update(("covered", s) for s in index.reads_within(read.path, read.span))
+        if read.span == WHOLE:
+            keys.update(("covered", s) for s in index.unlined(read.path))

@@ -1,0 +1,148 @@
+"""The built-in strategies from the carry (stages/ledger.py): a render that asks each rule only
+about what changed since the previous render proposes, decides and shows exactly what a
+render from the state alone does, on generated shell sessions that give every strategy its
+evidence (pages and whole reads of files, writes that move lines or not, test runs and
+status commands repeated, identical outputs, failures and successes, failed calls with bulky
+inputs, spans of work marked complete, a shell whose directory changes) and a focus that
+moves with the latest turns."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from contextd.engine.model import Item, ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
+from contextd.engine.observations import COMPLETES
+from contextd.engine.pipeline import RenderInput, RenderOutput, render
+from contextd.engine.policy import default_policy_text, parse_policy
+from contextd.engine.state import ViewState
+from contextd.engine.transforms import TransformRegistry
+from contextd.engine.view import ViewFormat, ViewRequest
+from tests.helpers import counter, make_session, stored_items
+
+REGISTRY = TransformRegistry.default()
+PATHS = ("src/app.py", "/repo/src/util.py", "app.py")
+CODE = "\n".join(f"def handler_{n}(request):\n    return parse_header(request, {n})  # value_{n}" for n in range(30))
+SMALL = "\n".join(
+    f'def handler_{n}(request):\n    """Handle {n}."""\n'
+    + "".join(f"    value_{k} = request.get('field_{k}', {k})\n" for k in range(8))
+    + "    return value_0\n"
+    for n in range(3)
+)
+"""Compressed under a focus on one of its handlers, not on two (what is kept whole is too much)."""
+FOCUS = ["handler_0", "handler_1", "handler_2", "value_12", "parse_header"]
+
+
+def lines(first: int, last: int) -> str:
+    return "\n".join(f"{n:>6}\tvalue_{n} = compute_{n % 7}(value_{n - 1})" for n in range(first, last + 1))
+
+
+@st.composite
+def command(draw: st.DrawFn) -> tuple[str, str, bool]:
+    """(command, output, flagged failed) of one bash call."""
+    path = draw(st.sampled_from(PATHS))
+    first = draw(st.integers(1, 80))
+    last = first + draw(st.sampled_from([5, 20, 40, 60]))
+    kind = draw(st.integers(0, 14))
+    if kind <= 2:
+        return f"sed -n '{first},{last}p' {path}", lines(first, last), False
+    if kind == 3:
+        return f"nl -ba {path} | sed -n '{first},{last}p'", lines(first, last), False
+    if kind == 4:
+        return f"cat {path}", CODE if draw(st.booleans()) else f"cat: {path}: No such file or directory", False
+    if kind == 5:
+        return draw(st.sampled_from([f"sed -i 's/old/new/' {path}", f"sed -i '{first}d' {path}"])), "", False
+    if kind == 6:
+        passed = draw(st.booleans())
+        tail = (
+            "=== 12 passed in 0.52s ===" if passed else "FAILED tests/test_app.py::test_parse\n=== 1 failed in 0.4s ==="
+        )
+        return "pytest -q", lines(1, draw(st.sampled_from([3, 30]))) + "\n" + tail, not passed
+    if kind == 7:
+        return "git status", "On branch main\n" + "\n".join(f"\tmodified: src/mod_{n}.py" for n in range(20)), False
+    if kind == 8:
+        return "ls src", "\n".join(f"module_{n}.py" for n in range(40)), False
+    if kind == 9:
+        return "python3 fix.py", "Traceback (most recent call last):\nValueError: bad header\n" + lines(1, 30), True
+    if kind == 10:
+        return "cd src", "", False
+    if kind == 11:
+        return f"grep -n parse_header {path}", lines(first, first + 3), False
+    if kind == 12:
+        return f"tail -n 40 {path}", lines(40, 80), False
+    if kind == 13:
+        return "cat src/small.py", SMALL, False
+    return "python3 -c 'print(1)'", "1", False
+
+
+@st.composite
+def sessions(draw: st.DrawFn) -> list[Item]:
+    contents = [
+        ItemContent(role=Role.SYSTEM, content=(TextBlock("You are a coding agent."),)),
+        ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),)),
+    ]
+    for call in range(1, draw(st.integers(2, 22)) + 1):
+        if draw(st.integers(0, 7)) == 0:
+            said = draw(st.sampled_from(["Now look at handler_3.", "Check value_12 again.", "Go on."]))
+            contents.append(ItemContent(role=Role.USER, content=(TextBlock(said),)))
+        text, output, failed = draw(command())
+        arguments = {"command": text}
+        if draw(st.integers(0, 9)) == 0:  # a bulky input: a script written in a heredoc
+            arguments = {"command": f"cat > fix.py <<'EOF'\n{CODE}\nEOF\npython3 fix.py"}
+            output, failed = "Traceback (most recent call last):\nSyntaxError: invalid syntax", True
+        looking = draw(st.sampled_from([f"value_{draw(st.integers(1, 60))}", *FOCUS]))
+        said = (TextBlock(f"Looking at {looking}."),) if draw(st.booleans()) else ()
+        use = ToolUseBlock(f"c{call}", "bash", json.dumps(arguments))
+        contents.append(ItemContent(role=Role.ASSISTANT, content=(*said, use)))
+        metadata = {}
+        if draw(st.integers(0, 11)) == 0 and len(contents) > 4:
+            first = draw(st.integers(3, len(contents) - 1))
+            metadata = {COMPLETES: f"{first}-{len(contents)}"}  # the work since `first`, done
+        result = ToolResultBlock(f"c{call}", (TextBlock(output or "(no output)"),), is_error=failed, name="bash")
+        contents.append(ItemContent(role=Role.TOOL, content=(result,), metadata=metadata))
+    return stored_items(contents)
+
+
+POLICIES = [
+    default_policy_text(),
+    default_policy_text().replace("evidence: {max_level: 3}", "evidence: {max_level: 4}"),
+    default_policy_text().replace("protection: {last_turns: 1}", "protection: {last_turns: 0}"),
+    default_policy_text()
+    + "  - {name: pressure, transform: mask, when: {roles: [tool], utilization: {min: 0.6}, age_turns: {max: 6}}}\n",
+]
+
+
+def follow(items: list[Item], policy: str, previous: RenderOutput | None, now: float, **given: object) -> RenderOutput:
+    inp = RenderInput(
+        session=make_session(len(items)),
+        items=items,
+        policy=parse_policy(policy, REGISTRY),
+        request=ViewRequest(ViewFormat.OPENAI_CHAT, **given),  # type: ignore[arg-type]
+        counter=counter(),
+        registry=REGISTRY,
+        state=previous.state if previous else ViewState(),
+        now=now,
+        carry=previous.carry if previous else None,
+    )
+    out = render(inp)
+    assert out == render(replace(inp, carry=None))
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sessions(), st.sampled_from(POLICIES), st.data())
+def test_the_strategies_from_the_carry_are_the_strategies_without_it(
+    items: list[Item], policy: str, data: st.DataObject
+) -> None:
+    previous: RenderOutput | None = None
+    now = 0.0
+    cut = 2
+    while cut < len(items):
+        cut = min(len(items), cut + data.draw(st.integers(1, 5)))
+        now += data.draw(st.sampled_from([1.0, 30.0, 400.0]))
+        focus = tuple(data.draw(st.lists(st.sampled_from(FOCUS), max_size=2, unique=True)))
+        budget = data.draw(st.sampled_from([0, 0, 3_000]))
+        previous = follow(items[:cut], policy, previous, now, focus=focus, budget_tokens=budget)
