@@ -8,15 +8,16 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contextd.engine.certificates import Certificate, Decision, Stamp, verify_chain
+from contextd.engine.changes import StateChange, change_to_json
 from contextd.engine.errors import InvalidArgument, LimitExceeded
 from contextd.engine.model import Item, Representation, Session
-from contextd.engine.pipeline import RenderInput, RenderOutput, protection_map, render
+from contextd.engine.pipeline import Carry, RenderInput, RenderOutput, protection_map, render
 from contextd.engine.policy import Policy
 from contextd.engine.state import AppliedEdit, state_to_json
 from contextd.engine.tokens import TokenCounter
@@ -118,7 +119,8 @@ class ViewService:
             row, session, items = await self.store.history_in(conn, tenant, session_id)
             key = row["key"]
             policy = await self.policy_of(session)
-            state = await views.load_state(conn, key, self._states)
+            stored = await views.read_state(conn, key, self._states)
+            state = stored.state
             render_input = RenderInput(
                 session=session,
                 items=items,
@@ -135,12 +137,15 @@ class ViewService:
                 durable=await views.load_mutations(conn, key),
                 carry=self._states.carry(key, state),
             )
-            out, state_json = await self._run(_render, render_input)
+            # Another replica rendered since this one's last render: its carry, caught up.
+            earlier = self._states.carry(key, stored.since) if stored.since is not None else None
+            out, change_json = await self._run(_render, render_input, earlier, stored.changes)
             stamp = Stamp(out.state.view_version, request.format.value, policy.version)
             if dry_run:
                 certificates = [Certificate(0, body, stamp, "", "") for body in out.certificates]
             else:
-                await views.save_state(conn, key, out.state, state_json)
+                copy = await self._run(state_to_json, out.state) if stored.copy_due(len(change_json)) else None
+                await views.save_state(conn, key, stored, change_json, copy)
                 if not force:  # an operator's render is no model call
                     await views.record_call(
                         conn, key, out.state.view_version, request.format.value, out.view.total_tokens, out.predicted
@@ -291,10 +296,17 @@ class ViewService:
         return len(chain), verify_chain(chain)
 
 
-def _render(render_input: RenderInput) -> tuple[RenderOutput, str]:
-    """The engine's render and its view state as stored: the CPU work of a render, for a thread."""
+def _render(
+    render_input: RenderInput, earlier: Carry | None = None, changes: Sequence[StateChange] = ()
+) -> tuple[RenderOutput, str]:
+    """The engine's render and its change to the view state as stored: the CPU work of a
+    render, for a thread (`earlier`: this process's carry of the state `changes`, other
+    replicas' renders, were made from)."""
+    if earlier is not None and render_input.carry is None:
+        render_input = replace(render_input, carry=earlier.advanced(changes, render_input.state, render_input.items))
     out = render(render_input)
-    return out, state_to_json(out.state)
+    assert out.change is not None
+    return out, change_to_json(out.change)
 
 
 def _outcome(

@@ -77,6 +77,7 @@ _SESSION_CHILDREN = (
     schema.tool_uses,
     schema.appends,
     schema.view_states,
+    schema.view_state_changes,
     schema.pins,
     schema.prune_proposals,
     schema.certificates,

@@ -175,14 +175,29 @@ appends = Table(
 # ------------------------------------------------------------- view engine
 
 # What the previous render of a session sent, per format, and the edits in
-# force (contextd.engine.state.ViewState as JSON). Rewritten by every render.
+# force (contextd.engine.state.ViewState as JSON): a full copy now and then,
+# as of snapshot_version; view_version is the state's version, past the copy
+# by the changes in view_state_changes.
 view_states = Table(
     "view_states",
     metadata,
     Column("session_key", BigInteger, ForeignKey("sessions.key"), primary_key=True),
     Column("view_version", BigInteger, nullable=False),
-    Column("state", Text, nullable=False),
+    Column("state", Text, nullable=False),  # as of snapshot_version; view_state_changes since
     Column("updated_at", UtcTime, nullable=False),
+    Column("snapshot_version", BigInteger, nullable=False, server_default="0"),
+    Column("snapshot_bytes", BigInteger, nullable=False, server_default="0"),
+    Column("change_bytes", BigInteger, nullable=False, server_default="0"),  # of the changes since
+)
+
+# One row per render since the view state's last full copy: the change it made
+# (engine/changes.py), applied in order to that copy.
+view_state_changes = Table(
+    "view_state_changes",
+    metadata,
+    Column("session_key", BigInteger, ForeignKey("sessions.key"), primary_key=True),
+    Column("view_version", BigInteger, primary_key=True),
+    Column("change", Text, nullable=False),
 )
 
 pins = Table(

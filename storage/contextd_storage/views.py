@@ -11,12 +11,14 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial, reduce
 from typing import Any
 
 from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contextd.engine.certificates import GENESIS, Certificate, CertificateBody, Decision, Stamp, chain
+from contextd.engine.changes import StateChange, advance, change_from_json
 from contextd.engine.errors import CallNotFound, UsageAlreadyReported
 from contextd.engine.pipeline import AgentProposal, Carry
 from contextd.engine.state import (
@@ -26,7 +28,6 @@ from contextd.engine.state import (
     applied_from_json,
     applied_to_json,
     state_from_json,
-    state_to_json,
 )
 from contextd.engine.timing import Usage
 from contextd.engine.types import target_of
@@ -63,10 +64,14 @@ class StateCache:
         self._carried_bytes = 0
 
     def get(self, key: int, version: int) -> ViewState | None:
+        state = self.latest(key)
+        return state if state is not None and state.view_version == version else None
+
+    def latest(self, key: int) -> ViewState | None:
+        """The last state of the session this process saved or read, whatever its version."""
         state = self._states.get(key)
-        if state is None or state.view_version != version:
-            return None
-        self._states.move_to_end(key)
+        if state is not None:
+            self._states.move_to_end(key)
         return state
 
     def carry(self, key: int, state: ViewState) -> Carry | None:
@@ -96,17 +101,72 @@ class StateCache:
             self._carried_bytes -= dropped[1]
 
 
+MOST_CHANGES = 256
+"""Changes stored after a full copy of a state before the next copy is made."""
+MOST_CHANGE_BYTES = 256 * 1024
+"""Bytes of changes stored after a full copy before the next, unless the copy is larger."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredState:
+    """A session's view state as read, and how it is stored."""
+
+    state: ViewState
+    changes: tuple[StateChange, ...] = ()
+    """When the state was made from one this process held (`since`): the changes other
+    replicas' renders made to it, oldest first."""
+    since: ViewState | None = None
+    snapshot_version: int = 0
+    """The version of the full copy stored (0: none yet)."""
+    change_bytes: int = 0
+    """Bytes of the changes stored since that copy."""
+    snapshot_bytes: int = 0
+
+    def copy_due(self, change_bytes: int) -> bool:
+        """Whether the next render (its change `change_bytes` long) stores a full copy instead:
+        there is none yet, or the changes since the last outgrow it (in number, or in bytes
+        past both a floor and the copy's own size)."""
+        if not self.snapshot_version:
+            return True
+        since = self.state.view_version + 1 - self.snapshot_version
+        grown = self.change_bytes + change_bytes
+        return since > MOST_CHANGES or grown > max(MOST_CHANGE_BYTES, self.snapshot_bytes)
+
+
 async def load_state(conn: AsyncConnection, key: int, cache: StateCache | None = None) -> ViewState:
+    return (await read_state(conn, key, cache)).state
+
+
+@traced("storage.read_view_state")
+async def read_state(conn: AsyncConnection, key: int, cache: StateCache | None = None) -> StoredState:
+    """The session's view state: the one `cache` holds when it is current; made from it by
+    the changes since when it is not (another replica rendered); else the full copy with the
+    changes after it."""
     v = schema.view_states
-    if cache is not None:
-        version = (await conn.execute(select(v.c.view_version).where(v.c.session_key == key))).scalar_one_or_none()
-        if version is None:
-            return ViewState()
-        cached = cache.get(key, version)
-        if cached is not None:
-            return cached
-    text = (await conn.execute(select(v.c.state).where(v.c.session_key == key))).scalar_one_or_none()
-    return ViewState() if text is None else state_from_json(text)
+    columns = (v.c.view_version, v.c.snapshot_version, v.c.change_bytes, v.c.snapshot_bytes)
+    head = (await conn.execute(select(*columns).where(v.c.session_key == key))).one_or_none()
+    if head is None:
+        return StoredState(ViewState())
+    version, snapshot, change_bytes, snapshot_bytes = (int(x) for x in head)
+    stored = partial(StoredState, snapshot_version=snapshot, change_bytes=change_bytes, snapshot_bytes=snapshot_bytes)
+    held = cache.latest(key) if cache is not None else None
+    if held is not None and held.view_version == version:
+        return stored(held)
+    if held is not None and snapshot <= held.view_version < version:
+        changes = await _changes(conn, key, held.view_version, version)
+        return stored(reduce(advance, changes, held), changes, held)
+    text = (await conn.execute(select(v.c.state).where(v.c.session_key == key))).scalar_one()
+    return stored(reduce(advance, await _changes(conn, key, snapshot, version), state_from_json(text)))
+
+
+async def _changes(conn: AsyncConnection, key: int, after: int, through: int) -> tuple[StateChange, ...]:
+    c = schema.view_state_changes
+    query = (
+        select(c.c.change)
+        .where(c.c.session_key == key, c.c.view_version > after, c.c.view_version <= through)
+        .order_by(c.c.view_version)
+    )
+    return tuple(change_from_json(text) for text in (await conn.execute(query)).scalars())
 
 
 async def state_version(conn: AsyncConnection, key: int) -> int:
@@ -117,13 +177,35 @@ async def state_version(conn: AsyncConnection, key: int) -> int:
 
 
 @traced("storage.save_view_state")
-async def save_state(conn: AsyncConnection, key: int, state: ViewState, encoded: str | None = None) -> None:
-    """Store the session's view state; `encoded` is `state_to_json(state)` when the caller has it."""
-    v = schema.view_states
-    values = {"view_version": state.view_version, "state": encoded or state_to_json(state), "updated_at": _now()}
-    changed = await conn.execute(update(v).where(v.c.session_key == key).values(**values))
-    if changed.rowcount == 0:
-        await conn.execute(insert(v).values(session_key=key, **values))
+async def save_state(
+    conn: AsyncConnection, key: int, before: StoredState, change_json: str, copy_json: str | None = None
+) -> None:
+    """Store the state a render made from `before` (as read in the same transaction): its change
+    (`change_json`, changes.py), or `copy_json`, the whole new state, when a copy is due
+    (`before.copy_due`)."""
+    v, c = schema.view_states, schema.view_state_changes
+    version = before.state.view_version + 1
+    now = _now()
+    if copy_json is not None:
+        await conn.execute(delete(c).where(c.c.session_key == key))
+        values = {
+            "view_version": version,
+            "state": copy_json,
+            "updated_at": now,
+            "snapshot_version": version,
+            "change_bytes": 0,
+            "snapshot_bytes": len(copy_json),
+        }
+        changed = await conn.execute(update(v).where(v.c.session_key == key).values(**values))
+        if changed.rowcount == 0:
+            await conn.execute(insert(v).values(session_key=key, **values))
+        return
+    await conn.execute(insert(c).values(session_key=key, view_version=version, change=change_json))
+    await conn.execute(
+        update(v)
+        .where(v.c.session_key == key)
+        .values(view_version=version, updated_at=now, change_bytes=v.c.change_bytes + len(change_json))
+    )
 
 
 # ------------------------------------------------------------------- pins

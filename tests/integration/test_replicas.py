@@ -127,3 +127,70 @@ def test_thirty_clients_on_three_replicas_never_lose_or_interleave(
     assert total == sum(len(_batch(w, n)) for w in writers[:SHARED_CLIENTS] for n in range(BATCHES))
     for session_id in private:
         _check_session(targets[2], session_id, [w for w in writers if w.session_id == session_id])
+
+
+def _agent_turn(n: int) -> list[dict[str, object]]:
+    """A bash agent's call and its output: reads of a few files again and again, test runs, a
+    failure now and then; enough for the default policy to prune and compress."""
+    path = f"src/mod_{n % 4}.py"
+    command = ("pytest -q" if n % 5 == 0 else f"sed -n '{1 + n % 3},{40 + n % 3}p' {path}") if n % 7 else f"cat {path}"
+    body = "".join(f"    value_{k} = compute_{n % 4}(value_{k - 1})  # {path}:{k}\n" for k in range(1, 61))
+    if n % 5 == 0:
+        body += (
+            "FAILED tests/test_mod.py::test_parse\n=== 1 failed in 0.4s ===\n"
+            if n % 10
+            else "=== 9 passed in 0.3s ===\n"
+        )
+    call = {"id": f"c{n}", "type": "function", "function": {"name": "bash", "arguments": f'{{"command": "{command}"}}'}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"c{n}", "content": body},
+    ]
+
+
+@pytest.mark.parametrize("fmt", [ViewFormat.OPENAI_CHAT, ViewFormat.ANTHROPIC_MESSAGES])
+def test_renders_alternating_between_two_replicas_are_the_renders_of_one(
+    postgres_server_url: str, redis_url: str, fmt: ViewFormat
+) -> None:
+    """Two replicas over one Postgres and one Redis render a session by turns of one to three
+    renders (each catching up by the other's stored changes, engine/changes.py); one replica
+    renders a twin session alone. Every view and every decision are the same."""
+    import asyncio
+    import random
+
+    url = backends.create_database(postgres_server_url, "contextd_alternating")
+    asyncio.run(migrate.upgrade(url))
+    args = ("--database-url", url, "--no-migrate-on-start", "--redis-url", redis_url)
+    servers = [ServerProcess(*args) for _ in range(2)]
+    try:
+        a, b = (s.wait_serving() for s in servers)
+        with Client(a.target, timeout=60) as on_a, Client(b.target, timeout=60) as on_b:
+            prompt = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix test_parse."}]
+            alternating, alone = (on_a.create_session(metadata={"twin": name}).id for name in ("alternating", "alone"))
+            for session in (alternating, alone):
+                on_a.append_openai(session, prompt)
+            turns = random.Random(18)
+            replica, left = on_a, 0
+            for n in range(1, 41):
+                for session in (alternating, alone):
+                    on_a.append_openai(session, _agent_turn(n))
+                if left == 0:  # the other replica's turn, for one to three renders
+                    replica, left = (on_b if replica is on_a else on_a), turns.randint(1, 3)
+                left -= 1
+                shared = replica.render_view(alternating, fmt)
+                single = on_a.render_view(alone, fmt)
+                assert shared.messages_json == single.messages_json, n
+                assert (shared.system, shared.items, shared.total_tokens) == (
+                    single.system,
+                    single.items,
+                    single.total_tokens,
+                )
+                assert [(c.seq, c.decision, c.rule, c.level, c.reason) for c in shared.certificates] == [
+                    (c.seq, c.decision, c.rule, c.level, c.reason) for c in single.certificates
+                ], n
+            decided = [c.decision for c in on_b.list_certificates(alternating)]
+            assert decided.count("prune") > 10  # the default policy took things out, on both replicas
+    finally:
+        for server in servers:
+            server.stop()
+        backends.drop_database(postgres_server_url, url)

@@ -16,7 +16,12 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from contextd.engine.model import ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
-from contextd_storage import migrate, search
+from contextd.engine.state import state_from_json
+from contextd.engine.tokens import TiktokenCounter
+from contextd.engine.transforms import TransformRegistry
+from contextd.engine.view import ViewFormat, ViewRequest
+from contextd.view_service import ViewService
+from contextd_storage import migrate, search, views
 from contextd_storage.database import Database
 from contextd_storage.history import AppendRequest, HistoryStore, PreparedItem
 from contextd_storage.schema import APPEND_ONLY_TABLES, FULL_TEXT_OBJECTS, include_object, metadata
@@ -30,6 +35,7 @@ TABLES = {
     "tool_uses",
     "appends",
     "view_states",
+    "view_state_changes",
     "pins",
     "prune_proposals",
     "certificates",
@@ -330,3 +336,45 @@ async def test_0007_without_the_right_to_install_pg_trgm_migrates_without_the_in
     finally:
         backends.drop_database(postgres_server_url, url)
         backends.admin(postgres_server_url, f'DROP ROLE IF EXISTS "{role}"')
+
+
+async def test_0008_keeps_a_whole_state_and_its_downgrade_folds_the_changes_since_into_it(empty_database: str) -> None:
+    url = empty_database
+    await migrate.upgrade(url)
+    db = Database(url)
+    try:
+        store = HistoryStore(db)
+        service = ViewService(store, TiktokenCounter(), TransformRegistry.default())
+        await store.create_session("t", "s", {})
+        for n in range(4):  # a render after each append: the first stores a copy, the others changes
+            output = ToolResultBlock(f"c{n}", (TextBlock(f"row {n}\n" * 80),), name="bash")
+            call = ItemContent(role=Role.ASSISTANT, content=(ToolUseBlock(f"c{n}", "bash", '{"command": "ls"}'),))
+            batch = [
+                PreparedItem(call, f"{n}a".ljust(64, "0"), 1),
+                PreparedItem(ItemContent(role=Role.TOOL, content=(output,)), f"{n}b".ljust(64, "0"), 80),
+            ]
+            await store.append(AppendRequest("t", "s", batch, request_hash=f"r{n}"))
+            await service.render("t", "s", ViewRequest(ViewFormat.OPENAI_CHAT))
+        async with db.read() as conn:
+            key = await store.session_key("t", "s")
+            stored = await views.read_state(conn, key)
+            changes = (await conn.execute(text("SELECT count(*) FROM view_state_changes"))).scalar_one()
+        assert stored.state.view_version == 4 and stored.snapshot_version == 1 and changes == 3
+    finally:
+        await db.close()
+    await migrate.downgrade(url, "0007")  # one whole state per session again, as of its version
+    engine = create_async_engine(url, poolclass=NullPool)
+    try:
+        async with engine.connect() as conn:
+            whole = (await conn.execute(text("SELECT state FROM view_states"))).scalar_one()
+    finally:
+        await engine.dispose()
+    assert state_from_json(whole) == stored.state
+    await migrate.upgrade(url)  # and that state is the copy of its own version
+    db = Database(url)
+    try:
+        async with db.read() as conn:
+            again = await views.read_state(conn, key)
+        assert again.state == stored.state and again.snapshot_version == 4 and again.change_bytes == 0
+    finally:
+        await db.close()

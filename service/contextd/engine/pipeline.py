@@ -15,19 +15,20 @@ from operator import is_
 from typing import Any
 
 from contextd.engine.certificates import CertificateBody
+from contextd.engine.changes import StateChange
 from contextd.engine.model import Item, Session
 from contextd.engine.policy import Policy, default_policy
 from contextd.engine.repair import RepairRun
 from contextd.engine.stages.apply import apply, time_edits
 from contextd.engine.stages.budget import fit_budget
-from contextd.engine.stages.draft import Draft, is_compression, slot_of
+from contextd.engine.stages.draft import Draft, is_compression
 from contextd.engine.stages.eligible import judge
 from contextd.engine.stages.ledger import Ledgers
 from contextd.engine.stages.load import Finished, Loaded, load, relied_on
 from contextd.engine.stages.propose import AgentProposal, propose, transform_context
 from contextd.engine.stages.record import record
 from contextd.engine.stages.show import Shown, looks_ahead, show
-from contextd.engine.state import AppliedEdit, ViewState
+from contextd.engine.state import AppliedEdit, ViewState, slot_of
 from contextd.engine.timing import NO_USAGE, Usage, prompt_cache
 from contextd.engine.tokens import TokenCounter
 from contextd.engine.transforms import TransformRegistry
@@ -75,6 +76,8 @@ class RenderOutput:
     """For the next render from `state` (see RenderInput.carry)."""
     predicted: Usage = NO_USAGE
     """How the provider is expected to bill the call made with this view (its policy's provider)."""
+    change: StateChange | None = field(default=None, compare=False)
+    """How `state` follows from the input's state: what is stored (changes.py)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -103,6 +106,33 @@ class Carry:
         """About how many bytes it holds: the entries and what is derived from them
         (~320 per item, measured), and the serialized messages of the view."""
         return 320 * len(self.items) + sum(map(len, self.assembly.rendered.messages_json))
+
+    def advanced(self, changes: Sequence[StateChange], state: ViewState, items: Sequence[Item]) -> Carry | None:
+        """This carry brought up to `state`, which other renders (another replica's) made from
+        this carry's state by `changes`: their edits applied to the finished draft, as
+        loading `state` would apply them. None when they did more than add edits (undo one,
+        reorder the view, change the policy): the render then starts from the state alone."""
+        if not changes or changes[-1].view_version != state.view_version:
+            return None
+        if any(c.removed or c.policy_version != self.state.policy_version for c in changes):
+            return None
+        edits = [a for c in changes for a in c.added]
+        seen = changes[-1].items
+        if any(isinstance(a.edit, Reorder) for a in edits) or not len(self.items) <= seen <= len(items):
+            return None
+        draft = self.finished.draft.following(items[:seen], self.pins)
+        for applied in edits:
+            draft.apply(applied)
+        slots = {slot_of(a.edit) for a in edits}
+        finished = Finished(
+            draft,
+            self.finished.taken | slots,
+            (self.finished.compressed - slots) | {slot_of(a.edit) for a in edits if is_compression(a)},
+            {**relied_on(edits), **self.finished.relied},
+        )
+        changed = frozenset(s for s in map(target_of, (a.edit for a in edits)) if s is not None and s > 0)
+        ledgers = None if self.ledgers is None else replace(self.ledgers, changed=self.ledgers.changed | changed)
+        return replace(self, state=state, items=tuple(items[:seen]), finished=finished, ledgers=ledgers)
 
     def follows(self, inp: RenderInput) -> bool:
         """Whether `inp` differs from the input that made this carry only by items appended."""
@@ -160,6 +190,7 @@ def render(inp: RenderInput) -> RenderOutput:
         durable=applied.durable,
         pending=applied.pending,
         decided=judged.decided,
+        items=len(inp.items),
     )
     certificates = (
         *loaded.certificates,
@@ -172,7 +203,14 @@ def render(inp: RenderInput) -> RenderOutput:
     carried = None if applied.durable else _carry(inp, recorded.state, loaded, proposed.ledgers, fitted.applied, shown)
     agent_ids = tuple(p.id for p in inp.agent_proposals)  # every one is decided now, or waits in the state
     return RenderOutput(
-        recorded.view, certificates, recorded.state, agent_ids, applied.durable, carried, recorded.predicted
+        recorded.view,
+        certificates,
+        recorded.state,
+        agent_ids,
+        applied.durable,
+        carried,
+        recorded.predicted,
+        recorded.change,
     )
 
 

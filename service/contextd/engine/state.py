@@ -13,13 +13,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import partial
 from itertools import compress, count
 from operator import attrgetter, is_not
 from typing import Any, NamedTuple
 
 from contextd.engine.codec import blocks_from_json, blocks_to_json, canonical_json
-from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Block, ItemContent, Role
 from contextd.engine.types import Edit, Insert, PatchRequest, Proposal, Remove, Reorder, Replace
 
@@ -177,6 +175,23 @@ def edit_key(edit: Edit) -> str:
     return canonical_json(edit_to_json(edit)).decode()
 
 
+Slot = int | str
+"""What an edit occupies: an item (its seq), or a string naming something else."""
+
+
+def slot_of(edit: Edit) -> Slot:
+    """At most one edit per item, one reorder, one patch per request field; inserts are
+    told apart by what they insert."""
+    match edit:
+        case Replace(seq) | Remove(seq):
+            return seq
+        case Reorder():
+            return "reorder"
+        case PatchRequest(name):
+            return f"patch:{name}"
+    return edit_key(edit)
+
+
 def _edit_from_json(data: dict[str, Any]) -> Edit:
     kind = data["kind"]
     if kind == "replace":
@@ -239,41 +254,38 @@ def applied_from_json(data: dict[str, Any]) -> AppliedEdit:
     )
 
 
+def pending_to_json(pending: PendingEdit) -> dict[str, Any]:
+    return {"proposal": _proposal_to_json(pending.proposal), "rule": pending.rule, "control": pending.control.value}
+
+
+def pending_from_json(data: dict[str, Any]) -> PendingEdit:
+    return PendingEdit(_proposal_from_json(data["proposal"]), data["rule"], ControlMode(data["control"]))
+
+
 def state_to_json(state: ViewState) -> str:
-    """The state as stored. Written on every render, so made of pieces remembered per
-    object: edits in force and the other formats' renders come back unchanged."""
-    renders = ",".join(
-        f"{_json(name)}:{_pieces.get((r,), partial(_render_json, r))}" for name, r in sorted(state.renders.items())
-    )
-    applied = ",".join(_pieces.get((a,), partial(_applied_json, a)) for a in state.applied)
-    pending = _json(
-        [{"proposal": _proposal_to_json(p.proposal), "rule": p.rule, "control": p.control.value} for p in state.pending]
-    )
-    return (
-        f'{{"view_version":{_json(state.view_version)},"policy_version":{_json(state.policy_version)},'
-        f'"renders":{{{renders}}},"applied":[{applied}],"pending":{pending},"decided":{_json(sorted(state.decided))}}}'
-    )
-
-
-_pieces: IdentityMemo[str] = IdentityMemo(200_000)
-
-
-def _render_json(render: PreviousRender) -> str:
-    segments = [[s.seq, s.digest, s.tokens] for s in render.segments]
+    """The whole state as stored (a render stores its change, changes.py; this, now and then)."""
+    renders = {name: _render_to_json(r) for name, r in sorted(state.renders.items())}
     return _json(
         {
-            "rendered_at": render.rendered_at,
-            "segments": segments,
-            "view_tokens": render.view_tokens,
-            "budget_tokens": render.budget_tokens,
-            **({"cached_ends": [list(end) for end in render.cached_ends]} if render.cached_ends else {}),
-            **({"cached_through": render.cached_through} if render.cached_through is not None else {}),
+            "view_version": state.view_version,
+            "policy_version": state.policy_version,
+            "renders": renders,
+            "applied": [applied_to_json(a) for a in state.applied],
+            "pending": [pending_to_json(p) for p in state.pending],
+            "decided": sorted(state.decided),
         }
     )
 
 
-def _applied_json(applied: AppliedEdit) -> str:
-    return _json(applied_to_json(applied))
+def _render_to_json(render: PreviousRender) -> dict[str, Any]:
+    return {
+        "rendered_at": render.rendered_at,
+        "segments": [[s.seq, s.digest, s.tokens] for s in render.segments],
+        "view_tokens": render.view_tokens,
+        "budget_tokens": render.budget_tokens,
+        **({"cached_ends": [list(end) for end in render.cached_ends]} if render.cached_ends else {}),
+        **({"cached_through": render.cached_through} if render.cached_through is not None else {}),
+    }
 
 
 def _json(value: Any) -> str:
@@ -297,9 +309,6 @@ def state_from_json(text: str) -> ViewState:
             for name, r in data["renders"].items()
         },
         applied=tuple(applied_from_json(a) for a in data["applied"]),
-        pending=tuple(
-            PendingEdit(_proposal_from_json(p["proposal"]), p["rule"], ControlMode(p["control"]))
-            for p in data["pending"]
-        ),
+        pending=tuple(pending_from_json(p) for p in data["pending"]),
         decided=frozenset(data["decided"]),
     )

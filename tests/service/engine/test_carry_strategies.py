@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from functools import reduce
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contextd.engine.changes import StateChange, advance, change_from_json, change_to_json
 from contextd.engine.model import Item, ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.observations import COMPLETES
-from contextd.engine.pipeline import RenderInput, RenderOutput, render
+from contextd.engine.pipeline import Carry, RenderInput, RenderOutput, render
 from contextd.engine.policy import default_policy_text, parse_policy
 from contextd.engine.state import ViewState
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.view import ViewFormat, ViewRequest
 from tests.helpers import counter, make_session, stored_items
+from tests.service.engine.test_changes import assert_change_makes
 
 REGISTRY = TransformRegistry.default()
 PATHS = ("src/app.py", "/repo/src/util.py", "app.py")
@@ -129,6 +132,7 @@ def follow(items: list[Item], policy: str, previous: RenderOutput | None, now: f
     )
     out = render(inp)
     assert out == render(replace(inp, carry=None))
+    assert_change_makes(inp.state, out)
     return out
 
 
@@ -146,3 +150,38 @@ def test_the_strategies_from_the_carry_are_the_strategies_without_it(
         focus = tuple(data.draw(st.lists(st.sampled_from(FOCUS), max_size=2, unique=True)))
         budget = data.draw(st.sampled_from([0, 0, 3_000]))
         previous = follow(items[:cut], policy, previous, now, focus=focus, budget_tokens=budget)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sessions(), st.sampled_from(POLICIES), st.data())
+def test_a_replica_catches_up_by_the_changes_of_the_other_replicas_renders(
+    items: list[Item], policy: str, data: st.DataObject
+) -> None:
+    """Two replicas render one session by turns of any length: each starts from its own last
+    render's carry brought up to the state by the changes the other's renders stored (as
+    JSON), and renders what a render from the state alone renders."""
+    parsed = parse_policy(policy, REGISTRY)
+    changes: list[StateChange] = []  # every render's, in order
+    held: dict[str, tuple[ViewState, Carry | None, int]] = {}  # replica -> its last state, carry, changes seen
+    state, now, cut = ViewState(), 0.0, 2
+    while cut < len(items):
+        cut = min(len(items), cut + data.draw(st.integers(1, 4)))
+        now += data.draw(st.sampled_from([1.0, 30.0, 400.0]))
+        replica = data.draw(st.sampled_from(["a", "b"]))
+        inp = RenderInput(
+            make_session(cut), items[:cut], parsed, ViewRequest(ViewFormat.OPENAI_CHAT), counter(), REGISTRY, state, now
+        )
+        if replica in held:
+            mine, carry, seen = held[replica]
+            since = [change_from_json(change_to_json(c)) for c in changes[seen:]]
+            caught_up = reduce(advance, since, mine)
+            assert caught_up == state
+            if carry is not None:
+                carry = carry if not since else carry.advanced(since, state, inp.items)
+                inp = replace(inp, carry=carry)
+        out = render(inp)
+        assert out == render(replace(inp, carry=None))
+        assert out.change is not None
+        changes.append(out.change)
+        state = out.state
+        held[replica] = (state, out.carry, len(changes))

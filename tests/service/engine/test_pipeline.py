@@ -41,6 +41,7 @@ from contextd.engine.types import Remove, Reorder
 from contextd.engine.view import ViewFormat, ViewRequest
 from tests.helpers import counter, make_session, stored_items, to_item
 from tests.service.engine.conversations import conversations
+from tests.service.engine.test_changes import assert_change_makes
 from tests.service.engine.transforms_for_tests import registry
 from tests.validators import check_anthropic, check_openai
 
@@ -921,6 +922,7 @@ def follow(
     )
     out = render(inp)
     assert out == render(replace(inp, carry=None))
+    assert_change_makes(inp.state, out)
     return out, inp.carry is not None and inp.carry.follows(inp)
 
 

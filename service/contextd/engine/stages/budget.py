@@ -16,8 +16,8 @@ from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Block, Representation, Role, TextBlock
 from contextd.engine.render.base import ViewWarning
 from contextd.engine.stages.certify import certificate
-from contextd.engine.stages.draft import Draft, Slot, is_compression, new_representation, slot_of
-from contextd.engine.state import AppliedEdit, ControlMode
+from contextd.engine.stages.draft import Draft, is_compression, new_representation
+from contextd.engine.state import AppliedEdit, ControlMode, Slot, slot_of
 from contextd.engine.timing import PromptCache, value_now
 from contextd.engine.tokens import TokenCounter, blocks_tokens
 from contextd.engine.types import Entry, Proposal, Remove

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.placeholders import handle_of
-from contextd.engine.stages.draft import slot_of
-from contextd.engine.state import ControlMode
+from contextd.engine.state import ControlMode, slot_of
 from contextd.engine.types import Edit, Entry, Proposal
 
 

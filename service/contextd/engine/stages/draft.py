@@ -21,7 +21,7 @@ from contextd.engine.model import Block, Item, Representation, Role, TextBlock, 
 from contextd.engine.observations import ObservationIndex
 from contextd.engine.placeholders import placeholder_blocks, with_calls
 from contextd.engine.policy import Policy, ToolDeclaration
-from contextd.engine.state import AppliedEdit, edit_key
+from contextd.engine.state import AppliedEdit
 from contextd.engine.types import Edit, Entry, Insert, PatchRequest, Remove, Reorder, Replace
 
 _INSERTED_AT = datetime(1970, 1, 1, tzinfo=UTC)  # content a transform inserted has no time of its own
@@ -211,23 +211,6 @@ def new_representation(entry: Entry, edit: Edit, reason: str) -> tuple[Block, ..
         calls = tuple(b for b in edit.content if isinstance(b, ToolUseBlock))
         return with_calls(texts, item.content, calls)
     return edit.content
-
-
-Slot = int | str
-"""What an edit occupies: an item (its seq), or a string naming something else."""
-
-
-def slot_of(edit: Edit) -> Slot:
-    """At most one edit per item, one reorder, one patch per request field; inserts are
-    told apart by what they insert."""
-    match edit:
-        case Replace(seq) | Remove(seq):
-            return seq
-        case Reorder():
-            return "reorder"
-        case PatchRequest(name):
-            return f"patch:{name}"
-    return edit_key(edit)
 
 
 def is_compression(applied: AppliedEdit) -> bool:

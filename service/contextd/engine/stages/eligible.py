@@ -16,10 +16,10 @@ from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Block, Role
 from contextd.engine.policy import Policy
 from contextd.engine.stages.certify import certificate, refusal_key
-from contextd.engine.stages.draft import new_representation, slot_of
+from contextd.engine.stages.draft import new_representation
 from contextd.engine.stages.load import Loaded
 from contextd.engine.stages.propose import Candidate
-from contextd.engine.state import ControlMode
+from contextd.engine.state import ControlMode, slot_of
 from contextd.engine.tokens import TokenCounter, blocks_tokens
 from contextd.engine.types import Edit, Entry, Insert, Proposal, Remove, target_of
 

@@ -17,8 +17,8 @@ from contextd.engine.eligibility import Protections
 from contextd.engine.model import Item
 from contextd.engine.policy import Policy
 from contextd.engine.stages.certify import certificate, refusal_key
-from contextd.engine.stages.draft import Draft, Slot, is_compression, slot_of
-from contextd.engine.state import AppliedEdit, ViewState
+from contextd.engine.stages.draft import Draft, is_compression
+from contextd.engine.state import AppliedEdit, Slot, ViewState, slot_of
 from contextd.engine.types import target_of
 
 

@@ -19,10 +19,10 @@ from contextd.engine.model import Item, Role
 from contextd.engine.policy import Policy
 from contextd.engine.rules import holds_for
 from contextd.engine.stages.certify import certificate
-from contextd.engine.stages.draft import Draft, Slot, reordered
+from contextd.engine.stages.draft import Draft, reordered
 from contextd.engine.stages.ledger import Ledger, Ledgers, pick, recorded, refreshed, to_ask, touched
 from contextd.engine.stages.load import Loaded
-from contextd.engine.state import ControlMode, PendingEdit
+from contextd.engine.state import ControlMode, PendingEdit, Slot
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.types import CacheState, Entry, Proposal, Remove, Reorder, Transform, TransformContext, target_of
 from contextd.engine.view import ViewRequest

@@ -10,10 +10,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter
 
+from contextd.engine.changes import StateChange, change_of
 from contextd.engine.policy import Policy
-from contextd.engine.stages.draft import Slot, slot_of
 from contextd.engine.stages.show import Shown
-from contextd.engine.state import AppliedEdit, PendingEdit, PreviousRender, ViewState
+from contextd.engine.state import AppliedEdit, PendingEdit, PreviousRender, Slot, ViewState, slot_of
 from contextd.engine.timing import PromptCache, Usage, ends_after, predicted_usage
 from contextd.engine.view import FRAMING_TOKENS_PER_MESSAGE, Assembly, View, ViewRequest
 
@@ -23,6 +23,8 @@ class Recorded:
     view: View
     """Stamped with the view version, the stable prefix, the policy and the breakpoint."""
     state: ViewState
+    change: StateChange
+    """How `state` follows from the state before (what is stored)."""
     predicted: Usage
 
 
@@ -40,10 +42,12 @@ def record(
     durable: Sequence[AppliedEdit],
     pending: Sequence[PendingEdit],
     decided: frozenset[str],
+    items: int,
 ) -> Recorded:
     """The state after a render that kept `in_force` (`compressed`: the slots its compressions
     hold, which an edit of this render may have taken over), applied `applied` (`durable`: in
-    history mode) and deferred `pending`; `decided`: the refusals certified so far."""
+    history mode) and deferred `pending`; `decided`: the refusals certified so far; `items`:
+    the history version rendered."""
     superseded = compressed & {slot_of(a.edit) for a in (*applied, *durable)}
     if superseded:
         in_force = [a for a in in_force if slot_of(a.edit) not in superseded]
@@ -78,7 +82,8 @@ def record(
         cache_breakpoint_seq=point.through if point is not None else 0,
     )
     predicted = predicted_usage(cache.state, stable, cached, view.total_tokens, cache.pricing, _framing(assembly))
-    return Recorded(view, new_state, predicted)
+    change = change_of(state, new_state, request.format.value, items, in_force, applied)
+    return Recorded(view, new_state, change, predicted)
 
 
 def _framing(assembly: Assembly) -> Callable[[int], int]:
