@@ -32,6 +32,7 @@ from contextd.api.auth import ApiKeys
 from contextd.api.decoding import RequestDecoder
 from contextd.api.errors import status_code, status_message, trailing_metadata
 from contextd.api.outage_log import OutageLog
+from contextd.api.responses import passing_encoded
 from contextd.config import TenantLimits
 from contextd.engine.errors import ContextdError, LimitExceeded
 from contextd.telemetry import tracer
@@ -70,7 +71,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._unary(method, decode, handler.unary_unary),
-                response_serializer=handler.response_serializer,
+                response_serializer=passing_encoded(handler.response_serializer),
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(

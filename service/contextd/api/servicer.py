@@ -12,6 +12,7 @@ import grpc
 from contextd import agent_tools
 from contextd.api import mapping
 from contextd.api.auth import current_tenant
+from contextd.api.responses import Encoded, render_response
 from contextd.engine.errors import InvalidArgument, NotImplementedYet, ViewTooLarge
 from contextd.engine.model import Role
 from contextd.engine.validation import check_batch_size
@@ -89,21 +90,20 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
         )
         return mapping.append_result_to_proto(result)
 
-    async def RenderView(self, request: api.RenderViewRequest, context: Context) -> api.RenderViewResponse:
+    async def RenderView(self, request: api.RenderViewRequest, context: Context) -> Encoded:  # type: ignore[override]
         view_request = ViewRequest(
             format=mapping.view_format(request.format),
             budget_tokens=request.budget_tokens,
             focus=tuple(request.focus),
             place_breakpoint=request.place_cache_breakpoint,
         )
-        responses: list[api.RenderViewResponse] = []
+        responses: list[Encoded] = []
 
         def fits(result: RenderResult) -> None:
             # Inside the render's transaction: a view too large to send stores nothing.
-            response = api.RenderViewResponse(view=mapping.view_to_proto(result.view, result.certificates))
-            size = response.ByteSize()
-            if size > self.max_response_bytes:
-                raise ViewTooLarge(request.session_id, size, self.max_response_bytes)
+            response = render_response(result.view, result.certificates)
+            if len(response.data) > self.max_response_bytes:
+                raise ViewTooLarge(request.session_id, len(response.data), self.max_response_bytes)
             responses.append(response)
 
         await self.views.render(

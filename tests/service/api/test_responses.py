@@ -1,0 +1,74 @@
+"""RenderView's response as the server sends it (api/responses.py): the bytes parse as the
+message protobuf would make of the view, the items encoded once serving every render that
+shows them again; and a client reads them as it reads any view."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from contextd.api.mapping import view_to_proto
+from contextd.api.responses import Encoded, passing_encoded, render_response
+from contextd.engine.certificates import Certificate, Stamp
+from contextd.engine.model import Item
+from contextd.engine.pipeline import RenderInput, render
+from contextd.engine.policy import default_policy
+from contextd.engine.transforms import TransformRegistry
+from contextd.engine.view import ViewFormat, ViewRequest
+from contextd_client import Client
+from contextd_client import ViewFormat as ClientFormat
+from contextd_client.v1 import contextd_pb2 as api
+from tests.conftest import ServerThread
+from tests.helpers import counter, make_session
+from tests.service.engine.conversations import conversations
+
+REGISTRY = TransformRegistry.default()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations(), st.sampled_from(list(ViewFormat)), st.integers(2, 40), st.sampled_from([0, 300]))
+def test_the_encoded_response_is_the_message_protobuf_makes(
+    items: list[Item], fmt: ViewFormat, cut: int, budget: int
+) -> None:
+    request = ViewRequest(fmt, budget_tokens=budget)
+    first = render(RenderInput(make_session(cut), items[:cut], default_policy(), request, counter(), REGISTRY))
+    later = render(
+        RenderInput(
+            make_session(len(items)),
+            items,
+            default_policy(),
+            request,
+            counter(),
+            REGISTRY,
+            first.state,
+            30.0,
+            carry=first.carry,
+        )
+    )
+    for out in (first, later):  # the later render shows most of the first one's items again
+        stamp = Stamp(out.state.view_version, fmt.value, "p")
+        certificates = [
+            Certificate(n, body, stamp, f"{n:064x}", f"{n + 1:064x}") for n, body in enumerate(out.certificates, 1)
+        ]
+        sent = render_response(out.view, certificates)
+        assert api.RenderViewResponse.FromString(sent.data) == api.RenderViewResponse(
+            view=view_to_proto(out.view, certificates)
+        )
+
+
+def test_only_an_encoded_response_passes_the_serializer_unchanged() -> None:
+    serialize = passing_encoded(api.GetSessionResponse.SerializeToString)
+    assert serialize is not None
+    assert serialize(Encoded(b"\x0a\x00")) == b"\x0a\x00"
+    message = api.GetSessionResponse(session=api.Session(id="s"))
+    assert serialize(message) == message.SerializeToString()
+    assert passing_encoded(None) is None
+
+
+def test_a_client_reads_the_view_the_server_encoded(server: ServerThread) -> None:
+    with Client(server.target) as client:
+        session = client.create_session().id
+        client.append_openai(session, [{"role": "user", "content": "Hello."}, {"role": "assistant", "content": "Hi."}])
+        view = client.render_view(session, ClientFormat.OPENAI_CHAT)
+        assert [i.seq for i in view.items] == [1, 2]
+        assert view.messages == [{"role": "user", "content": "Hello."}, {"role": "assistant", "content": "Hi."}]
