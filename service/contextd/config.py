@@ -71,6 +71,17 @@ class Settings:
         "Renders that run at once in each server process, each on a thread of its own (off the event loop); "
         "one tenant takes at most all but one of them.",
     )
+    session_cache_bytes: int = _setting(
+        512 * 1_048_576,
+        "Memory each server process keeps sessions in, between calls: half for their decoded histories, half "
+        "for their view states and the engine's work to resume (least recently used sessions go first, and are "
+        "read again from the database).",
+    )
+    memo_bytes: int = _setting(
+        256 * 1_048_576,
+        "Memory each server process keeps what the engine derived from items in (rendered messages, compressions, "
+        "observations; the oldest go first, and are derived again).",
+    )
     grace_seconds: float = _setting(10.0, "On SIGTERM, how long in-flight calls get to finish.")
     reflection: bool = _setting(True, "Serve gRPC reflection (for grpcurl and similar tools).")
     api_keys: str = _setting(

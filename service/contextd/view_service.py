@@ -141,11 +141,13 @@ class ViewService:
             earlier = self._states.carry(key, stored.since) if stored.since is not None else None
             out, change_json = await self._run(_render, render_input, earlier, stored.changes)
             stamp = Stamp(out.state.view_version, request.format.value, policy.version)
+            stored_bytes = 0
             if dry_run:
                 certificates = [Certificate(0, body, stamp, "", "") for body in out.certificates]
             else:
                 copy = await self._run(state_to_json, out.state) if stored.copy_due(len(change_json)) else None
                 await views.save_state(conn, key, stored, change_json, copy)
+                stored_bytes = stored.bytes_after(change_json, copy)
                 if not force:  # an operator's render is no model call
                     await views.record_call(
                         conn, key, out.state.view_version, request.format.value, out.view.total_tokens, out.predicted
@@ -157,7 +159,8 @@ class ViewService:
             if check is not None:
                 await self._run(check, result)
         if not dry_run:
-            self._states.put(key, out.state, out.carry)  # committed now
+            in_memory = int(views.MEMORY_PER_STORED_BYTE * stored_bytes)
+            self._states.put(key, out.state, out.carry, in_memory)  # committed now
             pruned = [items[c.seq - 1] for c in out.certificates if c.decision is Decision.PRUNE and c.seq > 0]
             if pruned and self.on_pruned is not None:
                 await self.on_pruned(tenant, key, pruned)

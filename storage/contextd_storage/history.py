@@ -342,44 +342,61 @@ class HistoryStore:
                     select(i).where(i.c.session_key == key, i.c.seq > len(cached), i.c.seq <= version).order_by(i.c.seq)
                 )
             ).mappings()
-            cached = [*cached, *(_item(r) for r in rows)]
-            self._cache.put(key, cached)
+            added = [_item(r) for r in rows]
+            cached = [*cached, *added]
+            self._cache.put(key, cached, added)
         items = cached[:version]
         annotate(session_id=session_id, tenant=tenant, items=len(items), tokens=row["token_count"])
         return row, _session(row), items
 
 
 class ItemCache:
-    """Decoded items of recently used sessions, bounded by the number of items held.
+    """Decoded items of recently used sessions, bounded by the bytes they take (estimated from
+    their tokens: `item_bytes`), the least recently used session's going first.
 
     Safe across replicas: items never change, and a session key is never
     reused (deleted sessions' keys are not handed out again).
     """
 
-    def __init__(self, max_items: int = 200_000) -> None:
-        self.max_items = max_items
-        self._entries: OrderedDict[int, list[Item]] = OrderedDict()
+    def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[int, tuple[list[Item], int]] = OrderedDict()
         self._held = 0
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
 
     def get(self, key: int, default: list[Item]) -> list[Item]:
         found = self._entries.get(key)
         if found is None:
             return default
         self._entries.move_to_end(key)
-        return found
+        return found[0]
 
-    def put(self, key: int, items: list[Item]) -> None:
-        self.discard(key)
-        self._entries[key] = items
-        self._held += len(items)
-        while self._held > self.max_items and len(self._entries) > 1:
-            _, evicted = self._entries.popitem(last=False)
-            self._held -= len(evicted)
+    def put(self, key: int, items: list[Item], added: Sequence[Item] | None = None) -> None:
+        """Hold `items`, the session's history: those held before with `added` (all of them
+        when None) after them."""
+        held = self._entries.pop(key, None)
+        weight = (held[1] if held is not None and added is not None else 0) + sum(
+            map(item_bytes, items if added is None else added)
+        )
+        self._held += weight - (held[1] if held is not None else 0)
+        self._entries[key] = (items, weight)
+        while self._held > self.max_bytes and len(self._entries) > 1:
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self._held -= evicted
 
     def discard(self, key: int) -> None:
         evicted = self._entries.pop(key, None)
         if evicted is not None:
-            self._held -= len(evicted)
+            self._held -= evicted[1]
+
+
+def item_bytes(item: Item) -> int:
+    """About what a decoded item takes in memory: its text (about four characters a token) and
+    the objects around it."""
+    return 500 + 4 * item.token_count
 
 
 async def _session_row(conn: AsyncConnection, tenant: str, session_id: str, idempotency_key: str = "") -> Any:

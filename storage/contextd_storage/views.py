@@ -43,62 +43,76 @@ def _now() -> datetime:
 
 
 class StateCache:
-    """The view states this process saved last, by session.
+    """The view states this process saved or read last, by session, each with the engine's carry
+    of the render that made it (when this process made it).
 
-    A render reads only the stored version number when it holds the state of
-    that version already: no JSON to parse, and the same objects as before,
-    which keeps the engine's memos (rendered messages, handles) warm. Another
-    replica's render changes the version, and the state is read again.
+    A render reads only the stored version numbers when it holds the state of that version
+    already: no JSON to parse, and the same objects as before, which keeps the engine's memos
+    (rendered messages, handles) warm; with the carry, it works only on what was appended
+    since. When another replica rendered since, the changes it stored bring the state (and the
+    carry) up to date.
 
-    With the state, the engine's carry of the render that made it, so the
-    next render works only on what was appended since. Carries are bounded by
-    the bytes they hold (`Carry.footprint`: about 320 per item, and the view's
-    serialized messages); the least recently rendered go first.
+    Bounded by the bytes it holds (a state's estimated from its stored size, a carry's by
+    `Carry.footprint`) and by a number of sessions; the least recently used session goes
+    first, state and carry, and is read again from the database when next used.
     """
 
-    def __init__(self, max_states: int = 4096, max_carry_bytes: int = 256 * 1024 * 1024) -> None:
+    def __init__(self, max_bytes: int = 256 * 1024 * 1024, max_states: int = 4096) -> None:
+        self.max_bytes = max_bytes
         self.max_states = max_states
-        self.max_carry_bytes = max_carry_bytes
-        self._states: OrderedDict[int, ViewState] = OrderedDict()
-        self._carries: OrderedDict[int, tuple[Carry, int]] = OrderedDict()
-        self._carried_bytes = 0
+        self._entries: OrderedDict[int, tuple[ViewState, Carry | None, int]] = OrderedDict()
+        self._held = 0
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
 
     def get(self, key: int, version: int) -> ViewState | None:
         state = self.latest(key)
         return state if state is not None and state.view_version == version else None
 
     def latest(self, key: int) -> ViewState | None:
-        """The last state of the session this process saved or read, whatever its version."""
-        state = self._states.get(key)
-        if state is not None:
-            self._states.move_to_end(key)
-        return state
+        """The last state of the session this process saved, whatever its version."""
+        found = self._entries.get(key)
+        if found is None:
+            return None
+        self._entries.move_to_end(key)
+        return found[0]
 
     def carry(self, key: int, state: ViewState) -> Carry | None:
         """The carry of the render that produced `state`, if it is still held."""
-        held = self._carries.get(key)
-        return held[0] if held is not None and held[0].state is state else None
+        found = self._entries.get(key)
+        return found[1] if found is not None and found[1] is not None and found[1].state is state else None
 
-    def put(self, key: int, state: ViewState, carry: Carry | None = None) -> None:
+    def put(self, key: int, state: ViewState, carry: Carry | None = None, state_bytes: int | None = None) -> None:
         """Remember a state once its transaction has committed (never before: a rolled-back
-        version number could be committed later, by another render, with other content)."""
-        self._states[key] = state
-        self._states.move_to_end(key)
-        if len(self._states) > self.max_states:
-            evicted, _ = self._states.popitem(last=False)
-            self._drop_carry(evicted)
-        self._drop_carry(key)
-        if carry is not None:
-            size = carry.footprint()
-            self._carries[key] = (carry, size)
-            self._carried_bytes += size
-            while self._carried_bytes > self.max_carry_bytes and len(self._carries) > 1:
-                self._drop_carry(next(iter(self._carries)))
+        version number could be committed later, by another render, with other content).
+        `state_bytes`: what the state takes in memory, when the caller knows better than
+        `state_bytes`."""
+        held = self._entries.pop(key, None)
+        if held is not None:
+            self._held -= held[2]
+        weight = (state_bytes if state_bytes is not None else estimated_bytes(state)) + (
+            carry.footprint() if carry is not None else 0
+        )
+        self._entries[key] = (state, carry, weight)
+        self._held += weight
+        while len(self._entries) > 1 and (self._held > self.max_bytes or len(self._entries) > self.max_states):
+            _, (_, _, evicted) = self._entries.popitem(last=False)
+            self._held -= evicted
 
-    def _drop_carry(self, key: int) -> None:
-        dropped = self._carries.pop(key, None)
-        if dropped is not None:
-            self._carried_bytes -= dropped[1]
+
+def estimated_bytes(state: ViewState) -> int:
+    """About what a view state takes in memory, from its shape: each edit in force with what it
+    shows, each segment sent (on bench/scale.py's sessions a decoded state takes about 2.2 KB
+    an edit in force, tracemalloc)."""
+    segments = sum(len(r.segments) for r in state.renders.values())
+    return 2000 + 2200 * len(state.applied) + 120 * segments + 300 * len(state.pending) + 100 * len(state.decided)
+
+
+MEMORY_PER_STORED_BYTE = 2.5
+"""A decoded view state takes about 2.4 times the bytes of its JSON (tracemalloc, bench/scale.py's
+sessions at 2,000 items)."""
 
 
 MOST_CHANGES = 256
@@ -121,6 +135,12 @@ class StoredState:
     change_bytes: int = 0
     """Bytes of the changes stored since that copy."""
     snapshot_bytes: int = 0
+
+    def bytes_after(self, change_json: str, copy_json: str | None) -> int:
+        """The bytes stored of the state once the render's change or copy is (`save_state`)."""
+        if copy_json is not None:
+            return len(copy_json)
+        return self.snapshot_bytes + self.change_bytes + len(change_json)
 
     def copy_due(self, change_bytes: int) -> bool:
         """Whether the next render (its change `change_bytes` long) stores a full copy instead:

@@ -32,6 +32,7 @@ from contextd.api.servicer import ContextServicer
 from contextd.api.tls import TlsFiles, TlsFilesError, server_credentials
 from contextd.config import Settings
 from contextd.engine.errors import StorageUnavailable
+from contextd.engine.memo import set_memo_bytes
 from contextd.engine.tokens import TiktokenCounter
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.validation import Limits
@@ -43,7 +44,7 @@ from contextd.view_service import ViewService
 from contextd_client.v1 import contextd_pb2, contextd_pb2_grpc
 from contextd_storage import migrate
 from contextd_storage.database import Database
-from contextd_storage.history import HistoryStore
+from contextd_storage.history import HistoryStore, ItemCache
 from contextd_storage.stash import Stash
 from contextd_storage.stash.memory import MemoryStash
 from contextd_storage.views import StateCache
@@ -87,13 +88,15 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
 
         await _check_redis(settings.redis_url)
     limits = Limits(max_batch_items=settings.max_batch_items, max_item_bytes=settings.max_item_bytes)
-    store, counter, registry = HistoryStore(db), TiktokenCounter(), TransformRegistry.default()
+    set_memo_bytes(settings.memo_bytes)
+    store = HistoryStore(db, ItemCache(settings.session_cache_bytes // 2))
+    counter, registry = TiktokenCounter(), TransformRegistry.default()
     stash: Stash = (
         RedisStash.from_url(settings.redis_url, settings.stash_ttl_seconds, settings.stash_session_bytes)
         if settings.redis_url
         else MemoryStash(settings.stash_ttl_seconds, settings.stash_session_bytes)
     )
-    states = StateCache()  # what the renders saved, read by Search too
+    states = StateCache(settings.session_cache_bytes // 2)  # what the renders saved, read by Search too
     recovery = RecoveryService(store, stash, counter, settings.max_page_tokens, states)
     admission = Admission(settings.limits_of_tenants(), settings.redis_url, store.tenant_stored_bytes)
     sessions = SessionService(store, counter, limits, registry, admission)

@@ -6,30 +6,91 @@ message, searchable text) can be computed once. The memo is keyed by the
 identity of the objects it was computed from and holds them, so an id is
 never reused while its result is remembered.
 
+Every memo of the process draws on one byte budget (`set_memo_bytes`; the
+server sets it from `--memo-bytes`): each result is weighed when it is
+remembered (`weigh`: an estimate of its size, the objects it was computed
+from left out, as the caches that hold them count those), and past the
+budget the largest memo gives up its oldest results. A memo is also bounded
+by a number of results. A result given up is computed again when asked for:
+slower, never wrong.
+
 Renders run on worker threads (view_service.py), several at once: a memo
 is read without a lock (one dict lookup, atomic under the GIL) and written
-under one, so an eviction never races another.
+under the budget's lock, so an eviction never races another.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from operator import is_
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+from contextd.engine.model import Item
 
 V = TypeVar("V")
 
+DEFAULT_MEMO_BYTES = 256 * 1024 * 1024
+ENTRY_BYTES = 160
+"""A result's own cost in a memo (the dict slot, the key and the tuple that holds it)."""
+
+
+class _Budget:
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.held = 0
+        """What the memos hold, kept as they change (a memo dropped unused leaves its count in
+        until the next trim recounts)."""
+        self.memos: weakref.WeakSet[IdentityMemo[Any]] = weakref.WeakSet()
+        self.lock = threading.Lock()
+
+    def trim(self) -> None:
+        """Under the lock: give up results, the largest memo's oldest first, until within budget."""
+        if self.held <= self.max_bytes:
+            return
+        memos = list(self.memos)
+        self.held = sum(m.bytes for m in memos)
+        while self.held > self.max_bytes:
+            largest = max(memos, key=lambda m: m.bytes)
+            if not largest.drop_oldest():
+                return
+
+
+_BUDGET = _Budget(DEFAULT_MEMO_BYTES)
+
+
+def set_memo_bytes(max_bytes: int) -> None:
+    """The bytes every memo of the process may hold between them (results given up at once if
+    they hold more)."""
+    with _BUDGET.lock:
+        _BUDGET.max_bytes = max_bytes
+        _BUDGET.trim()
+
+
+def clear_memos() -> None:
+    """Forget every result of every memo (a first render after this is a genuine one)."""
+    for memo in list(_BUDGET.memos):
+        memo.clear()
+
+
+def memo_bytes() -> int:
+    """About how many bytes the process's memos hold now."""
+    with _BUDGET.lock:
+        _BUDGET.held = sum(m.bytes for m in list(_BUDGET.memos))
+        return _BUDGET.held
+
 
 class IdentityMemo(Generic[V]):
-    """Bounded by count; when full, the oldest result goes first (a result still in
-    use is computed again and comes back: slower, never wrong). Cheaper on the hot
-    path than keeping the least recently used order."""
+    """Bounded by count and, with every other memo, by bytes; when full, the oldest result
+    goes first (cheaper on the hot path than keeping the least recently used order)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._held: dict[object, tuple[tuple[object, ...], V]] = {}
-        self._writing = threading.Lock()
+        self.bytes = 0
+        self._held: dict[object, tuple[tuple[object, ...], V, int]] = {}
+        with _BUDGET.lock:
+            _BUDGET.memos.add(self)
 
     def get(self, sources: tuple[object, ...], compute: Callable[[], V]) -> V:
         """`compute()`, remembered for exactly these objects."""
@@ -39,9 +100,70 @@ class IdentityMemo(Generic[V]):
         if found is not None and all(map(is_, found[0], sources)):
             return found[1]
         value = compute()
-        with self._writing:
+        weight = ENTRY_BYTES + weigh(value)
+        with _BUDGET.lock:
             held = self._held
-            if key not in held and len(held) >= self.size:
-                del held[next(iter(held))]
-            held[key] = (sources, value)
+            if key in held:
+                self._forget(key)
+            elif len(held) >= self.size:
+                self.drop_oldest()
+            held[key] = (sources, value, weight)
+            self.bytes += weight
+            _BUDGET.held += weight
+            _BUDGET.trim()
         return value
+
+    def reweigh(self, sources: tuple[object, ...]) -> None:
+        """Weigh again the result remembered for `sources`, which its holder changed in place
+        (a dict of results by another key, grown)."""
+        key: object = id(sources[0]) if len(sources) == 1 else tuple(map(id, sources))
+        with _BUDGET.lock:
+            found = self._held.get(key)
+            if found is None or not all(map(is_, found[0], sources)):
+                return
+            weight = ENTRY_BYTES + weigh(found[1])
+            self._held[key] = (found[0], found[1], weight)
+            self.bytes += weight - found[2]
+            _BUDGET.held += weight - found[2]
+            _BUDGET.trim()
+
+    def drop_oldest(self) -> bool:
+        """Under the budget's lock: give up the oldest result; False when there is none."""
+        if not self._held:
+            return False
+        self._forget(next(iter(self._held)))
+        return True
+
+    def _forget(self, key: object) -> None:
+        weight = self._held.pop(key)[2]
+        self.bytes -= weight
+        _BUDGET.held -= weight
+
+    def clear(self) -> None:
+        with _BUDGET.lock:
+            _BUDGET.held -= self.bytes
+            self.bytes = 0
+            self._held.clear()
+
+
+def weigh(value: object, depth: int = 6) -> int:
+    """About how many bytes `value` takes (CPython's object sizes, roughly): strings, numbers,
+    containers and slotted objects, `depth` levels down. History items are not counted: they
+    are the objects results are computed from, held by the caches of history."""
+    if isinstance(value, str | bytes):
+        return 49 + len(value)
+    if value is None or isinstance(value, int | float | bool):
+        return 28
+    if depth <= 0:
+        return 64
+    if isinstance(value, tuple | list | set | frozenset):
+        return 56 + 8 * len(value) + sum(weigh(x, depth - 1) for x in value)
+    if isinstance(value, dict):
+        return 232 + sum(104 + weigh(k, depth - 1) + weigh(v, depth - 1) for k, v in value.items())
+    if isinstance(value, Item):
+        return 8
+    slots = getattr(type(value), "__slots__", None)
+    if slots:
+        names = (slots,) if isinstance(slots, str) else slots
+        return 56 + sum(weigh(getattr(value, n, None), depth - 1) for n in names)
+    return 64

@@ -80,6 +80,9 @@ class RenderOutput:
     """How `state` follows from the input's state: what is stored (changes.py)."""
 
 
+CARRY_BYTES_PER_ITEM = 1600
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Carry:
     """What a render worked out that the next render from its state can start from,
@@ -103,9 +106,10 @@ class Carry:
     """The view as rendered, for the next render in the same format to resume."""
 
     def footprint(self) -> int:
-        """About how many bytes it holds: the entries and what is derived from them
-        (~320 per item, measured), and the serialized messages of the view."""
-        return 320 * len(self.items) + sum(map(len, self.assembly.rendered.messages_json))
+        """About how many bytes it holds: per item its entry and what the stages derived (the
+        rules' ledgers, the observation index, the assembly: about 1.6 KB, tracemalloc on
+        bench/scale.py's sessions at 2,000 items, both formats), and the view's serialized messages."""
+        return CARRY_BYTES_PER_ITEM * len(self.items) + sum(map(len, self.assembly.rendered.messages_json))
 
     def advanced(self, changes: Sequence[StateChange], state: ViewState, items: Sequence[Item]) -> Carry | None:
         """This carry brought up to `state`, which other renders (another replica's) made from

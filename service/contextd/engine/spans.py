@@ -29,7 +29,9 @@ Span = tuple[tuple[int, int], ...]
 
 
 class _Bounds:
-    """Per block of `size` reads: the least and the most of their first and last lines."""
+    """Per whole block of `size` reads: the least and the most of their first and last lines
+    (a block is summed up once it is whole; the reads after the last whole one are read one
+    by one)."""
 
     __slots__ = ("high_max", "high_min", "low_max", "low_min", "size")
 
@@ -40,17 +42,16 @@ class _Bounds:
         self.high_min: list[int] = []
         self.high_max: list[int] = []
 
-    def add(self, at: int, low: int, high: int) -> None:
-        if at % self.size == 0:
-            self.low_min.append(low)
-            self.low_max.append(low)
-            self.high_min.append(high)
-            self.high_max.append(high)
+    def add(self, lows: list[int], highs: list[int]) -> None:
+        """Sum up the last block when the reads just appended made it whole."""
+        count = len(lows)
+        if count % self.size:
             return
-        self.low_min[-1] = min(self.low_min[-1], low)
-        self.low_max[-1] = max(self.low_max[-1], low)
-        self.high_min[-1] = min(self.high_min[-1], high)
-        self.high_max[-1] = max(self.high_max[-1], high)
+        block_lows, block_highs = lows[count - self.size :], highs[count - self.size :]
+        self.low_min.append(min(block_lows))
+        self.low_max.append(max(block_lows))
+        self.high_min.append(min(block_highs))
+        self.high_max.append(max(block_highs))
 
     def skips(self, at: int, count: int, covering: bool, low: int, high: int) -> bool:
         """Whether the block starting at read `at` (all of it among the first `count`) holds no
@@ -74,8 +75,9 @@ class ReadSpans:
         """The first line each read reads."""
         self.highs: list[int] = []
         """The last line each read reads."""
-        self.blocks = _Bounds(BLOCK)
-        self.supers = _Bounds(SUPER)
+        self.blocks: _Bounds | None = None
+        """Made once there is a whole block: most paths are read a few times."""
+        self.supers: _Bounds | None = None
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -95,8 +97,12 @@ class ReadSpans:
         self.seqs.append(seq)
         self.lows.append(low)
         self.highs.append(high)
-        self.blocks.add(at, low, high)
-        self.supers.add(at, low, high)
+        if at + 1 >= BLOCK:
+            self.blocks = self.blocks or _Bounds(BLOCK)
+            self.blocks.add(self.lows, self.highs)
+        if at + 1 >= SUPER:
+            self.supers = self.supers or _Bounds(SUPER)
+            self.supers.add(self.lows, self.highs)
 
     def covering(self, count: int, after: int, until: int, span: Span) -> Iterator[int]:
         """Seqs in (`after`, `until`], in order, of the first `count` reads whose first line is
@@ -117,9 +123,9 @@ class ReadSpans:
         while i < count:
             if seqs[i] > until:
                 return
-            if supers.skips(i, count, covering, low, high):
+            if supers is not None and supers.skips(i, count, covering, low, high):
                 i += SUPER
-            elif blocks.skips(i, count, covering, low, high):
+            elif blocks is not None and blocks.skips(i, count, covering, low, high):
                 i += BLOCK
             else:
                 if (lows[i] <= low and highs[i] >= high) if covering else (lows[i] >= low and highs[i] <= high):

@@ -321,6 +321,7 @@ class Errors(Strategy):
                 "errored",
                 f"a later call of {seen.tool} succeeded (seq {success.seq})",
             )
+            _residues.reweigh((entry.item,))
         return held[key]
 
     def rests_on(self, entry: Entry, seen: Observation, params: Mapping[str, Any]) -> tuple[Hashable, ...]:

@@ -233,10 +233,29 @@ def _python_bodies(tree: ast.Module, lines: Sequence[str]) -> Iterator[Body]:
         yield Body(node.name, start, stop)
 
 
+_BLOCKS = (
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.If,
+    ast.For,
+    ast.AsyncFor,
+    ast.While,
+    ast.With,
+    ast.AsyncWith,
+    ast.Try,
+    ast.TryStar,
+    ast.Match,
+)
+"""The statements that hold statements."""
+
+
 def _definitions(body: Sequence[ast.stmt]) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]:
     """Every function and class, outer ones first, walking statements only (never into
     expressions: a walk over every node costs more than the parse)."""
     for statement in body:
+        if not isinstance(statement, _BLOCKS):
+            continue  # a simple statement holds no statements
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             yield statement
         for name in ("body", "orelse", "finalbody"):

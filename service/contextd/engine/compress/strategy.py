@@ -59,6 +59,7 @@ class Compress(Strategy):
             held[key] = (
                 _compressed(entry, found) if found is not None and len(found.text) <= ratio * len(text) else None
             )
+            _compressions.reweigh((entry.item,))
         return held[key]
 
     def rests_on(self, entry: Entry, seen: Observation, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
