@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -60,87 +59,73 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8)
     args = parser.parse_args()
 
+    from common import database as fresh_database
+    from common import report
     from contextd_client import Client
     from contextd_lab.service import ServerProcess
-    from tests import backends
 
     rows: list[tuple[str, str]] = []
-    with tempfile.TemporaryDirectory() as folder:
-        database = (
-            backends.create_database(args.postgres_url, "contextd_bench_calls")
-            if args.postgres_url
-            else f"sqlite:///{Path(folder) / 'calls.db'}"
-        )
-        backend = "postgres" if args.postgres_url else "sqlite"
+    backend = "postgres" if args.postgres_url else "sqlite"
+    with tempfile.TemporaryDirectory() as folder, fresh_database(args.postgres_url, Path(folder), "calls") as database:
+        server = ServerProcess("--database-url", database, cwd=Path(folder)).wait_serving()
         try:
-            server = ServerProcess("--database-url", database, cwd=Path(folder)).wait_serving()
-            try:
-                with Client(server.target, timeout=60) as client:
-                    session = client.create_session().id
-                    client.append_openai(session, [{"role": "user", "content": "warm up"}])
-                    client.get_session(session)
-                    for name, call in (
-                        (
-                            "AppendItems, one item",
-                            lambda n: client.append_openai(
-                                session, [{"role": "user", "content": f"step {n}: go on with the next file"}]
-                            ),
+            with Client(server.target, timeout=60) as client:
+                session = client.create_session().id
+                client.append_openai(session, [{"role": "user", "content": "warm up"}])
+                client.get_session(session)
+                for name, call in (
+                    (
+                        "AppendItems, one item",
+                        lambda n: client.append_openai(
+                            session, [{"role": "user", "content": f"step {n}: go on with the next file"}]
                         ),
-                        ("GetSession", lambda n: client.get_session(session)),
-                    ):
-                        latencies = []
-                        before = cpu_seconds(server.process.pid)
-                        for n in range(args.calls):
-                            started = time.perf_counter()
-                            call(n)
-                            latencies.append((time.perf_counter() - started) * 1000)
-                        cpu = (cpu_seconds(server.process.pid) - before) / args.calls * 1000
-                        rows.append(
-                            (
-                                f"{backend}: {name}",
-                                f"server CPU {cpu:.2f} ms a call; latency p50 {percentile(latencies, 50):.2f} ms, "
-                                f"p99 {percentile(latencies, 99):.2f} ms",
-                            )
-                        )
-            finally:
-                server.stop()
-            for count in (int(p) for p in args.processes.split(",")):
-                servers = [
-                    ServerProcess("--database-url", database, "--no-migrate-on-start", cwd=Path(folder))
-                    for _ in range(count)
-                ]
-                try:
-                    targets = [s.wait_serving().target for s in servers]
-                    context = multiprocessing.get_context("spawn")
-                    queue = context.Queue()
-                    workers = [
-                        context.Process(target=_appender, args=(targets, SECONDS, queue)) for _ in range(args.clients)
-                    ]
-                    for w in workers:
-                        w.start()
-                    done = sum(queue.get(timeout=120) for _ in workers)
-                    for w in workers:
-                        w.join(60)
+                    ),
+                    ("GetSession", lambda n: client.get_session(session)),
+                ):
+                    latencies = []
+                    before = cpu_seconds(server.process.pid)
+                    for n in range(args.calls):
+                        started = time.perf_counter()
+                        call(n)
+                        latencies.append((time.perf_counter() - started) * 1000)
+                    cpu = (cpu_seconds(server.process.pid) - before) / args.calls * 1000
                     rows.append(
                         (
-                            f"{backend}: {count} server process{'es' if count > 1 else ''}, {args.clients} clients",
-                            f"{done / SECONDS:,.0f} one-item appends a second",
+                            f"{backend}: {name}",
+                            f"server CPU {cpu:.2f} ms a call; latency p50 {percentile(latencies, 50):.2f} ms, "
+                            f"p99 {percentile(latencies, 99):.2f} ms",
                         )
                     )
-                finally:
-                    for s in servers:
-                        s.stop()
         finally:
-            if args.postgres_url:
-                backends.drop_database(args.postgres_url, database)
+            server.stop()
+        for count in (int(p) for p in args.processes.split(",")):
+            servers = [
+                ServerProcess("--database-url", database, "--no-migrate-on-start", cwd=Path(folder))
+                for _ in range(count)
+            ]
+            try:
+                targets = [s.wait_serving().target for s in servers]
+                context = multiprocessing.get_context("spawn")
+                queue = context.Queue()
+                workers = [
+                    context.Process(target=_appender, args=(targets, SECONDS, queue)) for _ in range(args.clients)
+                ]
+                for w in workers:
+                    w.start()
+                done = sum(queue.get(timeout=120) for _ in workers)
+                for w in workers:
+                    w.join(60)
+                rows.append(
+                    (
+                        f"{backend}: {count} server process{'es' if count > 1 else ''}, {args.clients} clients",
+                        f"{done / SECONDS:,.0f} one-item appends a second",
+                    )
+                )
+            finally:
+                for s in servers:
+                    s.stop()
 
-    print(f"command: python bench/calls.py {' '.join(sys.argv[1:])}".rstrip())
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print()
-    print("| measure | result |")
-    print("| --- | --- |")
-    for name, value in rows:
-        print(f"| {name} | {value} |")
+    report("calls.py", ("measure", "result"), rows)
     return 0
 
 

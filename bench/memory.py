@@ -20,8 +20,6 @@ Prints each phase's RSS figures in MB and the command. A benchmark, not a test.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -50,19 +48,15 @@ def main() -> int:
 
     import grpc
 
+    from common import database as fresh_database
+    from common import report
     from contextd_client import Client, RetryPolicy
     from contextd_client.v1 import contextd_pb2 as api
     from contextd_lab.service import ServerProcess
     from scale import tool_calls
-    from tests import backends
 
     rows: list[tuple[str, str]] = []
-    with tempfile.TemporaryDirectory() as folder:
-        database = (
-            backends.create_database(args.postgres_url, "contextd_bench_memory")
-            if args.postgres_url
-            else f"sqlite:///{Path(folder) / 'memory.db'}"
-        )
+    with tempfile.TemporaryDirectory() as folder, fresh_database(args.postgres_url, Path(folder), "memory") as database:
         server = ServerProcess("--database-url", database, *args.extra, cwd=Path(folder)).wait_serving()
         pid = server.process.pid
         try:
@@ -113,16 +107,8 @@ def main() -> int:
                 channel.close()
         finally:
             server.stop()
-            if args.postgres_url:
-                backends.drop_database(args.postgres_url, database)
 
-    print(f"command: python bench/memory.py {' '.join(sys.argv[1:])}".rstrip())
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print()
-    print("| phase | server RSS (MB) |")
-    print("| --- | --- |")
-    for name, value in rows:
-        print(f"| {name} | {value} |")
+    report("memory.py", ("phase", "server RSS (MB)"), rows)
     return 0
 
 

@@ -225,7 +225,7 @@ def main() -> int:
         print(json.dumps(engine_child(args.engine_child, args.workload, args.repeat)))
         return 0
 
-    from tests import backends
+    from common import database as fresh_database
 
     sizes = [int(s) for s in args.sizes.split(",")]
     parts = set(args.parts.split(","))
@@ -235,24 +235,15 @@ def main() -> int:
         if "engine" in parts:
             row |= {f"engine {k}": v for k, v in engine(n, args.workload, args.repeat).items()}
         if "service" in parts:
-            with tempfile.TemporaryDirectory() as folder:
-                if args.backend == "postgres":
-                    if not args.postgres_url:
-                        raise SystemExit("--backend postgres needs --postgres-url or CONTEXTD_TEST_POSTGRES_URL")
-                    database = backends.create_database(args.postgres_url, "contextd_bench_scale")
-                else:
-                    database = f"sqlite:///{Path(folder) / 'scale.db'}"
+            if args.backend == "postgres" and not args.postgres_url:
+                raise SystemExit("--backend postgres needs --postgres-url or CONTEXTD_TEST_POSTGRES_URL")
+            url = args.postgres_url if args.backend == "postgres" else ""
+            with tempfile.TemporaryDirectory() as folder, fresh_database(url, Path(folder), "scale") as database:
                 subprocess.run(
                     [sys.executable, "-m", "contextd", "migrate", "--database-url", database], check=True, cwd=folder
                 )
-                try:
-                    row |= {
-                        f"service {k}": v
-                        for k, v in service(n, args.workload, args.repeat, database, Path(folder)).items()
-                    }
-                finally:
-                    if args.backend == "postgres":
-                        backends.drop_database(args.postgres_url, database)
+                measured = service(n, args.workload, args.repeat, database, Path(folder))
+                row |= {f"service {k}": v for k, v in measured.items()}
         rows[n] = row
         print(f"{n:,} items: " + ", ".join(f"{k} {v:,.2f}" for k, v in row.items()), file=sys.stderr, flush=True)
 
