@@ -46,4 +46,14 @@ def test_untune_leaves_the_defaults() -> None:
     interpreter.tune()
     interpreter.untune()
     assert sys.getswitchinterval() == 0.005 and gc.get_freeze_count() == 0
+    assert gc.get_threshold()[0] == 700
     assert not any(getattr(cb, "__module__", "") == interpreter.__name__ for cb in gc.callbacks)
+
+
+def test_young_containers_are_collected_less_often(tuned: None) -> None:
+    """A render's containers, as long as they live, are not visited by a young collection."""
+    gc.collect()
+    collections = gc.get_stats()[0]["collections"]
+    kept = [[n] for n in range(interpreter.YOUNG_THRESHOLD // 2)]  # 10,000 live containers
+    assert gc.get_stats()[0]["collections"] == collections
+    del kept
