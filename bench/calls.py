@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import sys
 import tempfile
 import time
@@ -27,16 +26,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SECONDS = 6.0
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def percentile(samples: list[float], p: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 def _appender(targets: list[str], seconds: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
@@ -59,8 +48,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8)
     args = parser.parse_args()
 
+    from common import cpu_seconds, percentile, report
     from common import database as fresh_database
-    from common import report
     from contextd_client import Client
     from contextd_lab.service import ServerProcess
 

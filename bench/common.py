@@ -29,6 +29,18 @@ def database(postgres_url: str, folder: Path, name: str) -> Iterator[str]:
         backends.drop_database(postgres_url, url)
 
 
+def percentile(samples: list[float], p: float) -> float:
+    """The `p`th percentile of `samples` (nearest rank)."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system, all threads) process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def report(script: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     """The command, the machine and a Markdown table of `rows`."""
     print(f"command: python bench/{script} {' '.join(sys.argv[1:])}".rstrip())

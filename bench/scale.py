@@ -73,11 +73,6 @@ def tool_calls(n_items: int, workload: str, start: int = 0) -> list[dict[str, An
     return messages[:n_items] if not start else messages
 
 
-def percentile(samples: list[float], p: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-
 # ------------------------------------------------------------------ engine
 
 

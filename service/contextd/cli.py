@@ -22,10 +22,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from contextd.config import ConfigError, Settings, env_name, markdown_table
+from contextd.logs import configure_logging
 
 # The settings an operator command reads; the rest still come from the environment.
-_MIGRATE_SETTINGS = ("database_url", "log_level")
-_OPERATOR_SETTINGS = ("database_url", "lock_timeout_ms", "log_level")
+_MIGRATE_SETTINGS = ("database_url", "log_level", "log_format")
+_OPERATOR_SETTINGS = ("database_url", "lock_timeout_ms", "log_level", "log_format")
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
@@ -85,11 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"contextd: configuration error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    if settings.log_level != "debug":
-        logging.getLogger("alembic").setLevel(logging.WARNING)
+    configure_logging(settings)
     if args.command == "config":
         if args.markdown:
             print(markdown_table())

@@ -120,12 +120,23 @@ class Settings:
     tls_client_ca: str = _setting(
         "", "PEM CA certificates that client certificates must chain to (mutual TLS); empty: no client certificate."
     )
-    otel_exporter: str = _setting("none", "Where OpenTelemetry spans go.", choices=("none", "console", "otlp"))
+    otel_exporter: str = _setting(
+        "none", "Where OpenTelemetry spans and metrics go.", choices=("none", "console", "otlp")
+    )
     otel_endpoint: str = _setting(
         "", "OTLP/gRPC endpoint for otel_exporter=otlp, e.g. http://127.0.0.1:4317 (empty: the exporter's default)."
     )
+    metrics_listen: str = _setting(
+        "", "host:port of a Prometheus scrape endpoint (/metrics) for the metrics, e.g. 0.0.0.0:9464; empty: none."
+    )
+    metrics_interval_ms: int = _setting(
+        15000, "How often metrics are pushed to the OTLP or console exporter, in milliseconds."
+    )
     service_name: str = _setting("contextd", "OpenTelemetry service.name.")
     log_level: str = _setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
+    log_format: str = _setting(
+        "text", "Log lines as text, or as one JSON object a line with trace and span ids.", choices=("text", "json")
+    )
 
     @classmethod
     def load(cls, environ: Mapping[str, str], overrides: Mapping[str, Any] | None = None) -> Settings:
@@ -159,6 +170,10 @@ class Settings:
             raise ConfigError(f"max_message_bytes must be {most}, not {self.max_message_bytes}")
         if ":" not in self.listen:
             raise ConfigError(f"listen must be host:port, not {self.listen!r}")
+        if self.metrics_listen:
+            _, colon, port = self.metrics_listen.rpartition(":")
+            if not colon or not port.isdigit() or int(port) > 65535:
+                raise ConfigError(f"metrics_listen must be host:port, not {self.metrics_listen!r}")
         normalize_database_url(self.database_url)
         if self.redis_url and urlsplit(self.redis_url).scheme not in ("redis", "rediss", "unix"):
             raise ConfigError(

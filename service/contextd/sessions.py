@@ -11,6 +11,7 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 
+from contextd import metrics
 from contextd.admission import Admission
 from contextd.config import TenantLimits
 from contextd.engine.codec import canonical_json, content_hash, item_to_json
@@ -127,6 +128,7 @@ class SessionService:
         )
         if not result.replayed:
             self.admission.appended(tenant, size)
+            metrics.record_append(tenant, len(items), size)
         return result
 
     def _prepare(self, items: Sequence[ItemContent], author: str) -> tuple[list[PreparedItem], str]:

@@ -1,5 +1,6 @@
-"""OpenTelemetry tracing: one span per RPC (api/interceptors.py) and per
-storage call (`traced`), with session, item and token attributes.
+"""OpenTelemetry tracing: one span per RPC (api/interceptors.py), per
+storage call (`traced`), with session, item and token attributes, and per
+database statement and Redis command (`instrument_storage`).
 
 The exporter is chosen by configuration: none (the default: no provider is
 installed and spans cost nothing), console, or OTLP over gRPC. The SDK is
@@ -19,6 +20,7 @@ from contextd.config import Settings
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 tracer = trace.get_tracer("contextd")
 
@@ -63,6 +65,20 @@ def configure_tracing(settings: Settings) -> TracerProvider | None:
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     return provider
+
+
+def instrument_storage(engine: AsyncEngine) -> None:
+    """Spans for every database statement and Redis command (with the `db.*` attributes of the
+    semantic conventions), by the OpenTelemetry instrumentation packages; imported only when
+    spans are exported."""
+    from opentelemetry.instrumentation.redis import RedisInstrumentor
+    from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
+
+    # Its declared range ends before SQLAlchemy 2.1, whose cursor-execution events it hooks are
+    # those of 2.0; tests/service/api/test_telemetry.py holds the spans to it.
+    SQLAlchemyInstrumentor().instrument(engine=engine.sync_engine, skip_dep_check=True)
+    if not RedisInstrumentor().is_instrumented_by_opentelemetry:
+        RedisInstrumentor().instrument()
 
 
 def _exporter(settings: Settings) -> SpanExporter | None:

@@ -13,6 +13,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from contextd import metrics
 from contextd.engine.certificates import Certificate, Decision, Stamp, verify_chain
 from contextd.engine.changes import StateChange, change_to_json
 from contextd.engine.errors import InvalidArgument, LimitExceeded
@@ -139,7 +140,9 @@ class ViewService:
             )
             # Another replica rendered since this one's last render: its carry, caught up.
             earlier = self._states.carry(key, stored.since) if stored.since is not None else None
+            started = time.perf_counter()
             out, change_json = await self._run(_render, render_input, earlier, stored.changes)
+            spent = time.perf_counter() - started
             stamp = Stamp(out.state.view_version, request.format.value, policy.version)
             stored_bytes = 0
             if dry_run:
@@ -165,6 +168,16 @@ class ViewService:
             if pruned and self.on_pruned is not None:
                 await self.on_pruned(tenant, key, pruned)
         view = out.view
+        model_call = not (dry_run or force)  # an operator's render and a dry run send no model anything
+        metrics.record_render(
+            tenant,
+            spent,
+            out.stages,
+            view.total_tokens if model_call else 0,
+            () if dry_run else out.certificates,
+            len(out.state.pending),
+            out.predicted if model_call else None,
+        )
         annotate(
             session_id=session_id,
             items=len(items),
@@ -196,6 +209,10 @@ class ViewService:
         async with self.store.db.write(tenant, session_id) as conn:
             key = (await self.store.session_row(conn, tenant, session_id))["key"]
             stored = await views.report_usage(conn, key, session_id, view_version, usage)
+        if stored:
+            metrics.record_cache(
+                tenant, "reported", usage.cache_read_tokens, usage.cache_write_tokens, usage.input_tokens
+            )
         annotate(
             session_id=session_id,
             view_version=view_version,

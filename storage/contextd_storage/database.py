@@ -28,7 +28,7 @@ import asyncio
 import hashlib
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -77,6 +77,8 @@ class Database:
         if self.dialect == "sqlite":
             _configure_sqlite(self.engine, busy_timeout_ms=lock_timeout_ms)
         self._writer = asyncio.Lock()
+        self.on_lock_wait: Callable[[float], None] | None = None
+        """Told the seconds each write under a session's lock waited for it (the service's metrics)."""
         self._session_locks: weakref.WeakValueDictionary[int, asyncio.Lock] = weakref.WeakValueDictionary()
 
     @property
@@ -116,7 +118,12 @@ class Database:
             started = time.monotonic()
             async with self._queued(key, session_id or "", started), self.engine.connect() as conn, conn.begin():
                 await self._advisory_lock(conn, key, session_id or "", started)
+                self._waited(started)
                 yield conn
+
+    def _waited(self, started: float) -> None:
+        if self.on_lock_wait is not None:
+            self.on_lock_wait(time.monotonic() - started)
 
     @asynccontextmanager
     async def _queued(self, key: int, session_id: str, started: float) -> AsyncIterator[None]:
@@ -149,7 +156,9 @@ class Database:
     async def _sqlite_write(self, session_id: str) -> AsyncIterator[AsyncConnection]:
         # SQLite has a single writer for the whole file, so one lock serves
         # every session; its wait is bounded like the session lock's.
-        await self._acquire(self._writer, session_id, time.monotonic())
+        started = time.monotonic()
+        await self._acquire(self._writer, session_id, started)
+        self._waited(started)
         try:
             async with self.engine.connect() as conn:
                 conn = await conn.execution_options(**{_WRITE_OPTION: True})

@@ -63,9 +63,12 @@ class AsyncClient:
         retry: RetryPolicy | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        interceptors: Sequence[Any] = (),
     ) -> None:
         targets = channel_targets(target)
-        self._config = ChannelConfig(targets, api_key, timeout, retry or RetryPolicy(), credentials, tuple(options))
+        self._config = ChannelConfig(
+            targets, api_key, timeout, retry or RetryPolicy(), credentials, tuple(options), tuple(interceptors)
+        )
         self._channels: list[grpc.aio.Channel] = []
         self._stubs: list[contextd_pb2_grpc.ContextServiceAsyncStub] = []
         self._turns = itertools.count()

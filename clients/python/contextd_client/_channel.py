@@ -17,15 +17,28 @@ service that is not there behind a timeout.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from contextd_client._retry import RetryPolicy
+
+
+@functools.cache
+def _injector() -> Callable[[dict[str, str]], None] | None:
+    """OpenTelemetry's propagator, when it is installed beside the client (optional: the client
+    depends on grpcio and protobuf alone); imported at the first call, not with the client."""
+    try:
+        from opentelemetry.propagate import inject
+    except ImportError:  # pragma: no cover - exercised where OpenTelemetry is not installed
+        return None
+    return inject
+
 
 # We retry ourselves (see _retry.py), so the service config names no retry
 # policy: gRPC then only makes its transparent retries, of calls that never
@@ -90,10 +103,21 @@ class ChannelConfig:
     retry: RetryPolicy
     credentials: grpc.ChannelCredentials | None
     options: tuple[tuple[str, Any], ...]
+    interceptors: tuple[Any, ...] = ()
+    """gRPC client interceptors, outermost first (sync ones for Client, grpc.aio ones for AsyncClient)."""
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {self.api_key}"),) if self.api_key else ()
+        """Each call's metadata: the API key, and the caller's trace context when OpenTelemetry
+        is installed beside the client (W3C `traceparent`), so the caller's trace continues
+        into the service."""
+        auth = (("authorization", f"Bearer {self.api_key}"),) if self.api_key else ()
+        inject = _injector()
+        if inject is None:
+            return auth
+        carrier: dict[str, str] = {}
+        inject(carrier)
+        return (*auth, *carrier.items())
 
     def _options(self) -> list[tuple[str, Any]]:
         given = {name for name, _ in self.options}
@@ -102,10 +126,16 @@ class ChannelConfig:
 
     def channels(self) -> list[grpc.Channel]:
         if self.credentials is not None:
-            return [grpc.secure_channel(t, self.credentials, options=self._options()) for t in self.targets]
-        return [grpc.insecure_channel(t, options=self._options()) for t in self.targets]
+            made = [grpc.secure_channel(t, self.credentials, options=self._options()) for t in self.targets]
+        else:
+            made = [grpc.insecure_channel(t, options=self._options()) for t in self.targets]
+        return [grpc.intercept_channel(c, *self.interceptors) for c in made] if self.interceptors else made
 
     def aio_channels(self) -> list[grpc.aio.Channel]:
+        given = list(self.interceptors) or None
         if self.credentials is not None:
-            return [grpc.aio.secure_channel(t, self.credentials, options=self._options()) for t in self.targets]
-        return [grpc.aio.insecure_channel(t, options=self._options()) for t in self.targets]
+            return [
+                grpc.aio.secure_channel(t, self.credentials, options=self._options(), interceptors=given)
+                for t in self.targets
+            ]
+        return [grpc.aio.insecure_channel(t, options=self._options(), interceptors=given) for t in self.targets]

@@ -57,6 +57,9 @@ class Client:
     skipped. Every try has a deadline (`timeout`, in seconds); a call the service
     could not take is retried per `retry`, by default for up to 30 s. Appends
     reuse their idempotency key on every try, so a retry never writes twice.
+    `interceptors` (gRPC client interceptors) see every call; with OpenTelemetry
+    installed beside the client, each call carries the caller's trace context, so
+    an agent's trace continues into the service.
     """
 
     def __init__(
@@ -68,9 +71,12 @@ class Client:
         retry: RetryPolicy | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        interceptors: Sequence[Any] = (),
     ) -> None:
         targets = channel_targets(target)
-        self._config = ChannelConfig(targets, api_key, timeout, retry or RetryPolicy(), credentials, tuple(options))
+        self._config = ChannelConfig(
+            targets, api_key, timeout, retry or RetryPolicy(), credentials, tuple(options), tuple(interceptors)
+        )
         self._channels = self._config.channels()
         self._stubs = [contextd_pb2_grpc.ContextServiceStub(c) for c in self._channels]
         self._turns = itertools.count()  # next() on it is atomic: safe across threads

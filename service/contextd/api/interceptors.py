@@ -7,7 +7,8 @@ bytes (api/decoding.py: a malformed message is INVALID_ARGUMENT naming the
 field, decided before any work), run the handler, and turn whatever it
 raised into a status. Domain errors map through api/errors.py; anything
 else is logged with a reference id and answered INTERNAL with that id only,
-so no stack trace or internal detail reaches a client.
+so no stack trace or internal detail reaches a client. When the call ends,
+its duration, sizes and status are recorded (contextd/metrics.py).
 
 Streaming handlers are wrapped as async generators, never in the
 `context.write()` style, which breaks under interceptors.
@@ -18,21 +19,21 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
 from google.protobuf import message_factory
-from opentelemetry import propagate, trace
+from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from contextd import metrics
 from contextd.admission import Admission
 from contextd.api.auth import ApiKeys
 from contextd.api.decoding import RequestDecoder
 from contextd.api.errors import status_code, status_message, trailing_metadata
 from contextd.api.outage_log import OutageLog
-from contextd.api.responses import passing_encoded
+from contextd.api.responses import Encoded, passing_encoded
 from contextd.config import TenantLimits
 from contextd.engine.errors import ContextdError, LimitExceeded
 from contextd.telemetry import tracer
@@ -85,16 +86,19 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     ) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]:
         async def behavior(data: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             metadata: Metadata = tuple(context.invocation_metadata() or ())
-            with _server_span(method, metadata) as span:
+            with _Call(method, metadata, context, len(data)) as call:
                 try:
                     with self._api_keys.acting_as(metadata) as tenant:
-                        span.set_attribute("contextd.tenant", tenant)
+                        call.tenant = tenant
                         request = await self._admit(tenant, decode, data)
-                        return await inner(request, context)
+                        call.session_id = getattr(request, "session_id", "")
+                        response = await inner(request, context)
+                        call.responded(response)
+                        return response
                 except grpc.aio.AbortError:
                     raise
                 except Exception as exc:
-                    await _abort(context, span, method, exc, self._outages)
+                    await call.abort(exc, self._outages)
 
         return behavior
 
@@ -103,17 +107,19 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     ) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]]:
         async def behavior(data: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             metadata: Metadata = tuple(context.invocation_metadata() or ())
-            with _server_span(method, metadata) as span:
+            with _Call(method, metadata, context, len(data)) as call:
                 try:
                     with self._api_keys.acting_as(metadata) as tenant:
-                        span.set_attribute("contextd.tenant", tenant)
+                        call.tenant = tenant
                         request = await self._admit(tenant, decode, data)
+                        call.session_id = getattr(request, "session_id", "")
                         async for response in inner(request, context):
+                            call.responded(response)
                             yield response
                 except grpc.aio.AbortError:
                     raise
                 except Exception as exc:
-                    await _abort(context, span, method, exc, self._outages)
+                    await call.abort(exc, self._outages)
 
         return behavior
 
@@ -129,37 +135,93 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         return decode(data)
 
 
-@contextmanager
-def _server_span(method: str, metadata: Metadata) -> Iterator[trace.Span]:
-    service, _, name = method[1:].partition("/")
-    started = time.perf_counter()
-    carrier: Mapping[str, str] = {k: v for k, v in metadata if isinstance(v, str)}
-    with tracer.start_as_current_span(
-        f"{service}/{name}",
-        context=propagate.extract(carrier),
-        kind=SpanKind.SERVER,
-        attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": name},
-        record_exception=False,  # _abort records what failed; an abort is not an exception here
-        set_status_on_exception=False,
-    ) as span:
-        try:
-            yield span
-        finally:
-            span.set_attribute("rpc.duration_ms", round((time.perf_counter() - started) * 1000, 3))
+class _Call:
+    """One RPC as telemetry sees it: its SERVER span (continuing the caller's trace) and, when
+    it ends, its duration and sizes under the semantic conventions for RPC, by status."""
+
+    def __init__(
+        self, method: str, metadata: Metadata, context: grpc.aio.ServicerContext[Any, Any], request_bytes: int
+    ) -> None:
+        self.method = method[1:]  # package.Service/Method
+        self.context = context
+        self.tenant = ""
+        self.session_id = ""
+        self.response_bytes = 0
+        self.recorded = False
+        carrier: Mapping[str, str] = {k: v for k, v in metadata if isinstance(v, str)}
+        self._span = tracer.start_as_current_span(
+            self.method,
+            context=propagate.extract(carrier),
+            kind=SpanKind.SERVER,
+            attributes={"rpc.system.name": "grpc", "rpc.method": self.method},
+            record_exception=False,  # abort() records what failed; an abort is not an exception here
+            set_status_on_exception=False,
+        )
+        metrics.rpc_request_size.record(request_bytes, {"rpc.system.name": "grpc", "rpc.method": self.method})
+
+    def __enter__(self) -> _Call:
+        self.started = time.perf_counter()
+        self.span = self._span.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if not self.recorded:
+            self._record(_status_name(self.context) or "OK")
+        self._span.__exit__(*exc_info)
+
+    def _record(self, status: str) -> None:
+        """The call's metrics and status attributes; before its answer leaves, where that can be."""
+        self.recorded = True
+        if self.tenant:
+            self.span.set_attribute("contextd.tenant", self.tenant)
+            if self.session_id:
+                metrics.active_sessions.seen(self.tenant, self.session_id)
+        self.span.set_attribute("rpc.response.status_code", status)
+        attributes = {
+            "rpc.system.name": "grpc",
+            "rpc.method": self.method,
+            "rpc.response.status_code": status,
+            metrics.TENANT: self.tenant,
+        }
+        if status != "OK":
+            attributes["error.type"] = status
+            self.span.set_attribute("error.type", status)
+        metrics.rpc_duration.record(time.perf_counter() - self.started, attributes)
+        if status == "OK":
+            metrics.rpc_response_size.record(
+                self.response_bytes, {"rpc.system.name": "grpc", "rpc.method": self.method}
+            )
+
+    def responded(self, response: Any) -> None:
+        self.response_bytes += len(response.data) if isinstance(response, Encoded) else response.ByteSize()
+
+    async def abort(self, exc: Exception, outages: OutageLog) -> None:
+        """Answer the call with the status `exc` maps to (INTERNAL, with a reference, when it
+        maps to none); never returns."""
+        span = self.span
+        if isinstance(exc, ContextdError):
+            code = status_code(exc)
+            span.set_attribute("contextd.error_reason", exc.reason)
+            metrics.failures.add(1, {metrics.TENANT: self.tenant, "contextd.error_reason": exc.reason})
+            if code is grpc.StatusCode.UNAVAILABLE:
+                outages.failed(exc.reason, f"/{self.method}: {status_message(exc)}")
+            span.set_status(Status(StatusCode.ERROR, exc.reason))
+            self._record(code.name)
+            await self.context.abort(code, status_message(exc), trailing_metadata(exc, code))
+        reference = uuid.uuid4().hex[:12]
+        log.error("/%s failed (reference %s)", self.method, reference, exc_info=exc)
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        self._record(grpc.StatusCode.INTERNAL.name)
+        message = f"internal error (reference {reference}); see the server log"
+        await self.context.abort(grpc.StatusCode.INTERNAL, message)
 
 
-async def _abort(
-    context: grpc.aio.ServicerContext[Any, Any], span: trace.Span, method: str, exc: Exception, outages: OutageLog
-) -> None:
-    if isinstance(exc, ContextdError):
-        code = status_code(exc)
-        span.set_attribute("contextd.error_reason", exc.reason)
-        if code is grpc.StatusCode.UNAVAILABLE:
-            outages.failed(exc.reason, f"{method}: {status_message(exc)}")
-        span.set_status(Status(StatusCode.ERROR, exc.reason))
-        await context.abort(code, status_message(exc), trailing_metadata(exc, code))
-    reference = uuid.uuid4().hex[:12]
-    log.error("%s failed (reference %s)", method, reference, exc_info=exc)
-    span.record_exception(exc)
-    span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error (reference {reference}); see the server log")
+def _status_name(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    """The status a handler set itself (context.abort, set_code), if any."""
+    code = context.code()
+    if code is None:
+        return None
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    return next((c.name for c in grpc.StatusCode if c.value[0] == code), str(code))

@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from sqlalchemy.exc import DBAPIError
 
-from contextd import interpreter
+from contextd import interpreter, metrics
 from contextd.admission import Admission
 from contextd.api.auth import ApiKeys
 from contextd.api.interceptors import ServiceInterceptor
@@ -36,10 +36,11 @@ from contextd.engine.memo import set_memo_bytes
 from contextd.engine.tokens import TiktokenCounter
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.validation import Limits
+from contextd.metrics import configure_metrics, serve_prometheus
 from contextd.recovery import RecoveryService
 from contextd.render_workers import RenderWorkers
 from contextd.sessions import SessionService
-from contextd.telemetry import configure_tracing
+from contextd.telemetry import configure_tracing, instrument_storage
 from contextd.view_service import ViewService
 from contextd_client.v1 import contextd_pb2, contextd_pb2_grpc
 from contextd_storage import migrate
@@ -102,6 +103,8 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     sessions = SessionService(store, counter, limits, registry, admission)
     workers = RenderWorkers(settings.render_threads, wait_seconds=settings.lock_timeout_ms / 1000)
     views = ViewService(store, counter, registry, on_pruned=recovery.stash_items, workers=workers, states=states)
+    db.on_lock_wait = metrics.lock_wait.record
+    metrics.watch_stash(stash)
 
     server = grpc.aio.server(
         interceptors=[
@@ -163,7 +166,16 @@ async def serve(settings: Settings) -> bool:
     waiting for them either (service/contextd/cli.py).
     """
     provider = configure_tracing(settings)
+    meters = configure_metrics(settings)
+    try:
+        scrape = serve_prometheus(settings.metrics_listen) if settings.metrics_listen else None
+    except OSError as exc:
+        raise StartupError(f"cannot serve metrics on {settings.metrics_listen}: {exc}") from None
+    if scrape is not None:
+        log.info("metrics for Prometheus on http://%s:%d/metrics", *scrape.server_address[:2])
     running = await start(settings)
+    if provider is not None:
+        instrument_storage(running.db.engine)
 
     # Start-up leaves the tokenizer out to be SERVING sooner (0.15 s of CPU); every append
     # needs it, so it is built now, off the loop. (The policy checker, which only a session's
@@ -215,8 +227,11 @@ async def serve(settings: Settings) -> bool:
     await draining
     hurried.cancel()
     collecting.cancel()
-    if provider is not None:
-        provider.shutdown()
+    if scrape is not None:
+        scrape.shutdown()
+    for telemetry in (provider, meters):
+        if telemetry is not None:
+            telemetry.shutdown()
     log.info("stopped")
     return hurry_up
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from operator import is_
+from time import perf_counter
 from typing import Any
 
 from contextd.engine.certificates import CertificateBody
@@ -78,6 +79,8 @@ class RenderOutput:
     """How the provider is expected to bill the call made with this view (its policy's provider)."""
     change: StateChange | None = field(default=None, compare=False)
     """How `state` follows from the input's state: what is stored (changes.py)."""
+    stages: tuple[tuple[str, float], ...] = field(default=(), compare=False)
+    """Seconds each stage took, in order (the service's metrics)."""
 
 
 CARRY_BYTES_PER_ITEM = 1600
@@ -157,16 +160,22 @@ def render(inp: RenderInput) -> RenderOutput:
     carry = inp.carry if inp.carry is not None and inp.carry.follows(inp) else None
     cache = prompt_cache(state.renders.get(request.format.value), inp.now, policy.cache, state.view_version)
 
+    lap = _Laps()
     loaded = load(inp.items, inp.pins, policy, state, inp.durable, carry.finished if carry else None)
     draft = loaded.draft  # the one mutable value: apply and the budget go on applying edits to it
+    lap("load")
     context = transform_context(draft, request, cache.state, inp.tools, policy)
     proposed = propose(
         loaded, context, policy, inp.registry, state.pending, inp.agent_proposals, carry.ledgers if carry else None
     )
+    lap("propose")
     judged = judge(proposed.candidates, loaded, policy, counter, look_ahead=looks_ahead(request, policy))
+    lap("judge")
     timed = time_edits(judged.eligible, draft, cache, context.utilization, inp.force)
     applied = apply(timed.timed, draft, policy)
+    lap("apply")
     fitted = fit_budget(draft, applied.now, loaded.compressed, request, counter, loaded.protected, judged.relied, cache)
+    lap("budget")
     # Repair and rendering resume the previous render's where the entries are the same.
     last = inp.carry if inp.carry is not None and inp.carry.state is state else None
     shown = show(
@@ -181,6 +190,7 @@ def render(inp: RenderInput) -> RenderOutput:
         repaired=last.repaired if last else None,
         assembled=last.assembly if last else None,
     )
+    lap("show")
     recorded = record(
         shown,
         state,
@@ -196,6 +206,7 @@ def render(inp: RenderInput) -> RenderOutput:
         decided=judged.decided,
         items=len(inp.items),
     )
+    lap("record")
     certificates = (
         *loaded.certificates,
         *proposed.certificates,
@@ -215,7 +226,23 @@ def render(inp: RenderInput) -> RenderOutput:
         carried,
         recorded.predicted,
         recorded.change,
+        lap.stages,
     )
+
+
+class _Laps:
+    """The seconds since the previous lap, by stage."""
+
+    __slots__ = ("last", "stages")
+
+    def __init__(self) -> None:
+        self.stages: tuple[tuple[str, float], ...] = ()
+        self.last = perf_counter()
+
+    def __call__(self, stage: str) -> None:
+        now = perf_counter()
+        self.stages += ((stage, now - self.last),)
+        self.last = now
 
 
 def _carry(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -15,7 +16,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProces
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from contextd.config import Settings
-from contextd.telemetry import _exporter
+from contextd.telemetry import _exporter, instrument_storage
 from contextd_client import Client, NotFound, ViewFormat
 from contextd_client.v1 import content_pb2 as pb
 from contextd_client.v1 import contextd_pb2 as api
@@ -133,3 +134,57 @@ def test_volatile_content_in_the_system_prompt_shows_on_the_render_span(
     assert [w.code for w in view.warnings] == ["VOLATILE_CONTENT"]
     render = _named(spans.get_finished_spans(), "contextd.v1.ContextService/RenderView", session_id)
     assert dict(render.attributes or {})["contextd.volatile_content"] == 1
+
+
+def test_the_clients_trace_continues_into_the_service(spans: InMemorySpanExporter, server: ServerThread) -> None:
+    tracer = trace.get_tracer("agent")
+    seen: list[str] = []
+
+    class Recording(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+        def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+            seen.append(details.method)
+            return continuation(details, request)
+
+    with tracer.start_as_current_span("agent turn") as turn, Client(server.target, interceptors=[Recording()]) as c:
+        list(c.list_sessions())
+    rpc = _finished(spans, "/ListSessions")
+    assert rpc.context.trace_id == turn.get_span_context().trace_id
+    assert rpc.parent is not None and rpc.parent.span_id == turn.get_span_context().span_id
+    assert seen and seen[-1].endswith("/ListSessions")
+
+
+def test_database_statements_and_redis_commands_get_spans_of_their_own(
+    spans: InMemorySpanExporter, make_server: Any, redis_url: str
+) -> None:
+    from opentelemetry.instrumentation.redis import RedisInstrumentor
+    from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
+
+    server = make_server(redis_url=redis_url)
+    assert server._running is not None
+    instrument_storage(server._running.db.engine)
+    try:
+        with Client(server.target) as c:
+            session = c.create_session().id
+            c.append_openai(session, [{"role": "user", "content": "x " * 3000}, {"role": "assistant", "content": "ok"}])
+            c.render_view(session, ViewFormat.OPENAI_CHAT)
+            with pytest.raises(NotFound):  # the stash is asked first (a miss), then the history
+                c.retrieve(session, "0123456789abcdef")
+        finished = spans.get_finished_spans()
+    finally:
+        SQLAlchemyInstrumentor().uninstrument()
+        RedisInstrumentor().uninstrument()
+    rpc = _named(finished, "contextd.v1.ContextService/AppendItems", session)
+    by_id = {s.context.span_id: s for s in finished}
+
+    def under_rpc(span: ReadableSpan) -> bool:
+        while span.parent is not None and span.parent.span_id in by_id:
+            span = by_id[span.parent.span_id]
+        return span is rpc
+
+    def system(span: ReadableSpan) -> str:
+        attributes = dict(span.attributes or {})
+        return str(attributes.get("db.system.name") or attributes.get("db.system") or "")
+
+    statements = [s for s in finished if system(s) == "sqlite"]
+    assert any(under_rpc(s) for s in statements), [s.name for s in finished]
+    assert any(system(s) == "redis" for s in finished)

@@ -1,0 +1,290 @@
+"""Metrics: what a dashboard of contextd shows, through OpenTelemetry.
+
+The instruments are made here on the global meter, once per process; until a
+provider is installed (`configure_metrics`), they are the API's no-op proxies
+and recording costs a function call. Readers follow the configuration: OTLP
+beside the spans (`--otel-exporter otlp`), and a Prometheus scrape endpoint
+(`--metrics-listen`), served by the Prometheus client library through the
+OpenTelemetry Prometheus exporter. Both are imported only when configured.
+
+Names: RPCs under the current semantic conventions for RPC
+(`rpc.server.call.duration` in seconds, with `rpc.system.name`, `rpc.method`
+and `rpc.response.status_code`); the rest under `contextd.`. Attributes are
+bounded: the tenant at most (tenants are the configured API keys'), never a
+session id, handle or seq. docs/metrics.md lists every metric.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from contextd.config import Settings
+from contextd.engine.certificates import Decision
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader
+
+    from contextd.engine.certificates import CertificateBody
+    from contextd.engine.timing import Usage
+
+meter = metrics.get_meter("contextd")
+
+# Seconds: from a cached GetSession (about a millisecond) to a cold render of a long session.
+DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+SIZE_BUCKETS = tuple(float(4**k) for k in range(3, 14))  # 64 B to 64 MiB
+COUNT_BUCKETS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
+
+TENANT = "contextd.tenant"
+
+rpc_duration = meter.create_histogram(
+    "rpc.server.call.duration",
+    unit="s",
+    description="Duration of the RPCs the server answered.",
+    explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+)
+rpc_request_size = meter.create_histogram(
+    "rpc.server.request.size",
+    unit="By",
+    description="Size of the request messages (uncompressed).",
+    explicit_bucket_boundaries_advisory=SIZE_BUCKETS,
+)
+rpc_response_size = meter.create_histogram(
+    "rpc.server.response.size",
+    unit="By",
+    description="Size of the response messages (uncompressed).",
+    explicit_bucket_boundaries_advisory=SIZE_BUCKETS,
+)
+
+render_duration = meter.create_histogram(
+    "contextd.render.duration",
+    unit="s",
+    description="Time of the engine's render, in all (contextd.stage=all) and by stage.",
+    explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+)
+tokens_sent = meter.create_counter(
+    "contextd.view.tokens", unit="{token}", description="Tokens of the views rendered (what the model is sent)."
+)
+tokens_removed = meter.create_counter(
+    "contextd.tokens.removed",
+    unit="{token}",
+    description="Tokens the rules' decisions took out of views, net of placeholders, by reason and ladder level.",
+)
+decisions = meter.create_counter(
+    "contextd.decisions", unit="{decision}", description="Decisions of renders, by outcome."
+)
+deferred_waiting = meter.create_histogram(
+    "contextd.edits.deferred",
+    unit="{edit}",
+    description="Deferred edits waiting in the session after each render.",
+    explicit_bucket_boundaries_advisory=COUNT_BUCKETS,
+)
+cache_tokens = meter.create_counter(
+    "contextd.cache.tokens",
+    unit="{token}",
+    description="Prompt-cache tokens of model calls: predicted at render, reported by ReportUsage; "
+    "by kind (read, write, uncached).",
+)
+items_appended = meter.create_counter("contextd.items.appended", unit="{item}", description="Items appended.")
+bytes_appended = meter.create_counter(
+    "contextd.items.appended.size", unit="By", description="Bytes of the items appended."
+)
+lock_wait = meter.create_histogram(
+    "contextd.session.lock.wait",
+    unit="s",
+    description="Wait for a session's lock (this replica's queue, then the database's lock).",
+    explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+)
+failures = meter.create_counter(
+    "contextd.errors",
+    unit="{error}",
+    description="Calls that failed on a condition an operator watches, by reason "
+    "(SESSION_BUSY, DATABASE_UNAVAILABLE, DATABASE_BUSY, RATE_LIMITED, QUOTA_EXCEEDED, ...).",
+)
+
+
+class _StashStats(Protocol):
+    hits: int
+    misses: int
+    writes: int
+    skipped: int
+    evicted: int
+
+
+class _HasStats(Protocol):
+    @property
+    def stats(self) -> _StashStats: ...
+
+
+_stashes: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def watch_stash(stash: _HasStats) -> None:
+    """Report `stash`'s counts (its own, kept as it works) at each collection."""
+    _stashes.add(stash)
+
+
+def _stash_counts(_: CallbackOptions) -> Iterable[Observation]:
+    live = list(_stashes)
+    for result in ("hits", "misses"):
+        yield Observation(sum(getattr(s.stats, result) for s in live), {"contextd.stash.result": result[:-1]})
+
+
+def _stash_work(_: CallbackOptions) -> Iterable[Observation]:
+    live = list(_stashes)
+    for what in ("writes", "skipped", "evicted"):
+        yield Observation(sum(getattr(s.stats, what) for s in live), {"contextd.stash.operation": what})
+
+
+meter.create_observable_counter(
+    "contextd.stash.lookups",
+    [_stash_counts],
+    unit="{lookup}",
+    description="Handles looked up in the stash, by result (hit, miss; a miss goes to the durable history).",
+)
+meter.create_observable_counter(
+    "contextd.stash.operations",
+    [_stash_work],
+    unit="{operation}",
+    description="Stash writes, evictions, and calls skipped because Redis did not answer (degraded mode).",
+)
+
+
+class ActiveSessions:
+    """Sessions with a call on this replica within the last `window` seconds, per tenant."""
+
+    def __init__(self, window: float = 300.0, most: int = 1_000_000) -> None:
+        self.window = window
+        self.most = most
+        self._seen: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+
+    def seen(self, tenant: str, session_id: str) -> None:
+        with self._lock:
+            self._seen.pop((tenant, session_id), None)
+            self._seen[(tenant, session_id)] = time.monotonic()  # insertion order: oldest first
+            if len(self._seen) > self.most:
+                self._seen.pop(next(iter(self._seen)))
+
+    def counts(self) -> dict[str, int]:
+        cutoff = time.monotonic() - self.window
+        with self._lock:
+            while self._seen:
+                first = next(iter(self._seen))
+                if self._seen[first] >= cutoff:
+                    break
+                del self._seen[first]
+            out: dict[str, int] = {}
+            for tenant, _ in self._seen:
+                out[tenant] = out.get(tenant, 0) + 1
+        return out
+
+
+active_sessions = ActiveSessions()
+
+
+def _active(_: CallbackOptions) -> Iterable[Observation]:
+    return [Observation(n, {TENANT: tenant}) for tenant, n in active_sessions.counts().items()]
+
+
+meter.create_observable_up_down_counter(
+    "contextd.sessions.active",
+    [_active],
+    unit="{session}",
+    description="Sessions with a call on this replica in the last 5 minutes.",
+)
+
+
+def record_render(
+    tenant: str,
+    seconds: float,
+    stages: Sequence[tuple[str, float]],
+    tokens: int,
+    certificates: Sequence[CertificateBody],
+    waiting: int,
+    predicted: Usage | None,
+) -> None:
+    """What one committed (or dry-run) render did."""
+    who = {TENANT: tenant}
+    render_duration.record(seconds, {"contextd.stage": "all"})
+    for stage, spent in stages:
+        render_duration.record(spent, {"contextd.stage": stage})
+    tokens_sent.add(tokens, who)
+    outcomes: dict[str, int] = {}
+    removed: dict[tuple[str, int], int] = {}
+    for c in certificates:
+        outcomes[c.decision.name] = outcomes.get(c.decision.name, 0) + 1
+        net = c.tokens_removed - c.placeholder_tokens
+        if net > 0 and c.decision is Decision.PRUNE:
+            removed[(c.reason, c.level)] = removed.get((c.reason, c.level), 0) + net
+    for outcome, n in outcomes.items():
+        decisions.add(n, {TENANT: tenant, "contextd.decision": outcome})
+    for (reason, level), n in removed.items():
+        tokens_removed.add(n, {TENANT: tenant, "contextd.reason": reason or "unknown", "contextd.level": level})
+    deferred_waiting.record(waiting, who)
+    if predicted is not None:
+        record_cache(tenant, "predicted", predicted.cache_read, predicted.cache_write, predicted.uncached)
+
+
+def record_cache(tenant: str, source: str, read: int, write: int, uncached: int) -> None:
+    for kind, n in (("read", read), ("write", write), ("uncached", uncached)):
+        if n:
+            cache_tokens.add(n, {TENANT: tenant, "contextd.cache.source": source, "contextd.cache.kind": kind})
+
+
+def record_append(tenant: str, items: int, size: int) -> None:
+    who = {TENANT: tenant}
+    items_appended.add(items, who)
+    bytes_appended.add(size, who)
+
+
+def configure_metrics(settings: Settings) -> MeterProvider | None:
+    """Install a meter provider with the configured readers; returns it to shut down at exit
+    (None, and nothing imported, when no reader is configured)."""
+    readers = _readers(settings)
+    if not readers:
+        return None
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.resources import Resource
+
+    provider = MeterProvider(readers, resource=Resource.create({"service.name": settings.service_name}))
+    metrics.set_meter_provider(provider)
+    return provider
+
+
+def _readers(settings: Settings) -> list[MetricReader]:
+    readers: list[MetricReader] = []
+    if settings.otel_exporter == "otlp":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        exporter = OTLPMetricExporter(endpoint=settings.otel_endpoint or None)
+        readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=settings.metrics_interval_ms))
+    elif settings.otel_exporter == "console":
+        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+
+        readers.append(
+            PeriodicExportingMetricReader(ConsoleMetricExporter(), export_interval_millis=settings.metrics_interval_ms)
+        )
+    if settings.metrics_listen:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+        readers.append(PrometheusMetricReader())
+    return readers
+
+
+def serve_prometheus(listen: str) -> Any:
+    """Serve the Prometheus exposition of the default registry on `listen` (host:port), on a
+    thread of the Prometheus client's; returns its server, to shut down at exit."""
+    from prometheus_client import start_http_server
+
+    host, _, port = listen.rpartition(":")
+    server, _thread = start_http_server(int(port), addr=host.strip("[]") or "0.0.0.0")
+    return server
