@@ -133,8 +133,8 @@ def watch_stash(stash: _HasStats) -> None:
 
 def _stash_counts(_: CallbackOptions) -> Iterable[Observation]:
     live = list(_stashes)
-    for result in ("hits", "misses"):
-        yield Observation(sum(getattr(s.stats, result) for s in live), {"contextd.stash.result": result[:-1]})
+    for counted, result in (("hits", "hit"), ("misses", "miss")):
+        yield Observation(sum(getattr(s.stats, counted) for s in live), {"contextd.stash.result": result})
 
 
 def _stash_work(_: CallbackOptions) -> Iterable[Observation]:
