@@ -20,13 +20,14 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import CallbackOptions, Histogram, Observation
 
 from contextd.config import Settings
 from contextd.engine.certificates import Decision
+from contextd_storage.stash import Stash
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
@@ -44,30 +45,26 @@ COUNT_BUCKETS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000
 
 TENANT = "contextd.tenant"
 
-rpc_duration = meter.create_histogram(
-    "rpc.server.call.duration",
-    unit="s",
-    description="Duration of the RPCs the server answered.",
-    explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+
+def _histogram(name: str, unit: str, description: str, buckets: Sequence[float]) -> Histogram:
+    return meter.create_histogram(name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets)
+
+
+rpc_duration = _histogram(
+    "rpc.server.call.duration", "s", "Duration of the RPCs the server answered.", DURATION_BUCKETS
 )
-rpc_request_size = meter.create_histogram(
-    "rpc.server.request.size",
-    unit="By",
-    description="Size of the request messages (uncompressed).",
-    explicit_bucket_boundaries_advisory=SIZE_BUCKETS,
+rpc_request_size = _histogram(
+    "rpc.server.request.size", "By", "Size of the request messages (uncompressed).", SIZE_BUCKETS
 )
-rpc_response_size = meter.create_histogram(
-    "rpc.server.response.size",
-    unit="By",
-    description="Size of the response messages (uncompressed).",
-    explicit_bucket_boundaries_advisory=SIZE_BUCKETS,
+rpc_response_size = _histogram(
+    "rpc.server.response.size", "By", "Size of the response messages (uncompressed).", SIZE_BUCKETS
 )
 
-render_duration = meter.create_histogram(
+render_duration = _histogram(
     "contextd.render.duration",
-    unit="s",
-    description="Time of the engine's render, in all (contextd.stage=all) and by stage.",
-    explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+    "s",
+    "Time of the engine's render, in all (contextd.stage=all) and by stage.",
+    DURATION_BUCKETS,
 )
 tokens_sent = meter.create_counter(
     "contextd.view.tokens", unit="{token}", description="Tokens of the views rendered (what the model is sent)."
@@ -80,11 +77,8 @@ tokens_removed = meter.create_counter(
 decisions = meter.create_counter(
     "contextd.decisions", unit="{decision}", description="Decisions of renders, by outcome."
 )
-deferred_waiting = meter.create_histogram(
-    "contextd.edits.deferred",
-    unit="{edit}",
-    description="Deferred edits waiting in the session after each render.",
-    explicit_bucket_boundaries_advisory=COUNT_BUCKETS,
+deferred_waiting = _histogram(
+    "contextd.edits.deferred", "{edit}", "Deferred edits waiting in the session after each render.", COUNT_BUCKETS
 )
 cache_tokens = meter.create_counter(
     "contextd.cache.tokens",
@@ -96,11 +90,11 @@ items_appended = meter.create_counter("contextd.items.appended", unit="{item}", 
 bytes_appended = meter.create_counter(
     "contextd.items.appended.size", unit="By", description="Bytes of the items appended."
 )
-lock_wait = meter.create_histogram(
+lock_wait = _histogram(
     "contextd.session.lock.wait",
-    unit="s",
-    description="Wait for a session's lock (this replica's queue, then the database's lock).",
-    explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+    "s",
+    "Wait for a session's lock (this replica's queue, then the database's lock).",
+    DURATION_BUCKETS,
 )
 failures = meter.create_counter(
     "contextd.errors",
@@ -110,23 +104,10 @@ failures = meter.create_counter(
 )
 
 
-class _StashStats(Protocol):
-    hits: int
-    misses: int
-    writes: int
-    skipped: int
-    evicted: int
+_stashes: weakref.WeakSet[Stash] = weakref.WeakSet()
 
 
-class _HasStats(Protocol):
-    @property
-    def stats(self) -> _StashStats: ...
-
-
-_stashes: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def watch_stash(stash: _HasStats) -> None:
+def watch_stash(stash: Stash) -> None:
     """Report `stash`'s counts (its own, kept as it works) at each collection."""
     _stashes.add(stash)
 
