@@ -35,6 +35,14 @@ def unavailable(what: str, why: str) -> None:
     pytest.skip(f"{message}; set {POSTGRES_ENV if what == 'Postgres' else REDIS_ENV} to run these tests")
 
 
+def unavailable_tool(what: str, how: str) -> None:
+    """A tool a test needs is not installed: a failure under CI=true (.ci/run installs it), a skip otherwise."""
+    message = f"{what} is not installed"
+    if in_ci():
+        pytest.fail(f"{message} (CI=true: .ci/run installs it)", pytrace=False)
+    pytest.skip(f"{message}: {how}")
+
+
 def _docker_answers() -> bool:
     """Whether a Docker engine answers on its socket (DOCKER_HOST or the default)."""
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")

@@ -45,6 +45,19 @@ def redis_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def redis_cluster_url() -> Iterator[str]:
+    """A three-node Redis Cluster of the test run's own (redis-server and redis-cli started here)."""
+    from tests.integration.clusters import PrivateRedisCluster
+
+    cluster = PrivateRedisCluster(3)
+    try:
+        cluster.start()
+        yield cluster.url
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture(scope="session")
 def postgres_url(postgres_server_url: str) -> Iterator[str]:
     """A migrated database of its own on the Postgres server, dropped at the end."""
     url = backends.create_database(postgres_server_url)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from limits import RateLimitItem, RateLimitItemPerSecond
 from limits.aio.storage import MemoryStorage
@@ -55,14 +55,31 @@ class Admission:
         redis_url: str = "",
         stored_bytes: Callable[[str], Awaitable[int]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        redis_cluster: bool = False,
     ) -> None:
-        """`stored_bytes(tenant)` reads what the tenant's sessions hold now (the database's count)."""
+        """`stored_bytes(tenant)` reads what the tenant's sessions hold now (the database's count);
+        with `redis_cluster`, `redis_url` names a node of a Redis Cluster."""
         self.limits = limits
         self._clock = clock
         self._local = SlidingWindowCounterRateLimiter(MemoryStorage())
         self._pool: ConnectionPool | None = None
+        self._cluster: Any = None
         self._shared: SlidingWindowCounterRateLimiter | None = None
-        if redis_url and limits.any:
+        if redis_url and limits.any and redis_cluster:
+            storage = storage_from_string(
+                _limits_uri(redis_url, cluster=True),
+                implementation="redispy",
+                key_prefix=KEY_PREFIX,
+                wrap_exceptions=True,
+                socket_connect_timeout=1,
+                socket_timeout=1,
+            )
+            # `limits` builds the cluster client itself and offers no way to close it: its bridge
+            # holds it (limits 5), and closing the service closes it through there.
+            self._cluster = getattr(getattr(storage, "bridge", None), "storage", None)
+            self._shared = SlidingWindowCounterRateLimiter(storage)
+        elif redis_url and limits.any:
             # Our own pool, handed to `limits`, so that closing the service closes it.
             from redis.asyncio import ConnectionPool  # 0.1 s of CPU to import: only with Redis
 
@@ -83,6 +100,8 @@ class Admission:
     async def close(self) -> None:
         if self._pool is not None:
             await self._pool.aclose()
+        if self._cluster is not None:
+            await self._cluster.aclose()
 
     async def admit_call(self, tenant: str) -> None:
         """RateLimited when the tenant is over its calls per second."""
@@ -156,7 +175,10 @@ class Admission:
         self._resting_until = self._clock() + REST_SECONDS
 
 
-def _limits_uri(redis_url: str) -> str:
-    """The `limits` library's name for a Redis URL (``unix://`` is its ``redis+unix://``)."""
+def _limits_uri(redis_url: str, cluster: bool = False) -> str:
+    """The `limits` library's name for a Redis URL (``unix://`` is its ``redis+unix://``; a
+    cluster's node is ``redis+cluster://`` without a database number)."""
     scheme, _, rest = redis_url.partition("://")
+    if cluster:
+        return f"async+redis+cluster://{rest.split('/')[0]}"
     return f"async+{'redis+unix' if scheme == 'unix' else scheme}://{rest}"

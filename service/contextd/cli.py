@@ -4,6 +4,8 @@
     contextd migrate [--revision REV | --downgrade REV]
     contextd prune --session ID [--tenant T] [--format F] [--budget N] [--apply]
     contextd certificates verify --session ID [--tenant T]
+    contextd watch [--session ID] [--cursor C] [--target HOST:PORT] [--api-key-file F] [--tls-ca F]
+    contextd health [--target HOST:PORT] [--service NAME] [--tls-ca F]
     contextd config [--markdown]
 
 Every setting has an environment variable (service/contextd/config.py); each command
@@ -19,6 +21,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from contextd.config import ConfigError, Settings, env_name, markdown_table
@@ -62,6 +65,20 @@ def _parser() -> argparse.ArgumentParser:
     verify = certificate_commands.add_parser("verify", help="check a session's certificate hash chain")
     _add_setting_flags(verify, _OPERATOR_SETTINGS)
     _add_session_flags(verify)
+    watch = commands.add_parser("watch", help="print a running server's session events as they come (JSON lines)")
+    watch.add_argument("--session", default="", help="the session to watch (default: every session of the tenant)")
+    watch.add_argument("--cursor", default="", help="resume after this cursor (default: from now on)")
+    watch.add_argument("--target", default="127.0.0.1:50051", help="the server (default: 127.0.0.1:50051)")
+    watch.add_argument("--api-key-file", help="a file holding the API key (the tenant's sessions are watched)")
+    watch.add_argument("--tls-ca", help="PEM file of the CA that signed the server's certificate (TLS)")
+    watch.add_argument("--heartbeats", action="store_true", help="print heartbeats too")
+    health = commands.add_parser(
+        "health", help="ask a server's gRPC health service; exit 0 when SERVING (a container's health check)"
+    )
+    health.add_argument("--target", default="127.0.0.1:50051", help="the server (default: 127.0.0.1:50051)")
+    health.add_argument("--service", default="", help="the service to ask about (default: the server as a whole)")
+    health.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer (default: 3)")
+    health.add_argument("--tls-ca", help="PEM file of the CA that signed the server's certificate (TLS)")
     config = commands.add_parser("config", help="print the effective configuration")
     _add_setting_flags(config)
     config.add_argument("--markdown", action="store_true", help="print the settings table for the README")
@@ -98,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _migrate(settings, args.revision, args.downgrade)
     if args.command in ("prune", "certificates"):
         return _operate(settings, args)
+    if args.command == "watch":
+        return _watch(args)
+    if args.command == "health":
+        return _health(args)
     from contextd.api.server import StartupError, serve
 
     runner = asyncio.Runner()
@@ -136,6 +157,52 @@ def _operate(settings: Settings, args: argparse.Namespace) -> int:
     except ContextdError as exc:
         print(f"contextd: {exc.message}", file=sys.stderr)
         return 1
+
+
+def _watch(args: argparse.Namespace) -> int:
+    """Print each event as one JSON object a line, until interrupted (or the session is deleted)."""
+    import json
+
+    import grpc
+
+    from contextd_client import Client, ContextdError
+
+    api_key = Path(args.api_key_file).read_text().strip() if args.api_key_file else None
+    credentials = grpc.ssl_channel_credentials(Path(args.tls_ca).read_bytes()) if args.tls_ca else None
+    with Client(args.target, api_key=api_key, credentials=credentials) as client:
+        watch = client.watch_session(args.session, cursor=args.cursor, heartbeats=args.heartbeats)
+        try:
+            for event in watch:
+                line = {"cursor": event.cursor, "session_id": event.session_id, "time": event.time.isoformat()}
+                print(json.dumps(line | {"kind": event.kind, **event.details}), flush=True)
+        except ContextdError as exc:
+            print(f"contextd: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(f"contextd: stopped; resume with --cursor {watch.cursor}", file=sys.stderr)
+            return 130
+    return 0
+
+
+def _health(args: argparse.Namespace) -> int:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    if args.tls_ca:
+        channel = grpc.secure_channel(args.target, grpc.ssl_channel_credentials(Path(args.tls_ca).read_bytes()))
+    else:
+        channel = grpc.insecure_channel(args.target)
+    with channel:
+        try:
+            answer = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
+            )
+        except grpc.RpcError as exc:
+            print(f"contextd: {args.target}: {exc.code().name} {exc.details()}", file=sys.stderr)
+            return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+    print(status)
+    return 0 if answer.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
 def _tenants_hint(settings: Settings, tenant: str) -> str:

@@ -47,6 +47,11 @@ class Settings:
         "Redis URL for the stash of pruned originals, shared by replicas, e.g. redis://127.0.0.1:6379/0; "
         "without it the stash is in process (one replica). Either way the durable record answers a miss.",
     )
+    redis_cluster: bool = _setting(
+        False,
+        "redis_url names a node of a Redis Cluster: the stash and the shared rate limits use the cluster client "
+        "(a session's stash keys share one hash slot).",
+    )
     stash_ttl_seconds: float = _setting(
         3600.0, "How long a pruned original stays in the stash unused (each Retrieve renews it)."
     )
@@ -132,6 +137,20 @@ class Settings:
     metrics_interval_ms: int = _setting(
         15000, "How often metrics are pushed to the OTLP or console exporter, in milliseconds."
     )
+    watch_retention_seconds: int = _setting(
+        86400, "How long session events are kept for WatchSession: a watcher may resume from a cursor this old."
+    )
+    watch_poll_ms: int = _setting(
+        200,
+        "How often a replica with watchers reads new events (others' events arrive within this; its own at once).",
+    )
+    watch_heartbeat_seconds: float = _setting(
+        15.0, "A watch with no event for this long gets a heartbeat, with a cursor to resume from."
+    )
+    watch_buffer_events: int = _setting(
+        1000, "Events held for one slow watcher; past this its watch ends (WATCH_LAGGING) and it resumes."
+    )
+    watch_max_per_tenant: int = _setting(100, "Most watches one tenant may have open on one replica.")
     service_name: str = _setting("contextd", "OpenTelemetry service.name.")
     log_level: str = _setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
     log_format: str = _setting(

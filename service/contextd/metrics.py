@@ -26,7 +26,6 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Histogram, Observation
 
 from contextd.config import Settings
-from contextd.engine.certificates import Decision
 from contextd_storage.stash import Stash
 
 if TYPE_CHECKING:
@@ -101,6 +100,14 @@ failures = meter.create_counter(
     unit="{error}",
     description="Calls that failed on a condition an operator watches, by reason "
     "(SESSION_BUSY, DATABASE_UNAVAILABLE, DATABASE_BUSY, RATE_LIMITED, QUOTA_EXCEEDED, ...).",
+)
+watches = meter.create_up_down_counter(
+    "contextd.watch.streams", unit="{stream}", description="WatchSession streams open on this replica, by tenant."
+)
+watch_events = meter.create_counter(
+    "contextd.watch.events.read",
+    unit="{event}",
+    description="Session events this replica's feed read from the log for its watchers.",
 )
 
 
@@ -202,8 +209,7 @@ def record_render(
     removed: dict[tuple[str, int], int] = {}
     for c in certificates:
         outcomes[c.decision.name] = outcomes.get(c.decision.name, 0) + 1
-        net = c.tokens_removed - c.placeholder_tokens
-        if net > 0 and c.decision is Decision.PRUNE:
+        if net := c.net_tokens_removed:
             removed[(c.reason, c.level)] = removed.get((c.reason, c.level), 0) + net
     for outcome, n in outcomes.items():
         decisions.add(n, {TENANT: tenant, "contextd.decision": outcome})

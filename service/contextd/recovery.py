@@ -37,7 +37,8 @@ from contextd.engine.types import target_of
 from contextd.engine.validation import MAX_NAME_LENGTH
 from contextd.sessions import check_session_id
 from contextd.telemetry import annotate
-from contextd_storage import search, views
+from contextd_storage import events, search, views
+from contextd_storage.events import NewEvent
 from contextd_storage.history import HistoryStore
 from contextd_storage.regex_literals import required_literals
 from contextd_storage.stash import Stash, Stashed, scope_of
@@ -155,6 +156,9 @@ class RecoveryService:
             )
         else:
             content, total_lines, total_tokens, next_offset = self._page(handle, found.text, query)
+        retrieved = {"handle": handle, "seq": found.seq, "served_from": served_from}
+        async with self.store.db.write() as conn:  # the watchers': a retrieve changes nothing else
+            await events.record(conn, NewEvent(tenant, session_id, "handle_retrieved", retrieved))
         annotate(session_id=session_id, tenant=tenant, served_from=served_from, tokens=total_tokens)
         return Page(handle, found.seq, content, total_lines, total_tokens, next_offset, served_from)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -20,7 +20,7 @@ from contextd.engine.errors import InvalidArgument, LimitExceeded
 from contextd.engine.model import Item, Representation, Session
 from contextd.engine.pipeline import Carry, RenderInput, RenderOutput, protection_map, render
 from contextd.engine.policy import Policy
-from contextd.engine.state import AppliedEdit, state_to_json
+from contextd.engine.state import AppliedEdit, ViewState, state_to_json
 from contextd.engine.tokens import TokenCounter
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.types import Remove, Replace, target_of
@@ -29,7 +29,8 @@ from contextd.engine.view import View, ViewRequest
 from contextd.render_workers import RenderWorkers
 from contextd.sessions import check_session_id, parse_off_loop
 from contextd.telemetry import annotate
-from contextd_storage import views
+from contextd_storage import events, views
+from contextd_storage.events import NewEvent
 from contextd_storage.history import HistoryStore
 
 P = ParamSpec("P")
@@ -158,6 +159,7 @@ class ViewService:
                 certificates = await views.append_certificates(conn, key, out.certificates, stamp)
                 await views.forget_proposals(conn, out.decided_proposals)
                 await views.append_mutations(conn, key, out.durable)
+                await events.record(conn, *_render_events(tenant, session, request, out, certificates, state, force))
             result = RenderResult(out.view, certificates)
             if check is not None:
                 await self._run(check, result)
@@ -209,6 +211,9 @@ class ViewService:
         async with self.store.db.write(tenant, session_id) as conn:
             key = (await self.store.session_row(conn, tenant, session_id))["key"]
             stored = await views.report_usage(conn, key, session_id, view_version, usage)
+            if stored:
+                reported = {"view_version": view_version, **asdict(usage)}
+                await events.record(conn, NewEvent(tenant, session_id, "usage_reported", reported))
         if stored:
             metrics.record_cache(
                 tenant, "reported", usage.cache_read_tokens, usage.cache_write_tokens, usage.input_tokens
@@ -225,11 +230,11 @@ class ViewService:
 
     async def pin(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[int]:
         """Pin items: never pruned, and shown in full again from the next render. Returns the seqs."""
-        return await self._pins(tenant, session_id, seqs, views.pin)
+        return await self._pins(tenant, session_id, seqs, views.pin, "items_pinned")
 
     async def unpin(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[int]:
         """Unpin items: eligible again for the session's rules. Returns the seqs."""
-        return await self._pins(tenant, session_id, seqs, views.unpin)
+        return await self._pins(tenant, session_id, seqs, views.unpin, "items_unpinned")
 
     async def _pins(
         self,
@@ -237,14 +242,17 @@ class ViewService:
         session_id: str,
         seqs: Sequence[int],
         change: Callable[[AsyncConnection, int, Sequence[int]], Awaitable[None]],
+        kind: str,
     ) -> list[int]:
         check_session_id(session_id)
+        changed = sorted(set(seqs))
         async with self.store.db.write(tenant, session_id) as conn:
             row, _, _ = await self.store.history_in(conn, tenant, session_id)
             _check_seqs(seqs, row["version"])
             await change(conn, row["key"], seqs)
+            await events.record(conn, NewEvent(tenant, session_id, kind, {"seqs": changed}))
         annotate(session_id=session_id, items=len(seqs))
-        return sorted(set(seqs))
+        return changed
 
     async def propose_prune(
         self, tenant: str, session_id: str, seqs: Sequence[int], reason: str
@@ -267,7 +275,11 @@ class ViewService:
                 target_of(p.proposal.edit) for p in state.pending
             }
             outcomes = [_outcome(s, protected, pruned, queued, evidence) for s in dict.fromkeys(seqs)]
-            await views.propose(conn, key, [o.seq for o in outcomes if o.accepted], reason)
+            queued_now = [o.seq for o in outcomes if o.accepted]
+            await views.propose(conn, key, queued_now, reason)
+            if queued_now:
+                proposed = {"seqs": queued_now, "reason": reason}
+                await events.record(conn, NewEvent(tenant, session_id, "prune_proposed", proposed))
         annotate(session_id=session_id, items=len(outcomes))
         return outcomes
 
@@ -327,6 +339,56 @@ def _render(
     out = render(render_input)
     assert out.change is not None
     return out, change_to_json(out.change)
+
+
+MAX_LISTED_DECISIONS = 100
+
+
+def _render_events(
+    tenant: str,
+    session: Session,
+    request: ViewRequest,
+    out: RenderOutput,
+    certificates: Sequence[Certificate],
+    before: ViewState,
+    force: bool,
+) -> list[NewEvent]:
+    """What a committed render tells watchers: the view it made, its decisions, and the
+    deferred edits it applied (edits that were waiting before it and are in force after)."""
+    version, view = out.state.view_version, out.view
+    rendered = {
+        "view_version": version,
+        "format": request.format.value,
+        "tokens_sent": view.total_tokens,
+        "history_tokens": session.token_count,
+        "tokens_removed": sum(c.body.net_tokens_removed for c in certificates),
+        "budget_tokens": request.budget_tokens,
+        "over_budget": view.over_budget,
+        "model_call": not force,
+    }
+    found = [NewEvent(tenant, session.id, "view_rendered", rendered)]
+    if certificates:
+        listed = [
+            {
+                "certificate": c.number,
+                "seq": c.body.seq,
+                "outcome": c.body.decision.value,
+                "reason": c.body.reason,
+                "level": c.body.level,
+                "rule": c.body.rule,
+            }
+            for c in certificates[:MAX_LISTED_DECISIONS]
+        ]
+        decided = {"view_version": version, "decisions": listed, "total": len(certificates)}
+        found.append(NewEvent(tenant, session.id, "decisions_made", decided))
+    waiting = {target_of(p.proposal.edit) for p in before.pending}
+    in_force = {target_of(a.edit) for a in before.applied}
+    applied = sorted(
+        seq for a in out.state.applied if (seq := target_of(a.edit)) in waiting and seq not in in_force and seq
+    )
+    if applied:
+        found.append(NewEvent(tenant, session.id, "deferred_applied", {"view_version": version, "seqs": applied}))
+    return found
 
 
 def _outcome(

@@ -39,6 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from contextd.engine.errors import DATABASE_BUSY, SessionBusy, StorageUnavailable
+from contextd_storage import events
 
 _WRITE_OPTION = "contextd_write"
 _LOCK_NOT_AVAILABLE = "55P03"  # Postgres SQLSTATE for lock_timeout expiry
@@ -79,6 +80,8 @@ class Database:
         self._writer = asyncio.Lock()
         self.on_lock_wait: Callable[[float], None] | None = None
         """Told the seconds each write under a session's lock waited for it (the service's metrics)."""
+        self.on_events: Callable[[], None] | None = None
+        """Told when a transaction that wrote session events has committed (events.record)."""
         self._session_locks: weakref.WeakValueDictionary[int, asyncio.Lock] = weakref.WeakValueDictionary()
 
     @property
@@ -112,14 +115,29 @@ class Database:
                     yield conn
                 return
             if key is None:
-                async with self.engine.connect() as conn, conn.begin():
+                async with self.engine.connect() as conn, self._transaction(conn):
                     yield conn
                 return
             started = time.monotonic()
-            async with self._queued(key, session_id or "", started), self.engine.connect() as conn, conn.begin():
+            queued = self._queued(key, session_id or "", started)
+            async with queued, self.engine.connect() as conn, self._transaction(conn):
                 await self._advisory_lock(conn, key, session_id or "", started)
                 self._waited(started)
                 yield conn
+
+    @asynccontextmanager
+    async def _transaction(self, conn: AsyncConnection) -> AsyncIterator[None]:
+        """A transaction on `conn`; once it commits, `on_events` hears of any events it wrote."""
+        try:
+            async with conn.begin():
+                yield
+        except BaseException:
+            events.WRITTEN.discard(id(conn))
+            raise
+        if id(conn) in events.WRITTEN:
+            events.WRITTEN.discard(id(conn))
+            if self.on_events is not None:
+                self.on_events()
 
     def _waited(self, started: float) -> None:
         if self.on_lock_wait is not None:
@@ -162,7 +180,7 @@ class Database:
         try:
             async with self.engine.connect() as conn:
                 conn = await conn.execution_options(**{_WRITE_OPTION: True})
-                async with conn.begin():
+                async with self._transaction(conn):
                     yield conn
         finally:
             self._writer.release()

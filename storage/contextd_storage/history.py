@@ -41,8 +41,9 @@ from contextd.engine.model import (
 from contextd.engine.originals import original_text
 from contextd.engine.validation import ToolCall, link_tool_results
 from contextd.telemetry import annotate, traced
-from contextd_storage import page_tokens, schema, search
+from contextd_storage import events, page_tokens, schema, search
 from contextd_storage.database import Database
+from contextd_storage.events import NewEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +123,9 @@ class HistoryStore:
         try:
             async with self.db.write() as conn:
                 await conn.execute(insert(schema.sessions).values(row))
+                await events.record(
+                    conn, NewEvent(tenant, session_id, "session_created", {"policy_version": policy_version})
+                )
         except IntegrityError:
             raise SessionExists(session_id) from None
         return _session(row)
@@ -135,6 +139,7 @@ class HistoryStore:
             await conn.execute(
                 update(s).where(s.c.key == key).values(policy=document, policy_version=version, updated_at=_now())
             )
+            await events.record(conn, NewEvent(tenant, session_id, "policy_updated", {"policy_version": version}))
             return _session(await _session_row(conn, tenant, session_id))
 
     @traced("storage.get_session")
@@ -184,6 +189,7 @@ class HistoryStore:
             for table in _SESSION_CHILDREN:
                 await conn.execute(table.delete().where(table.c.session_key == key))
             await conn.execute(s.delete().where(s.c.key == key))
+            await events.record(conn, NewEvent(tenant, session_id, "session_deleted", {"items_deleted": int(deleted)}))
         self._cache.discard(key)
         annotate(items=int(deleted))
         return int(deleted)
@@ -300,12 +306,21 @@ class HistoryStore:
                 )
             )
         s = schema.sessions
+        tokens = sum(r["token_count"] for r in rows)
+        appended = {
+            "first_seq": first,
+            "last_seq": last,
+            "author": request.author,
+            "tokens": tokens,
+            "bytes": request.stored_bytes,
+        }
+        await events.record(conn, NewEvent(request.tenant, request.session_id, "items_appended", appended))
         await conn.execute(
             update(s)
             .where(s.c.key == key)
             .values(
                 version=last,
-                token_count=s.c.token_count + sum(r["token_count"] for r in rows),
+                token_count=s.c.token_count + tokens,
                 stored_bytes=s.c.stored_bytes + request.stored_bytes,
                 updated_at=now,
             )

@@ -285,3 +285,32 @@ calls = Table(
     Column("cache_write_tokens", BigInteger),
     Column("reported_at", UtcTime),
 )
+
+
+# What happened to sessions, for WatchSession (contextd_storage/events.py): written in the
+# transaction of the change, read by every replica in (txid, id) order, deleted past the
+# retention window. Not a child of `sessions`: a deleted session's last event outlives it.
+events = Table(
+    "events",
+    metadata,
+    Column("id", AutoKey, primary_key=True, autoincrement=True),
+    # The writing transaction's id on Postgres (pg_current_xact_id); 0 on SQLite.
+    Column("txid", BigInteger, nullable=False),
+    Column("tenant", String(128), nullable=False),
+    Column("session_id", String(128), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("body", Json, nullable=False),
+    Column("created_at", UtcTime, nullable=False),
+    Index("ix_events_txid_id", "txid", "id"),
+    Index("ix_events_tenant_session_id_txid_id", "tenant", "session_id", "txid", "id"),
+    sqlite_autoincrement=True,
+)
+
+# One row: the cursor through which events were pruned (a watcher resuming before it missed some).
+events_pruned = Table(
+    "events_pruned",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("txid", BigInteger, nullable=False),
+    Column("event_id", BigInteger, nullable=False),
+)

@@ -141,12 +141,13 @@ class PrivatePostgres:
 class PrivateRedis:
     """A redis-server of the test's own on a spare port, without persistence: a restart is empty."""
 
-    def __init__(self) -> None:
+    def __init__(self, *options: str) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             backends.unavailable("Redis", "redis-server is not installed")
         assert binary is not None
         self._binary = binary
+        self._options = options
         self.port = spare_port()
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -155,7 +156,11 @@ class PrivateRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def _command(self) -> Sequence[str]:
-        return (self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+        return (
+            self._binary,
+            *("--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"),
+            *self._options,
+        )
 
     def start(self) -> None:
         """Start redis-server on the port and wait until it answers PING."""
@@ -180,6 +185,57 @@ class PrivateRedis:
             self.process.kill()
             self.process.wait(timeout=10)
             self.process = None
+
+
+class PrivateRedisCluster:
+    """Redis servers of the test's own on spare ports, joined into one Redis Cluster without
+    replicas (`redis-cli --cluster create`): each node holds its share of the hash slots."""
+
+    def __init__(self, nodes: int = 3) -> None:
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            backends.unavailable("Redis", "redis-cli is not installed")
+        assert cli is not None
+        self._cli = cli
+        self.root = Path(tempfile.mkdtemp(prefix="contextd-redis-cluster-"))
+        self.nodes = [
+            PrivateRedis(
+                *("--cluster-enabled", "yes", "--cluster-node-timeout", "2000"),
+                *("--cluster-config-file", str(self.root / f"nodes-{n}.conf"), "--dir", str(self.root)),
+            )
+            for n in range(nodes)
+        ]
+
+    @property
+    def url(self) -> str:
+        """Any one node: the cluster client learns the others from it."""
+        return f"redis://127.0.0.1:{self.nodes[0].port}"
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        subprocess.run(
+            [self._cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=START_TIMEOUT,
+        )
+        deadline = time.monotonic() + START_TIMEOUT
+        for node in self.nodes:
+            probe = redis.Redis(port=node.port, socket_timeout=1)
+            try:
+                while probe.cluster("INFO")["cluster_state"] != "ok":
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the Redis Cluster did not come up")
+                    time.sleep(0.05)
+            finally:
+                probe.close()
+
+    def destroy(self) -> None:
+        for node in self.nodes:
+            node.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 # The replicas' log: a record's first line, an ERROR record, an exception line of a traceback.

@@ -358,3 +358,41 @@ def test_prune_and_verify_a_session_of_a_tenant_and_name_the_tenant_when_it_is_n
         "certificates", "verify", "--database-url", url, "--session", "nope", "--tenant", "acme", cwd=tmp_path
     )
     assert plain.returncode == 1 and plain.stderr.strip() == "contextd: session 'nope' not found in tenant 'acme'"
+
+
+def test_watch_prints_each_event_as_a_json_line_as_it_happens(tmp_path: Path) -> None:
+    import json
+
+    with ServerProcess(cwd=tmp_path) as server, Client(server.target) as client:
+        client.create_session("watched")
+        command = [sys.executable, "-m", "contextd", "watch", "--target", server.target]
+        with subprocess.Popen(
+            [*command, "--session", "watched", "--heartbeats"], stdout=subprocess.PIPE, text=True
+        ) as watcher:
+            assert watcher.stdout is not None
+            opening = json.loads(watcher.stdout.readline())  # joined: nothing after this is missed
+            assert opening["kind"] == "heartbeat" and opening["cursor"]
+            client.append_items("watched", [user("hello")], author="cli-test")
+            appended = json.loads(watcher.stdout.readline())
+            assert (appended["kind"], appended["session_id"]) == ("items_appended", "watched")
+            assert (appended["first_seq"], appended["last_seq"], appended["author"]) == (1, 1, "cli-test")
+            client.delete_session("watched")
+            assert json.loads(watcher.stdout.readline())["kind"] == "session_deleted"
+            assert watcher.wait(20) == 0  # the watch of a deleted session is over
+
+        missing = subprocess.run([*command, "--session", "nope"], capture_output=True, text=True, timeout=60)
+        assert (missing.returncode == 1 and "SESSION_NOT_FOUND" in missing.stderr) or "not found" in missing.stderr
+        assert "Traceback" not in missing.stderr
+
+
+def test_health_answers_zero_while_serving_and_one_when_nothing_answers(tmp_path: Path) -> None:
+    def health_command(target: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "contextd", "health", "--target", target, "--timeout", "5"]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+    with ServerProcess(cwd=tmp_path) as server:
+        serving = health_command(server.target)
+        assert (serving.returncode, serving.stdout.strip()) == (0, "SERVING")
+        port = server.port
+    gone = health_command(f"127.0.0.1:{port}")
+    assert gone.returncode == 1 and "UNAVAILABLE" in gone.stderr

@@ -48,9 +48,11 @@ async def test_calls_past_the_rate_are_refused_with_the_wait(redis_url: str) -> 
         await admission.close()
 
 
-async def test_replicas_share_a_tenant_s_rate_through_redis(redis_url: str) -> None:
+@pytest.mark.parametrize("cluster", [False, True], ids=["redis", "redis-cluster"])
+async def test_replicas_share_a_tenant_s_rate_through_redis(cluster: bool, request: pytest.FixtureRequest) -> None:
+    url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
     limits = TenantLimits(TenantLimit(requests_per_second=6))
-    replicas = [Admission(limits, redis_url) for _ in range(3)]
+    replicas = [Admission(limits, url, redis_cluster=cluster) for _ in range(3)]
     tenant = _tenant()
     admitted = 0
     for n in range(12):

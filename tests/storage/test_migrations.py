@@ -21,7 +21,7 @@ from contextd.engine.tokens import TiktokenCounter
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.view import ViewFormat, ViewRequest
 from contextd.view_service import ViewService
-from contextd_storage import migrate, search, views
+from contextd_storage import events, migrate, search, views
 from contextd_storage.database import Database
 from contextd_storage.history import AppendRequest, HistoryStore, PreparedItem
 from contextd_storage.schema import APPEND_ONLY_TABLES, FULL_TEXT_OBJECTS, include_object, metadata
@@ -41,6 +41,8 @@ TABLES = {
     "certificates",
     "mutations",
     "calls",
+    "events",
+    "events_pruned",
 }
 
 
@@ -265,16 +267,20 @@ async def _trigram_objects(url: str) -> set[str]:
         await engine.dispose()
 
 
-async def test_0007_indexes_the_texts_already_stored_and_its_downgrade_drops_the_index(empty_database: str) -> None:
+async def test_0007_indexes_the_texts_already_stored_and_its_downgrade_drops_the_index(
+    empty_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url = empty_database
     await migrate.upgrade(url, "0006")
     db = Database(url)
     try:
         store = HistoryStore(db)
-        await store.create_session("t", "s", {})
-        items = [ItemContent(role=Role.USER, content=(TextBlock(t),)) for t in ("a quokka", "the wombat KEY_42")]
-        prepared = [PreparedItem(item, f"{n}" * 64, 1) for n, item in enumerate(items)]
-        await store.append(AppendRequest("t", "s", prepared, request_hash="r"))
+        with monkeypatch.context() as then:
+            then.setattr(events, "record", _no_events)  # as the code of revision 0006 did: events came in 0009
+            await store.create_session("t", "s", {})
+            items = [ItemContent(role=Role.USER, content=(TextBlock(t),)) for t in ("a quokka", "the wombat KEY_42")]
+            prepared = [PreparedItem(item, f"{n}" * 64, 1) for n, item in enumerate(items)]
+            await store.append(AppendRequest("t", "s", prepared, request_hash="r"))
         key = await store.session_key("t", "s")
     finally:
         await db.close()
@@ -298,6 +304,10 @@ async def test_0007_indexes_the_texts_already_stored_and_its_downgrade_drops_the
     assert await _trigram_objects(url) == set()
     await migrate.upgrade(url)
     assert await _trigram_objects(url) == objects
+
+
+async def _no_events(*_: object) -> None:
+    return None
 
 
 async def test_0007_without_the_right_to_install_pg_trgm_migrates_without_the_index(

@@ -45,6 +45,7 @@ from contextd_client._types import (
     ViewItem,
     ViewWarning,
 )
+from contextd_client._watch import AsyncWatch, SessionEvent, Watch
 from contextd_client.formats import items_from_anthropic, items_from_openai
 
 __version__ = "0.1.0"
@@ -56,6 +57,7 @@ __all__ = [
     "AppendResult",
     "AsyncAgentTools",
     "AsyncClient",
+    "AsyncWatch",
     "Certificate",
     "Client",
     "ContextdError",
@@ -71,6 +73,7 @@ __all__ = [
     "SearchHit",
     "SearchResults",
     "Session",
+    "SessionEvent",
     "Status",
     "Unauthenticated",
     "Unavailable",
@@ -82,6 +85,7 @@ __all__ = [
     "ViewFormat",
     "ViewItem",
     "ViewWarning",
+    "Watch",
     "completes",
     "items_from_anthropic",
     "items_from_openai",

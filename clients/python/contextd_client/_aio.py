@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, cast
@@ -41,8 +42,10 @@ from contextd_client._types import (
     View,
     ViewFormat,
 )
+from contextd_client._watch import AsyncWatch, WatchProgress
 from contextd_client.formats import items_from_anthropic, items_from_openai
 from contextd_client.v1 import content_pb2 as pb
+from contextd_client.v1 import contextd_pb2 as api
 from contextd_client.v1 import contextd_pb2_grpc
 
 T = TypeVar("T")
@@ -230,11 +233,26 @@ class AsyncClient:
         (1-based, inclusive), ``grep`` (a regular expression) with ``context_lines``."""
         return await self._run(_retrieve(session_id, handle=handle, seq=seq, **paging))
 
-    async def _run(self, call: Call[T]) -> T:
+    def watch_session(self, session_id: str = "", *, cursor: str = "", heartbeats: bool = False) -> AsyncWatch:
+        """See `Client.watch_session`; iterate the result with ``async for``."""
+        turns = itertools.count(next(self._turns))
+
+        def open_stream(request: api.WatchSessionRequest) -> Any:
+            stubs = self._opened()
+            return stubs[next(turns) % len(stubs)].WatchSession(request, metadata=self._config.metadata)
+
+        progress = WatchProgress(session_id, cursor, self._config.retry, heartbeats, time.monotonic)
+        return AsyncWatch(open_stream, progress)
+
+    def _opened(self) -> list[contextd_pb2_grpc.ContextServiceAsyncStub]:
+        """The stubs, their channels opened on first use (inside the running loop)."""
         if not self._stubs:
             self._channels = self._config.aio_channels()
             self._stubs = [contextd_pb2_grpc.ContextServiceStub(c) for c in self._channels]
-        stubs, turn = self._stubs, next(self._turns)
+        return self._stubs
+
+    async def _run(self, call: Call[T]) -> T:
+        stubs, turn = self._opened(), next(self._turns)
         tries = Tries(call, self._config.retry, self._config.timeout)
         while True:
             timeout = tries.begin()

@@ -41,8 +41,10 @@ from contextd_client._types import (
     View,
     ViewFormat,
 )
+from contextd_client._watch import Watch, WatchProgress
 from contextd_client.formats import items_from_anthropic, items_from_openai
 from contextd_client.v1 import content_pb2 as pb
+from contextd_client.v1 import contextd_pb2 as api
 from contextd_client.v1 import contextd_pb2_grpc
 
 T = TypeVar("T")
@@ -259,6 +261,22 @@ class Client:
         "lines"), ``offset``, ``page_size`` (the server caps it), ``line_start``/``line_end``
         (1-based, inclusive), ``grep`` (a regular expression) with ``context_lines``."""
         return self._run(_retrieve(session_id, handle=handle, seq=seq, **paging))
+
+    def watch_session(self, session_id: str = "", *, cursor: str = "", heartbeats: bool = False) -> Watch:
+        """The session's events as they happen (every session of the tenant's with no id),
+        after `cursor` when given (a `cursor` of an earlier event or watch: none missed,
+        none twice), from now on otherwise. Iterate the result; a disconnect or a replica's
+        restart is ridden out by resuming from the last cursor (giving up, with the error,
+        when the retry policy's budget passes without an answer). A watch of one session
+        ends when the session is deleted. ``with client.watch_session(...) as watch:``
+        closes it on leaving; `watch.close()` ends it from another thread."""
+        stubs, turns = self._stubs, itertools.count(next(self._turns))
+
+        def open_stream(request: api.WatchSessionRequest) -> Any:
+            # No deadline: a watch lasts as long as its watcher; each reconnect tries the next channel.
+            return stubs[next(turns) % len(stubs)].WatchSession(request, metadata=self._config.metadata)
+
+        return Watch(open_stream, WatchProgress(session_id, cursor, self._config.retry, heartbeats, time.monotonic))
 
     # ------------------------------------------------------------ plumbing
 

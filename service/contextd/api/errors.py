@@ -20,9 +20,9 @@ from google.rpc import error_details_pb2, status_pb2
 from contextd.engine.errors import (
     CallNotFound,
     ContextdError,
+    EventsExpired,
     IdempotencyKeyReused,
     InvalidArgument,
-    NotImplementedYet,
     OriginalNotFound,
     QuotaExceeded,
     RateLimited,
@@ -31,10 +31,12 @@ from contextd.engine.errors import (
     SessionExists,
     SessionNotFound,
     StorageUnavailable,
+    TooManyWatches,
     Unauthenticated,
     UsageAlreadyReported,
     VersionConflict,
     ViewTooLarge,
+    WatchLagging,
 )
 
 DOMAIN = "contextd.v1"
@@ -50,13 +52,15 @@ _CODES: list[tuple[type[ContextdError], grpc.StatusCode]] = [
     (SessionExists, grpc.StatusCode.ALREADY_EXISTS),
     (IdempotencyKeyReused, grpc.StatusCode.ALREADY_EXISTS),
     (VersionConflict, grpc.StatusCode.ABORTED),
+    (WatchLagging, grpc.StatusCode.ABORTED),
+    (EventsExpired, grpc.StatusCode.OUT_OF_RANGE),
     (SessionBusy, grpc.StatusCode.UNAVAILABLE),
     (StorageUnavailable, grpc.StatusCode.UNAVAILABLE),
-    (NotImplementedYet, grpc.StatusCode.UNIMPLEMENTED),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (ViewTooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (RateLimited, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (QuotaExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (TooManyWatches, grpc.StatusCode.RESOURCE_EXHAUSTED),
     # Any other "not now" (a busy pool of render workers, say): the server could not take it.
     (Retryable, grpc.StatusCode.UNAVAILABLE),
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from contextd.engine.certificates import Certificate, Decision
@@ -33,6 +34,7 @@ from contextd.engine.timing import Usage
 from contextd.engine.view import View, ViewFormat
 from contextd_client.v1 import content_pb2 as pb
 from contextd_client.v1 import contextd_pb2 as api
+from contextd_storage.events import Event
 from contextd_storage.views import UsageSummary
 
 ROLES = {
@@ -377,3 +379,31 @@ def usage_to_proto(summary: UsageSummary) -> api.UsageSummary:
 def _share(usage: Usage) -> float:
     total = usage.cache_read + usage.cache_write + usage.uncached
     return usage.cache_read / total if total else 0.0
+
+
+# ------------------------------------------------------------------ events
+
+_EVENT_KINDS = frozenset(f.name for f in api.WatchSessionResponse.DESCRIPTOR.oneofs_by_name["event"].fields)
+
+
+def event_to_proto(event: Event) -> api.WatchSessionResponse | None:
+    """A stored event as watchers get it; None for a kind this version does not know (a newer
+    replica's, mid-upgrade: skipped rather than sent half-read)."""
+    if event.kind not in _EVENT_KINDS or event.kind == "heartbeat":
+        return None
+    response = api.WatchSessionResponse(
+        cursor=event.cursor.encode(), session_id=event.session_id, time=timestamp(event.time)
+    )
+    body = dict(event.body)
+    if event.kind == "view_rendered":
+        body["format"] = FORMAT_TO_PROTO[ViewFormat(body["format"])]
+    elif event.kind == "decisions_made":
+        body["decisions"] = [d | {"outcome": DECISIONS[Decision(d["outcome"])]} for d in body["decisions"]]
+    detail = getattr(response, event.kind)
+    detail.SetInParent()
+    json_format.ParseDict(body, detail, ignore_unknown_fields=True)
+    return response
+
+
+def heartbeat_to_proto(cursor: str, at: datetime) -> api.WatchSessionResponse:
+    return api.WatchSessionResponse(cursor=cursor, time=timestamp(at), heartbeat=api.Heartbeat())

@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -42,6 +43,7 @@ from contextd.render_workers import RenderWorkers
 from contextd.sessions import SessionService
 from contextd.telemetry import configure_tracing, instrument_storage
 from contextd.view_service import ViewService
+from contextd.watch import EventFeed, WatchSettings
 from contextd_client.v1 import contextd_pb2, contextd_pb2_grpc
 from contextd_storage import migrate
 from contextd_storage.database import Database
@@ -64,9 +66,11 @@ class RunningServer:
     stash: Stash
     workers: RenderWorkers
     admission: Admission
+    feed: EventFeed
 
     async def stop(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()
+        await self.feed.close()  # watches end now (SERVER_STOPPING) and resume elsewhere, not at the grace's end
         await self.server.stop(grace)
         await _close(self.workers, self.db, self.stash, self.admission)
 
@@ -87,23 +91,44 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     if settings.redis_url:
         from contextd_storage.stash.redis_stash import RedisStash  # redis takes 0.15 s of CPU to import: only when used
 
-        await _check_redis(settings.redis_url)
+        await _check_redis(settings.redis_url, settings.redis_cluster)
     limits = Limits(max_batch_items=settings.max_batch_items, max_item_bytes=settings.max_item_bytes)
     set_memo_bytes(settings.memo_bytes)
     store = HistoryStore(db, ItemCache(settings.session_cache_bytes // 2))
     counter, registry = TiktokenCounter(), TransformRegistry.default()
     stash: Stash = (
-        RedisStash.from_url(settings.redis_url, settings.stash_ttl_seconds, settings.stash_session_bytes)
+        RedisStash.from_url(
+            settings.redis_url,
+            settings.stash_ttl_seconds,
+            settings.stash_session_bytes,
+            cluster=settings.redis_cluster,
+        )
         if settings.redis_url
         else MemoryStash(settings.stash_ttl_seconds, settings.stash_session_bytes)
     )
     states = StateCache(settings.session_cache_bytes // 2)  # what the renders saved, read by Search too
     recovery = RecoveryService(store, stash, counter, settings.max_page_tokens, states)
-    admission = Admission(settings.limits_of_tenants(), settings.redis_url, store.tenant_stored_bytes)
+    admission = Admission(
+        settings.limits_of_tenants(),
+        settings.redis_url,
+        store.tenant_stored_bytes,
+        redis_cluster=settings.redis_cluster,
+    )
     sessions = SessionService(store, counter, limits, registry, admission)
     workers = RenderWorkers(settings.render_threads, wait_seconds=settings.lock_timeout_ms / 1000)
     views = ViewService(store, counter, registry, on_pruned=recovery.stash_items, workers=workers, states=states)
     db.on_lock_wait = metrics.lock_wait.record
+    feed = EventFeed(
+        store,
+        WatchSettings(
+            retention_seconds=settings.watch_retention_seconds,
+            poll_seconds=settings.watch_poll_ms / 1000,
+            heartbeat_seconds=settings.watch_heartbeat_seconds,
+            buffer_events=settings.watch_buffer_events,
+            max_per_tenant=settings.watch_max_per_tenant,
+        ),
+    )
+    db.on_events = feed.wake
     metrics.watch_stash(stash)
 
     server = grpc.aio.server(
@@ -125,7 +150,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
             ("grpc.so_reuseport", 0),
         ],
     )
-    servicer = ContextServicer(sessions, views, recovery, max_response_bytes=settings.max_message_bytes)
+    servicer = ContextServicer(sessions, views, recovery, feed, max_response_bytes=settings.max_message_bytes)
     contextd_pb2_grpc.add_ContextServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -143,6 +168,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
         await _close(workers, db, stash, admission)
         raise StartupError(f"cannot listen on {settings.listen}: {exc}") from None
     await server.start()
+    feed.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     host = settings.listen.rsplit(":", 1)[0]
@@ -150,7 +176,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     log.info("contextd serving on %s:%d (database: %s, %s)", host, port, db.dialect, security)
     if settings.api_keys and not settings.tls_cert and host not in ("127.0.0.1", "localhost", "[::1]"):
         log.warning("API keys travel in plaintext: serve TLS (--tls-cert, --tls-key) or terminate TLS in front")
-    return RunningServer(server, health_servicer, db, port, stash, workers, admission)
+    return RunningServer(server, health_servicer, db, port, stash, workers, admission, feed)
 
 
 async def serve(settings: Settings) -> bool:
@@ -277,17 +303,22 @@ async def _open_database(settings: Settings) -> Database:
     return db
 
 
-async def _check_redis(url: str) -> None:
-    # The stash (Redis with a TTL) is not built yet; until it is, the server
-    # only reports whether the configured Redis answers.
+async def _check_redis(url: str, cluster: bool) -> None:
+    """Say at start-up whether the configured Redis answers (the service starts either way:
+    without Redis, the stash is skipped and Retrieve reads the durable record)."""
     from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
     from redis.exceptions import RedisError
 
-    client = Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    client: Redis | RedisCluster
+    if cluster:
+        client = RedisCluster.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    else:
+        client = Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
     try:
-        await client.ping()
-        log.info("redis reachable at %s", client.connection_pool.connection_kwargs.get("host", url))
+        await client.ping()  # a cluster client first learns the nodes and slots from the one named
+        log.info("redis reachable at %s%s", urlsplit(url).hostname, " (a cluster)" if cluster else "")
     except (RedisError, OSError) as exc:
-        log.warning("redis unreachable (%s): the stash will not be available", exc)
+        log.warning("redis unreachable (%s): the stash will not be available until it is", exc)
     finally:
         await client.aclose()

@@ -5,7 +5,7 @@ the interceptor (api/interceptors.py)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, NoReturn, TypeAlias
+from typing import Any, TypeAlias
 
 import grpc
 
@@ -13,28 +13,20 @@ from contextd import agent_tools
 from contextd.api import mapping
 from contextd.api.auth import current_tenant
 from contextd.api.responses import Encoded, render_response
-from contextd.engine.errors import InvalidArgument, NotImplementedYet, ViewTooLarge
+from contextd.engine.errors import InvalidArgument, ViewTooLarge
 from contextd.engine.model import Role
 from contextd.engine.validation import check_batch_size
 from contextd.engine.view import ViewFormat, ViewRequest
 from contextd.recovery import PageUnit, RecoveryService, RetrieveQuery, SearchMode, SearchQuery
 from contextd.sessions import SessionService, check_session_id
 from contextd.view_service import RenderResult, ViewService
+from contextd.watch import EventFeed, Heartbeat
 from contextd_client.v1 import contextd_pb2 as api
 from contextd_client.v1 import contextd_pb2_grpc
 from contextd_storage.search import Where
 from contextd_storage.views import CertificateFilter, ReportedUsage, StoredCertificate
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
-
-# What each RPC not served yet is waiting for, so a caller knows why.
-_MISSING = {
-    "WatchSession": "session event streaming",
-}
-
-
-def _unimplemented(rpc: str) -> NoReturn:
-    raise NotImplementedYet(f"{rpc} is not implemented in this version of contextd: it needs {_MISSING[rpc]}")
 
 
 def _certificate(session_id: str, stored: StoredCertificate) -> api.Certificate:
@@ -45,9 +37,15 @@ def _certificate(session_id: str, stored: StoredCertificate) -> api.Certificate:
 
 class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
     def __init__(
-        self, sessions: SessionService, views: ViewService, recovery: RecoveryService, max_response_bytes: int
+        self,
+        sessions: SessionService,
+        views: ViewService,
+        recovery: RecoveryService,
+        feed: EventFeed,
+        max_response_bytes: int,
     ) -> None:
         self.sessions = sessions
+        self.feed = feed
         self.views = views
         self.recovery = recovery
         self.max_response_bytes = max_response_bytes
@@ -263,5 +261,8 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
     async def WatchSession(
         self, request: api.WatchSessionRequest, context: Context
     ) -> AsyncIterator[api.WatchSessionResponse]:
-        _unimplemented("WatchSession")
-        yield  # an async generator, as streaming handlers must be (api/interceptors.py)
+        async for answer in self.feed.watch(current_tenant(), request.session_id, request.cursor):
+            if isinstance(answer, Heartbeat):
+                yield mapping.heartbeat_to_proto(answer.cursor.encode(), answer.time)
+            elif (response := mapping.event_to_proto(answer)) is not None:
+                yield response

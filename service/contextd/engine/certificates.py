@@ -55,6 +55,11 @@ class CertificateBody:
     """Estimated dollars saved over the expected calls by applying now (negative: a cost)."""
     control: ControlMode
 
+    @property
+    def net_tokens_removed(self) -> int:
+        """Tokens a PRUNE took out of the view, less its placeholder's; 0 for other decisions."""
+        return max(0, self.tokens_removed - self.placeholder_tokens) if self.decision is Decision.PRUNE else 0
+
 
 @dataclass(frozen=True, slots=True)
 class Certificate:

@@ -191,12 +191,54 @@ class StorageUnavailable(Retryable):
             self.reason = reason
 
 
+class EventsExpired(ContextdError):
+    """A watch resumed from a cursor older than the events the service still keeps."""
+
+    reason = "EVENTS_EXPIRED"
+
+    def __init__(self, cursor: str, oldest: str, retention_seconds: int) -> None:
+        super().__init__(
+            f"the events after cursor {cursor} are no longer kept (events are kept {retention_seconds:,} s): "
+            f"the retained events begin after cursor {oldest}; watch from there or from now (no cursor)",
+            {"cursor": cursor, "oldest_cursor": oldest},
+        )
+
+
+class WatchLagging(Retryable):
+    """A watcher fell further behind the events than its buffer holds; it resumes from its cursor."""
+
+    reason = "WATCH_LAGGING"
+
+    def __init__(self, buffered: int) -> None:
+        super().__init__(
+            f"this watch fell more than {buffered:,} events behind (watch_buffer_events): resume from its last cursor",
+            0,
+        )
+
+
+class TooManyWatches(ContextdError):
+    """The tenant already has as many watches open on this replica as it may."""
+
+    reason = "TOO_MANY_WATCHES"
+
+    def __init__(self, tenant: str, limit: int) -> None:
+        super().__init__(
+            f"tenant {tenant!r} has {limit:,} watches open on this server, its limit (watch_max_per_tenant)",
+            {"limit": str(limit)},
+        )
+
+
+class ServerStopping(Retryable):
+    """The server is shutting down: the call (a watch, say) goes on at another replica."""
+
+    reason = "SERVER_STOPPING"
+
+    def __init__(self) -> None:
+        super().__init__("this server is shutting down: retry (a watch resumes from its last cursor)", 0)
+
+
 DATABASE_BUSY = "DATABASE_BUSY"
 """StorageUnavailable's reason when every pooled connection of this server stayed busy."""
-
-
-class NotImplementedYet(ContextdError):
-    reason = "NOT_IMPLEMENTED"
 
 
 class Unauthenticated(ContextdError):

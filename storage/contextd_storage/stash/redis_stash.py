@@ -17,6 +17,7 @@ import logging
 import time
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -89,7 +90,7 @@ return value
 class RedisStash:
     def __init__(
         self,
-        client: Redis,
+        client: Redis | RedisCluster,
         ttl_seconds: float = DEFAULT_TTL_SECONDS,
         session_bytes: int = DEFAULT_SESSION_BYTES,
     ) -> None:
@@ -104,9 +105,17 @@ class RedisStash:
         self._get = client.register_script(_GET)
 
     @classmethod
-    def from_url(cls, url: str, ttl_seconds: float, session_bytes: int) -> RedisStash:
+    def from_url(cls, url: str, ttl_seconds: float, session_bytes: int, *, cluster: bool = False) -> RedisStash:
+        """The stash on the Redis at `url`; with `cluster`, on the Redis Cluster that node is
+        part of (each script's keys are one session's, in one hash slot: keys.py)."""
         # One quick retry for a dropped connection; an outage is the rest's business, not retries'.
-        client = Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5, retry=Retry(NoBackoff(), 1))
+        client: Redis | RedisCluster
+        if cluster:
+            client = RedisCluster.from_url(
+                url, socket_connect_timeout=0.5, socket_timeout=0.5, retry=Retry(NoBackoff(), 1)
+            )
+        else:
+            client = Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5, retry=Retry(NoBackoff(), 1))
         return cls(client, ttl_seconds, session_bytes)
 
     @property

@@ -131,8 +131,8 @@ class Caller:
         try:
             for answer in call:
                 answers.append(answer)
-                if len(answers) >= 3:
-                    call.cancel()
+                call.cancel()  # it answered: the request was taken (a watch then waits for events)
+                break
         except grpc.RpcError as exc:
             if exc.code() is not grpc.StatusCode.CANCELLED:  # cancelled: by us, the stream was open
                 raise

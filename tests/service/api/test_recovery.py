@@ -303,3 +303,16 @@ def test_retrieve_takes_the_largest_sizes_and_line_ends_as_the_cap(client: Clien
     assert client.retrieve(session_id, seq=1, page_size=2**32 - 1).content == "one\ntwo\n"
     assert client.retrieve(session_id, seq=1, line_start=2, line_end=2**32 - 1).content == "two\n"
     assert client.retrieve(session_id, seq=1, page_unit="lines", page_size=2**32 - 1).next_offset == 2
+
+
+def test_the_stash_serves_from_a_redis_cluster(sqlite_url: str, redis_cluster_url: str) -> None:
+    server = ServerThread(settings_for(sqlite_url, redis_url=redis_cluster_url, redis_cluster=True)).start()
+    try:
+        with Client(server.target) as client:
+            session = client.create_session(f"cluster-{uuid.uuid4().hex[:10]}", policy=MASK_OLD).id
+            conversation(client, session, rounds=3)
+            handles = pruned_handles(client, session)
+            hits = [client.retrieve(session, handle) for handle in handles.values()]
+            assert [(h.seq, h.served_from) for h in hits] == [(seq, "stash") for seq in handles]
+    finally:
+        server.stop()

@@ -294,15 +294,6 @@ def stub(server: ServerThread) -> Iterator[contextd_pb2_grpc.ContextServiceStub]
         yield contextd_pb2_grpc.ContextServiceStub(channel)
 
 
-def test_the_watch_stream_is_not_built_yet_and_says_what_is_missing(
-    stub: contextd_pb2_grpc.ContextServiceStub,
-) -> None:
-    with pytest.raises(grpc.RpcError) as refused:
-        list(stub.WatchSession(api.WatchSessionRequest(session_id="s")))
-    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert refused.value.details().startswith("WatchSession is not implemented in this version of contextd: it needs ")
-
-
 def test_reported_usage_is_kept_beside_the_prediction(client: Client) -> None:
     session = client.create_session().id
     client.append_items(session, [text(pb.ROLE_SYSTEM, "You fix bugs."), text(pb.ROLE_USER, "word " * 1500)])

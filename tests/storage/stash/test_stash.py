@@ -16,13 +16,14 @@ from contextd_storage.stash.redis_stash import RedisStash
 ENTRY = Stashed(7, "x" * 100)  # 102 bytes stored (the seq line and the text)
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "redis-cluster"])
 async def stash(request: pytest.FixtureRequest) -> AsyncIterator[Stash]:
     if request.param == "memory":
         yield MemoryStash(ttl_seconds=60, session_bytes=350)
         return
-    url: str = request.getfixturevalue("redis_url")
-    made = RedisStash(redis.asyncio.Redis.from_url(url), ttl_seconds=60, session_bytes=350)
+    cluster = request.param == "redis-cluster"
+    url: str = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
+    made = RedisStash.from_url(url, ttl_seconds=60, session_bytes=350, cluster=cluster)
     yield made
     await made.close()
 
@@ -113,3 +114,29 @@ async def test_the_redis_session_total_follows_puts_evictions_and_deletes(redis_
     await stash.delete(here)
     assert await client.exists(keys.total(here), keys.sizes(here), keys.recency(here)) == 0
     await stash.close()
+
+
+async def test_on_a_cluster_sessions_spread_over_the_nodes_each_in_one_slot(redis_cluster_url: str) -> None:
+    from redis.cluster import RedisCluster
+
+    stash = RedisStash.from_url(redis_cluster_url, ttl_seconds=60, session_bytes=10_000, cluster=True)
+    scopes = [scope() for _ in range(24)]
+    try:
+        for here in scopes:
+            await stash.put(here, "h1", ENTRY)
+            await stash.put(here, "h2", Stashed(8, "y" * 50))
+        for here in scopes:
+            assert await stash.get(here, "h1") == ENTRY and len(await stash.manifest(here)) == 2
+        await stash.delete(scopes[0])
+        assert await stash.get(scopes[0], "h2") is None
+    finally:
+        await stash.close()
+    cluster = RedisCluster.from_url(redis_cluster_url)
+    try:
+        holding = [node.name for node in cluster.get_primaries() if node.redis_connection.keys(f"{keys.PREFIX}:*")]
+        assert len(holding) >= 2  # the sessions are spread: a cluster, not one node
+        for here in scopes[1:]:
+            session_keys = [keys.entry(here, "h1"), keys.recency(here), keys.sizes(here), keys.total(here)]
+            assert len({cluster.keyslot(k) for k in session_keys}) == 1
+    finally:
+        cluster.close()

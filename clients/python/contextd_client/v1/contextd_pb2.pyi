@@ -166,34 +166,6 @@ CONTROL_MODE_AGENT: ControlMode.ValueType  # 2
 CONTROL_MODE_OPERATOR: ControlMode.ValueType  # 3
 Global___ControlMode: _TypeAlias = ControlMode  # noqa: Y015
 
-class _SessionEventKind:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
-
-class _SessionEventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SessionEventKind.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
-    SESSION_EVENT_KIND_UNSPECIFIED: _SessionEventKind.ValueType  # 0
-    SESSION_EVENT_KIND_APPENDED: _SessionEventKind.ValueType  # 1
-    SESSION_EVENT_KIND_RENDERED: _SessionEventKind.ValueType  # 2
-    SESSION_EVENT_KIND_PRUNED: _SessionEventKind.ValueType  # 3
-    SESSION_EVENT_KIND_DEFERRED: _SessionEventKind.ValueType  # 4
-    SESSION_EVENT_KIND_RESTORED: _SessionEventKind.ValueType  # 5
-    SESSION_EVENT_KIND_HEARTBEAT: _SessionEventKind.ValueType  # 6
-    """Sent when nothing happened for a while, so idle streams stay open."""
-
-class SessionEventKind(_SessionEventKind, metaclass=_SessionEventKindEnumTypeWrapper):
-    """------------------------------------------------------------------ events"""
-
-SESSION_EVENT_KIND_UNSPECIFIED: SessionEventKind.ValueType  # 0
-SESSION_EVENT_KIND_APPENDED: SessionEventKind.ValueType  # 1
-SESSION_EVENT_KIND_RENDERED: SessionEventKind.ValueType  # 2
-SESSION_EVENT_KIND_PRUNED: SessionEventKind.ValueType  # 3
-SESSION_EVENT_KIND_DEFERRED: SessionEventKind.ValueType  # 4
-SESSION_EVENT_KIND_RESTORED: SessionEventKind.ValueType  # 5
-SESSION_EVENT_KIND_HEARTBEAT: SessionEventKind.ValueType  # 6
-"""Sent when nothing happened for a while, so idle streams stay open."""
-Global___SessionEventKind: _TypeAlias = SessionEventKind  # noqa: Y015
-
 @_typing.final
 class Session(_message.Message):
     """---------------------------------------------------------------- sessions"""
@@ -1707,22 +1679,34 @@ Global___GetStatusResponse: _TypeAlias = GetStatusResponse  # noqa: Y015
 
 @_typing.final
 class WatchSessionRequest(_message.Message):
+    """------------------------------------------------------------------ events
+
+    Events are stored with the change they record, in the same transaction, so
+    every change that commits has its event and no other has one. They are
+    kept for the server's `watch_retention_seconds` (a day by default).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
-    SINCE_VERSION_FIELD_NUMBER: _builtins.int
+    CURSOR_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
-    since_version: _builtins.int
-    """Replay events after this version first, then follow live ones."""
+    """The session to watch; empty: every session of the caller's tenant."""
+    cursor: _builtins.str
+    """Resume after this cursor (from an earlier response, event or
+    heartbeat): every event after it, none twice. Empty: from now on. "0-0":
+    from the oldest event retained. A cursor older than the retained events
+    is OUT_OF_RANGE (reason EVENTS_EXPIRED), naming where they begin.
+    """
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
-        since_version: _builtins.int = ...,
+        cursor: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id", "since_version", b"since_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cursor", b"cursor", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1730,30 +1714,440 @@ Global___WatchSessionRequest: _TypeAlias = WatchSessionRequest  # noqa: Y015
 
 @_typing.final
 class WatchSessionResponse(_message.Message):
+    """One event, or a heartbeat on a stream that had none for a while. A watch
+    of one session ends (OK) after that session's `session_deleted`; a watcher
+    that falls too far behind is ended with ABORTED (reason WATCH_LAGGING) and
+    resumes from its last cursor.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
-    KIND_FIELD_NUMBER: _builtins.int
-    VERSION_FIELD_NUMBER: _builtins.int
-    SEQS_FIELD_NUMBER: _builtins.int
+    CURSOR_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
     TIME_FIELD_NUMBER: _builtins.int
-    kind: Global___SessionEventKind.ValueType
-    version: _builtins.int
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
+    SESSION_CREATED_FIELD_NUMBER: _builtins.int
+    ITEMS_APPENDED_FIELD_NUMBER: _builtins.int
+    VIEW_RENDERED_FIELD_NUMBER: _builtins.int
+    DECISIONS_MADE_FIELD_NUMBER: _builtins.int
+    DEFERRED_APPLIED_FIELD_NUMBER: _builtins.int
+    HANDLE_RETRIEVED_FIELD_NUMBER: _builtins.int
+    ITEMS_PINNED_FIELD_NUMBER: _builtins.int
+    ITEMS_UNPINNED_FIELD_NUMBER: _builtins.int
+    PRUNE_PROPOSED_FIELD_NUMBER: _builtins.int
+    USAGE_REPORTED_FIELD_NUMBER: _builtins.int
+    POLICY_UPDATED_FIELD_NUMBER: _builtins.int
+    SESSION_DELETED_FIELD_NUMBER: _builtins.int
+    cursor: _builtins.str
+    """Where this answer stands in the order of events: pass it back as
+    WatchSessionRequest.cursor to resume after it.
+    """
+    session_id: _builtins.str
+    """The session the event is about; empty on a heartbeat."""
     @_builtins.property
-    def seqs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def time(self) -> _timestamp_pb2.Timestamp:
+        """When the event's transaction wrote it (a heartbeat: when it was sent)."""
+
     @_builtins.property
-    def time(self) -> _timestamp_pb2.Timestamp: ...
+    def heartbeat(self) -> Global___Heartbeat: ...
+    @_builtins.property
+    def session_created(self) -> Global___SessionCreated: ...
+    @_builtins.property
+    def items_appended(self) -> Global___ItemsAppended: ...
+    @_builtins.property
+    def view_rendered(self) -> Global___ViewRendered: ...
+    @_builtins.property
+    def decisions_made(self) -> Global___DecisionsMade: ...
+    @_builtins.property
+    def deferred_applied(self) -> Global___DeferredApplied: ...
+    @_builtins.property
+    def handle_retrieved(self) -> Global___HandleRetrieved: ...
+    @_builtins.property
+    def items_pinned(self) -> Global___SeqList: ...
+    @_builtins.property
+    def items_unpinned(self) -> Global___SeqList: ...
+    @_builtins.property
+    def prune_proposed(self) -> Global___PruneProposed: ...
+    @_builtins.property
+    def usage_reported(self) -> Global___UsageReported: ...
+    @_builtins.property
+    def policy_updated(self) -> Global___PolicyUpdated: ...
+    @_builtins.property
+    def session_deleted(self) -> Global___SessionDeleted: ...
     def __init__(
         self,
         *,
-        kind: Global___SessionEventKind.ValueType = ...,
-        version: _builtins.int = ...,
-        seqs: _abc.Iterable[_builtins.int] | None = ...,
+        cursor: _builtins.str = ...,
+        session_id: _builtins.str = ...,
         time: _timestamp_pb2.Timestamp | None = ...,
+        heartbeat: Global___Heartbeat | None = ...,
+        session_created: Global___SessionCreated | None = ...,
+        items_appended: Global___ItemsAppended | None = ...,
+        view_rendered: Global___ViewRendered | None = ...,
+        decisions_made: Global___DecisionsMade | None = ...,
+        deferred_applied: Global___DeferredApplied | None = ...,
+        handle_retrieved: Global___HandleRetrieved | None = ...,
+        items_pinned: Global___SeqList | None = ...,
+        items_unpinned: Global___SeqList | None = ...,
+        prune_proposed: Global___PruneProposed | None = ...,
+        usage_reported: Global___UsageReported | None = ...,
+        policy_updated: Global___PolicyUpdated | None = ...,
+        session_deleted: Global___SessionDeleted | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["time", b"time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decisions_made", b"decisions_made", "deferred_applied", b"deferred_applied", "event", b"event", "handle_retrieved", b"handle_retrieved", "heartbeat", b"heartbeat", "items_appended", b"items_appended", "items_pinned", b"items_pinned", "items_unpinned", b"items_unpinned", "policy_updated", b"policy_updated", "prune_proposed", b"prune_proposed", "session_created", b"session_created", "session_deleted", b"session_deleted", "time", b"time", "usage_reported", b"usage_reported", "view_rendered", b"view_rendered"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "seqs", b"seqs", "time", b"time", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cursor", b"cursor", "decisions_made", b"decisions_made", "deferred_applied", b"deferred_applied", "event", b"event", "handle_retrieved", b"handle_retrieved", "heartbeat", b"heartbeat", "items_appended", b"items_appended", "items_pinned", b"items_pinned", "items_unpinned", b"items_unpinned", "policy_updated", b"policy_updated", "prune_proposed", b"prune_proposed", "session_created", b"session_created", "session_deleted", b"session_deleted", "session_id", b"session_id", "time", b"time", "usage_reported", b"usage_reported", "view_rendered", b"view_rendered"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["heartbeat", "session_created", "items_appended", "view_rendered", "decisions_made", "deferred_applied", "handle_retrieved", "items_pinned", "items_unpinned", "prune_proposed", "usage_reported", "policy_updated", "session_deleted"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
+
+Global___WatchSessionResponse: _TypeAlias = WatchSessionResponse  # noqa: Y015
+
+@_typing.final
+class Heartbeat(_message.Message):
+    """Nothing happened for `watch_heartbeat_seconds`; the cursor still moved."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___WatchSessionResponse: _TypeAlias = WatchSessionResponse  # noqa: Y015
+Global___Heartbeat: _TypeAlias = Heartbeat  # noqa: Y015
+
+@_typing.final
+class SessionCreated(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    policy_version: _builtins.str
+    def __init__(
+        self,
+        *,
+        policy_version: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy_version", b"policy_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionCreated: _TypeAlias = SessionCreated  # noqa: Y015
+
+@_typing.final
+class ItemsAppended(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIRST_SEQ_FIELD_NUMBER: _builtins.int
+    LAST_SEQ_FIELD_NUMBER: _builtins.int
+    AUTHOR_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    first_seq: _builtins.int
+    last_seq: _builtins.int
+    author: _builtins.str
+    """The append's author (AppendItemsRequest.author)."""
+    tokens: _builtins.int
+    bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        first_seq: _builtins.int = ...,
+        last_seq: _builtins.int = ...,
+        author: _builtins.str = ...,
+        tokens: _builtins.int = ...,
+        bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["author", b"author", "bytes", b"bytes", "first_seq", b"first_seq", "last_seq", b"last_seq", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ItemsAppended: _TypeAlias = ItemsAppended  # noqa: Y015
+
+@_typing.final
+class ViewRendered(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VIEW_VERSION_FIELD_NUMBER: _builtins.int
+    FORMAT_FIELD_NUMBER: _builtins.int
+    TOKENS_SENT_FIELD_NUMBER: _builtins.int
+    HISTORY_TOKENS_FIELD_NUMBER: _builtins.int
+    TOKENS_REMOVED_FIELD_NUMBER: _builtins.int
+    BUDGET_TOKENS_FIELD_NUMBER: _builtins.int
+    OVER_BUDGET_FIELD_NUMBER: _builtins.int
+    MODEL_CALL_FIELD_NUMBER: _builtins.int
+    view_version: _builtins.int
+    format: Global___ViewFormat.ValueType
+    tokens_sent: _builtins.int
+    history_tokens: _builtins.int
+    """Tokens of the whole history, beside what the view sent."""
+    tokens_removed: _builtins.int
+    """Net tokens this render's new decisions took out (placeholders counted)."""
+    budget_tokens: _builtins.int
+    over_budget: _builtins.bool
+    model_call: _builtins.bool
+    """False for an operator's forced render: no model call follows it."""
+    def __init__(
+        self,
+        *,
+        view_version: _builtins.int = ...,
+        format: Global___ViewFormat.ValueType = ...,
+        tokens_sent: _builtins.int = ...,
+        history_tokens: _builtins.int = ...,
+        tokens_removed: _builtins.int = ...,
+        budget_tokens: _builtins.int = ...,
+        over_budget: _builtins.bool = ...,
+        model_call: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "format", b"format", "history_tokens", b"history_tokens", "model_call", b"model_call", "over_budget", b"over_budget", "tokens_removed", b"tokens_removed", "tokens_sent", b"tokens_sent", "view_version", b"view_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ViewRendered: _TypeAlias = ViewRendered  # noqa: Y015
+
+@_typing.final
+class DecisionsMade(_message.Message):
+    """The certificates one render appended (see ListCertificates for each whole)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VIEW_VERSION_FIELD_NUMBER: _builtins.int
+    DECISIONS_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    view_version: _builtins.int
+    total: _builtins.int
+    """All the render's decisions, listed or not."""
+    @_builtins.property
+    def decisions(self) -> _containers.RepeatedCompositeFieldContainer[Global___DecisionMade]:
+        """At most 100, in certificate order."""
+
+    def __init__(
+        self,
+        *,
+        view_version: _builtins.int = ...,
+        decisions: _abc.Iterable[Global___DecisionMade] | None = ...,
+        total: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "total", b"total", "view_version", b"view_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DecisionsMade: _TypeAlias = DecisionsMade  # noqa: Y015
+
+@_typing.final
+class DecisionMade(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CERTIFICATE_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    LEVEL_FIELD_NUMBER: _builtins.int
+    RULE_FIELD_NUMBER: _builtins.int
+    certificate: _builtins.int
+    """The certificate's number within the session."""
+    seq: _builtins.int
+    outcome: Global___Decision.ValueType
+    reason: _builtins.str
+    level: _builtins.int
+    rule: _builtins.str
+    def __init__(
+        self,
+        *,
+        certificate: _builtins.int = ...,
+        seq: _builtins.int = ...,
+        outcome: Global___Decision.ValueType = ...,
+        reason: _builtins.str = ...,
+        level: _builtins.int = ...,
+        rule: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificate", b"certificate", "level", b"level", "outcome", b"outcome", "reason", b"reason", "rule", b"rule", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DecisionMade: _TypeAlias = DecisionMade  # noqa: Y015
+
+@_typing.final
+class DeferredApplied(_message.Message):
+    """Edits decided earlier and held for a cache-safe point, applied by a render."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VIEW_VERSION_FIELD_NUMBER: _builtins.int
+    SEQS_FIELD_NUMBER: _builtins.int
+    view_version: _builtins.int
+    @_builtins.property
+    def seqs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        view_version: _builtins.int = ...,
+        seqs: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["seqs", b"seqs", "view_version", b"view_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeferredApplied: _TypeAlias = DeferredApplied  # noqa: Y015
+
+@_typing.final
+class HandleRetrieved(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HANDLE_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    SERVED_FROM_FIELD_NUMBER: _builtins.int
+    handle: _builtins.str
+    seq: _builtins.int
+    served_from: _builtins.str
+    """"stash" or "history"."""
+    def __init__(
+        self,
+        *,
+        handle: _builtins.str = ...,
+        seq: _builtins.int = ...,
+        served_from: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["handle", b"handle", "seq", b"seq", "served_from", b"served_from"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HandleRetrieved: _TypeAlias = HandleRetrieved  # noqa: Y015
+
+@_typing.final
+class SeqList(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def seqs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        seqs: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["seqs", b"seqs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SeqList: _TypeAlias = SeqList  # noqa: Y015
+
+@_typing.final
+class PruneProposed(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    @_builtins.property
+    def seqs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The proposals queued (refused ones change nothing)."""
+
+    def __init__(
+        self,
+        *,
+        seqs: _abc.Iterable[_builtins.int] | None = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "seqs", b"seqs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PruneProposed: _TypeAlias = PruneProposed  # noqa: Y015
+
+@_typing.final
+class UsageReported(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VIEW_VERSION_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    INPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHE_READ_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHE_WRITE_TOKENS_FIELD_NUMBER: _builtins.int
+    view_version: _builtins.int
+    provider: _builtins.str
+    model: _builtins.str
+    input_tokens: _builtins.int
+    output_tokens: _builtins.int
+    cache_read_tokens: _builtins.int
+    cache_write_tokens: _builtins.int
+    def __init__(
+        self,
+        *,
+        view_version: _builtins.int = ...,
+        provider: _builtins.str = ...,
+        model: _builtins.str = ...,
+        input_tokens: _builtins.int = ...,
+        output_tokens: _builtins.int = ...,
+        cache_read_tokens: _builtins.int = ...,
+        cache_write_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_read_tokens", b"cache_read_tokens", "cache_write_tokens", b"cache_write_tokens", "input_tokens", b"input_tokens", "model", b"model", "output_tokens", b"output_tokens", "provider", b"provider", "view_version", b"view_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UsageReported: _TypeAlias = UsageReported  # noqa: Y015
+
+@_typing.final
+class PolicyUpdated(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    policy_version: _builtins.str
+    def __init__(
+        self,
+        *,
+        policy_version: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy_version", b"policy_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PolicyUpdated: _TypeAlias = PolicyUpdated  # noqa: Y015
+
+@_typing.final
+class SessionDeleted(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_DELETED_FIELD_NUMBER: _builtins.int
+    items_deleted: _builtins.int
+    def __init__(
+        self,
+        *,
+        items_deleted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items_deleted", b"items_deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionDeleted: _TypeAlias = SessionDeleted  # noqa: Y015

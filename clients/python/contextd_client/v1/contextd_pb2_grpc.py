@@ -255,7 +255,8 @@ class ContextServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchSession(self, request, context):
-        """Streams a session's events, from a version on.
+        """Streams a session's events (or every session's of the tenant), live and
+        resumable from a cursor, across replicas.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -84,7 +84,9 @@ class ContextServiceStub:
     GetStatus: _grpc.UnaryUnaryMultiCallable[_contextd_pb2.GetStatusRequest, _contextd_pb2.GetStatusResponse]
     """Budget use, what is in the view, what is offloaded, stash health."""
     WatchSession: _grpc.UnaryStreamMultiCallable[_contextd_pb2.WatchSessionRequest, _contextd_pb2.WatchSessionResponse]
-    """Streams a session's events, from a version on."""
+    """Streams a session's events (or every session's of the tenant), live and
+    resumable from a cursor, across replicas.
+    """
 
 @_typing.type_check_only
 class ContextServiceAsyncStub(ContextServiceStub):
@@ -135,7 +137,9 @@ class ContextServiceAsyncStub(ContextServiceStub):
     GetStatus: _aio.UnaryUnaryMultiCallable[_contextd_pb2.GetStatusRequest, _contextd_pb2.GetStatusResponse]  # type: ignore[assignment]
     """Budget use, what is in the view, what is offloaded, stash health."""
     WatchSession: _aio.UnaryStreamMultiCallable[_contextd_pb2.WatchSessionRequest, _contextd_pb2.WatchSessionResponse]  # type: ignore[assignment]
-    """Streams a session's events, from a version on."""
+    """Streams a session's events (or every session's of the tenant), live and
+    resumable from a cursor, across replicas.
+    """
 
 class ContextServiceServicer(metaclass=_abc_1.ABCMeta):
     """The context service: sessions, their history, and views of it."""
@@ -291,6 +295,8 @@ class ContextServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _contextd_pb2.WatchSessionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_contextd_pb2.WatchSessionResponse], _abc.AsyncIterator[_contextd_pb2.WatchSessionResponse]]:
-        """Streams a session's events, from a version on."""
+        """Streams a session's events (or every session's of the tenant), live and
+        resumable from a cursor, across replicas.
+        """
 
 def add_ContextServiceServicer_to_server(servicer: ContextServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

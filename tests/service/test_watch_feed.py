@@ -1,0 +1,63 @@
+"""The event feed in process, on a real database: a watcher that does not read is cut off
+once its buffer is full (writers never wait for it, and it resumes from the log at its
+own pace); other watchers are unaffected."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from contextd.engine.errors import WatchLagging
+from contextd.watch import EventFeed, Heartbeat, WatchSettings
+from contextd_storage import events, migrate
+from contextd_storage.database import Database
+from contextd_storage.events import NewEvent
+from contextd_storage.history import HistoryStore
+
+
+@pytest.fixture
+async def feed(tmp_path: Path) -> AsyncIterator[EventFeed]:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'feed.db'}"
+    await migrate.upgrade(url)
+    db = Database(url)
+    running = EventFeed(HistoryStore(db), WatchSettings(poll_seconds=0.05, buffer_events=3, heartbeat_seconds=30))
+    db.on_events = running.wake
+    running.start()
+    yield running
+    await running.close()
+    await db.close()
+
+
+async def _write(db: Database, session_id: str, n: int) -> None:
+    for k in range(n):
+        async with db.write() as conn:
+            await events.record(conn, NewEvent("t", session_id, "items_appended", {"first_seq": k + 1}))
+
+
+async def test_a_watcher_that_does_not_read_is_cut_off_and_writers_never_wait(feed: EventFeed) -> None:
+    slow = feed.watch("t", "", "")
+    assert isinstance(await anext(slow), Heartbeat)  # joined
+    await asyncio.wait_for(_write(feed.db, "other", 10), 10)  # nobody reads: the writes go on regardless
+    await asyncio.sleep(0.3)  # the feed hands the events on, and finds the buffer full
+    with pytest.raises(WatchLagging):  # ended at once: its client resumes from the log at its own pace
+        await anext(slow)
+
+
+async def test_a_lagging_watcher_does_not_hold_up_another(feed: EventFeed) -> None:
+    slow, quick = feed.watch("t", "", ""), feed.watch("t", "", "")
+    assert isinstance(await anext(slow), Heartbeat) and isinstance(await anext(quick), Heartbeat)
+    seen = []
+
+    async def read_quickly() -> None:
+        while len(seen) < 8:
+            seen.append(await anext(quick))
+
+    reading = asyncio.create_task(read_quickly())
+    await _write(feed.db, "s", 8)
+    await asyncio.wait_for(reading, 10)
+    assert [e.body["first_seq"] for e in seen] == list(range(1, 9))  # type: ignore[union-attr]
+    await slow.aclose()
+    await quick.aclose()
