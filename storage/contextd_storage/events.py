@@ -92,20 +92,20 @@ async def record(conn: AsyncConnection, *events: NewEvent) -> None:
     if not events:
         return
     now = datetime.now(UTC)
-    txid: Any = literal_column("pg_current_xact_id()::text::bigint") if conn.dialect.name == "postgresql" else 0
     rows = [
-        {
-            "txid": txid,
-            "tenant": e.tenant,
-            "session_id": e.session_id,
-            "kind": e.kind,
-            "body": e.body,
-            "created_at": now,
-        }
+        {"tenant": e.tenant, "session_id": e.session_id, "kind": e.kind, "body": e.body, "created_at": now}
         for e in events
     ]
-    await conn.execute(insert(schema.events).values(rows))
+    await conn.execute(_INSERT[conn.dialect.name == "postgresql"], rows)
     WRITTEN.add(id(conn))
+
+
+# One statement per dialect, built once (SQLAlchemy caches its compiled form): the
+# transaction's id is Postgres's to give.
+_INSERT = {
+    True: insert(schema.events).values(txid=literal_column("pg_current_xact_id()::text::bigint")),
+    False: insert(schema.events).values(txid=0),
+}
 
 
 async def horizon(conn: AsyncConnection) -> Cursor:
