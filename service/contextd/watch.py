@@ -91,6 +91,8 @@ class _Watcher:
     def end(self, error: ContextdError) -> None:
         if self.ended is None:
             self.ended = error
+            if not self.joined.done():  # still waiting to join: it ends there
+                self.joined.set_exception(error)
             with contextlib.suppress(asyncio.QueueFull):
                 self.queue.put_nowait(None)  # wakes the stream (a full queue wakes it anyway)
 

@@ -147,12 +147,6 @@ async def read(
     return events, (events[-1].cursor if len(events) == limit else bound)
 
 
-async def has_events(conn: AsyncConnection, tenant: str, session_id: str) -> bool:
-    e = schema.events
-    query = select(e.c.id).where(e.c.tenant == tenant, e.c.session_id == session_id).limit(1)
-    return (await conn.scalar(query)) is not None
-
-
 async def pruned_through(conn: AsyncConnection) -> Cursor:
     """Events at or before this cursor may be gone (OLDEST: none was pruned)."""
     row = (await conn.execute(select(schema.events_pruned))).mappings().first()
@@ -165,22 +159,28 @@ async def prune(conn: AsyncConnection, before: datetime, batch: int = 5000) -> i
     e, p = schema.events, schema.events_pruned
     deleted = 0
     while True:
-        rows = (await conn.execute(select(e.c.id, e.c.txid, e.c.created_at).order_by(e.c.id).limit(batch))).all()
+        ids = (await conn.execute(select(e.c.id, e.c.created_at).order_by(e.c.id).limit(batch))).all()
         old = 0
-        while old < len(rows) and _utc(rows[old].created_at) < before:
+        while old < len(ids) and _utc(ids[old].created_at) < before:
             old += 1
         if old == 0:
             return deleted
-        last = max(Cursor(int(r.txid), int(r.id)) for r in rows[:old])
-        await conn.execute(e.delete().where(e.c.id <= rows[old - 1].id))
-        # The mark only moves on (replicas prune concurrently, each its own batches).
-        await conn.execute(
-            update(p)
-            .where(tuple_(p.c.txid, p.c.event_id) < tuple_(last.txid, last.id))
-            .values(txid=last.txid, event_id=last.id)
-        )
-        deleted += old
-        if old < len(rows) or len(rows) < batch:
+        # What was deleted, as deleted (a row committed since the SELECT is young, and stays).
+        gone = (
+            await conn.execute(
+                e.delete().where(e.c.id <= ids[old - 1].id, e.c.created_at < before).returning(e.c.txid, e.c.id)
+            )
+        ).all()
+        if gone:
+            last = max(Cursor(int(r.txid), int(r.id)) for r in gone)
+            # The mark only moves on (replicas prune concurrently).
+            await conn.execute(
+                update(p)
+                .where(tuple_(p.c.txid, p.c.event_id) < tuple_(last.txid, last.id))
+                .values(txid=last.txid, event_id=last.id)
+            )
+        deleted += len(gone)
+        if old < len(ids) or len(ids) < batch:
             return deleted
 
 
