@@ -198,9 +198,11 @@ class PrivateRedisCluster:
         assert cli is not None
         self._cli = cli
         self.root = Path(tempfile.mkdtemp(prefix="contextd-redis-cluster-"))
+        # The bus port is chosen too: by default it is the port + 10,000, past 65,535 for a
+        # spare port above 55,535, and redis-server would not start.
         self.nodes = [
             PrivateRedis(
-                *("--cluster-enabled", "yes", "--cluster-node-timeout", "2000"),
+                *("--cluster-enabled", "yes", "--cluster-node-timeout", "2000", "--cluster-port", str(spare_port())),
                 *("--cluster-config-file", str(self.root / f"nodes-{n}.conf"), "--dir", str(self.root)),
             )
             for n in range(nodes)
