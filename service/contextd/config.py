@@ -137,6 +137,11 @@ class Settings:
     metrics_interval_ms: int = _setting(
         15000, "How often metrics are pushed to the OTLP or console exporter, in milliseconds."
     )
+    watch_events: bool = _setting(
+        True,
+        "Record session events for WatchSession (a row in each change's transaction); off: WatchSession answers "
+        "FAILED_PRECONDITION.",
+    )
     watch_retention_seconds: int = _setting(
         86400, "How long session events are kept for WatchSession: a watcher may resume from a cursor this old."
     )

@@ -33,6 +33,7 @@ from contextd import metrics
 from contextd.engine.errors import (
     ContextdError,
     EventsExpired,
+    EventsOff,
     InvalidArgument,
     ServerStopping,
     SessionNotFound,
@@ -52,6 +53,8 @@ READ_BATCH = 500
 
 @dataclass(frozen=True, slots=True)
 class WatchSettings:
+    events: bool = True
+    """Whether this server records events at all (off: watches are refused)."""
     retention_seconds: int = 86400
     poll_seconds: float = 0.2
     heartbeat_seconds: float = 15.0
@@ -138,6 +141,8 @@ class EventFeed:
         if session_id:
             check_session_id(session_id)
         after = _cursor(cursor)
+        if not self.settings.events:
+            raise EventsOff()
         if self._stopping:
             raise ServerStopping()
         if self._per_tenant[tenant] >= self.settings.max_per_tenant:

@@ -27,13 +27,14 @@ is told its events are gone rather than handed a silent gap.
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, insert, literal_column, select, text, tuple_, update
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import Engine, func, insert, literal_column, select, text, tuple_, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from contextd_storage import schema
 
@@ -41,6 +42,9 @@ WRITTEN: set[int] = set()
 """The ids of the connections whose open transaction `record` wrote events in: Database tells
 its `on_events` once such a transaction commits, and forgets the id either way. (Not the
 connection's `info`: reading that after the connection failed makes SQLAlchemy reconnect.)"""
+
+_OFF: weakref.WeakSet[Engine] = weakref.WeakSet()
+"""Engines whose transactions record no events (`turn_off`)."""
 
 _MAX = 2**63 - 1
 _CURSOR = re.compile(r"(0|[1-9][0-9]{0,18})-(0|[1-9][0-9]{0,18})")
@@ -87,9 +91,14 @@ class NewEvent:
     body: Mapping[str, Any]
 
 
+def turn_off(engine: AsyncEngine) -> None:
+    """Record no events through `engine` (a deployment that never watches saves the rows)."""
+    _OFF.add(engine.sync_engine)
+
+
 async def record(conn: AsyncConnection, *events: NewEvent) -> None:
     """Write events in the caller's transaction (they commit, or vanish, with its change)."""
-    if not events:
+    if not events or conn.sync_engine in _OFF:
         return
     now = datetime.now(UTC)
     rows = [

@@ -45,7 +45,7 @@ from contextd.telemetry import configure_tracing, instrument_storage
 from contextd.view_service import ViewService
 from contextd.watch import EventFeed, WatchSettings
 from contextd_client.v1 import contextd_pb2, contextd_pb2_grpc
-from contextd_storage import migrate
+from contextd_storage import events, migrate
 from contextd_storage.database import Database
 from contextd_storage.history import HistoryStore, ItemCache
 from contextd_storage.stash import Stash
@@ -121,6 +121,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     feed = EventFeed(
         store,
         WatchSettings(
+            events=settings.watch_events,
             retention_seconds=settings.watch_retention_seconds,
             poll_seconds=settings.watch_poll_ms / 1000,
             heartbeat_seconds=settings.watch_heartbeat_seconds,
@@ -129,6 +130,8 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
         ),
     )
     db.on_events = feed.wake
+    if not settings.watch_events:
+        events.turn_off(db.engine)
     metrics.watch_stash(stash)
 
     server = grpc.aio.server(

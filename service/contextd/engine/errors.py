@@ -204,6 +204,15 @@ class EventsExpired(ContextdError):
         )
 
 
+class EventsOff(ContextdError):
+    """WatchSession on a server that records no events (watch_events is off)."""
+
+    reason = "EVENTS_OFF"
+
+    def __init__(self) -> None:
+        super().__init__("this server records no session events (watch_events is off): nothing to watch")
+
+
 class WatchLagging(Retryable):
     """A watcher fell further behind the events than its buffer holds; it resumes from its cursor."""
 

@@ -339,3 +339,19 @@ def _until(watch: Watch, kind: str) -> list[SessionEvent]:
         if event.kind == kind:
             return seen
     raise AssertionError(f"the watch ended before {kind}: {[e.kind for e in seen]}")
+
+
+def test_a_server_with_events_off_records_none_and_refuses_watches(make_server: MakeServer) -> None:
+    import sqlite3
+
+    server = make_server(watch_events=False)
+    with Client(server.target) as client:
+        session = client.create_session().id
+        _changes(client, session, 3)
+        client.render_view(session, ViewFormat.OPENAI_CHAT)
+        with pytest.raises(ContextdError) as refused:
+            next(iter(client.watch_session(session)))
+        assert (refused.value.code, refused.value.reason) == ("FAILED_PRECONDITION", "EVENTS_OFF")
+    with sqlite3.connect(server.settings.database_url.removeprefix("sqlite+aiosqlite:///")) as db:
+        assert db.execute("SELECT count(*) FROM events").fetchone() == (0,)
+        assert db.execute("SELECT count(*) FROM items").fetchone() == (3,)
