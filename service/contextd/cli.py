@@ -167,8 +167,12 @@ def _watch(args: argparse.Namespace) -> int:
 
     from contextd_client import Client, ContextdError
 
-    api_key = Path(args.api_key_file).read_text().strip() if args.api_key_file else None
-    credentials = grpc.ssl_channel_credentials(Path(args.tls_ca).read_bytes()) if args.tls_ca else None
+    try:
+        api_key = Path(args.api_key_file).read_text().strip() if args.api_key_file else None
+        credentials = grpc.ssl_channel_credentials(Path(args.tls_ca).read_bytes()) if args.tls_ca else None
+    except OSError as exc:
+        print(f"contextd: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
     with Client(args.target, api_key=api_key, credentials=credentials) as client:
         watch = client.watch_session(args.session, cursor=args.cursor, heartbeats=args.heartbeats)
         try:
@@ -189,7 +193,12 @@ def _health(args: argparse.Namespace) -> int:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     if args.tls_ca:
-        channel = grpc.secure_channel(args.target, grpc.ssl_channel_credentials(Path(args.tls_ca).read_bytes()))
+        try:
+            authority = Path(args.tls_ca).read_bytes()
+        except OSError as exc:
+            print(f"contextd: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+            return 2
+        channel = grpc.secure_channel(args.target, grpc.ssl_channel_credentials(authority))
     else:
         channel = grpc.insecure_channel(args.target)
     with channel:

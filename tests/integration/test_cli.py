@@ -396,3 +396,11 @@ def test_health_answers_zero_while_serving_and_one_when_nothing_answers(tmp_path
         port = server.port
     gone = health_command(f"127.0.0.1:{port}")
     assert gone.returncode == 1 and "UNAVAILABLE" in gone.stderr
+
+
+def test_watch_and_health_name_a_file_they_cannot_read(tmp_path: Path) -> None:
+    missing = str(tmp_path / "absent.pem")
+    for command in (["watch", "--api-key-file", missing], ["health", "--tls-ca", missing]):
+        done = subprocess.run([sys.executable, "-m", "contextd", *command], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, command
+        assert f"cannot read {missing}" in done.stderr and "Traceback" not in done.stderr
