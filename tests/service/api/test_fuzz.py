@@ -44,6 +44,11 @@ from tests.fuzzing import (
 )
 from tests.service.api.fuzzing import Caller, Findings, Fuzzer, ServerErrors
 
+# When an example fails, Hypothesis replays it and prints it: for a request of megabytes it first
+# warns that the repr is large, and under `filterwarnings = error` that warning hid the failure
+# it was about to print (once, in a loaded CI run). The failure itself must show.
+pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr:hypothesis.errors.HypothesisWarning")
+
 MESSAGE_EXAMPLES = 15
 """Generated request messages per RPC and backend, after the sweep."""
 RAW_EXAMPLES = 6
