@@ -44,10 +44,20 @@ from tests.fuzzing import (
 )
 from tests.service.api.fuzzing import Caller, Findings, Fuzzer, ServerErrors
 
-# When an example fails, Hypothesis replays it and prints it: for a request of megabytes it first
-# warns that the repr is large, and under `filterwarnings = error` that warning hid the failure
-# it was about to print (once, in a loaded CI run). The failure itself must show.
-pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr:hypothesis.errors.HypothesisWarning")
+# Two Hypothesis warnings that are not about these tests, each an error under `filterwarnings =
+# error`. (1) Hypothesis checks that the global `random` module is untouched while it draws an
+# example, to catch strategies that use it; the server under test runs in this process, on
+# threads of its own, and its code (OpenTelemetry's span and trace ids, for one) may draw from
+# `random` at any moment, as a watch's stream winds down after the client has moved on (two
+# loaded CI runs failed on it at WatchSession). (2) When an example fails, Hypothesis replays it
+# and prints it; for a request of megabytes it first warns that the repr is large, and that
+# warning hid the failure it was about to print.
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:Do not use the `random` module inside strategies:hypothesis.errors.HypothesisDeprecationWarning"
+    ),
+    pytest.mark.filterwarnings("ignore:Generating overly large repr:hypothesis.errors.HypothesisWarning"),
+]
 
 MESSAGE_EXAMPLES = 15
 """Generated request messages per RPC and backend, after the sweep."""
