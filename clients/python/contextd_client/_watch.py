@@ -113,9 +113,9 @@ class WatchProgress:
         return delay
 
 
-class Watch:
-    """An open watch: iterate it for events. `cursor` is where it stands (a later watch
-    resumes from it); `close()` ends it, from any thread."""
+class _OpenWatch:
+    """What both flavours of an open watch hold: how to open its stream, where it stands,
+    and the stream it is reading (to cancel)."""
 
     def __init__(self, open_stream: Callable[[api.WatchSessionRequest], Any], progress: WatchProgress) -> None:
         self._open = open_stream
@@ -131,6 +131,16 @@ class Watch:
     def resumed(self) -> int:
         """Times the watch was reopened after a disconnect (or after falling behind)."""
         return self._progress.resumed
+
+    def close(self) -> None:
+        self._closed = True
+        if self._stream is not None:
+            self._stream.cancel()
+
+
+class Watch(_OpenWatch):
+    """An open watch: iterate it for events. `cursor` is where it stands (a later watch
+    resumes from it); `close()` ends it, from any thread."""
 
     def __iter__(self) -> Iterator[SessionEvent]:
         while not self._closed:
@@ -146,11 +156,6 @@ class Watch:
                     return
                 time.sleep(self._progress.reconnect_after(error))
 
-    def close(self) -> None:
-        self._closed = True
-        if self._stream is not None:
-            self._stream.cancel()
-
     def __enter__(self) -> Watch:
         return self
 
@@ -158,23 +163,8 @@ class Watch:
         self.close()
 
 
-class AsyncWatch:
+class AsyncWatch(_OpenWatch):
     """`Watch` for asyncio: iterate it with `async for`."""
-
-    def __init__(self, open_stream: Callable[[api.WatchSessionRequest], Any], progress: WatchProgress) -> None:
-        self._open = open_stream
-        self._progress = progress
-        self._stream: Any = None
-        self._closed = False
-
-    @property
-    def cursor(self) -> str:
-        return self._progress.cursor
-
-    @property
-    def resumed(self) -> int:
-        """Times the watch was reopened after a disconnect (or after falling behind)."""
-        return self._progress.resumed
 
     async def __aiter__(self) -> AsyncIterator[SessionEvent]:
         while not self._closed:
@@ -189,11 +179,6 @@ class AsyncWatch:
                 if self._closed:
                     return
                 await asyncio.sleep(self._progress.reconnect_after(error))
-
-    def close(self) -> None:
-        self._closed = True
-        if self._stream is not None:
-            self._stream.cancel()
 
     async def __aenter__(self) -> AsyncWatch:
         return self
