@@ -309,15 +309,11 @@ async def _open_database(settings: Settings) -> Database:
 async def _check_redis(url: str, cluster: bool) -> None:
     """Say at start-up whether the configured Redis answers (the service starts either way:
     without Redis, the stash is skipped and Retrieve reads the durable record)."""
-    from redis.asyncio import Redis
-    from redis.asyncio.cluster import RedisCluster
     from redis.exceptions import RedisError
 
-    client: Redis | RedisCluster
-    if cluster:
-        client = RedisCluster.from_url(url, socket_connect_timeout=2, socket_timeout=2)
-    else:
-        client = Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    from contextd_storage.stash.redis_stash import redis_client
+
+    client = redis_client(url, cluster, timeout=2)
     try:
         await client.ping()  # a cluster client first learns the nodes and slots from the one named
         log.info("redis reachable at %s%s", urlsplit(url).hostname, " (a cluster)" if cluster else "")

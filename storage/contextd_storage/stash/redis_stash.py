@@ -109,13 +109,7 @@ class RedisStash:
         """The stash on the Redis at `url`; with `cluster`, on the Redis Cluster that node is
         part of (each script's keys are one session's, in one hash slot: keys.py)."""
         # One quick retry for a dropped connection; an outage is the rest's business, not retries'.
-        client: Redis | RedisCluster
-        if cluster:
-            client = RedisCluster.from_url(
-                url, socket_connect_timeout=0.5, socket_timeout=0.5, retry=Retry(NoBackoff(), 1)
-            )
-        else:
-            client = Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5, retry=Retry(NoBackoff(), 1))
+        client = redis_client(url, cluster, timeout=0.5, retry=Retry(NoBackoff(), 1))
         return cls(client, ttl_seconds, session_bytes)
 
     @property
@@ -204,6 +198,13 @@ class RedisStash:
         if time.monotonic() >= self._resting_until:
             log.warning("stash %s skipped: Redis did not answer (%s); trying again in %.0f s", what, exc, REST_SECONDS)
         self._resting_until = time.monotonic() + REST_SECONDS
+
+
+def redis_client(url: str, cluster: bool, timeout: float, retry: Retry | None = None) -> Redis | RedisCluster:
+    """A client of the Redis at `url`, or (`cluster`) of the Redis Cluster that node is part of."""
+    if cluster:
+        return RedisCluster.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout, retry=retry)
+    return Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout, retry=retry)
 
 
 def _text(value: bytes | str) -> str:
