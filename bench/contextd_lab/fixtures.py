@@ -263,7 +263,7 @@ def _failure(f: Fixture, d: _Draw) -> Iterator[None]:
 
 
 def _failed_write(f: Fixture, d: _Draw) -> Iterator[None]:
-    """A failed call with a bulky input: once its tool succeeded, the input may go (the call stays)."""
+    """A failed call with a bulky input: once the same write succeeded, the input may go (the call stays)."""
     path = d.path("generated")
     body, _ = d.module(8)
     reason = f"PermissionError: [Errno 13] Permission denied: '/repo/{path}'"
@@ -274,8 +274,9 @@ def _failed_write(f: Fixture, d: _Draw) -> Iterator[None]:
     f.labels[asked].update(oracle="residue", residue="")
     f.probe("error_message", "Why did the first write fail?", reason, failed)
     yield
-    other = path.replace("generated/", "build/")
-    f.call("write_file", {"path": other, "content": body[:400]}, f"wrote {other}", "plain", thought="Write it here.")
+    folder = path.rsplit("/", 1)[0]
+    f.call("bash", {"command": f"chmod u+w {folder}"}, _shell(""), "plain", thought="Let me make it writable.")
+    f.call("write_file", {"path": path, "content": body}, f"wrote {path}", "plain", thought="Write it again.")
 
 
 def _superseded(f: Fixture, d: _Draw) -> Iterator[None]:

@@ -23,8 +23,10 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol
 
+from contextd.engine.checks import Check, covers, shell_check, tool_check
+from contextd.engine.failures import stopped_short
 from contextd.engine.memo import IdentityMemo
-from contextd.engine.model import Item, Role, TextBlock, ToolEffectKind, ToolResultBlock, ToolUseBlock
+from contextd.engine.model import Item, Role, TextBlock, ToolEffectKind, ToolUseBlock
 from contextd.engine.shell import UNKNOWN, WHOLE, Effects, Read, effects
 from contextd.engine.spans import ReadSpans, Span
 
@@ -51,6 +53,10 @@ class Observation:
     """Its output shows more than its reads (a listing, a search, a message)."""
     failed: bool
     """It failed: flagged so, or its output says so (a missing file, a nonzero exit)."""
+    stopped: bool
+    """It was stopped before its end (a timeout, a kill): its output is partial, not a failure's."""
+    check: Check | None
+    """What it checked, for a later call to be known to have run it again (checks.py)."""
     shell_state: bool
     """It may have changed the shell's directory or variables for later commands
     (a shell builtin; or a tool that is not a shell, whose effects are not known)."""
@@ -110,8 +116,8 @@ class ObservationIndex:
         in a way that may have moved its lines."""
         self._by_output: dict[str, tuple[int, ...]] = {}
         self._by_command: dict[tuple[str, str], tuple[int, ...]] = {}
-        self._successes: dict[str, tuple[int, ...]] = {}
-        """tool name -> seqs of its calls that did not fail (by flag or by what they say)."""
+        self._successes: dict[tuple[str, ...], tuple[int, ...]] = {}
+        """check family (checks.py) -> seqs of its calls that did not fail (by flag or by what they say)."""
         self._unknown: list[int] = []
         """Seqs of the observations with unknown effects, in order."""
         self._shell_state: list[int] = []
@@ -168,8 +174,8 @@ class ObservationIndex:
                 grown["name"].setdefault(posixpath.basename(path.rstrip("/")), []).append(item.seq)
             grown["output"].setdefault(seen.output_hash, []).append(item.seq)
             grown["command"].setdefault((seen.tool, seen.command.strip()), []).append(item.seq)
-            if not seen.failed:
-                grown["success"].setdefault(seen.tool, []).append(item.seq)
+            if not seen.failed and seen.check is not None:
+                grown["success"].setdefault(seen.check.family, []).append(item.seq)
             if seen.unknown:
                 self._unknown.append(item.seq)
             if seen.shell_state:
@@ -197,6 +203,7 @@ class ObservationIndex:
         result = item.tool_result
         assert result is not None
         found = self._effects_of(item, call)
+        text = "\n".join(p.text for p in result.content if isinstance(p, TextBlock))
         return Observation(
             seq=item.seq,
             call_seq=call_seq,
@@ -209,11 +216,22 @@ class ObservationIndex:
             unknown=found.unknown,
             listing=found.listing,
             shell_state=found.shell_state or (found.unknown and not self._is_shell(call)),
-            failed=result.is_error or _says_failed(result),
+            failed=result.is_error or _FAILURE.search(text) is not None,
+            stopped=stopped_short(text),
+            check=self._check_of(item, call),
             version=item.source.version if item.source is not None else "",
             is_error=result.is_error,
             output_hash=item.content_hash,
         )
+
+    def _check_of(self, item: Item, call: ToolUseBlock) -> Check | None:
+        spec = self._tools.get(call.name)
+        arguments = _arguments(call)
+        if self._is_shell(call) and spec is not None:
+            command = arguments.get(spec.command_arg) if arguments else None
+            return shell_check(command) if isinstance(command, str) else None
+        declared = item.tool_effect.source_arg if item.tool_effect is not None else ""
+        return tool_check(call.name, arguments, declared or (spec.source_arg if spec is not None else ""))
 
     def _effects_of(self, item: Item, call: ToolUseBlock) -> Effects:
         declared, spec = item.tool_effect, self._tools.get(call.name)
@@ -282,9 +300,17 @@ class ObservationIndex:
         seq = self._answers.get(call_id)
         return self.by_seq[seq] if seq is not None else None
 
-    def next_success(self, tool: str, after: int) -> Observation | None:
-        """The next call of `tool` after seq `after` that did not fail."""
-        return self._next(self._successes.get(tool, ()), after)
+    def next_fix(self, failed: Observation) -> Observation | None:
+        """The first later call that ran the failed call's check again, or one covering it,
+        and did not fail (checks.py): evidence about the failure itself."""
+        if failed.check is None:
+            return None
+        seqs = self._successes.get(failed.check.family, ())
+        for seq in seqs[bisect.bisect_right(seqs, failed.seq) :]:
+            later = self.by_seq[seq]
+            if later.check is not None and covers(later.check, failed.check):
+                return later
+        return None
 
     def _next(self, seqs: tuple[int, ...], after: int) -> Observation | None:
         i = bisect.bisect_right(seqs, after)
@@ -313,7 +339,7 @@ class ObservationIndex:
         return _between(self._by_name.get(name, ()), after, before)
 
 
-_FAILURE = re.compile(
+_FAILURE = re.compile(  # what an output says of a failure, whatever the flag (not every agent sets it)
     r"<returncode>\s*[1-9]\d*\s*</returncode>|No such file or directory|Is a directory|Permission denied|"
     r"cannot open|can't read|command not found",
 )
@@ -322,11 +348,6 @@ _FAILURE = re.compile(
 def _between(seqs: Sequence[int], after: int, before: int) -> bool:
     i = bisect.bisect_right(seqs, after)
     return i < len(seqs) and seqs[i] < before
-
-
-def _says_failed(result: ToolResultBlock) -> bool:
-    """Whether an output says its command failed, whatever the flag (not every agent sets it)."""
-    return any(isinstance(p, TextBlock) and _FAILURE.search(p.text) for p in result.content)
 
 
 def _arguments(call: ToolUseBlock) -> dict[str, Any] | None:

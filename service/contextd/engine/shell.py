@@ -101,23 +101,14 @@ _GLOB = re.compile(r"[*?\[]")
 def effects(command: str, cwd: str = "") -> Effects:
     """What `command` reads and writes, resolving relative paths against `cwd` (and any
     ``cd`` in it); UNKNOWN unless every part of it is recognised."""
-    source = _without_heredocs(command)
-    if source is None:
-        return UNKNOWN
-    try:
-        # Unquoted newlines separate commands, like `;`: they are punctuation here.
-        lexer = shlex.shlex(source, posix=True, punctuation_chars=";&|<>\n")
-        lexer.whitespace = " \t\r"
-        lexer.whitespace_split = True
-        lexer.commenters = ""
-        tokens = list(lexer)
-    except ValueError:
+    tokens = words_of(command)
+    if tokens is None:
         return UNKNOWN
     # What runs something else, or changes what a word means, is not read here:
     # expansions and substitutions, subshells and groups, comments.
     if any(_EXPANDS.search(t) or t[:1] in "(){}#" or t[-1:] in ")" for t in tokens):
         return UNKNOWN
-    segments = _split(tokens)
+    segments = split_commands(tokens)
     if any(s[0] in _BUILTINS and (s[0] != "cd" or s is segments[-1]) for s in segments):
         return SHELL_STATE  # e.g. a directory that stays changed for the next command
     gathered = _Gathered()
@@ -163,6 +154,24 @@ class _Gathered:
         return Effects(tuple(self.reads), tuple(dict.fromkeys(self.writes)), False, self.listing, command, kept)
 
 
+def words_of(command: str) -> list[str] | None:
+    """The command's words as the shell splits them, its operators (``&&``, ``|``, ``>``,
+    an unquoted newline ...) words of their own and heredoc bodies left out; None when it
+    does not parse (an open quote) or a heredoc's body would run something."""
+    source = _without_heredocs(command)
+    if source is None:
+        return None
+    try:
+        # Unquoted newlines separate commands, like `;`: they are punctuation here.
+        lexer = shlex.shlex(source, posix=True, punctuation_chars=";&|<>\n")
+        lexer.whitespace = " \t\r"
+        lexer.whitespace_split = True
+        lexer.commenters = ""
+        return list(lexer)
+    except ValueError:
+        return None
+
+
 def _without_heredocs(command: str) -> str | None:
     """The command with each heredoc body left out (``cat <<'EOF' > f`` keeps ``cat > f``):
     the body is data, not shell; None when an unquoted body would run something."""
@@ -184,7 +193,8 @@ def _without_heredocs(command: str) -> str | None:
     return "\n".join(out)
 
 
-def _split(tokens: list[str]) -> list[list[str]]:
+def split_commands(tokens: list[str]) -> list[list[str]]:
+    """Words split into the commands that ``&&``, ``||``, ``;`` and newlines separate."""
     segments: list[list[str]] = [[]]
     for token in tokens:
         if token in _SEPARATORS:

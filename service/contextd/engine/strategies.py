@@ -17,14 +17,17 @@ the cache). Each looks its evidence up in the session's observation index
   line-for-line substitution, or any call whose effects are unknown).
 * ``snapshots`` (level 2): an older run of a command the policy declares a
   snapshot (a status, a test run) when the same command ran again later and
-  did not fail: it keeps a one-line residue (command, exit code, last line).
-* ``errors`` (level 2): a failed call's output, once the same tool has
-  succeeded since, keeps its residue: the error lines and the last frame of
-  a traceback.
-* ``errored_inputs`` (level 2): an assistant turn whose call failed, once the
-  same tool has succeeded since, keeps the call (id, name) with a JSON stand-in
-  for its bulky input: what was left out, the error, where the tool succeeded,
-  the handle.
+  did not fail: it keeps a one-line residue (command, exit code, and the
+  run's summary line, else its last; the agent framework's tags left out).
+* ``errors`` (level 2): a failed call's output, once a later run of the same
+  check succeeded (the same command, or a newer run covering it: checks.py),
+  keeps its residue: the command, the exit status and the output's own
+  evidence of the failure (failures.py). A call stopped short (a timeout, a
+  kill) did not fail: its output stays.
+* ``errored_inputs`` (level 2): an assistant turn whose call failed, once a
+  later run of the same check succeeded, keeps the call (id, name) with a
+  JSON stand-in for its bulky input: what was left out, the error, the run
+  that succeeded, the handle.
 * ``completed`` (level 3): an item in a span of work the client marked
   complete (metadata ``contextd.completes: FIRST-LAST`` on the item that
   records the outcome), while the outcome is shown in full.
@@ -50,6 +53,7 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
+from contextd.engine.failures import MAX_LINES, exit_status, failure_residue, last_error, summary_line
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import ReasoningBlock, Representation, TextBlock, ToolUseBlock
 from contextd.engine.observations import LAST_SEQ, Observation, ObservationIndex
@@ -267,9 +271,6 @@ def _finished(text: str) -> bool:
     return _FINISHED.search(text) is not None and _STOPPED.search(text) is None
 
 
-_RETURN_CODE = re.compile(r"<returncode>(-?\d+)</returncode>|exit(?:ed with)? (?:code|status) (-?\d+)")
-
-
 def output_text(entry: Entry) -> str:
     result = entry.item.tool_result
     if result is None:
@@ -279,14 +280,11 @@ def output_text(entry: Entry) -> str:
 
 def _snapshot_residue(entry: Entry, seen: Observation, later: Observation) -> str:
     text = output_text(entry)
-    code = _RETURN_CODE.search(text)
-    exit_code = next((g for g in code.groups() if g is not None), "") if code else ""
-    lines = [line.strip() for line in re.sub(r"</?(output|returncode)>", "\n", text).splitlines() if line.strip()]
-    last = lines[-1] if lines else "(no output)"
-    status = f", exit {exit_code}" if exit_code else (", failed" if seen.is_error else "")
+    status = exit_status(text)
+    said = f", exit {status}" if status is not None else (", failed" if seen.is_error else "")
     return (
         f"{PREFIX} {describe(entry.item)} superseded by the same command at seq {later.seq} "
-        f"(call {later.call_id}): `{_short(seen.command, 160)}`{status}; last line: {_short(last, 200)!r}; "
+        f"(call {later.call_id}): `{_short(seen.command, 160)}`{said}; last line: {_short(summary_line(text), 200)!r}; "
         f"retrieve the whole with handle {handle_of(entry.item)}]"
     )
 
@@ -302,62 +300,54 @@ class Errors(Strategy):
     def proposal(
         self, context: TransformContext, entry: Entry, seen: Observation, params: Mapping[str, Any]
     ) -> Proposal | None:
-        if not seen.is_error:
+        fix = _fixed(context, seen)
+        if fix is None:
             return None
-        success = context.observations.next_success(seen.tool, seen.seq)
-        if success is None:
-            return None  # the latest failure of its tool: the agent may still be on it
         held = _residues.get((entry.item,), dict)
-        key = (success.seq, params.get("max_lines", 12))
+        key = (fix.seq, params.get("max_lines", MAX_LINES))
         if key not in held:
-            kept = error_lines(output_text(entry), key[1])
+            text = output_text(entry)
+            status = exit_status(text)
             residue = (
-                f"{PREFIX} {describe(entry.item)} reduced to its error lines (errored; {seen.tool} succeeded since, "
-                f"at seq {success.seq}); retrieve the whole with handle {handle_of(entry.item)}]"
+                f"{PREFIX} {describe(entry.item)} reduced to its failure: `{_short(seen.command, 160)}`"
+                + (f", exit {status}" if status is not None else "")
+                + f"; {_fixed_by(fix)}; retrieve the whole with handle {handle_of(entry.item)}]"
             )
+            kept = failure_residue(text, key[1])
             held[key] = Proposal(
-                Replace(entry.seq, (TextBlock("\n".join([residue, *kept])),)),
+                Replace(entry.seq, (TextBlock(f"{residue}\n{kept}" if kept else residue),)),
                 2,
                 "errored",
-                f"a later call of {seen.tool} succeeded (seq {success.seq})",
+                _fixed_by(fix),
             )
             _residues.reweigh((entry.item,))
         return held[key]
 
     def rests_on(self, entry: Entry, seen: Observation, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
-        return (("success", seen.tool),) if seen.is_error else ()
+        return _fix_key(seen)
 
 
 _residues: IdentityMemo[dict[tuple[int, int], Proposal]] = IdentityMemo(20_000)
-"""Per failed output, its residue by the success that licenses it (the same object each render)."""
+"""Per failed output, its residue by the fix that licenses it (the same object each render)."""
 
 
-_ERROR_LINE = re.compile(
-    r"error|exception|traceback|fail|fatal|panic|denied|not found|no such|cannot|can't|undefined|invalid|"
-    r"<returncode>|exit (code|status)|assert|expected|received|npm ERR!|"
-    r"^E\s|^\s*\+\s+where\b|^\s*-->\s|^\s*(left|right)\b\s*:|^\s*\w+_test\.go:\d+:|\bwant\b",
-    re.IGNORECASE,
-)
-_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
+def _fixed(context: TransformContext, seen: Observation) -> Observation | None:
+    """The later run that answers a failure (checks.py): the same check, covering it, that did
+    not fail. None for a call that did not fail, or was stopped short (a timeout or a kill shows
+    part of a run, not a failure to leave behind), or whose check has not run again."""
+    if not seen.failed or seen.stopped:
+        return None
+    return context.observations.next_fix(seen)
 
 
-def error_lines(text: str, limit: int) -> list[str]:
-    """The lines that say what failed: every line naming an error, and the last frame
-    of each traceback with its source line; at most `limit`, the last ones first kept."""
-    lines = text.splitlines()
-    keep: list[int] = []
-    for i, line in enumerate(lines):
-        if _ERROR_LINE.search(line):
-            keep.append(i)
-            # The frame the exception was raised in: the last `File "..."` line before it.
-            if not _FRAME.match(line) and not line.startswith(" "):
-                frame = next((j for j in range(i - 1, max(-1, i - 6), -1) if _FRAME.match(lines[j])), None)
-                if frame is not None:
-                    keep.extend(range(frame, min(frame + 2, i)))
-    ordered = sorted(set(keep))
-    if len(ordered) > limit:
-        ordered = ordered[:1] + ordered[-(limit - 1) :]  # the first sign of trouble, and how it ended
-    return [lines[i] for i in ordered]
+def _fixed_by(fix: Observation) -> str:
+    return f"the same check succeeded later, at seq {fix.seq} (call {fix.call_id})"
+
+
+def _fix_key(seen: Observation) -> tuple[Hashable, ...]:
+    if not seen.failed or seen.stopped or seen.check is None:
+        return ()
+    return (("fixed", seen.check.family),)
 
 
 class ErroredInputs:
@@ -383,25 +373,23 @@ class ErroredInputs:
             successes: list[Observation] = []
             for call in item.tool_uses:
                 seen = context.observations.answer(call.id)
-                if seen is None or not seen.failed or len(call.input_json) < floor:
+                if seen is None or len(call.input_json) < floor:
                     continue
-                success = context.observations.next_success(seen.tool, seen.seq)
-                if success is None:
-                    continue  # the latest failure of its tool: the agent may still be on it
+                fix = _fixed(context, seen)
+                if fix is None:
+                    continue  # not answered yet: the agent may still be on it
                 answered = context.by_seq.get(seen.seq)
-                errors = error_lines(output_text(answered), 12) if answered is not None else []
-                error = errors[-1] if errors else ""  # how it ended
+                error = last_error(output_text(answered)) if answered is not None else ""
                 stand_ins[call.id] = json.dumps(
                     {
                         "contextd": (
                             f"input left out ({len(call.input_json):,} characters): this call failed"
                             + (f" ({_short(error, 160)})" if error else "")
-                            + f"; {seen.tool} succeeded since, at seq {success.seq}; "
-                            f"retrieve the whole turn with handle {handle_of(item)}"
+                            + f"; {_fixed_by(fix)}; retrieve the whole turn with handle {handle_of(item)}"
                         )
                     }
                 )
-                successes.append(success)
+                successes.append(fix)
             if not stand_ins:
                 continue
             content = tuple(
@@ -409,11 +397,11 @@ class ErroredInputs:
                 for b in item.content
             )
             where = ", ".join(f"seq {s.seq}" for s in successes)
-            yield Proposal(Replace(entry.seq, content), 2, "errored_input", f"later calls succeeded ({where})")
+            yield Proposal(Replace(entry.seq, content), 2, "errored_input", f"the same check succeeded later ({where})")
 
     def keys(self, context: TransformContext, entry: Entry, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
         """Each call's result until it is there; then, for a failed one with a bulky input,
-        its tool's next success (types.Incremental)."""
+        a later run of its check (types.Incremental)."""
         item = entry.item
         if entry.representation is not Representation.FULL or not item.tool_uses:
             return ()
@@ -425,8 +413,8 @@ class ErroredInputs:
             seen = context.observations.answer(call.id)
             if seen is None:
                 keys.append(("answer", call.id))
-            elif seen.failed and len(call.input_json) >= floor:
-                keys.append(("success", seen.tool))
+            elif len(call.input_json) >= floor:
+                keys.extend(_fix_key(seen))
         return tuple(keys)
 
 

@@ -231,7 +231,7 @@ class Incremental(Transform, Protocol):
     * ``("covered", seq)``: the reads of a path that cover what item `seq` read of it, earlier
       or later: appended since, or shown otherwise since;
     * ``("run", tool, command)``: a later run of the same command;
-    * ``("success", tool)``: a later call of `tool` that did not fail;
+    * ``("fixed", family)``: a later call of a check of that family (checks.py) that did not fail;
     * ``("answer", call_id)``: the result of tool call `call_id`, once appended;
     * ``("completions",)``: the spans of work marked complete, and their outcomes as shown;
     * ``("focus",)``: the request's focus and the identifiers of the latest turns.

@@ -902,3 +902,64 @@ def test_a_recursive_listing_with_crlf_line_ends_is_read_by_directory() -> None:
     listing = "\r\n".join([".:", "pkg", "", "./pkg:", *(f"mod{n}.py" for n in range(30)), "", "./docs:", "a.rst"])
     out = compress(listing, NO_FOCUS, command="ls -R")
     assert out is not None and "./pkg/ (30: 30 .py): mod0.py" in out.text and "./docs/: a.rst" in out.text
+
+
+def _long_traceback_run() -> str:
+    """pytest's long report of one failure 16 frames deep: the project's frames, then a library's."""
+    separator = "_ " * 40
+    frames = [
+        ("tests/test_orders.py", 31, "test_checkout", "    checkout(cart)"),
+        *((f"src/shop/step_{n}.py", 10 + n, f"step_{n}", f"    return step_{n + 1}(cart)") for n in range(9)),
+        ("src/shop/validators.py", 88, "validate_address", "    return schema.check(cart.address)"),
+        *(
+            (f".venv/lib/python3.11/site-packages/schemalib/core_{n}.py", 200 + n, f"check_{n}", "    return inner()")
+            for n in range(5)
+        ),
+    ]
+    report = ["=" * 30 + " FAILURES " + "=" * 30, "_" * 25 + " test_checkout " + "_" * 25, ""]
+    for n, (path, line, function, source) in enumerate(frames):
+        report += [f"    def {function}(cart):", "        prepare(cart)", f">   {source}", ""]
+        if n == len(frames) - 1:
+            report += ["E   schemalib.errors.ValidationError: 'zip' is a required property", ""]
+            report.append(f"{path}:{line}: ValidationError")
+        else:
+            report += [f"{path}:{line}: ", separator, ""]
+    head = ["=" * 20 + " test session starts " + "=" * 20, "collected 40 items", "", "tests/test_orders.py F" + "." * 39]
+    tail = ["=" * 20 + " short test summary info " + "=" * 20, "FAILED tests/test_orders.py::test_checkout", "1 failed, 39 passed in 1.22s"]  # noqa: E501
+    return "\n".join([*head, "", *report, *tail])
+
+
+def test_a_tracebacks_root_cause_keeps_its_location_with_its_frame() -> None:
+    out = compress(_long_traceback_run(), NO_FOCUS, command="python -m pytest tests")
+    assert out is not None and out.kind == "test"
+    lines = out.text.split("\n")
+    # The deepest frame in the project's own code, the one to open: its location and its source.
+    assert "src/shop/validators.py:88: " in lines, out.text
+    assert ">       return schema.check(cart.address)" in lines
+    # Where it was raised, what was raised, and which test failed.
+    assert ".venv/lib/python3.11/site-packages/schemalib/core_4.py:204: ValidationError" in lines
+    assert "E   schemalib.errors.ValidationError: 'zip' is a required property" in lines
+    assert "FAILED tests/test_orders.py::test_checkout" in lines
+    # Every frame's source line kept with its location, never alone.
+    for i, line in enumerate(lines):
+        if line.startswith(">"):
+            after = next(x for x in lines[i + 1 :] if x.strip() and not x.startswith("E "))
+            assert after.startswith(("src/", "tests/", ".venv/", "[…")), (line, after)
+
+
+def test_a_logs_header_claims_only_what_its_lines_show() -> None:
+    """Repeated warnings said to be shown once must be shown once."""
+    lines = [f"2026-05-01 10:00:{n:02d} INFO step {n} done" for n in range(60)]
+    for n in (10, 20, 30, 40):  # the same warning, each just before an error (kept as its context)
+        lines[n] = f"2026-05-01 10:00:{n:02d} WARNING pool near capacity ({n} of 64 connections)"
+        lines[n + 1] = f"2026-05-01 10:00:{n + 1:02d} ERROR request {n} failed: connection reset"
+    for n in range(44, 56):
+        lines[n] = f"2026-05-01 10:00:{n:02d} WARNING slow query ({n} ms)"
+    out = compress("\n".join(lines), NO_FOCUS, command="cat app.log")
+    assert out is not None and out.kind == "log"
+    shown = out.text.split("\n")
+    pool = sum("WARNING pool near capacity" in line for line in shown)
+    slow = sum("WARNING slow query" in line for line in shown)
+    assert pool == 4  # each is the context of an error
+    assert "once" not in out.summary, out.summary
+    assert f"{pool + slow} of 16 warning lines" in out.summary, out.summary

@@ -4,18 +4,19 @@ which must stay whatever the rules would like."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 
 import pytest
 
 from contextd.engine.certificates import Decision
+from contextd.engine.failures import failure_residue
 from contextd.engine.model import Item, ItemContent, Representation, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.pipeline import RenderInput, RenderOutput, render
 from contextd.engine.placeholders import handle_of
 from contextd.engine.policy import parse_policy
 from contextd.engine.state import ViewState
-from contextd.engine.strategies import error_lines
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.view import ViewFormat, ViewRequest
 from tests.helpers import counter, make_session, stored_items, to_item
@@ -182,6 +183,32 @@ def test_a_declared_snapshot_keeps_a_residue_of_the_older_run() -> None:
     assert pruned(run(items, "snapshots")) == {}  # not declared: nothing
 
 
+@pytest.mark.parametrize(
+    ("output", "summary"),
+    [
+        (  # an agent framework's own tags around a long output: never the summary
+            "<returncode>1</returncode>\n<warning>\nThe output of your last command was too long.\n</warning>"
+            "<output_head>\n" + BODY + "\n</output_head>\n<elided_chars>\n14356 characters elided\n"
+            "</elided_chars>\n<output_tail>\nFAILED tests/test_app.py::test_parse\n"
+            "=========== 1 failed, 40 passed in 3.02s ===========\n" + BODY + "\n</output_tail>",
+            "=========== 1 failed, 40 passed in 3.02s ===========",
+        ),
+        (  # the runner's summary, not whatever came after it
+            "Ran 12 tests in 0.031s\n\nFAILED (failures=2)\n" + BODY + "\n</output>",
+            "FAILED (failures=2)",
+        ),
+        ("<returncode>0</returncode>\n<output>\nOn branch main\n" + BODY + "\n</output>", BODY.split("\n")[-1].strip()),
+    ],
+)
+def test_a_snapshots_residue_reads_the_runs_summary_not_the_agents_wrapper(output: str, summary: str) -> None:
+    items = session(("pytest tests", output, True), ("pytest tests", "<returncode>0</returncode>\n41 passed\n" + BODY))
+    out = run(items, "snapshots", '{commands: ["pytest*"]}')
+    assert seq_of(1) in pruned(out)
+    view = json.loads(out.view.messages_json)[seq_of(1) - 1]["content"]
+    assert f"last line: {summary!r}" in view, view
+    assert "output_tail" not in view and "</output>" not in view
+
+
 # ------------------------------------------------------------------ errors
 
 TRACEBACK = """<returncode>1</returncode>
@@ -195,15 +222,131 @@ ValueError: not enough values to unpack (expected 2, got 1)
 </output>"""
 
 
-def test_a_failed_output_keeps_its_error_lines_once_the_tool_has_succeeded() -> None:
+def test_a_failed_output_keeps_its_failure_once_the_same_command_succeeded() -> None:
     noisy = TRACEBACK.replace("<output>\n", "<output>\n" + BODY + "\n")
-    items = session(("python3 reproduce.py", noisy, True), ("python3 reproduce.py", "ok\n" + BODY))
+    # The same command as the shell user means it: redirections, output filters and a
+    # timeout wrapper do not change what it checks.
+    items = session(
+        ("python3 reproduce.py 2>&1 | tail -n 40", noisy, True),
+        ("timeout 60 python reproduce.py", "ok\n" + BODY),
+    )
     out = run(items, "errors", latest_error="true")
-    assert pruned(out) == {seq_of(1): (2, "a later call of bash succeeded (seq 6)")}
+    assert pruned(out) == {seq_of(1): (2, "the same check succeeded later, at seq 6 (call c2)")}
     view = json.loads(out.view.messages_json)[seq_of(1) - 1]["content"]
+    assert "`python3 reproduce.py 2>&1 | tail -n 40`, exit 1" in view
     assert "ValueError: not enough values to unpack (expected 2, got 1)" in view
     assert 'File "/repo/src/app.py", line 41, in parse_header' in view
     assert "line 3 of the body" not in view and handle_of(items[seq_of(1) - 1]) in view
+
+
+def test_a_shell_agents_other_successes_are_no_evidence_about_a_failure() -> None:
+    """For an agent whose only tool is a shell, "the tool succeeded since" is true at once."""
+    noisy = TRACEBACK.replace("<output>\n", "<output>\n" + BODY + "\n")
+    items = session(
+        ("python3 reproduce.py", noisy, True),
+        ("ls src", "app.py\nutil.py"),
+        ("grep -n parse_header src/app.py", "41:def parse_header(line):"),
+        ("python3 other.py", "ok\n" + BODY),
+    )
+    assert pruned(run(items, "errors", latest_error="true")) == {}
+    assert pruned(run_inputs(session((SCRIPT, noisy, True), ("ls", "patch.py\nsrc"), ("git status", BODY)))) == {}
+
+
+FAILED_TEST = (
+    "<returncode>1</returncode>\n<output>\nFAILED tests/test_app.py::test_parse - ValueError: empty header\n"
+    + BODY
+    + "\n1 failed, 12 passed in 0.41s\n</output>"
+)
+
+
+@pytest.mark.parametrize(
+    ("later", "fixed"),
+    [
+        ("python -m pytest tests/test_app.py -q", True),  # the file the failed test is in
+        ("pytest tests -x 2>&1 | tail -5", True),  # the directory holding it
+        ("pytest", True),  # a test runner given no operands runs everything
+        ("cd sub && pytest", False),  # in another directory
+        ("pytest tests/test_util.py", False),  # another file's tests
+        ("pytest tests/test_app.py::test_total", False),  # another test
+        ("python -m mypy tests/test_app.py", False),  # another check of the same file
+    ],
+)
+def test_a_newer_run_of_the_same_check_that_covers_the_failure_answers_it(later: str, fixed: bool) -> None:
+    items = session(("pytest tests/test_app.py::test_parse", FAILED_TEST, True), (later, "13 passed\n" + BODY))
+    assert bool(pruned(run(items, "errors", latest_error="true"))) is fixed
+
+
+@pytest.mark.parametrize(
+    "stopped",
+    [
+        "<returncode>124</returncode>\n<output>\n" + BODY + "\n</output>",
+        "<returncode>137</returncode>\n<output>\nKilled\n" + BODY + "\n</output>",
+        "The command timed out after 120 seconds.\n" + BODY,
+    ],
+)
+def test_a_command_stopped_short_is_partial_output_not_a_failure_to_leave_behind(stopped: str) -> None:
+    items = session(("pytest tests", stopped, True), ("pytest tests", "13 passed\n" + BODY))
+    assert pruned(run(items, "errors", latest_error="true")) == {}
+    script = session((SCRIPT, stopped, True), (SCRIPT, "ok\n" + BODY))
+    assert pruned(run_inputs(script)) == {}
+
+
+LONG_FAILURE = "\n".join(
+    [
+        "<returncode>1</returncode>",
+        "<output>",
+        "Collecting dependencies",
+        *(f"  step {n}: resolved package-{n} 1.{n}.0" for n in range(20)),
+        "Building wheel for app (pyproject.toml): started",
+        "error: subprocess-exited-with-error",
+        "  × Building wheel for app did not run successfully.",
+        "  │ exit code: 1",
+        *(f"  running build_ext step {n}" for n in range(20)),
+        "Traceback (most recent call last):",
+        '  File "/repo/setup_helpers.py", line 12, in <module>',
+        "    build()",
+        '  File "/repo/src/app/native.py", line 88, in build',
+        "    compile_extension(spec)",
+        '  File "/usr/lib/python3.11/site-packages/cffi/api.py", line 320, in compile_extension',
+        "    raise VerificationError(msg)",
+        "cffi.VerificationError: CompileError: command 'gcc' failed: No such file or directory",
+        *(f"  cleanup {n}" for n in range(20)),
+        "note: This error originates from a subprocess, and is likely not a problem with pip.",
+        "</output>",
+    ]
+)
+
+
+def test_a_failures_residue_is_its_own_evidence_with_a_marker_wherever_lines_went() -> None:
+    residue = failure_residue(LONG_FAILURE)
+    lines = residue.split("\n")
+    # The first error with its context, the exception and the root cause's location in the
+    # project's own code (with its source line), the frame it was raised in, how it ended.
+    for expected in (
+        "error: subprocess-exited-with-error",
+        "  × Building wheel for app did not run successfully.",
+        "  │ exit code: 1",
+        "cffi.VerificationError: CompileError: command 'gcc' failed: No such file or directory",
+        '  File "/repo/src/app/native.py", line 88, in build',
+        "    compile_extension(spec)",
+        '  File "/usr/lib/python3.11/site-packages/cffi/api.py", line 320, in compile_extension',
+        "note: This error originates from a subprocess, and is likely not a problem with pip.",
+    ):
+        assert expected in lines, (expected, residue)
+    assert "<returncode>1</returncode>" not in lines and "<output>" not in lines  # the framework's
+    # Two fragments never read as one block: a marker wherever lines went.
+    source = LONG_FAILURE.split("\n")
+    for before, after in itertools.pairwise(lines):
+        if not before.startswith("[…") and not after.startswith("[…"):
+            assert source.index(after) == source.index(before) + 1, (before, after)
+    assert "  running build_ext step 7" not in lines and len(lines) < 30
+
+
+def test_a_failures_residue_is_not_the_last_lines_matching_an_error_pattern() -> None:
+    lines = ["Error: config file app.toml: unknown key 'colour' at line 3", *(f"line {n}" for n in range(40))]
+    lines += [f"warning: retrying failed download {n}" for n in range(20)]
+    residue = failure_residue("\n".join(lines), limit=10).split("\n")
+    assert residue[0] == "Error: config file app.toml: unknown key 'colour' at line 3"  # the first sign, first
 
 
 SCRIPT = "cat <<'EOF' > patch.py\n" + "\n".join(f"lines[{n}] = lines[{n}].replace('a', 'b')" for n in range(40))
@@ -219,11 +362,12 @@ def run_inputs(items: list[Item]) -> RenderOutput:
     return run_policy(items, INPUTS)
 
 
-def test_a_failed_calls_bulky_input_goes_once_its_tool_has_succeeded() -> None:
-    items = session((SCRIPT, TRACEBACK, True), ("python3 reproduce.py", "ok\n" + BODY))
+def test_a_failed_calls_bulky_input_goes_once_the_same_check_succeeded() -> None:
+    fixed = SCRIPT.replace("'b'", "'c'")  # the script written again, and run the same way
+    items = session((SCRIPT, TRACEBACK, True), (fixed, "ok\n" + BODY))
     out = run_inputs(items)
     call_seq = seq_of(1) - 1
-    assert pruned(out) == {call_seq: (2, "later calls succeeded (seq 6)")}
+    assert pruned(out) == {call_seq: (2, "the same check succeeded later (seq 6)")}
     [turn] = [m for m in json.loads(out.view.messages_json) if m.get("tool_calls") and m["tool_calls"][0]["id"] == "c1"]
     [call] = turn["tool_calls"]
     stand_in = json.loads(call["function"]["arguments"])["contextd"]
@@ -231,16 +375,17 @@ def test_a_failed_calls_bulky_input_goes_once_its_tool_has_succeeded() -> None:
     assert (call["id"], call["function"]["name"]) == ("c1", "bash")
     assert f"input left out ({len(json.dumps({'command': SCRIPT})):,} characters)" in stand_in
     assert "ValueError: not enough values to unpack (expected 2, got 1)" in stand_in
-    assert "bash succeeded since, at seq 6" in stand_in and handle_of(items[call_seq - 1]) in stand_in
-    assert "lines[17]" not in out.view.messages_json
+    assert "the same check succeeded later, at seq 6 (call c2)" in stand_in
+    assert handle_of(items[call_seq - 1]) in stand_in
+    assert "replace('a', 'b')" not in out.view.messages_json
 
 
 def test_a_failed_calls_input_stays_while_the_failure_is_the_latest_or_small() -> None:
     still_failing = session((SCRIPT, TRACEBACK, True), ("python3 reproduce.py", TRACEBACK, True))
     assert pruned(run_inputs(still_failing)) == {}
-    small = session(("python3 -c 'import app'", TRACEBACK, True), ("python3 reproduce.py", "ok"))
+    small = session(("python3 -c 'import app'", TRACEBACK, True), ("python3 -c 'import app'", "ok"))
     assert pruned(run_inputs(small)) == {}
-    succeeded = session((SCRIPT, "ok\n" + BODY), ("python3 reproduce.py", "ok"))
+    succeeded = session((SCRIPT, "ok\n" + BODY), (SCRIPT, "ok"))
     assert pruned(run_inputs(succeeded)) == {}
 
 
@@ -248,16 +393,6 @@ def test_the_latest_failure_stays_whole_until_its_tool_succeeds() -> None:
     noisy = TRACEBACK.replace("<output>\n", "<output>\n" + BODY + "\n")
     items = session(("python3 reproduce.py", noisy, True), ("python3 reproduce.py", noisy, True))
     assert pruned(run(items, "errors")) == {}
-
-
-def test_error_lines_are_the_error_the_frame_it_came_from_and_the_exit_code() -> None:
-    assert error_lines(TRACEBACK, 12) == [
-        "<returncode>1</returncode>",
-        "Traceback (most recent call last):",
-        '  File "/repo/src/app.py", line 41, in parse_header',
-        "    key, value = line.split(':', 1)",
-        "ValueError: not enough values to unpack (expected 2, got 1)",
-    ]
 
 
 WHOLE_READ = ("cat src/app.py", "the file\n" + BODY)
@@ -445,8 +580,8 @@ def test_a_snapshot_is_replaced_by_a_later_run_whose_tests_failed_but_that_ran_t
         ),
     ],
 )
-def test_error_lines_keep_what_names_the_failure(output: str, kept: list[str]) -> None:
-    lines = error_lines(output, 12)
+def test_a_failures_residue_keeps_what_names_the_failure(output: str, kept: list[str]) -> None:
+    lines = failure_residue(output, 12).split("\n")
     assert all(line in lines for line in kept), lines
 
 

@@ -1,8 +1,8 @@
 """Logs and test output: what went wrong stays, the routine goes.
 
 Kept verbatim: the first and last lines (what ran, how it ended); every
-line naming an error or a failure with a little context; each warning once
-per shape; tracebacks as the exception, the first frame and the frames in
+line naming an error or a failure with a little context (20 of each shape,
+then its last); each warning once per shape, then its last; tracebacks as the exception, the first frame and the frames in
 the user's own code (not the standard library or installed packages);
 test runners' failing test ids, failure headers, assertion details and
 summaries; lines that mention the focus. Repeated lines are folded with
@@ -38,7 +38,9 @@ _SECTION = re.compile(r"^(?:=|-){3,} .* (?:=|-){3,}\s*$")
 _FAILURE = re.compile(r"^_{3,} .* _{3,}\s*$")
 _DETAILS_HEAD, _DETAILS_TAIL = 12, 4
 """Assertion detail lines (``E ...``) shown per failure: the first ones and the last."""
-_LOCATION = re.compile(r"^\S+:\d+: (?:in \w+|\w+)")
+_LOCATION = re.compile(r"^\S+:\d+:(?: |$)")
+"""A frame's location in a test runner's report: ``path:12: in name`` (short), ``path:12: ValueError``
+where it was raised, ``path:12: `` with nothing after it (pytest's long report)."""
 _JEST_SOURCE = re.compile(r"^\s*>\s*\d+\s*\|")
 _JEST_FRAME = re.compile(r"\(?[^\s()]+:\d+:\d+\)?$")
 _RAISED = re.compile(r":\d+: [A-Z][\w.]*\s*$")
@@ -93,11 +95,21 @@ def compress_log(text: str, focus: Focus, *, kind: str = "log", first_line: int 
     kept.add(*_nonblank(lines, range(len(lines)), 1 if kind == "test" else _HEAD))
     kept.add(*_nonblank(lines, range(len(lines) - 1, -1, -1), _TAIL))
     fold_repeats(kept)
-    shown = len(kept.keep)
-    summary = f"{shown:,} of {len(lines):,} lines kept: errors with context, warnings once, " + (
-        "failing tests and the summary" if kind == "test" else "the first and last lines"
-    )
+    said = [_said(errors, kept, "error"), _said(warnings - errors, kept, "warning")]
+    said.append("failing tests and the summary" if kind == "test" else "the first and last lines")
+    summary = f"{len(kept.keep):,} of {len(lines):,} lines kept: " + ", ".join(s for s in said if s)
     return Compressed(kind, kept.write(), summary, lossless=kept.whole)
+
+
+def _said(found: set[int], kept: Kept, what: str) -> str:
+    """What the header says of the lines of a kind: only what the kept lines show (a claim such as
+    "each warning once" would be false of a warning also kept as an error's context)."""
+    if not found:
+        return ""
+    shown = len(found & kept.keep)
+    if shown == len(found):
+        return f"every {what} line"
+    return f"{shown:,} of {len(found):,} {what} lines"
 
 
 def _indent(line: str) -> int:
@@ -191,12 +203,20 @@ def _tests(lines: Sequence[str], kept: Kept) -> set[int]:
     ids: list[int] = []
 
     def close() -> None:
-        locations = [i for i in section if _LOCATION.match(lines[i])]
         details = [i for i in section if lines[i].startswith("E ")]
         kept.add(*details[:_DETAILS_HEAD], *details[-_DETAILS_TAIL:])
-        kept.add(*(i for i in section if _FAILING_SOURCE.match(lines[i])))
-        # Where the exception was raised (``path:12: ValueError``), and every frame in the user's own code.
-        kept.add(*(i for i in locations if not _LIBRARY.search(lines[i]) or _RAISED.search(lines[i])))
+        # Frame by frame (each ends at its location, ``path:12:`` and what was raised there or
+        # which function it is in): where it was raised, and every frame in the user's own code,
+        # each with its failing source line and its location, never one without the other.
+        sources: list[int] = []
+        for i in section:
+            if _FAILING_SOURCE.match(lines[i]):
+                sources.append(i)
+            elif _LOCATION.match(lines[i]):
+                if not _LIBRARY.search(lines[i]) or _RAISED.search(lines[i]):
+                    kept.add(*sources, i)
+                sources = []
+        kept.add(*sources)  # a source line whose location the report does not give
         managed.update(section)
         section.clear()
 

@@ -152,8 +152,8 @@ def touched(
             continue
         keys.add(("run", seen.tool, seen.command.strip()))
         keys.add(("answer", seen.call_id))
-        if not seen.failed:
-            keys.add(("success", seen.tool))
+        if not seen.failed and seen.check is not None:
+            keys.add(("fixed", seen.check.family))
         _covered(index, seen, keys)
     outcomes = {c.outcome for c in index.completions}
     for entry in changed:
