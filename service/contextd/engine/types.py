@@ -191,6 +191,9 @@ class TransformContext:
     user turn, the newer first (stages/propose.py, `focus_terms`)."""
     requested_focus: tuple[str, ...] = ()
     """The focus terms the client gave with the request (the first of `focus`)."""
+    searched: tuple[str, ...] = ()
+    """What the recent calls searched for or named, as a shell user means it (asked.py): taken
+    as the agent's own focus, however plain the word."""
     tools: tuple[Mapping[str, Any], ...] = ()
     """The provider tool schemas sent with the request, when the client gave them."""
     tool_effects: Mapping[str, Any] = field(default_factory=dict)
@@ -234,7 +237,8 @@ class Incremental(Transform, Protocol):
     * ``("fixed", family)``: a later call of a check of that family (checks.py) that did not fail;
     * ``("answer", call_id)``: the result of tool call `call_id`, once appended;
     * ``("completions",)``: the spans of work marked complete, and their outcomes as shown;
-    * ``("focus",)``: the request's focus and the identifiers of the latest turns.
+    * ``("focus",)``: the request's focus, what the recent calls searched for, and the
+      identifiers of the latest turns.
     """
 
     def keys(self, context: TransformContext, entry: Entry, params: Mapping[str, Any]) -> Iterable[Hashable]:

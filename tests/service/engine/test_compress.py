@@ -924,8 +924,14 @@ def _long_traceback_run() -> str:
             report.append(f"{path}:{line}: ValidationError")
         else:
             report += [f"{path}:{line}: ", separator, ""]
-    head = ["=" * 20 + " test session starts " + "=" * 20, "collected 40 items", "", "tests/test_orders.py F" + "." * 39]
-    tail = ["=" * 20 + " short test summary info " + "=" * 20, "FAILED tests/test_orders.py::test_checkout", "1 failed, 39 passed in 1.22s"]  # noqa: E501
+    head = [
+        "=" * 20 + " test session starts " + "=" * 20,
+        "collected 40 items",
+        "",
+        "tests/test_orders.py F" + "." * 39,
+    ]
+    tail = ["=" * 20 + " short test summary info " + "=" * 20, "FAILED tests/test_orders.py::test_checkout"]
+    tail.append("1 failed, 39 passed in 1.22s")
     return "\n".join([*head, "", *report, *tail])
 
 
@@ -963,3 +969,58 @@ def test_a_logs_header_claims_only_what_its_lines_show() -> None:
     assert pool == 4  # each is the context of an error
     assert "once" not in out.summary, out.summary
     assert f"{pool + slow} of 16 warning lines" in out.summary, out.summary
+
+
+def test_a_folded_long_listing_keeps_which_names_are_directories() -> None:
+    names = sorted([*(f"module_{n:02d}.py" for n in range(30)), "docs", "src", "tests", "build", "scripts"])
+    directories = {"docs", "src", "tests", "build", "scripts"}
+    lines = ["total 208", "drwxr-xr-x 12 dev dev 4096 Mar  3 10:01 .", "drwxr-xr-x  5 dev dev 4096 Mar  3 09:12 .."]
+    for name in names:
+        mode = "drwxr-xr-x  4" if name in directories else "-rw-r--r--  1"
+        lines.append(f"{mode} dev dev {4096 if name in directories else 1520} Mar  3 10:01 {name}")
+    lines.append("lrwxrwxrwx  1 dev dev   11 Mar  3 10:01 latest -> build/v1.2.3")
+    out = compress("\n".join(lines), NO_FOCUS, command="ls -la")
+    assert out is not None and out.kind == "listing", out
+    shown = set(out.text.replace("\n", "  ").split("  "))
+    for name in directories:
+        assert name not in shown, (name, out.text)  # never a directory read as a file
+    assert any(f"{name}/" in shown for name in directories), out.text
+    assert "5 (dir)" in out.text and "1 (link)" in out.text, out.text
+
+
+def _pods(broken: int) -> str:
+    """`kubectl get pods -o json`: twelve pods, one of them crash-looping."""
+
+    def pod(n: int) -> dict[str, object]:
+        running = {"running": {"startedAt": f"2026-05-01T10:{n:02d}:00Z"}}
+        waiting = {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s restarting failed container"}}
+        terminated = {"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": "2026-05-01T10:40:00Z"}}
+        status = {
+            "phase": "Running",
+            "podIP": f"10.0.3.{n}",
+            "containerStatuses": [
+                {
+                    "name": "api",
+                    "ready": n != broken,
+                    "restartCount": 7 if n == broken else 0,
+                    "image": "registry.local/api:1.4.2",
+                    "state": waiting if n == broken else running,
+                    "lastState": terminated if n == broken else {},
+                }
+            ],
+        }
+        metadata = {"name": f"api-7d9f8-{n:04d}", "namespace": "shop", "labels": {"app": "api", "tier": "backend"}}
+        spec = {"nodeName": f"node-{n % 3}", "containers": [{"name": "api", "image": "registry.local/api:1.4.2"}]}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
+
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": [pod(n) for n in range(12)]}, indent=2)
+
+
+def test_content_that_parses_as_json_is_read_as_json_whatever_the_command_suggests() -> None:
+    text = _pods(broken=5)
+    for command in ("kubectl get pods -n shop -o json", "docker inspect api", "cat pods.log"):
+        out = compress(text, NO_FOCUS, command=command)
+        assert out is not None and out.kind == "json", (command, out)
+        # The anomalous object's status-like fields stay.
+        for fact in ("api-7d9f8-0005", "CrashLoopBackOff", '"restartCount": 7', '"exitCode": 1', "back-off 5m0s"):
+            assert fact in out.text, (command, fact, out.text)

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from contextd.engine.asked import command_terms
 from contextd.engine.certificates import Decision
 from contextd.engine.failures import failure_residue
 from contextd.engine.model import Item, ItemContent, Representation, Role, TextBlock, ToolResultBlock, ToolUseBlock
@@ -611,3 +612,42 @@ def test_a_span_marked_complete_goes_once_its_outcome_is_recorded() -> None:
 def test_a_mark_that_does_not_point_back_or_does_not_parse_completes_nothing() -> None:
     assert pruned(run(completed_session("3-12"), "completed")) == {}  # ends after its own record
     assert pruned(run(completed_session("ten-twelve"), "completed")) == {}
+
+
+PLAIN_NAMES = ("validate", "normalize", "render", "submit", "cleanup", "persist")
+PLAIN_SOURCE = "\n".join(
+    f'def {name}(request):\n    """Step {n}."""\n'
+    + "".join(f"    {name}_value_{k} = request.get('field_{k}', {k})\n" for k in range(8))
+    + "    return request\n"
+    for n, name in enumerate(PLAIN_NAMES)
+)
+
+
+def test_what_the_agent_grepped_for_stays_whole_in_the_file_it_read_next_however_plain_the_word() -> None:
+    items = session(
+        ("grep -n 'def validate(' src/forms.py", "1:def validate(request):"),
+        ("cat src/forms.py", PLAIN_SOURCE),
+        ("ls", "src\ntests"),
+    )
+    out = run_policy(items, READ_THEN_COMPRESS)
+    assert (seq_of(2), "compressed_code") in [(c.seq, c.reason) for c in out.certificates]
+    view = out.view.messages_json
+    assert "validate_value_7 = request.get('field_7', 7)" in view  # the body searched for, whole
+    assert "render_value_7" not in view  # the others' bodies left out
+
+
+@pytest.mark.parametrize(
+    ("command", "terms"),
+    [
+        ("grep -n 'def validate(' src/forms.py", ["validate"]),
+        ("rg -n 'class\\s+Order(Form|Model)\\b' src", ["Order", "Form", "Model"]),
+        ("git grep -e get_total -e 'compute_tax\\(' -- '*.py'", ["get_total", "compute_tax"]),
+        ("cd /repo && grep -rn --include='*.py' -A 3 normalize . | head -20", ["normalize"]),
+        ("sed -n '120,160p' src/forms.py", ["src/forms.py"]),
+        ("tail -n 40 Makefile.inc", ["Makefile.inc"]),
+        ("python -c 'from app.forms import validate; print(validate({}))'", ["app.forms", "validate"]),
+        ("pytest -x tests", []),
+    ],
+)
+def test_the_terms_a_shell_user_means_by_a_command(command: str, terms: list[str]) -> None:
+    assert command_terms(command) == terms

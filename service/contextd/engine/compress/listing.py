@@ -113,7 +113,7 @@ def compress_listing(text: str, focus: Focus) -> Compressed | None:
     if not recursive and not _paths(lines):
         return None  # not a listing (a search's code lines, a message): another reader's
     for i, line in enumerate(lines):
-        stripped = line.strip()
+        stripped, points_to = line.strip(), ""
         if not stripped or stripped.startswith("total "):
             continue
         if recursive and _HEADER.fullmatch(stripped):
@@ -121,15 +121,21 @@ def compress_listing(text: str, focus: Focus) -> Compressed | None:
             directories.setdefault(current, [])
             continue
         long = _LONG.match(stripped)
-        if long:  # `ls -l`: the name is what follows the date (a link: before its arrow)
-            stripped = long.group(1).split(" -> ")[0]
+        if long:  # `ls -l`: the name is what follows the date, its kind is the mode's first letter
+            name = long.group(1)
+            if name in (".", ".."):
+                continue  # in every directory: no entry of its own
+            name, arrow, target = name.partition(" -> ")
+            if stripped[0] == "d":
+                name = name.rstrip("/") + "/"  # a directory says so, as `ls -F` and `find` paths do
+            stripped, points_to = name, arrow + target  # a link keeps its arrow and target
         if recursive:
             # Columns (a terminal's `ls`) are two spaces or a tab apart; a name may hold one space.
-            parent, names = current, [stripped] if long else _COLUMNS.split(stripped)
+            parent, names = current, [stripped + points_to] if long else _COLUMNS.split(stripped)
         else:
             path = stripped.split()[-1] if stripped.startswith(_STATUS) else stripped
             parent, _, name = path.rstrip("/").rpartition("/")
-            parent, names = parent or ".", [name + ("/" if path.endswith("/") else "")]
+            parent, names = parent or ".", [name + ("/" if path.endswith("/") else "") + points_to]
         directories.setdefault(parent, []).extend(names)
         if i in mentioned:
             focused.update((parent, n) for n in names if focus.mentions(f"{parent}/{n}") or focus.mentions(n))
@@ -146,7 +152,7 @@ def compress_listing(text: str, focus: Focus) -> Compressed | None:
                 out.append(_generated_line(root, directories))
             continue
         # An entry `ls -R` lists again under its own header is said there.
-        listed = [n for n in names if f"{directory}/{n}" not in directories or (directory, n) in focused]
+        listed = [n for n in names if f"{directory}/{n.rstrip('/')}" not in directories or (directory, n) in focused]
         shown = list(dict.fromkeys([*(n for n in listed if (directory, n) in focused), *listed[:NAMES_PER_DIRECTORY]]))
         more = len(listed) - len(shown)
         if not more:
@@ -257,5 +263,7 @@ def _paths(lines: Sequence[str]) -> bool:
 def _extension(name: str) -> str:
     if name.endswith("/"):
         return "(dir)"
+    if " -> " in name:
+        return "(link)"
     stem, dot, extension = name.rpartition(".")
     return f".{extension}" if dot and stem else "(none)"

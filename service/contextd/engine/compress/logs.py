@@ -2,8 +2,9 @@
 
 Kept verbatim: the first and last lines (what ran, how it ended); every
 line naming an error or a failure with a little context (20 of each shape,
-then its last); each warning once per shape, then its last; tracebacks as the exception, the first frame and the frames in
-the user's own code (not the standard library or installed packages);
+then its last); each warning once per shape, then its last; tracebacks as
+the exception, the first frame and the frames in the user's own code (not
+the standard library or installed packages);
 test runners' failing test ids, failure headers, assertion details and
 summaries; lines that mention the focus. Repeated lines are folded with
 their count.

@@ -1,4 +1,5 @@
-"""Which compressor reads an output: by its declared type, the tool's hint, then sniffing.
+"""Which compressor reads an output: by its declared type, content that parses as JSON, the
+tool's hint, then sniffing.
 
 Sniffing is cheap (a parse attempt, line patterns on the first lines) and
 its answer is remembered by content hash, so identical content is never
@@ -143,15 +144,24 @@ SNIFFED: Remembered[str] = Remembered(50_000)
 
 
 def route(text: str, *, declared: str = "", command: str = "", path: str = "") -> tuple[str, str]:
-    """(kind, language) for `text`: the declared type when it is a known kind, else what the
-    command or path suggests, else what sniffing finds ("" when nothing fits)."""
+    """(kind, language) for `text`: the declared type when it is a known kind; else JSON when
+    the content parses as JSON, whatever the command suggests (``kubectl ... -o json`` is no
+    log, a JSON test report no test run: the hint only breaks ties); else what the command or
+    path suggests; else what sniffing finds ("" when nothing fits)."""
     if declared in KINDS:
         return declared, ""
+    sniffed = _sniffed(text) if text.lstrip()[:1] in ("[", "{") else ""
+    if sniffed == "json":
+        return "json", ""
     kind, language = hint(command, path)
     if kind:
         return kind, language
+    return sniffed or _sniffed(text), ""
+
+
+def _sniffed(text: str) -> str:
     key = hashlib.sha256(text.encode()).digest()[:16]
-    return SNIFFED.get(key, lambda: sniff(text)), ""
+    return SNIFFED.get(key, lambda: sniff(text))
 
 
 def compress(text: str, focus: Focus, *, declared: str = "", command: str = "", path: str = "") -> Compressed | None:

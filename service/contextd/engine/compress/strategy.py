@@ -36,7 +36,7 @@ class Compress(Strategy):
         if result is None or not all(isinstance(p, TextBlock) for p in result.content):
             return None  # images and documents are not read here
         text = output_text(entry)
-        focus = Focus(context.requested_focus, (*_reason(context, seen), *context.focus))
+        focus = Focus((*context.requested_focus, *context.searched), (*_reason(context, seen), *context.focus))
         if "\\" not in text:
             # Only the focus terms that may occur in the output change its compression: the
             # key. (Escapes, as in JSON, hide words from this reading: the whole focus then.)

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from contextd.engine.asked import RECENT_CALLS
 from contextd.engine.codec import content_hash
 from contextd.engine.compress.strategy import COMPRESSED
 from contextd.engine.eligibility import Protections
@@ -62,6 +63,8 @@ class Draft:
         self.latest_user: Item | None = None
         self.latest_calls: Item | None = None
         """The latest assistant item that called tools."""
+        self.recent_calls: tuple[Item, ...] = ()
+        """The latest `asked.RECENT_CALLS` assistant items that called tools, oldest first."""
         self.observations = ObservationIndex(tools)
         self._note(items)
         self._ordered: list[Entry] | None = None
@@ -78,6 +81,7 @@ class Draft:
                 self.latest_user = item
             elif item.role is Role.ASSISTANT and item.tool_uses:
                 self.latest_calls = item
+                self.recent_calls = (*self.recent_calls, item)[-RECENT_CALLS:]
 
     def following(self, items: Sequence[Item], pins: frozenset[int]) -> Draft:
         """A copy of this (finished) draft with the items appended since: what building a
@@ -89,6 +93,7 @@ class Draft:
         draft.view_tokens = self.view_tokens
         draft.latest_results = dict(self.latest_results)
         draft.latest_user, draft.latest_calls = self.latest_user, self.latest_calls
+        draft.recent_calls = self.recent_calls
         draft.observations = self.observations.copy()
         new = items[len(self.natural) :]
         turn = self.turns - 1

@@ -56,8 +56,9 @@ class Ledgers:
     """In policy order."""
     items: int
     """How many of the history's items they were made over."""
-    focus: tuple[tuple[str, ...], tuple[str, ...]]
-    """The request's focus and the render's, as the transforms saw them."""
+    focus: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+    """The request's focus, what the recent calls searched for, and the render's focus, as the
+    transforms saw them."""
     completions: int
     """How many spans of completed work there were."""
     changed: frozenset[int] = frozenset()
@@ -165,7 +166,7 @@ def touched(
             keys.add(("completions",))
     if len(index.completions) != ledgers.completions:
         keys.add(("completions",))
-    if (context.requested_focus, context.focus) != ledgers.focus:
+    if (context.requested_focus, context.searched, context.focus) != ledgers.focus:
         keys.add(("focus",))
     return keys
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from contextd.engine.asked import searched_terms
 from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.compress.strategy import Compress
 from contextd.engine.compress.text import MAX_FOCUS_TERMS, identifiers
@@ -88,6 +89,7 @@ def transform_context(
         cache=cache,
         focus=focus_terms((draft.latest_calls, draft.latest_user), request.focus),
         requested_focus=tuple(request.focus),
+        searched=searched_terms(draft.recent_calls, policy.tools),
         tools=tools,
         tool_effects=policy.tools,
         turns=draft.turns,
@@ -118,7 +120,7 @@ def propose(
         changed = [draft.entries[s] for s in sorted(ledgers.changed) if s in draft.entries]
         proposed, done = _proposed_since(policy, registry, context, taken, ledgers, new, changed)
     waiting, certificates = _waiting(draft, policy, pending, agent_proposals)
-    focus = (context.requested_focus, context.focus)
+    focus = (context.requested_focus, context.searched, context.focus)
     made = Ledgers(tuple(done), len(draft.natural), focus, len(context.observations.completions))
     return Proposed((*waiting, *proposed), made, certificates)
 
