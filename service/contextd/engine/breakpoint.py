@@ -22,7 +22,19 @@ breakpoint at the end (the item written now and read back next call):
 (the second: sent uncached now and written next call, instead of written now
 and read). E here is half the policy's `cache.expected_calls`: the guess rests
 on the agent's next turn, which may keep more of the output than this one
-would, and a session may end. The breakpoint goes before the expected item
+would, and a session may end.
+
+The expected reduction may not come at all (the agent's next turn makes the
+output matter again, a pin, a rule whose evidence lapses): the item then
+costs what any other item does. So an expected item counts as
+p × (its value if reduced) + (1 - p) × (its value if not), with p the
+session's own record in this format (`judged`): of the early breakpoints the
+next render could judge, the share that paid, the next render having changed
+what followed the breakpoint. The record starts at one placement that paid
+(a first breakpoint is placed as before) and every one that did not lowers
+it, so a session whose reductions never come stops placing early (and, judging
+no more placements, keeps its breakpoint at the end from then on, as an agent
+puts it: what a breakpoint at the end costs is never more than raw's). The breakpoint goes before the expected item
 where the sum of what follows is largest, when it is positive, what it caches
 is long enough for the provider to cache at all, and it leaves out nothing
 the call reads from the cache; else at the end, as an agent puts it.
@@ -34,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from contextd.engine.policy import MIN_CACHED_TOKENS, CachePolicy
-from contextd.engine.state import Segment
+from contextd.engine.state import PreviousRender, Segment
 
 PER_TOKEN = 1_000_000  # prices are per million tokens
 
@@ -51,18 +63,37 @@ class Breakpoint:
     """Dollars it is expected to save over a breakpoint at the end."""
 
 
+def judged(previous: PreviousRender | None, stable: int) -> tuple[int, int]:
+    """The record of early breakpoints (placements judged, placements that paid) once this
+    render, sharing `stable` tokens with `previous`, has judged the previous render's."""
+    if previous is None:
+        return (0, 0)
+    count, paid = previous.early
+    if previous.cached_through is None or stable < previous.cached_through:
+        return count, paid  # at the end, or an edit before it decided the cache: nothing to judge
+    return count + 1, paid + (stable < previous.total_tokens)
+
+
+def paid_share(record: tuple[int, int]) -> float:
+    """The chance an expected reduction comes, from the record (one placement that paid before any)."""
+    count, paid = record
+    return (paid + 1) / (count + 1)
+
+
 def place(
     segments: Sequence[Segment],
     shrinks: Mapping[int, int],
     cache: CachePolicy,
     floor: int = 0,
     total: int | None = None,
+    paid: float = 1.0,
 ) -> Breakpoint | None:
     """Where to end the cache entry of a render of `segments` (in view order; `total`: their
     tokens, when known), given the items the next render expects to reduce (`shrinks`: seq ->
     its tokens then); None: at the end. Never before `floor`, the tokens this call reads from
-    the cache: a provider reads no entry that ends past the call's breakpoint. Read from the
-    end: what lapses is the newest outputs, so a render looks at its tail only."""
+    the cache: a provider reads no entry that ends past the call's breakpoint. `paid`: the chance
+    an expected reduction comes (`paid_share`). Read from the end: what lapses is the newest
+    outputs, so a render looks at its tail only."""
     if not shrinks:
         return None
     prices = cache.prices
@@ -83,7 +114,8 @@ def place(
             break  # no breakpoint before it
         if seq in shrinks:
             after = min(shrinks[seq], tokens)
-            following += (w + r - i) * tokens - w * after + later * r * (tokens - after)
+            reduced = (w + r - i) * tokens - w * after + later * r * (tokens - after)
+            following += paid * reduced - (1 - paid) * (i - r) * tokens
             through = segments[index - 1].seq
             if through > 0 and following > (best.value if best else 0.0):
                 best = Breakpoint(through, seq, start, following)

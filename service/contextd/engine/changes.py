@@ -28,6 +28,7 @@ from contextd.engine.state import (
     ViewState,
     applied_from_json,
     applied_to_json,
+    early_from_json,
     pending_from_json,
     pending_to_json,
     slot_of,
@@ -106,7 +107,13 @@ def advance(before: ViewState, change: StateChange) -> ViewState:
     kept = previous.segments[: change.kept] if previous is not None else ()
     r = change.render
     render = PreviousRender(
-        r.rendered_at, (*kept, *change.segments), r.view_tokens, r.budget_tokens, r.cached_ends, r.cached_through
+        r.rendered_at,
+        (*kept, *change.segments),
+        r.view_tokens,
+        r.budget_tokens,
+        r.cached_ends,
+        r.cached_through,
+        r.early,
     )
     return ViewState(
         view_version=change.view_version,
@@ -134,6 +141,7 @@ def change_to_json(change: StateChange) -> str:
         "budget_tokens": r.budget_tokens,
         "cached_ends": [list(end) for end in r.cached_ends],
         "cached_through": r.cached_through,
+        "early": list(r.early),
         "kept": change.kept,
         "segments": [list(s) for s in change.segments],
     }
@@ -150,6 +158,7 @@ def change_from_json(text: str) -> StateChange:
         data["budget_tokens"],
         tuple((offset, used_at) for offset, used_at in data["cached_ends"]),
         data["cached_through"],
+        early_from_json(data.get("early")),
     )
     return StateChange(
         view_version=data["view_version"],

@@ -4,10 +4,11 @@ the next render from it, and the mark in the Messages format."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
-from contextd.engine.breakpoint import Breakpoint, place
+from contextd.engine.breakpoint import Breakpoint, judged, paid_share, place
 from contextd.engine.certificates import Decision
 from contextd.engine.model import Item, ItemContent, ReasoningBlock, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.pipeline import RenderInput, RenderOutput, render
@@ -249,3 +250,44 @@ def test_each_render_says_how_its_call_is_expected_to_be_billed() -> None:
     second = go(3, first.state, 30.0, OPENAI)
     assert second.predicted.cache_read == written  # what the first call cached, read back whole
     assert sum((written, second.predicted.cache_write, second.predicted.uncached)) == second.view.total_tokens
+
+
+def test_an_expected_reduction_that_may_not_come_is_priced_as_such() -> None:
+    shape, shrinks = segments((1, 2_000), (2, 100), (3, 3_000)), {3: 300}
+    assert place(shape, shrinks, CACHE, paid=1.0) == place(shape, shrinks, CACHE)
+    # Half the time it comes: 0.5 x 6,075 - 0.5 x 2.70 x 3,000 < 0: at the end.
+    assert place(shape, shrinks, CACHE, paid=0.5) is None
+    assert place(shape, shrinks, CACHE, paid=0.8) is not None  # 4,860 - 1,620
+
+
+def test_the_record_judges_each_early_breakpoint_by_the_render_after_it() -> None:
+    previous = PreviousRender(0.0, tuple(segments((1, 2_000), (2, 3_000))), cached_through=2_000, early=(3, 2))
+    assert judged(previous, 2_000) == (4, 3)  # the item after the breakpoint changed: it paid
+    assert judged(previous, 5_000) == (4, 2)  # nothing changed but what was appended: it did not
+    assert judged(previous, 1_000) == (3, 2)  # an edit before it: nothing to judge
+    assert judged(replace(previous, cached_through=None), 5_000) == (3, 2)  # at the end
+    assert judged(None, 0) == (0, 0)
+    assert (paid_share((0, 0)), paid_share((1, 0)), paid_share((4, 3))) == (1.0, 0.5, 0.8)
+    stored = ViewState(renders={"anthropic_messages": previous})
+    assert state_from_json(state_to_json(stored)) == stored
+
+
+def test_a_session_whose_expected_reductions_never_come_stops_placing_the_breakpoint_early() -> None:
+    """The agent pins each output after the call that reads it: the reduction the view placed its
+    breakpoint for never comes, and each such breakpoint costs more than one at the end."""
+    policy = parse_policy(FIRST_LINE, REGISTRY)
+    state, placed = ViewState(), []
+    for n in range(2, 7):
+        items = task(n)
+        newest = items[-1].seq
+        pins = frozenset(i.seq for i in items if i.role is Role.TOOL and i.seq != newest)
+        request = ViewRequest(ANTHROPIC, place_breakpoint=True)
+        out = render(
+            RenderInput(
+                make_session(len(items)), items, policy, request, counter(), REGISTRY, state, 30.0 * n, pins=pins
+            )
+        )
+        placed.append(out.view.cache_breakpoint_seq not in (0, items[-1].seq))
+        state = out.state
+    assert placed == [True, False, False, False, False]
+    assert sent(out, ANTHROPIC).early == (1, 0)  # one judged, and it did not pay

@@ -66,6 +66,7 @@ def record(
                 request.budget_tokens,
                 ends_after(previous, stable, point.offset if point else assembly.offset, now, policy.cache),
                 cached,
+                shown.early,
                 known_offsets=assembly.offsets,
                 known_total=assembly.offset,
             ),

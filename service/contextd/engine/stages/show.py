@@ -11,7 +11,7 @@ from itertools import takewhile
 from typing import Any
 
 from contextd.engine import volatile
-from contextd.engine.breakpoint import Breakpoint, place
+from contextd.engine.breakpoint import Breakpoint, judged, paid_share, place
 from contextd.engine.model import Session
 from contextd.engine.policy import BREAKPOINTS, Policy
 from contextd.engine.render.anthropic import mark_breakpoint
@@ -37,6 +37,8 @@ class Shown:
     """Tokens it shares with the previous render in its format."""
     point: Breakpoint | None
     """Where the view ends the call's cache entry; None: at its end."""
+    early: tuple[int, int] = (0, 0)
+    """The session's record of early breakpoints in this format (breakpoint.py, `judged`)."""
 
 
 def looks_ahead(request: ViewRequest, policy: Policy) -> bool:
@@ -75,11 +77,13 @@ def show(
     previous = cache.previous
     stable = first_divergence(previous.segments, segments) if previous else 0
     point = None
+    early = judged(previous, stable)
     if request.place_breakpoint:
         read = cache.state.read_until(stable) if previous is not None else 0
-        point = place(segments, shrinks, cache.pricing, read, assembly.offset) if shrinks else None
+        paid = paid_share(early)
+        point = place(segments, shrinks, cache.pricing, read, assembly.offset, paid) if shrinks else None
         view, point = _with_breakpoint(view, assembly, draft, point)
-    return Shown(view, assembly, run, segments, stable, point)
+    return Shown(view, assembly, run, segments, stable, point, early)
 
 
 def _with_breakpoint(
