@@ -5,8 +5,10 @@
 Per payload type (a service log, a pytest run, a JSON API response, a Python
 module and a JavaScript one, grep results, a git diff, a file listing, a
 built documentation page, a file read three times in one conversation) it prints the input tokens, the
-output tokens, the reduction, the median time of one compression and how
-many of the payload's facts are still there verbatim, for contextd and, in
+median time of one tokenisation of the input (the natural floor of a
+compressor: it reads its input at least once), the output tokens, the
+reduction, the median time of one compression and its ratio to that floor,
+and how many of the payload's facts are still there verbatim, for contextd and, in
 the same run, for headroom-ai (bench/headroom_env.py installs it into its own
 virtual environment, .venv-headroom; bench/headroom_runner.py runs it there):
 its default `compress()` and its specialised compressor for the type.
@@ -124,6 +126,7 @@ def pytest_run() -> Payload:
         progress.append(f"tests/unit/test_module_{i:02d}.py {marks}")
     progress[17] = "tests/unit/test_module_17.py ......F......................"
     progress[42] = "tests/unit/test_module_42.py ...........F......"
+    progress[51] = "tests/unit/test_module_51.py ....F......"
     library = "\n".join(
         f"/usr/local/lib/python3.11/site-packages/_pytest/python.py:{1700 + k}: in runtest\n    self.ihook.x()"
         for k in range(12)
@@ -135,6 +138,28 @@ def pytest_run() -> Payload:
             f"    def {name}():\n        order = make_order(lines=[])\n"
             f">       {assertion}\nE       {detail}\n\n{path}:{line}: AssertionError\n"
         )
+
+    def deep_failure() -> str:
+        """pytest's long report of a failure 14 frames deep: the project's own frames (each
+        location on a line of its own, nothing after it), then a library's, where it was raised."""
+        frames = [
+            ("tests/unit/test_module_51.py", 40, "test_invoice_pdf", "render_invoice(order)"),
+            *((f"src/billing/pdf/stage_{n}.py", 20 + n, f"stage_{n}", f"return stage_{n + 1}(doc)") for n in range(8)),
+            ("src/billing/invoice.py", 204, "embed_logo", "return images.load(settings.LOGO_PATH)"),
+            *(
+                (f"/usr/local/lib/python3.11/site-packages/imagelib/io_{n}.py", 300 + n, f"read_{n}", "return inner()")
+                for n in range(4)
+            ),
+        ]
+        report = [f"{'_' * 30} test_invoice_pdf {'_' * 30}", ""]
+        for n, (path, line, function, source) in enumerate(frames):
+            report += [f"    def {function}(doc):", "        doc.check()", f">       {source}", ""]
+            if n == len(frames) - 1:
+                report += ["E       FileNotFoundError: [Errno 2] No such file: 'static/logo@2x.png'", ""]
+                report.append(f"{path}:{line}: FileNotFoundError")
+            else:
+                report += [f"{path}:{line}: ", "_ " * 40, ""]
+        return "\n".join(report)
 
     text = "\n".join(
         [
@@ -161,10 +186,12 @@ def pytest_run() -> Payload:
                 'assert fmt(Decimal("2.675")) == "2.68"',
                 "AssertionError: assert '2.67' == '2.68'",
             ),
+            deep_failure(),
             "=" * 28 + " short test summary info " + "=" * 28,
             "FAILED tests/unit/test_module_17.py::test_total_of_empty_order - ZeroDivisionError: division by zero",
             "FAILED tests/unit/test_module_42.py::test_currency_rounding - AssertionError: assert '2.67' == '2.68'",
-            "=" * 20 + " 2 failed, 2187 passed, 25 skipped in 41.62s " + "=" * 20,
+            "FAILED tests/unit/test_module_51.py::test_invoice_pdf - FileNotFoundError: [Errno 2] No such file",
+            "=" * 20 + " 3 failed, 2186 passed, 25 skipped in 41.62s " + "=" * 20,
         ]
     )
     return Payload(
@@ -177,7 +204,12 @@ def pytest_run() -> Payload:
             "FAILED tests/unit/test_module_42.py::test_currency_rounding",
             "E       AssertionError: assert '2.67' == '2.68'",
             "E       ZeroDivisionError: division by zero",
-            "2 failed, 2187 passed, 25 skipped in 41.62s",
+            "FAILED tests/unit/test_module_51.py::test_invoice_pdf",
+            "E       FileNotFoundError: [Errno 2] No such file: 'static/logo@2x.png'",
+            # The root cause's location: the deepest frame in the project's own code, where to look.
+            "src/billing/invoice.py:204: ",
+            ">       return images.load(settings.LOGO_PATH)",
+            "3 failed, 2186 passed, 25 skipped in 41.62s",
         ],
         "python -m pytest tests",
     )
@@ -474,6 +506,17 @@ def contextd_output(payload: Payload, repeat: int) -> tuple[str, float]:
     return out, statistics.median(times)
 
 
+def tokenise_ms(text: str, repeat: int) -> float:
+    """The median ms of one tokenisation of `text` (cl100k_base, as the service counts): the
+    natural floor of a compressor, which must read its input at least once."""
+    times: list[float] = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        COUNTER.count(text)
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
 def _engine_view(payload: Payload) -> str:
     """The tool outputs as the view of the whole conversation shows them: one render by the
     engine with the default policy, no earlier render (what is eligible applies at once)."""
@@ -552,8 +595,8 @@ def main() -> int:
     print("command: python bench/compress.py " + " ".join(sys.argv[1:]))
     print(f"tokens: cl100k_base; median of {args.repeat} runs" + (f"; headroom-ai {version}" if version else ""))
     print()
-    head = "| payload | KB | input tokens | contextd: out | reduction | ms | facts |"
-    rule = "| --- | ---: | ---: | ---: | ---: | ---: | --- |"
+    head = "| payload | KB | input tokens | tokenise ms | contextd: out | reduction | ms | × tokenise | facts |"
+    rule = "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
     if theirs:
         head += (
             " headroom compress(): out | reduction | ms | facts | headroom specialised | out | reduction | ms | facts |"
@@ -567,7 +610,9 @@ def main() -> int:
         if args.show and args.show == payload.name:
             print(output, file=sys.stderr)
         size = f"{len(payload.text.encode()) / 1024:.1f}"
-        cells = [payload.name, size, f"{tokens_in:,}", *_cells(payload, measure(payload, output, ms), tokens_in)]
+        floor = tokenise_ms(payload.text, args.repeat)
+        ours = _cells(payload, measure(payload, output, ms), tokens_in)
+        cells = [payload.name, size, f"{tokens_in:,}", f"{floor:.2f}", *ours[:3], f"{ms / floor:.1f}", ours[3]]
         if theirs:
             for method in ("compress", "specialised"):
                 found = theirs.get((payload.name, method), {})
