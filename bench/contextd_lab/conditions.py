@@ -2,8 +2,8 @@
 
 * ``A-raw``: nothing pruned.
 * ``B-duplicates``: exact duplicates only (level 0).
-* ``C-errors``: B, and failed calls reduced to their error lines and their bulky inputs left out,
-  once their tool succeeded.
+* ``C-errors``: B, and failed calls reduced to their failure's evidence and their bulky inputs left
+  out, once a later run of the same check succeeded.
 * ``D-superseded``: C, and superseded observations (a source read again, a test run again).
 * ``E-aggressive``: D, and level-4 heuristics (the same call keeps its latest output; tool outputs
   older than 4 turns masked): placeholders only, never summaries. The upper-risk condition.
@@ -13,11 +13,15 @@
 * The known baselines, from their public descriptions: ``masking`` (tool outputs older than
   10 turns replaced by a placeholder; a turn as the engine counts them: each user or assistant
   message), ``latest-call`` (same tool and arguments: only the latest output stays),
-  ``keep-last-3`` (Anthropic's tool-result clearing with its published defaults: past 100,000
-  tokens, all but the last three tool outputs cleared; the traces here stay under it) and
-  ``keep-last-3-eager`` (the same from the first call). They act at once, as they do where
-  they come from: their policies price the cache as saving nothing, so the service never
-  waits for a cache-safe point, and protect only user turns.
+  and Anthropic's server-side tool-result clearing (`clear_tool_uses_20250919`, baselines.py):
+  ``context-editing`` with its published defaults (past 100,000 input tokens, the results of
+  all but the last three tool uses cleared; the traces here stay under it),
+  ``context-editing-30k`` configured for traces of this size (past 30,000 tokens, and only when
+  that clears at least 10,000, so that each clearing is worth the cache it rewrites, as the
+  documentation advises) and ``context-editing-eager`` (from the first call, the cleared calls'
+  inputs too). They act at once, as they do where they come from: their policies price the
+  cache as saving nothing, so the service never waits for a cache-safe point, and protect only
+  user turns.
 
 Conditions B–F keep the default protection and cache pricing: contextd's own timing decides
 when their edits apply. Like the default, they let the view place the prompt-cache breakpoint;
@@ -94,17 +98,27 @@ CONDITIONS: dict[str, dict[str, Any] | None] = {
         **_BASELINE,
         "rules": [{"name": "latest-call", "transform": "baseline_latest_call", "when": {"roles": ["tool"]}}],
     },
-    "keep-last-3": {
+    "context-editing": {
         **_BASELINE,
-        "rules": [{"name": "keep-last-3", "transform": "baseline_keep_last", "params": {"keep": 3}}],
+        "rules": [{"name": "context-editing", "transform": "baseline_clear_tool_uses"}],
     },
-    "keep-last-3-eager": {
+    "context-editing-30k": {
         **_BASELINE,
         "rules": [
             {
-                "name": "keep-last-3-eager",
-                "transform": "baseline_keep_last",
-                "params": {"keep": 3, "trigger_tokens": 0},
+                "name": "context-editing-30k",
+                "transform": "baseline_clear_tool_uses",
+                "params": {"trigger_tokens": 30_000, "keep": 3, "clear_at_least": 10_000},
+            }
+        ],
+    },
+    "context-editing-eager": {
+        **_BASELINE,
+        "rules": [
+            {
+                "name": "context-editing-eager",
+                "transform": "baseline_clear_tool_uses",
+                "params": {"trigger_tokens": 0, "keep": 3, "clear_tool_inputs": True},
             }
         ],
     },
@@ -135,8 +149,9 @@ CALLER_BREAKPOINT = (
     "A-raw",
     "masking",
     "latest-call",
-    "keep-last-3",
-    "keep-last-3-eager",
+    "context-editing",
+    "context-editing-30k",
+    "context-editing-eager",
     "default, the caller's breakpoint",
 )
 """The conditions whose agent puts the prompt-cache breakpoint at the end of each call itself, as

@@ -276,7 +276,8 @@ def _failed_write(f: Fixture, d: _Draw) -> Iterator[None]:
     yield
     folder = path.rsplit("/", 1)[0]
     f.call("bash", {"command": f"chmod u+w {folder}"}, _shell(""), "plain", thought="Let me make it writable.")
-    f.call("write_file", {"path": path, "content": body}, f"wrote {path}", "plain", thought="Write it again.")
+    again = {"path": path, "content": "# Generated: do not edit.\n" + body}  # the same write, a header added
+    f.call("write_file", again, f"wrote {path}", "plain", thought="Write it again, with the header.")
 
 
 def _superseded(f: Fixture, d: _Draw) -> Iterator[None]:

@@ -275,6 +275,48 @@ def _condition_table(results: Results, trace_ids: Sequence[str], conditions: Seq
     return _table([*header, "notes"], rows)
 
 
+def frontier(points: Mapping[str, tuple[float, float]]) -> dict[str, list[str]]:
+    """Per condition, those that dominate it on (cost, hidden): no worse on either and better on
+    one. A condition none dominates sits on the Pareto frontier."""
+    return {
+        name: sorted(
+            other
+            for other, (cost, hidden) in points.items()
+            if other != name
+            and cost <= mine[0] + 1e-12
+            and hidden <= mine[1]
+            and (cost < mine[0] - 1e-12 or hidden < mine[1])
+        )
+        for name, mine in points.items()
+    }
+
+
+def _pareto_points(
+    results: Results, ids: Sequence[str], conditions: Sequence[str], provider: str
+) -> dict[str, tuple[float, float]]:
+    """condition -> (priced cost, identifiers the next answer used that the view hid), over `ids`."""
+    out = {}
+    for condition in conditions:
+        summed = _summed(results, ids, condition)
+        if summed["raw"]:
+            out[condition] = (summed["cost"][provider], float(summed["hidden"]))
+    return out
+
+
+def _pareto(results: Results, ids: Sequence[str], conditions: Sequence[str]) -> str:
+    """Cost against hidden facts, per provider, with what dominates each condition."""
+    rows: dict[str, list[str]] = {}
+    for provider in PROVIDERS:
+        points = _pareto_points(results, ids, conditions, provider)
+        beaten = frontier(points)
+        for condition, (cost, hidden) in points.items():
+            row = rows.setdefault(condition, [condition, f"{hidden:,.0f}"])
+            verdict = "**on the frontier**" if not beaten[condition] else "dominated by " + ", ".join(beaten[condition])
+            row += [_dollars(cost), verdict]
+    header = ["condition", "identifiers hidden", "Anthropic", "Anthropic: frontier", "OpenAI", "OpenAI: frontier"]
+    return _table(header, rows.values())
+
+
 def _hidden_by_trace(results: Results, trace_ids: Sequence[str]) -> str:
     """Where the default policy hid an identifier the next answer used: trace, call, identifiers."""
     rows = []
@@ -456,6 +498,11 @@ def _plots(results: Results, out: Path, longest: str, trace_ids: Sequence[str], 
 
     if trace_ids:
         _cost_plot(plt, results, out, trace_ids)
+    sets = {
+        "traces": (trace_ids, [*TRACE_CONDITIONS, *DEFAULT_VARIANTS]),
+        "fixtures": (fixture_ids, FIXTURE_CONDITIONS),
+    }
+    _pareto_plot(plt, results, out, {k: v for k, v in sets.items() if v[0]})
 
     figure, axes = plt.subplots(figsize=(9, 5))
     names = [c for c in FIXTURE_CONDITIONS if c != RAW]
@@ -473,6 +520,30 @@ def _plots(results: Results, out: Path, longest: str, trace_ids: Sequence[str], 
     axes.legend()
     figure.tight_layout()
     figure.savefig(out / "precision-recall.png", dpi=110)
+    plt.close(figure)
+
+
+def _pareto_plot(
+    plt: Any, results: Results, out: Path, sets: Mapping[str, tuple[Sequence[str], Sequence[str]]]
+) -> None:
+    """Cost against identifiers hidden, per provider (columns) and per set of runs (rows), the
+    frontier drawn through the conditions none dominates."""
+    figure, panels = plt.subplots(len(sets), len(PROVIDERS), figsize=(12, 5 * len(sets)), squeeze=False)
+    for row, (title, (ids, conditions)) in zip(panels, sets.items(), strict=True):
+        for provider, axes in zip(PROVIDERS, row, strict=True):
+            points = _pareto_points(results, ids, conditions, provider)
+            beaten = frontier(points)
+            for n, (condition, (cost, hidden)) in enumerate(points.items()):
+                axes.scatter(hidden, cost, marker="o" if beaten[condition] else "D")
+                axes.annotate(
+                    condition, (hidden, cost), fontsize=7, xytext=(5, 8 - 8 * (n % 3)), textcoords="offset points"
+                )
+            best = sorted((hidden, cost) for condition, (cost, hidden) in points.items() if not beaten[condition])
+            axes.plot([h for h, _ in best], [c for _, c in best], color="grey", linewidth=0.8, drawstyle="steps-post")
+            axes.set(xlabel="identifiers the next answer used that the view hid", ylabel="priced cost with caching ($)")
+            axes.set_title(f"{title}: {_PROVIDER_NAMES[provider]} (diamonds: on the frontier)", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(out / "pareto.png", dpi=110)
     plt.close(figure)
 
 
@@ -577,6 +648,22 @@ What the rules took out, over all calls:
 ![precision and recall]({plots}/precision-recall.png)
 
 {_traces_section(results, trace_ids, plots)}
+## Cost against hidden facts: the Pareto frontier
+
+Tokens sent are not the objective; the priced cost with the prompt cache, and the facts a view
+hides, are. For every condition, its cost and the identifiers the next answer used that its
+views hid (*identifiers the next answer wrote*, above), and the conditions that dominate it:
+no dearer and hiding no more, better on one. One that none dominates is on the frontier. On
+the real traces (each condition with its own timing):
+
+{_pareto(results, trace_ids, [*TRACE_CONDITIONS, *DEFAULT_VARIANTS]) if trace_ids else "None given."}
+
+On the fixtures (every condition applying what it finds at once, the oracle included):
+
+{_pareto(results, fixture_ids, FIXTURE_CONDITIONS) if fixture_ids else "None given."}
+
+![cost against hidden facts]({plots}/pareto.png)
+
 ## The service's overhead per model call
 
 The longest trace, `{longest}` ({calls} calls): every RenderView call timed by the client.

@@ -78,8 +78,9 @@ def test_contextd_lab_report_runs_end_to_end(
     text = (tmp_path / "lab.md").read_text()
     for heading in ("## Fixtures", "## Real traces", "### The default policy against observation masking"):
         assert heading in text
+    assert "## Cost against hidden facts: the Pareto frontier" in text and "| context-editing-30k | " in text
     assert "| F-oracle | " in text and "| masking | " in text and f"| {trace['id']} | " in text
-    for plot in ("tokens-per-call", "cost-vs-saved", "precision-recall"):
+    for plot in ("tokens-per-call", "cost-vs-saved", "precision-recall", "pareto"):
         assert (tmp_path / "lab" / f"{plot}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -108,3 +109,11 @@ def test_contextd_lab_replay_prints_and_writes_every_figure(tmp_path: Path, caps
     assert records["masking"]["false_prunes"]  # the traps, counted
     assert records["A-raw"]["sent"] > records["masking"]["sent"]
     assert set(records["masking"]["cost"]) == {"anthropic", "openai"}
+
+
+def test_the_frontier_names_what_dominates_each_condition() -> None:
+    points = {"raw": (10.0, 0.0), "cheap": (6.0, 4.0), "dear": (8.0, 5.0), "tie": (6.0, 4.0), "best": (5.0, 0.0)}
+    beaten = report.frontier(points)
+    assert beaten["best"] == [] and beaten["raw"] == ["best"]
+    assert beaten["dear"] == ["best", "cheap", "tie"]
+    assert beaten["cheap"] == ["best"] and beaten["tie"] == ["best"]  # equals do not dominate each other
