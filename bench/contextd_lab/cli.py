@@ -2,7 +2,7 @@
 
     contextd-lab fixtures [--seeds 0-4] [--episodes 18] [--out DIR]
     contextd-lab replay TRACE [--probes FILE] [--condition NAME ...] [--at-once] [--json FILE] [SERVICE]
-    contextd-lab report [--traces DIR] [--probes DIR] [--seeds 0-4] [--episodes 18] [--out docs/lab.md]
+    contextd-lab report [--traces DIR] [--probes DIR] [--seeds 0-4] [--episodes 18] [--out docs/lab.md] [--headroom]
                         [--json FILE] [SERVICE]
 
 SERVICE: ``--target HOST:PORT`` replays through a running contextd; otherwise one is
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from contextd_client import Client
-from contextd_lab import fixtures
+from contextd_lab import fixtures, headroom
 from contextd_lab import report as lab_report
 from contextd_lab.conditions import CONDITIONS, DEFAULT_VARIANTS
 from contextd_lab.service import ServerProcess
@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     one.add_argument("trace", type=Path)
     one.add_argument("--json", type=Path, help="also write every figure as JSON records to this file")
     one.add_argument("--probes", type=Path, help="a probe file (default: the trace's own, for a fixture)")
-    names = [*CONDITIONS, *DEFAULT_VARIANTS]
+    names = [*CONDITIONS, *DEFAULT_VARIANTS, headroom.CONDITION]
     one.add_argument("--condition", action="append", choices=names, help="repeatable; default: all")
     one.add_argument(
         "--at-once", action="store_true", help="edits apply when found (the cache priced as saving nothing)"
@@ -56,6 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.add_argument("--episodes", type=int, default=fixtures.EPISODES_PER_FIXTURE, help="episodes in each fixture")
     report.add_argument("--out", type=Path, default=Path("docs/lab.md"), help="the report; plots go beside it")
     report.add_argument("--json", type=Path, help="also write every figure as JSON records to this file")
+    report.add_argument(
+        "--headroom",
+        action="store_true",
+        help="also run headroom-ai's proxy in the loop (its venv, .venv-headroom, is installed from PyPI on first use)",
+    )
     _service_options(report)
 
     args = parser.parse_args(argv)
@@ -79,7 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         probes = {t["id"]: _probes(t, args.probes / f"{t['id']}.json") for t in traces}
         probes.update((f["id"], _probes(f, None)) for f in made_fixtures)
         command = "contextd-lab " + " ".join(sys.argv[1:] if argv is None else argv)
-        results = lab_report.write(client, traces, made_fixtures, probes, args.out, gap=args.gap, command=command)
+        peers = [headroom.CONDITION] if args.headroom else []
+        results = lab_report.write(
+            client, traces, made_fixtures, probes, args.out, gap=args.gap, command=command, peers=peers
+        )
         _write_json(args.json, results)
         print(f"wrote {args.out}")
         return 0

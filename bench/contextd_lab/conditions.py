@@ -136,14 +136,17 @@ DEFAULT_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "cache": {"expected_calls": 20},
     },
     ANY_PREFIX: {"cache": {"reads": "prefix"}},
+    "default, compressed on entry": {"protection": {"last_turns": 0}},
     "default, the caller's breakpoint": {},
 }
 """The shipped default with another number of calls a cache rewrite must pay for itself within
 (the default's is 12), with the last two turns protected rather than one and 20 calls (the
 default until 2026-11-30), or pricing a rewrite as if the provider read its cache up to the
 change (it reads only whole earlier prompts), or with the agent putting the cache breakpoint
-at the end of each call itself (the view places none): the report's sensitivity to them, on
-the real traces. Each patches sections of the default policy."""
+at the end of each call itself (the view places none), or with nothing protected, so that a
+new output is compressed when it first enters the view, before any cache holds it (as
+headroom-ai's proxy does; the call that reads it reads the compressed form): the report's
+sensitivity to them, on the real traces. Each patches sections of the default policy."""
 
 CALLER_BREAKPOINT = (
     "A-raw",

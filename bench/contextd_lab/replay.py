@@ -35,6 +35,7 @@ from contextd.engine.stages.eligible import NOT_SMALLER
 from contextd_client import Client, Usage, UsageSummary, View, ViewFormat
 from contextd_client.v1 import content_pb2 as pb
 from contextd_lab.cache import Billed, PromptCache, Segment
+from contextd_lab.headroom import HeadroomProxy, from_chat, to_chat
 
 PROVIDERS = ("anthropic", "openai")
 LAB_MODEL = "the lab's cache model"
@@ -196,11 +197,17 @@ def replay(
     gap: float = 30.0,
     metadata: Sequence[Mapping[str, str]] | None = None,
     place_breakpoint: bool = False,
+    peer: HeadroomProxy | None = None,
 ) -> Run:
     """Replay `trace` under `policy` (its text; "" for the default policy) on a new session.
     `place_breakpoint`: the agent lets the view place the prompt-cache breakpoint (where the
-    view says, Anthropic's cache ends; else at the end of each call, as agents put it)."""
+    view says, Anthropic's cache ends; else at the end of each call, as agents put it).
+    `peer`: each call's request goes through headroom's proxy first (contextd_lab/headroom.py),
+    and the session receives what it forwards."""
     items = trace_items(trace, metadata)
+    if peer is not None:
+        peer.new_conversation()
+    forwarded: list[dict[str, Any]] = []
     run = Run(trace["id"], condition)
     probes = list(probes)
     run.needed = [None] * len(probes)
@@ -217,7 +224,15 @@ def replay(
         appended, previous = 0, None
         for number, end in enumerate(ends):
             if end > appended:
-                result = client.append_items(session, items[appended:end])
+                new = items[appended:end]
+                if peer is not None:
+                    forwarded = _forwarded(peer, trace["messages"][:end], forwarded)
+                    messages = [
+                        from_chat(f, o)
+                        for f, o in zip(forwarded[appended:end], trace["messages"][appended:end], strict=True)
+                    ]
+                    new = trace_items({"messages": messages})
+                result = client.append_items(session, new)
                 run.item_tokens.update((r.seq, r.token_count) for r in result.receipts)
                 appended = end
             started = time.perf_counter()
@@ -247,11 +262,12 @@ def replay(
                 used, hidden = used_and_hidden(answer_terms(trace["messages"][end]), history, text)
                 run.used += used
                 run.hidden += [(number, term) for term in hidden]
+            behind = peer.originals if peer is not None else {}
             for n in used_at.get(end, ()):
-                run.needed[n] = probe_outcome(client, session, probes[n]["answer"], view, originals)
+                run.needed[n] = probe_outcome(client, session, probes[n]["answer"], view, originals, behind)
             if end == len(items):  # the view after the last message: what the probes are checked on
                 run.final = [(s.seq, s.representation, s.tokens, s.handle) for s in view.items]
-                run.probes = [probe_outcome(client, session, p["answer"], view, originals) for p in probes]
+                run.probes = [probe_outcome(client, session, p["answer"], view, originals, behind) for p in probes]
                 break
             prompt = _segments(view.messages, view.items, view.framing_tokens)
             at = number * gap
@@ -275,6 +291,17 @@ def replay(
     finally:
         client.delete_session(session)
     return run
+
+
+def _forwarded(
+    peer: HeadroomProxy, messages: Sequence[Mapping[str, Any]], before: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """What headroom's proxy forwards of a request holding `messages`, checked to keep what it
+    forwarded of the previous request (`before`) as it was: the session can only grow."""
+    forwarded = peer.forward([to_chat(m) for m in messages])
+    if len(forwarded) != len(messages) or forwarded[: len(before)] != list(before):
+        raise RuntimeError("headroom's proxy changed a message it had forwarded before: the lab cannot replay that")
+    return forwarded
 
 
 def cached_messages(view: View) -> int | None:
@@ -315,11 +342,21 @@ def _shared(a: Sequence[Segment], b: Sequence[Segment]) -> int:
     return n
 
 
-def probe_outcome(client: Client, session: str, answer: str, view: View, originals: dict[str, str]) -> str:
+def probe_outcome(
+    client: Client,
+    session: str,
+    answer: str,
+    view: View,
+    originals: dict[str, str],
+    behind: Mapping[str, str] | None = None,
+) -> str:
     """Visible in `view`, recoverable through a handle it shows (the original fetched back from
-    the service, page by page, kept in `originals`), or lost."""
+    the service, page by page, kept in `originals`) or behind a marker a peer put in what it sent
+    (`behind`: the originals its own store gives back), or lost."""
     if json.dumps(answer)[1:-1] in view.messages_json + (json.dumps(view.system) if view.system else ""):
         return "visible"
+    if behind and any(answer in original for original in behind.values()):
+        return "recoverable"
     for shown in view.items:
         if shown.representation == "full" or not shown.handle:
             continue

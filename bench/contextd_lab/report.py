@@ -25,6 +25,8 @@ from contextd_lab.conditions import (
     oracle_metadata,
     policy_text,
 )
+from contextd_lab.headroom import CONDITION as HEADROOM
+from contextd_lab.headroom import HeadroomProxy
 from contextd_lab.metrics import Quality, Summary, percentile, quality, summarize
 from contextd_lab.replay import PROVIDERS, Run, message_text, replay
 
@@ -34,6 +36,14 @@ _USED = "identifiers the next answer wrote: hidden / in the history"
 _PROVIDER_NAMES = {"anthropic": "Anthropic", "openai": "OpenAI"}
 FIXTURE_CONDITIONS = list(CONDITIONS)
 TRACE_CONDITIONS = [c for c in CONDITIONS if c != "F-oracle"]  # real traces have no labels
+PEERS = (HEADROOM,)
+"""Known systems the lab can run in the loop beside the conditions (`write`'s `peers`)."""
+
+
+def ran(results: Results, conditions: Sequence[str]) -> list[str]:
+    """`conditions`, and the peers that ran in `results`."""
+    peers = {c for _, c in results.runs if c in PEERS}
+    return [*conditions, *(p for p in PEERS if p in peers)]
 
 
 @dataclass
@@ -82,8 +92,28 @@ def run(
     into: Results | None = None,
 ) -> Results:
     """Replay each trace under each condition (and the raw one, which the others are measured
-    against), adding to `into` if given; `at_once`: every edit applies when found (see `policy_text`)."""
+    against), adding to `into` if given; `at_once`: every edit applies when found (see `policy_text`).
+    The condition `headroom` sends each call through headroom-ai's proxy (contextd_lab/headroom.py)."""
     results = into or Results(gap=gap)
+    peer = HeadroomProxy() if HEADROOM in conditions else None
+    try:
+        _run(client, traces, probes, conditions, gap, at_once, results, peer)
+    finally:
+        if peer is not None:
+            peer.close()
+    return results
+
+
+def _run(
+    client: Client,
+    traces: Iterable[Mapping[str, Any]],
+    probes: Mapping[str, Sequence[Mapping[str, Any]]],
+    conditions: Sequence[str],
+    gap: float,
+    at_once: bool,
+    results: Results,
+    peer: HeadroomProxy | None,
+) -> None:
     for trace in traces:
         results.traces.append(trace)
         results.at_risk[trace["id"]] = [_only_in_outputs(trace, p["answer"]) for p in probes.get(trace["id"], ())]
@@ -91,7 +121,7 @@ def run(
             if condition == "F-oracle" and "labels" not in trace:
                 continue
             metadata = oracle_metadata(trace["labels"]) if condition == "F-oracle" else None
-            policy = policy_text(condition, trace.get("tools"), at_once=at_once)
+            policy = policy_text(RAW if condition == HEADROOM else condition, trace.get("tools"), at_once=at_once)
             results.runs[trace["id"], condition] = replay(
                 client,
                 trace,
@@ -100,9 +130,9 @@ def run(
                 probes=probes.get(trace["id"], ()),
                 gap=gap,
                 metadata=metadata,
-                place_breakpoint=condition not in CALLER_BREAKPOINT,
+                place_breakpoint=condition not in CALLER_BREAKPOINT and condition != HEADROOM,
+                peer=peer if condition == HEADROOM else None,
             )
-    return results
 
 
 def _only_in_outputs(trace: Mapping[str, Any], answer: str) -> bool:
@@ -480,14 +510,21 @@ def _overhead(results: Results, trace_id: str) -> str:
 # ------------------------------------------------------------------- plots
 
 
-def _plots(results: Results, out: Path, longest: str, trace_ids: Sequence[str], fixture_ids: Sequence[str]) -> None:
+def _plots(
+    results: Results,
+    out: Path,
+    longest: str,
+    trace_ids: Sequence[str],
+    fixture_ids: Sequence[str],
+    timed: Results,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
     figure, axes = plt.subplots(figsize=(9, 5))
-    for condition in TRACE_CONDITIONS:
+    for condition in ran(results, TRACE_CONDITIONS):
         calls = results.runs[longest, condition].calls
         axes.plot(range(1, len(calls) + 1), [c.tokens for c in calls], label=condition, linewidth=1.2)
     axes.set(xlabel="model call", ylabel="tokens sent", title=f"Tokens per call: {longest}")
@@ -499,10 +536,10 @@ def _plots(results: Results, out: Path, longest: str, trace_ids: Sequence[str], 
     if trace_ids:
         _cost_plot(plt, results, out, trace_ids)
     sets = {
-        "traces": (trace_ids, [*TRACE_CONDITIONS, *DEFAULT_VARIANTS]),
-        "fixtures": (fixture_ids, FIXTURE_CONDITIONS),
+        "traces": (results, trace_ids, ran(results, [*TRACE_CONDITIONS, *DEFAULT_VARIANTS])),
+        "fixtures": (timed, fixture_ids, ran(timed, FIXTURE_CONDITIONS)),
     }
-    _pareto_plot(plt, results, out, {k: v for k, v in sets.items() if v[0]})
+    _pareto_plot(plt, out, {k: v for k, v in sets.items() if v[1]})
 
     figure, axes = plt.subplots(figsize=(9, 5))
     names = [c for c in FIXTURE_CONDITIONS if c != RAW]
@@ -523,13 +560,11 @@ def _plots(results: Results, out: Path, longest: str, trace_ids: Sequence[str], 
     plt.close(figure)
 
 
-def _pareto_plot(
-    plt: Any, results: Results, out: Path, sets: Mapping[str, tuple[Sequence[str], Sequence[str]]]
-) -> None:
+def _pareto_plot(plt: Any, out: Path, sets: Mapping[str, tuple[Results, Sequence[str], Sequence[str]]]) -> None:
     """Cost against identifiers hidden, per provider (columns) and per set of runs (rows), the
     frontier drawn through the conditions none dominates."""
     figure, panels = plt.subplots(len(sets), len(PROVIDERS), figsize=(12, 5 * len(sets)), squeeze=False)
-    for row, (title, (ids, conditions)) in zip(panels, sets.items(), strict=True):
+    for row, (title, (results, ids, conditions)) in zip(panels, sets.items(), strict=True):
         for provider, axes in zip(PROVIDERS, row, strict=True):
             points = _pareto_points(results, ids, conditions, provider)
             beaten = frontier(points)
@@ -552,7 +587,7 @@ def _cost_plot(plt: Any, results: Results, out: Path, trace_ids: Sequence[str]) 
     for provider, axes in zip(PROVIDERS, panels, strict=True):
         raw = _summed(results, trace_ids, RAW)["cost"][provider]
         axes.axhline(raw, color="grey", linestyle="--", linewidth=0.8)
-        for n, condition in enumerate(TRACE_CONDITIONS):
+        for n, condition in enumerate(ran(results, TRACE_CONDITIONS)):
             summed = _summed(results, trace_ids, condition)
             point = (summed["raw"] - summed["sent"], summed["cost"][provider])
             axes.scatter(*point)
@@ -577,20 +612,31 @@ def write(
     *,
     gap: float,
     command: str,
+    peers: Sequence[str] = (),
 ) -> Results:
-    results = run(client, fixtures, probes, FIXTURE_CONDITIONS, gap, at_once=True)
-    run(client, traces, probes, [*TRACE_CONDITIONS, *DEFAULT_VARIANTS], gap, into=results)
+    """The report; `peers`: the known systems run in the loop beside the conditions (`headroom`)."""
+    results = run(client, fixtures, probes, [*FIXTURE_CONDITIONS, *peers], gap, at_once=True)
+    run(client, traces, probes, [*TRACE_CONDITIONS, *peers, *DEFAULT_VARIANTS], gap, into=results)
+    # The fixtures again, each condition with its own timing (its policy's cache pricing), for
+    # the frontier: applied at once, every edit's cost to the cache is the lab's doing.
+    timed = run(client, fixtures, probes, [*FIXTURE_CONDITIONS, *peers], gap)
     trace_ids, fixture_ids = [t["id"] for t in traces], [f["id"] for f in fixtures]
     longest = max(traces or fixtures, key=lambda t: len(t["messages"]))["id"]
     plots = out.parent / "lab"
     plots.mkdir(parents=True, exist_ok=True)
-    _plots(results, plots, longest, trace_ids, fixture_ids)
-    out.write_text(_document(results, command, trace_ids, fixture_ids, longest, plots.name))
+    _plots(results, plots, longest, trace_ids, fixture_ids, timed)
+    out.write_text(_document(results, command, trace_ids, fixture_ids, longest, plots.name, timed))
     return results
 
 
 def _document(
-    results: Results, command: str, trace_ids: Sequence[str], fixture_ids: Sequence[str], longest: str, plots: str
+    results: Results,
+    command: str,
+    trace_ids: Sequence[str],
+    fixture_ids: Sequence[str],
+    longest: str,
+    plots: str,
+    timed: Results,
 ) -> str:
     prices = "; ".join(
         f"{_PROVIDER_NAMES[name]}: input ${p.input}, cache write ${p.cache_write}, cache read ${p.cache_read} "
@@ -656,11 +702,12 @@ views hid (*identifiers the next answer wrote*, above), and the conditions that 
 no dearer and hiding no more, better on one. One that none dominates is on the frontier. On
 the real traces (each condition with its own timing):
 
-{_pareto(results, trace_ids, [*TRACE_CONDITIONS, *DEFAULT_VARIANTS]) if trace_ids else "None given."}
+{_pareto(results, trace_ids, ran(results, [*TRACE_CONDITIONS, *DEFAULT_VARIANTS])) if trace_ids else "None given."}
 
-On the fixtures (every condition applying what it finds at once, the oracle included):
+On the fixtures, replayed again for this with each condition's own timing (above, every
+condition applied what it found at once, to measure what it finds), the oracle included:
 
-{_pareto(results, fixture_ids, FIXTURE_CONDITIONS) if fixture_ids else "None given."}
+{_pareto(timed, fixture_ids, ran(timed, FIXTURE_CONDITIONS)) if fixture_ids else "None given."}
 
 ![cost against hidden facts]({plots}/pareto.png)
 
@@ -687,7 +734,7 @@ trajectories) with their probes (`--probes`: by default `bench/probes/`).
 Tokens and priced cost differ: an edit to what the cache holds makes the next call pay for
 the rest of the prompt again, so a condition can send fewer tokens and cost more.
 
-{_condition_table(results, trace_ids, TRACE_CONDITIONS, labelled=False)}
+{_condition_table(results, trace_ids, ran(results, TRACE_CONDITIONS), labelled=False)}
 
 *Identifiers the next answer wrote*: at each call, the identifier-like words of the model's
 answer in the trace (its text and its calls' arguments: `queryset.filter`, `rel_obj`, a
@@ -716,8 +763,11 @@ breakpoints`), and lets the view place that breakpoint: a call caches up to the 
 outputs the next call will compress, so that compression rewrites nothing cached. The same
 policy paying back over more or fewer calls, with two turns protected and 20 calls (the
 default until 2026-11-30), priced as if the cache were read up to the change itself
-(`reads: prefix`, as OpenAI reads; the bill is still Anthropic's), and with the agent putting
-the breakpoint at the end of each call itself (the default until 2026-11-30):
+(`reads: prefix`, as OpenAI reads; the bill is still Anthropic's), with nothing protected
+(`protection.last_turns: 0`: a new output is compressed when it first enters the view, before
+any cache holds it, as headroom-ai's proxy does, and the call that reads it reads the compressed
+form), and with the agent putting the breakpoint at the end of each call itself (the default
+until 2026-11-30):
 
 {_condition_table(results, trace_ids, ["default", *DEFAULT_VARIANTS], labelled=False)}
 
@@ -757,7 +807,7 @@ what it expects the next call to reduce. The same prompts priced as if the cache
 to wherever each prompt first differs from an earlier one (a breakpoint just before every
 change, as many as it takes: the most that placing breakpoints could give):
 
-{_read_anywhere(results, trace_ids, TRACE_CONDITIONS)}
+{_read_anywhere(results, trace_ids, ran(results, TRACE_CONDITIONS))}
 
 ![tokens per call]({plots}/tokens-per-call.png)
 

@@ -31,10 +31,11 @@ p × (its value if reduced) + (1 - p) × (its value if not), with p the
 session's own record in this format (`judged`): of the early breakpoints the
 next render could judge, the share that paid, the next render having changed
 what followed the breakpoint. The record starts at one placement that paid
-(a first breakpoint is placed as before) and every one that did not lowers
-it, so a session whose reductions never come stops placing early (and, judging
-no more placements, keeps its breakpoint at the end from then on, as an agent
-puts it: what a breakpoint at the end costs is never more than raw's). The breakpoint goes before the expected item
+(a first breakpoint is placed as before), every one that did not lowers it,
+and every render forgets a share of it (`FORGET`): a session whose
+reductions do not come stops placing early, and tries again once the
+failures have faded (a session's work moves on: what did not pay while the
+agent was editing one file may pay while it reads logs). The breakpoint goes before the expected item
 where the sum of what follows is largest, when it is positive, what it caches
 is long enough for the provider to cache at all, and it leaves out nothing
 the call reads from the cache; else at the end, as an agent puts it.
@@ -63,18 +64,24 @@ class Breakpoint:
     """Dollars it is expected to save over a breakpoint at the end."""
 
 
-def judged(previous: PreviousRender | None, stable: int) -> tuple[int, int]:
-    """The record of early breakpoints (placements judged, placements that paid) once this
-    render, sharing `stable` tokens with `previous`, has judged the previous render's."""
+FORGET = 0.9
+"""The weight a render leaves the record of the renders before it."""
+
+
+def judged(previous: PreviousRender | None, stable: int) -> tuple[float, float]:
+    """The record of early breakpoints (placements judged, placements that paid, each weighed
+    by `FORGET` once per render since) once this render, sharing `stable` tokens with
+    `previous`, has judged the previous render's."""
     if previous is None:
-        return (0, 0)
-    count, paid = previous.early
-    if previous.cached_through is None or stable < previous.cached_through:
-        return count, paid  # at the end, or an edit before it decided the cache: nothing to judge
-    return count + 1, paid + (stable < previous.total_tokens)
+        return (0.0, 0.0)
+    count, paid = (FORGET * n for n in previous.early)
+    if previous.cached_through is not None and stable >= previous.cached_through:
+        # (an edit before the breakpoint decided the cache itself: nothing to judge)
+        count, paid = count + 1, paid + (stable < previous.total_tokens)
+    return round(count, 6), round(paid, 6)  # stored as JSON: the same figures on every replica
 
 
-def paid_share(record: tuple[int, int]) -> float:
+def paid_share(record: tuple[float, float]) -> float:
     """The chance an expected reduction comes, from the record (one placement that paid before any)."""
     count, paid = record
     return (paid + 1) / (count + 1)

@@ -81,7 +81,7 @@ class PreviousRender:
     cached_through: int | None = None
     """Where the render asked a provider that caches at breakpoints to end its own cache entry
     (the breakpoint the view placed, a token offset); None: at the render's end."""
-    early: tuple[int, int] = (0, 0)
+    early: tuple[float, float] = (0.0, 0.0)
     """The record of early breakpoints in this format so far (breakpoint.py, `judged`): how many
     the next render judged, and how many of them paid (it changed what followed the breakpoint)."""
     known_offsets: Mapping[int, int] | None = field(default=None, compare=False, repr=False)
@@ -288,13 +288,13 @@ def _render_to_json(render: PreviousRender) -> dict[str, Any]:
         "budget_tokens": render.budget_tokens,
         **({"cached_ends": [list(end) for end in render.cached_ends]} if render.cached_ends else {}),
         **({"cached_through": render.cached_through} if render.cached_through is not None else {}),
-        **({"early": list(render.early)} if render.early != (0, 0) else {}),
+        **({"early": list(render.early)} if render.early != (0.0, 0.0) else {}),
     }
 
 
-def early_from_json(value: Any) -> tuple[int, int]:
+def early_from_json(value: Any) -> tuple[float, float]:
     """A stored record of early breakpoints (none in a state stored before it was kept)."""
-    return (int(value[0]), int(value[1])) if value else (0, 0)
+    return (float(value[0]), float(value[1])) if value else (0.0, 0.0)
 
 
 def _json(value: Any) -> str:

@@ -261,13 +261,14 @@ def test_an_expected_reduction_that_may_not_come_is_priced_as_such() -> None:
 
 
 def test_the_record_judges_each_early_breakpoint_by_the_render_after_it() -> None:
-    previous = PreviousRender(0.0, tuple(segments((1, 2_000), (2, 3_000))), cached_through=2_000, early=(3, 2))
-    assert judged(previous, 2_000) == (4, 3)  # the item after the breakpoint changed: it paid
-    assert judged(previous, 5_000) == (4, 2)  # nothing changed but what was appended: it did not
-    assert judged(previous, 1_000) == (3, 2)  # an edit before it: nothing to judge
-    assert judged(replace(previous, cached_through=None), 5_000) == (3, 2)  # at the end
-    assert judged(None, 0) == (0, 0)
-    assert (paid_share((0, 0)), paid_share((1, 0)), paid_share((4, 3))) == (1.0, 0.5, 0.8)
+    previous = PreviousRender(0.0, tuple(segments((1, 2_000), (2, 3_000))), cached_through=2_000, early=(3.0, 2.0))
+    # Each render weighs what came before by 0.9, then adds its judgement of the previous one.
+    assert judged(previous, 2_000) == (3.7, 2.8)  # the item after the breakpoint changed: it paid
+    assert judged(previous, 5_000) == (3.7, 1.8)  # nothing changed but what was appended: it did not
+    assert judged(previous, 1_000) == (2.7, 1.8)  # an edit before it: nothing to judge
+    assert judged(replace(previous, cached_through=None), 5_000) == (2.7, 1.8)  # at the end
+    assert judged(None, 0) == (0.0, 0.0)
+    assert (paid_share((0.0, 0.0)), paid_share((1.0, 0.0)), paid_share((4.0, 3.0))) == (1.0, 0.5, 0.8)
     stored = ViewState(renders={"anthropic_messages": previous})
     assert state_from_json(state_to_json(stored)) == stored
 
@@ -277,7 +278,7 @@ def test_a_session_whose_expected_reductions_never_come_stops_placing_the_breakp
     breakpoint for never comes, and each such breakpoint costs more than one at the end."""
     policy = parse_policy(FIRST_LINE, REGISTRY)
     state, placed = ViewState(), []
-    for n in range(2, 7):
+    for n in range(2, 14):
         items = task(n)
         newest = items[-1].seq
         pins = frozenset(i.seq for i in items if i.role is Role.TOOL and i.seq != newest)
@@ -289,5 +290,7 @@ def test_a_session_whose_expected_reductions_never_come_stops_placing_the_breakp
         )
         placed.append(out.view.cache_breakpoint_seq not in (0, items[-1].seq))
         state = out.state
-    assert placed == [True, False, False, False, False]
-    assert sent(out, ANTHROPIC).early == (1, 0)  # one judged, and it did not pay
+    # Placed at first; after it did not pay, only again once that has faded, and seldom.
+    assert placed[:2] == [True, False] and sum(placed) <= 3, placed
+    count, paid = sent(out, ANTHROPIC).early
+    assert paid == 0 and count > 0  # every one judged, none paid

@@ -37,7 +37,7 @@ class Shown:
     """Tokens it shares with the previous render in its format."""
     point: Breakpoint | None
     """Where the view ends the call's cache entry; None: at its end."""
-    early: tuple[int, int] = (0, 0)
+    early: tuple[float, float] = (0.0, 0.0)
     """The session's record of early breakpoints in this format (breakpoint.py, `judged`)."""
 
 
