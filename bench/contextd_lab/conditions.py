@@ -126,6 +126,7 @@ CONDITIONS: dict[str, dict[str, Any] | None] = {
 """Each condition's policy (None: the shipped default), before the trace's tools are added."""
 
 ANY_PREFIX = "default, priced as read to any prefix"
+ON_ENTRY = "default, nothing compressed on entry"
 DEFAULT_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "default, expected_calls 8": {"cache": {"expected_calls": 8}},
     "default, expected_calls 20": {"cache": {"expected_calls": 20}},
@@ -137,6 +138,7 @@ DEFAULT_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     },
     ANY_PREFIX: {"cache": {"reads": "prefix"}},
     "default, compressed on entry": {"protection": {"last_turns": 0}},
+    ON_ENTRY: {"compress": {"on_entry": []}},
     "default, the caller's breakpoint": {},
 }
 """The shipped default with another number of calls a cache rewrite must pay for itself within
@@ -145,7 +147,8 @@ default until 2026-11-30), or pricing a rewrite as if the provider read its cach
 change (it reads only whole earlier prompts), or with the agent putting the cache breakpoint
 at the end of each call itself (the view places none), or with nothing protected, so that a
 new output is compressed when it first enters the view, before any cache holds it (as
-headroom-ai's proxy does; the call that reads it reads the compressed form): the report's
+headroom-ai's proxy does; the call that reads it reads the compressed form), or with no output
+compressed on entry (`compress`'s `params.on_entry` empty: the default until 2026-12-03): the report's
 sensitivity to them, on the real traces. Each patches sections of the default policy."""
 
 CALLER_BREAKPOINT = (
@@ -175,7 +178,13 @@ def policy_text(condition: str, tools: Mapping[str, Any] | None = None, *, at_on
         policy = yaml.safe_load(default_policy_text())
         policy["tools"] = {**policy["tools"], **(tools or {})}
         for section, patch in (variant or {}).items():
-            policy[section] = {**policy.get(section, {}), **patch}
+            if section == "compress":  # the params of the compress rule
+                policy["rules"] = [
+                    {**r, "params": {**r.get("params", {}), **patch}} if r["transform"] == "compress" else r
+                    for r in policy["rules"]
+                ]
+            else:
+                policy[section] = {**policy.get(section, {}), **patch}
     else:
         policy = {**policy, "tools": dict(tools or SHELL_TOOLS)}
     if at_once:

@@ -764,10 +764,12 @@ outputs the next call will compress, so that compression rewrites nothing cached
 policy paying back over more or fewer calls, with two turns protected and 20 calls (the
 default until 2026-11-30), priced as if the cache were read up to the change itself
 (`reads: prefix`, as OpenAI reads; the bill is still Anthropic's), with nothing protected
-(`protection.last_turns: 0`: a new output is compressed when it first enters the view, before
-any cache holds it, as headroom-ai's proxy does, and the call that reads it reads the compressed
-form), and with the agent putting the breakpoint at the end of each call itself (the default
-until 2026-11-30):
+(`protection.last_turns: 0`: every new output is compressed when it first enters the view,
+file reads and code included, before any cache holds it, as headroom-ai's proxy does, and the
+call that reads it reads the compressed form), with none compressed on entry (the default takes
+outputs that are not file reads, code or diffs so: `compress`'s `params.on_entry`; the default
+until 2026-12-03 took none), and with the agent putting the breakpoint at the end of each call
+itself (the default until 2026-11-30):
 
 {_condition_table(results, trace_ids, ["default", *DEFAULT_VARIANTS], labelled=False)}
 

@@ -34,6 +34,10 @@ LEVELS = {
 }
 
 
+RECENT = "within the last"
+"""How a protection for being among the latest turns begins (what `Proposal.on_entry` may pass)."""
+
+
 class Protections:
     """Why each item is protected ("" when it is not), worked out on first asking:
     a render asks only about the items something proposes to change.
@@ -82,6 +86,13 @@ class Protections:
             return False
         return not _protection(entry, self._policy, self._turns + 1, set)
 
+    def besides_recency(self, seq: int) -> str:
+        """Why item `seq` would be protected were it not among the latest turns ("" when it would not)."""
+        entry = self._entries.get(seq) if seq > 0 else None
+        if entry is None:
+            return ""
+        return _protection(entry, self._policy, entry.turn + self._policy.protection.last_turns + 1, self._errors)
+
     def all(self) -> dict[int, str]:
         """seq -> reason, for every protected item."""
         return {seq: reason for seq in self._natural if (reason := self.of(seq))}
@@ -97,7 +108,7 @@ def _protection(entry: Entry, policy: Policy, turns: int, latest_errors: Callabl
     if item.role is Role.USER and rules.user_items:
         return "user instruction"
     if turns - entry.turn <= rules.last_turns:
-        return f"within the last {rules.last_turns} turns"
+        return f"{RECENT} {rules.last_turns} turns"
     if rules.latest_error_per_tool and entry.seq in latest_errors():
         return "the latest error of its tool, not yet followed by a success"
     if rules.tools:
@@ -200,6 +211,8 @@ class Judge:
             if seq not in self._entries or seq <= 0:
                 return _abstain(f"item {seq} is not in the history")
             reason = self._protected.of(seq) if protection else ""
+            if reason and proposal.on_entry and reason.startswith(RECENT):
+                reason = self._protected.besides_recency(seq)
             if reason:
                 return Verdict(False, "KEEP", f"protected: {reason}", reason)
         if proposal.abstain:

@@ -219,6 +219,7 @@ def _proposal_to_json(p: Proposal) -> dict[str, Any]:
         "evidence": p.evidence,
         "evidence_seqs": list(p.evidence_seqs),
         **({"compression": True} if p.compression else {}),
+        **({"on_entry": True} if p.on_entry else {}),
     }
 
 
@@ -230,6 +231,7 @@ def _proposal_from_json(data: dict[str, Any]) -> Proposal:
         data["evidence"],
         tuple(data["evidence_seqs"]),
         compression=data.get("compression", False),
+        on_entry=data.get("on_entry", False),
     )
 
 

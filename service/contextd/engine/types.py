@@ -93,6 +93,10 @@ class Proposal:
     """A reduced form that keeps the item in the view (its fact lines verbatim, the rest
     said by line range, the handle named): allowed by the policy's `compression` switch
     rather than by its maximum level."""
+    on_entry: bool = False
+    """A compression the call that reads the output may read in its place: it applies while
+    its target is protected only for being among the latest turns (the `compress` rule's
+    `params.on_entry` kinds), before any cache holds the whole."""
 
 
 # ---------------------------------------------------------- what it sees

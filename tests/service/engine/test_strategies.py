@@ -12,6 +12,7 @@ import pytest
 
 from contextd.engine.asked import command_terms
 from contextd.engine.certificates import Decision
+from contextd.engine.errors import InvalidArgument
 from contextd.engine.failures import failure_residue
 from contextd.engine.model import Item, ItemContent, Representation, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.pipeline import RenderInput, RenderOutput, render
@@ -651,3 +652,40 @@ def test_what_the_agent_grepped_for_stays_whole_in_the_file_it_read_next_however
 )
 def test_the_terms_a_shell_user_means_by_a_command(command: str, terms: list[str]) -> None:
     assert command_terms(command) == terms
+
+
+ON_ENTRY = """
+protection: {last_turns: 1}
+tools: {bash: {effect: shell}}
+rules: [{name: compress-outputs, transform: compress, params: {on_entry: %s}, when: {roles: [tool]}}]
+"""
+RUN_LOG = "\n".join(f"2026-05-01 10:00:{n % 60:02d} INFO step {n} done" for n in range(200))
+RUN_LOG += "\n2026-05-01 10:04:00 ERROR step 200 failed: disk quota exceeded"
+
+
+def test_an_output_of_a_kind_compressed_on_entry_is_read_compressed_by_the_call_that_made_it() -> None:
+    items = session(("python run.py", RUN_LOG), ("cat src/app.py", SOURCE))
+    log, code = seq_of(1), seq_of(2)
+    entered = run_policy(items[:log], ON_ENTRY % "[log]")  # the log is the newest output
+    assert [(c.seq, c.reason) for c in entered.certificates] == [(log, "compressed_log")]
+    assert "disk quota exceeded" in entered.view.messages_json and "step 17 done" not in entered.view.messages_json
+    # Code is read whole by the call that made it, whatever the kinds named.
+    later = run_policy(items, ON_ENTRY % "[log]")
+    assert shown(later, code) is Representation.FULL
+    # Without the kind named, the newest output is protected as before.
+    assert pruned(run_policy(items[:log], ON_ENTRY % "[]")) == {}
+    # A read of a file is what the call works from, whatever its lines read as.
+    read = session(("cat logs/run.log", RUN_LOG))
+    assert pruned(run_policy(read, ON_ENTRY % "[log, text]")) == {}
+
+
+def test_a_compression_on_entry_never_passes_another_protection() -> None:
+    items = session(("python run.py", RUN_LOG, True))  # the latest failure of its tool
+    out = run_policy(items, ON_ENTRY % "[log]")
+    assert pruned(out) == {} and "step 17 done" in out.view.messages_json
+
+
+def test_the_kinds_compressed_on_entry_are_checked() -> None:
+    with pytest.raises(InvalidArgument) as raised:
+        parse_policy(ON_ENTRY % "[logs]", REGISTRY)
+    assert "unknown kinds ['logs']" in str(raised.value.violations)

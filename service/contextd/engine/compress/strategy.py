@@ -4,6 +4,13 @@ line range, and the handle named). What the focus names stays whole, and so does
 call that made the output was made for (`_reason`). Certified at level 0 when only
 repetition was folded, else 4; the policy's ``compression`` switch allows it whatever the
 maximum level.
+
+`params.on_entry` names the kinds an output may be read as compressed by the very call that
+made it, unless the output is a read of a file (what that call works from): such a
+compression applies while the output is protected only for being among the latest turns
+(never past a pin, a user turn or its tool's latest error), so the whole is never written to
+the cache nor rewritten there. The focus is then that call's own: its arguments, what it
+searched for, the reason the agent gave.
 """
 
 from __future__ import annotations
@@ -47,7 +54,10 @@ class Compress(Strategy):
         path = seen.reads[0].path if seen.reads else ""
         held = _compressions.get((entry.item,), dict)
         ratio = params.get("max_ratio", MAX_RATIO)
-        key = (focus.terms, ratio, declared, seen.command, path)
+        # A read of a file is what the call that made it works from: read whole by that call,
+        # whatever a compressor would read its lines as (a cut range of code reads as lines).
+        on_entry = () if seen.reads else tuple(params.get("on_entry", ()))
+        key = (focus.terms, ratio, declared, seen.command, path, on_entry)
         if key not in held:
             if len(held) >= HELD_PER_ITEM:
                 held.clear()  # an output asked under many foci: the recent ones matter
@@ -57,10 +67,24 @@ class Compress(Strategy):
                 log.exception("compressing the output at seq %d failed; it is left whole", entry.seq)
                 found = None
             held[key] = (
-                _compressed(entry, found) if found is not None and len(found.text) <= ratio * len(text) else None
+                _compressed(entry, found, found.kind in on_entry)
+                if found is not None and len(found.text) <= ratio * len(text)
+                else None
             )
             _compressions.reweigh((entry.item,))
         return held[key]
+
+    @staticmethod
+    def check(params: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """`on_entry`: the kinds (of those a compressor reads an output as) whose compression the
+        call that reads the output may read in its place."""
+        kinds = params.get("on_entry", [])
+        if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
+            return [("on_entry", "must be a list of kinds")]
+        unknown = sorted(set(kinds) - set(READ_AS))
+        if unknown:
+            return [("on_entry", f"unknown kinds {unknown} (known: {', '.join(READ_AS)})")]
+        return []
 
     def rests_on(self, entry: Entry, seen: Observation, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
         result = entry.item.tool_result
@@ -69,7 +93,7 @@ class Compress(Strategy):
         return (("focus",),) if all(isinstance(p, TextBlock) for p in result.content) else ()
 
 
-def _compressed(entry: Entry, found: Compressed) -> Proposal:
+def _compressed(entry: Entry, found: Compressed, on_entry: bool) -> Proposal:
     header = (
         f"{PREFIX} {describe(entry.item)} compressed as {found.kind}: {found.summary}; "
         f"retrieve the whole with handle {handle_of(entry.item)}]"
@@ -80,9 +104,12 @@ def _compressed(entry: Entry, found: Compressed) -> Proposal:
         f"{COMPRESSED}{found.kind}",
         found.summary,
         compression=True,
+        on_entry=on_entry,
     )
 
 
+READ_AS = ("log", "test", "text", "json", "code", "search", "diff", "listing", "html")
+"""What a compressor reads an output as (`Compressed.kind`)."""
 COMPRESSED = "compressed_"
 """The reason codes of compressions start with this: the item stays, its facts verbatim (not a prune)."""
 CONTENT_KEY = "contextd.content_type"
