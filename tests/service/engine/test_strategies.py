@@ -689,3 +689,37 @@ def test_the_kinds_compressed_on_entry_are_checked() -> None:
     with pytest.raises(InvalidArgument) as raised:
         parse_policy(ON_ENTRY % "[logs]", REGISTRY)
     assert "unknown kinds ['logs']" in str(raised.value.violations)
+
+
+WRITES = """
+protection: {last_turns: 0, latest_error_per_tool: false}
+tools: {write_file: {effect: write, source_arg: path}, bash: {effect: shell}}
+rules: [{name: inputs, transform: errored_inputs, when: {roles: [assistant]}}]
+"""
+
+
+def tool_session(*calls: tuple[str, dict[str, str], str, bool]) -> list[Item]:
+    """(tool, arguments, output, failed) per call; call ids c1, c2 ..."""
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Write the module."),))]
+    for n, (tool, arguments, output, failed) in enumerate(calls, start=1):
+        use = ToolUseBlock(f"c{n}", tool, json.dumps(arguments))
+        contents.append(ItemContent(role=Role.ASSISTANT, content=(use,)))
+        result = ToolResultBlock(f"c{n}", (TextBlock(output),), is_error=failed, name=tool)
+        contents.append(ItemContent(role=Role.TOOL, content=(result,)))
+    return stored_items(contents)
+
+
+@pytest.mark.parametrize(
+    ("later", "fixed"),
+    [
+        (("write_file", {"path": "gen/mod.py", "content": "# v2\n" + SOURCE}), True),  # the same target
+        (("write_file", {"path": "build/mod.py", "content": SOURCE}), False),  # another file
+        (("bash", {"command": "ls gen"}), False),  # another tool
+    ],
+)
+def test_a_tool_that_is_not_a_shell_is_answered_by_a_later_success_on_the_same_target(
+    later: tuple[str, dict[str, str]], fixed: bool
+) -> None:
+    denied = ("write_file", {"path": "gen/mod.py", "content": SOURCE}, "PermissionError: [Errno 13] gen/mod.py", True)
+    items = tool_session(denied, (*later, "done", False))
+    assert bool(pruned(run_policy(items, WRITES))) is fixed
