@@ -68,6 +68,12 @@ class HeadroomProxy:
             self._process.stdin.close()
         self._process.wait(timeout=30)
 
+    def __enter__(self) -> HeadroomProxy:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
 
 def to_chat(message: Mapping[str, Any]) -> dict[str, Any]:
     """A trace message (../shared/traces/README.md) as an OpenAI chat message."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -95,44 +96,27 @@ def run(
     against), adding to `into` if given; `at_once`: every edit applies when found (see `policy_text`).
     The condition `headroom` sends each call through headroom-ai's proxy (contextd_lab/headroom.py)."""
     results = into or Results(gap=gap)
-    peer = HeadroomProxy() if HEADROOM in conditions else None
-    try:
-        _run(client, traces, probes, conditions, gap, at_once, results, peer)
-    finally:
-        if peer is not None:
-            peer.close()
+    with HeadroomProxy() if HEADROOM in conditions else nullcontext() as peer:
+        for trace in traces:
+            results.traces.append(trace)
+            results.at_risk[trace["id"]] = [_only_in_outputs(trace, p["answer"]) for p in probes.get(trace["id"], ())]
+            for condition in [RAW, *(c for c in conditions if c != RAW)]:
+                if condition == "F-oracle" and "labels" not in trace:
+                    continue
+                metadata = oracle_metadata(trace["labels"]) if condition == "F-oracle" else None
+                policy = policy_text(RAW if condition == HEADROOM else condition, trace.get("tools"), at_once=at_once)
+                results.runs[trace["id"], condition] = replay(
+                    client,
+                    trace,
+                    condition,
+                    policy,
+                    probes=probes.get(trace["id"], ()),
+                    gap=gap,
+                    metadata=metadata,
+                    place_breakpoint=condition not in CALLER_BREAKPOINT and condition != HEADROOM,
+                    peer=peer if condition == HEADROOM else None,
+                )
     return results
-
-
-def _run(
-    client: Client,
-    traces: Iterable[Mapping[str, Any]],
-    probes: Mapping[str, Sequence[Mapping[str, Any]]],
-    conditions: Sequence[str],
-    gap: float,
-    at_once: bool,
-    results: Results,
-    peer: HeadroomProxy | None,
-) -> None:
-    for trace in traces:
-        results.traces.append(trace)
-        results.at_risk[trace["id"]] = [_only_in_outputs(trace, p["answer"]) for p in probes.get(trace["id"], ())]
-        for condition in [RAW, *(c for c in conditions if c != RAW)]:
-            if condition == "F-oracle" and "labels" not in trace:
-                continue
-            metadata = oracle_metadata(trace["labels"]) if condition == "F-oracle" else None
-            policy = policy_text(RAW if condition == HEADROOM else condition, trace.get("tools"), at_once=at_once)
-            results.runs[trace["id"], condition] = replay(
-                client,
-                trace,
-                condition,
-                policy,
-                probes=probes.get(trace["id"], ()),
-                gap=gap,
-                metadata=metadata,
-                place_breakpoint=condition not in CALLER_BREAKPOINT and condition != HEADROOM,
-                peer=peer if condition == HEADROOM else None,
-            )
 
 
 def _only_in_outputs(trace: Mapping[str, Any], answer: str) -> bool:

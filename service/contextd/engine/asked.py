@@ -25,10 +25,12 @@ import keyword
 import posixpath
 import re
 from collections.abc import Iterable, Mapping
+from functools import partial
 from typing import Protocol
 
+from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Item, ToolUseBlock
-from contextd.engine.shell import split_commands, words_of
+from contextd.engine.shell import PYTHON, split_commands, split_pipeline, words_of
 
 MAX_SEARCHED = 12
 """Terms taken from the recent calls, the newest first."""
@@ -64,9 +66,17 @@ def searched_terms(calls: Iterable[Item], tools: Mapping[str, Declared]) -> tupl
     newest call's first."""
     found: list[str] = []
     for item in reversed(list(calls)):
-        for call in item.tool_uses:
-            found.extend(_of_call(call, tools))
+        found.extend(_searched.get((item, tools), partial(_of_item, item, tools)))
     return tuple(dict.fromkeys(found))[:MAX_SEARCHED]
+
+
+def _of_item(item: Item, tools: Mapping[str, Declared]) -> tuple[str, ...]:
+    return tuple(term for call in item.tool_uses for term in _of_call(call, tools))
+
+
+_searched: IdentityMemo[tuple[str, ...]] = IdentityMemo(1_000)
+"""Per assistant item (and the policy's tools), its calls' terms: a call stays among the recent
+ones for several renders."""
 
 
 def _of_call(call: ToolUseBlock, tools: Mapping[str, Declared]) -> list[str]:
@@ -97,13 +107,7 @@ def command_terms(command: str) -> list[str]:
         return []
     terms: list[str] = []
     for part in split_commands(words):
-        stages: list[list[str]] = [[]]
-        for word in part:
-            if word in ("|", "|&"):
-                stages.append([])
-            else:
-                stages[-1].append(word)
-        for stage in stages:
+        for stage in split_pipeline(part):
             terms.extend(_of_stage(stage))
     return list(dict.fromkeys(terms))
 
@@ -117,7 +121,7 @@ def _of_stage(words: list[str]) -> list[str]:
         name, args = "grep", args[1:]
     if name in _SEARCHES:
         return [w for p in _patterns(args) for w in pattern_words(p)]
-    if re.fullmatch(r"python(?:\d+(?:\.\d+)*)?", name) and len(args) >= 2 and args[0] == "-c":
+    if PYTHON.match(name) and len(args) >= 2 and args[0] == "-c":
         return [w for w in _WORD.findall(args[1]) if _worth(w)]
     if name in _READERS:
         return [a for a in args if not a.startswith("-") and ("/" in a or re.search(r"\.\w+$", a))]

@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from contextd.engine.shell import split_commands, words_of
+from contextd.engine.shell import PYTHON, split_commands, split_pipeline, words_of
 
 Step = tuple[str, ...]
 """A program: its name and the words that say which of its commands ran."""
@@ -92,7 +91,6 @@ _TEST_RUNNERS = {
     ("yarn", "run", "test"), ("pnpm", "run", "test"), ("tox",), ("nox",), ("jest",), ("vitest",), ("tsc",),
 }  # fmt: skip
 """Programs that, given no operands, run every test or check of the project they are in."""
-_PYTHON = re.compile(r"^python(?:\d+(?:\.\d+)*)?$")
 _OPERATORS = {"|", "|&", "&", ">", ">>", ">|", "&>", "&>>", ">&", "<", "<>", "<<<"}
 
 
@@ -124,12 +122,7 @@ def shell_check(command: str) -> Check | None:
 def _first_stage(words: list[str]) -> list[str]:
     """The words of the pipeline that run the check: what feeds the output filters, without
     redirections."""
-    stages: list[list[str]] = [[]]
-    for word in words:
-        if word in ("|", "|&"):
-            stages.append([])
-        else:
-            stages[-1].append(word)
+    stages = split_pipeline(words)
     kept = [s for s in stages if s and s[0] not in _OUTPUT_FILTERS] or stages[:1]
     out: list[str] = []
     for stage in kept:
@@ -160,7 +153,7 @@ def _step(words: list[str]) -> tuple[Step, frozenset[str]] | None:
         return None
     name = posixpath.basename(words[0])
     args = words[1:]
-    if _PYTHON.match(name):
+    if PYTHON.match(name):
         return _python(args)
     if name in ("py.test", "pytest"):
         return ("pytest",), _operands(args)

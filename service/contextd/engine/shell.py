@@ -193,6 +193,22 @@ def _without_heredocs(command: str) -> str | None:
     return "\n".join(out)
 
 
+def split_pipeline(words: list[str]) -> list[list[str]]:
+    """A command's words split into the stages of its pipeline (``|``, ``|&``); a stage may be
+    empty where the command is malformed."""
+    stages: list[list[str]] = [[]]
+    for word in words:
+        if word in ("|", "|&"):
+            stages.append([])
+        else:
+            stages[-1].append(word)
+    return stages
+
+
+PYTHON = re.compile(r"^python(?:\d+(?:\.\d+)*)?$")
+"""A Python interpreter's name: ``python``, ``python3``, ``python3.11``."""
+
+
 def split_commands(tokens: list[str]) -> list[list[str]]:
     """Words split into the commands that ``&&``, ``||``, ``;`` and newlines separate."""
     segments: list[list[str]] = [[]]
