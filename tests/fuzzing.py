@@ -315,7 +315,7 @@ class Targets:
     """What fuzzed requests point at on the live server, so they reach past the not-found checks.
 
     `session_id` has history, views, handles, certificates and a reported call; it is read and steered,
-    never updated or deleted. `scratch_id` takes appends, policy updates and deletes (and is created
+    never updated or deleted. `scratch_id` takes appends, policy updates, retractions and deletes (and is created
     again after one). Neither is rendered under a fuzzed policy: a stalling pattern there would stall
     every later render (the policy scenario uses sessions of its own).
     """
@@ -480,7 +480,7 @@ _INTEGERS: tuple[tuple[frozenset[int], tuple[int, ...], int, int], ...] = (
     (_I64, I64_SPECIALS, -(2**63), 2**63 - 1),
 )
 
-SCRATCH_RPCS = frozenset({"AppendItems", "UpdateSession", "DeleteSession"})
+SCRATCH_RPCS = frozenset({"AppendItems", "UpdateSession", "DeleteSession", "RetractItems"})
 """RPCs whose real target is the scratch session; the rest aim at the main one (CreateSession at none)."""
 
 
@@ -813,6 +813,7 @@ def _good(rpc: str, descriptor: Descriptor, targets: Targets) -> dict[str, Any]:
         ("PinRequest", "seqs"): [2],
         ("UnpinRequest", "seqs"): [2],
         ("ProposePruneRequest", "seqs"): [4],
+        ("RetractItemsRequest", "seqs"): [1],
         ("ListSessionsRequest", "page_size"): 5,
         ("AppendItemsRequest", "items"): [text_item(pb.ROLE_USER, "More work on the parser.")],
         ("Item", "role"): pb.ROLE_USER,

@@ -2,10 +2,10 @@
 
 `stored_items` is the append pipeline in miniature: check the batch, link
 tool results to their calls (which fills in tool names), then give each item
-its seq, content hash and token count. `items_from_openai_messages` and
-`items_from_anthropic_messages` put the thin client's converters and the
-api mapping in front of it, so a test goes from provider dicts to exactly
-what a render would load from storage.
+its seq, content hash and token count. `items_from_openai_messages`,
+`items_from_anthropic_messages` and `items_from_converse_messages` put the
+thin client's converters and the api mapping in front of it, so a test goes
+from provider dicts to exactly what a render would load from storage.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from contextd.engine.errors import InvalidArgument
 from contextd.engine.model import Block, Item, ItemContent, Role, Session
 from contextd.engine.tokens import TiktokenCounter, item_tokens
 from contextd.engine.validation import Limits, ToolCall, check_batch, link_tool_results
-from contextd_client.formats import items_from_anthropic, items_from_openai
+from contextd_client.formats import items_from_anthropic, items_from_converse, items_from_openai
 from contextd_client.v1 import content_pb2 as pb
 
 LIMITS = Limits(max_batch_items=1000, max_item_bytes=1_048_576)
@@ -82,6 +82,13 @@ def items_from_anthropic_messages(
 ) -> list[Item]:
     """A Messages request's ``system`` and ``messages`` as the items an append of them stores (seq 1..n)."""
     return stored_from_proto(items_from_anthropic(messages, system))
+
+
+def items_from_converse_messages(
+    messages: Iterable[Mapping[str, Any]], system: Iterable[Mapping[str, Any]] | None = None
+) -> list[Item]:
+    """A Converse request's ``system`` and ``messages`` as the items an append of them stores (seq 1..n)."""
+    return stored_from_proto(items_from_converse(messages, system))
 
 
 def make_session(version: int, *, session_id: str = "s-1", policy_version: str = "") -> Session:

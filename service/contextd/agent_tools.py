@@ -94,9 +94,20 @@ TOOLS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 
 
 def definitions(view_format: ViewFormat) -> list[dict[str, Any]]:
-    """The tools, written as the provider's `tools` expects them."""
+    """The tools, written as the provider's `tools` expects them (Converse: its
+    ``toolConfig.tools``)."""
     if view_format is ViewFormat.ANTHROPIC_MESSAGES:
         return [{"name": PREFIX + name, "description": text, "input_schema": schema} for name, text, schema in TOOLS]
+    if view_format is ViewFormat.OPENAI_RESPONSES:
+        return [
+            {"type": "function", "name": PREFIX + name, "description": text, "parameters": schema}
+            for name, text, schema in TOOLS
+        ]
+    if view_format is ViewFormat.BEDROCK_CONVERSE:
+        return [
+            {"toolSpec": {"name": PREFIX + name, "description": text, "inputSchema": {"json": schema}}}
+            for name, text, schema in TOOLS
+        ]
     return [
         {"type": "function", "function": {"name": PREFIX + name, "description": text, "parameters": schema}}
         for name, text, schema in TOOLS

@@ -1,4 +1,4 @@
-"""The `contextd` command: serve, migrate, prune, certificates, config.
+"""The `contextd` command: serve, migrate, prune, certificates, watch, health, mcp, config.
 
     contextd serve [--listen HOST:PORT] [--database-url URL] [--redis-url URL] ...
     contextd migrate [--revision REV | --downgrade REV]
@@ -6,6 +6,7 @@
     contextd certificates verify --session ID [--tenant T]
     contextd watch [--session ID] [--cursor C] [--target HOST:PORT] [--api-key-file F] [--tls-ca F]
     contextd health [--target HOST:PORT] [--service NAME] [--tls-ca F]
+    contextd mcp [--session ID] [--target HOST:PORT] [--transport stdio|streamable-http] [--listen HOST:PORT]
     contextd config [--markdown]
 
 Every setting has an environment variable (service/contextd/config.py); each command
@@ -30,6 +31,7 @@ from contextd.logs import configure_logging
 # The settings an operator command reads; the rest still come from the environment.
 _MIGRATE_SETTINGS = ("database_url", "log_level", "log_format")
 _OPERATOR_SETTINGS = ("database_url", "lock_timeout_ms", "log_level", "log_format")
+_MCP_LISTEN = "127.0.0.1:8000"
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
@@ -79,6 +81,27 @@ def _parser() -> argparse.ArgumentParser:
     health.add_argument("--service", default="", help="the service to ask about (default: the server as a whole)")
     health.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer (default: 3)")
     health.add_argument("--tls-ca", help="PEM file of the CA that signed the server's certificate (TLS)")
+    mcp = commands.add_parser(
+        "mcp", help="serve contextd's agent tools to an MCP host (stdio, or streamable HTTP), through a running server"
+    )
+    _add_setting_flags(mcp, ("log_level", "log_format"))
+    mcp.add_argument(
+        "--session",
+        help="the session the tools act on; over HTTP, the default for requests without an x-contextd-session header",
+    )
+    mcp.add_argument("--target", default="127.0.0.1:50051", help="the contextd server (default: 127.0.0.1:50051)")
+    mcp.add_argument("--api-key-file", help="a file holding the API key (the tools see the key's tenant)")
+    mcp.add_argument("--tls-ca", help="PEM file of the CA that signed the server's certificate (TLS)")
+    mcp.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds a tool call may take, retries included (default: 10)"
+    )
+    mcp.add_argument("--transport", default="stdio", choices=["stdio", "streamable-http"], help="(default: stdio)")
+    mcp.add_argument(
+        "--listen",
+        dest="mcp_listen",
+        metavar="HOST:PORT",
+        help=f"where streamable HTTP answers, at /mcp (default: {_MCP_LISTEN}; port 0: any free one)",
+    )
     config = commands.add_parser("config", help="print the effective configuration")
     _add_setting_flags(config)
     config.add_argument("--markdown", action="store_true", help="print the settings table for the README")
@@ -119,6 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _watch(args)
     if args.command == "health":
         return _health(args)
+    if args.command == "mcp":
+        return _mcp(args)
     from contextd.api.server import StartupError, serve
 
     runner = asyncio.Runner()
@@ -212,6 +237,46 @@ def _health(args: argparse.Namespace) -> int:
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
     print(status)
     return 0 if answer.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    """Serve the agent tools over MCP until the host closes stdin (stdio) or a signal (HTTP)."""
+    import grpc
+
+    if args.transport == "stdio" and args.mcp_listen is not None:
+        print("contextd: --listen is for --transport streamable-http", file=sys.stderr)
+        return 2
+    try:
+        from contextd import mcp_server
+    except ModuleNotFoundError as exc:  # the MCP SDK and its server are an extra
+        if (exc.name or "").partition(".")[0] not in ("mcp", "mcp_types", "starlette", "uvicorn"):
+            raise
+        print(f"contextd: the mcp command needs the mcp extra: pip install 'contextd[mcp]' ({exc})", file=sys.stderr)
+        return 2
+    try:
+        api_key = Path(args.api_key_file).read_text().strip() if args.api_key_file else None
+        credentials = grpc.ssl_channel_credentials(Path(args.tls_ca).read_bytes()) if args.tls_ca else None
+    except OSError as exc:
+        print(f"contextd: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
+    connection = mcp_server.Connection(args.target, api_key, credentials, args.timeout)
+    if args.transport == "stdio":
+        if not args.session:
+            logging.getLogger(__name__).warning("no --session: every tool call will be refused")
+        try:
+            asyncio.run(mcp_server.serve_stdio(connection, args.session))
+        except KeyboardInterrupt:
+            return 130
+        return 0
+    listen = args.mcp_listen or _MCP_LISTEN
+    try:
+        listening = mcp_server.bind(listen)
+    except (OSError, ValueError) as exc:
+        print(f"contextd: cannot listen on {listen}: {exc}", file=sys.stderr)
+        return 1
+    with listening:
+        asyncio.run(mcp_server.serve_http(connection, args.session, listening))
+    return 0
 
 
 def _tenants_hint(settings: Settings, tenant: str) -> str:

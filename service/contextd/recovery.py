@@ -26,12 +26,13 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from contextd.engine.errors import InvalidArgument, LimitExceeded, OriginalNotFound
+from contextd.engine.errors import InvalidArgument, ItemRedacted, LimitExceeded, OriginalNotFound
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Item, Role, ToolUseBlock
 from contextd.engine.originals import original_text
 from contextd.engine.patterns import compile_pattern
 from contextd.engine.placeholders import arguments_digest, handle_of
+from contextd.engine.retraction import REDACTED
 from contextd.engine.tokens import TiktokenCounter
 from contextd.engine.types import target_of
 from contextd.engine.validation import MAX_NAME_LENGTH
@@ -131,6 +132,14 @@ class RecoveryService:
                 *(self.stash.put(scope, handle_of(item), Stashed(item.seq, original_text(item))) for item in batch)
             )
 
+    async def unstash_items(self, tenant: str, session_key: int, items: list[Item]) -> None:
+        """Drop the originals of redacted `items` from the stash (Retrieve refuses them anyway,
+        by the history's record; this frees them now rather than at their TTL)."""
+        scope = scope_of(tenant, session_key)
+        for start in range(0, len(items), STASH_WRITES_AT_ONCE):
+            batch = items[start : start + STASH_WRITES_AT_ONCE]
+            await asyncio.gather(*(self.stash.delete(scope, handle_of(item)) for item in batch))
+
     async def forget(self, tenant: str, session_key: int) -> None:
         """Drop a deleted session's stash (what it held is unreachable anyway: a new session of
         the same name has another key; this frees it now rather than at its TTL)."""
@@ -140,7 +149,8 @@ class RecoveryService:
         check_session_id(session_id)
         _check(query)
         # The session must exist now (a stash entry alone proves nothing once it is deleted).
-        scope = scope_of(tenant, await self.store.session_key(tenant, session_id))
+        key = await self.store.session_key(tenant, session_id)
+        scope = scope_of(tenant, key)
         found = await self.stash.get(scope, query.handle) if query.handle else None
         served_from = "stash"
         handle = query.handle
@@ -149,7 +159,10 @@ class RecoveryService:
             item = await self._durable(tenant, session_id, query)
             handle = handle_of(item)
             found = Stashed(item.seq, original_text(item))
+            await self._refuse_redacted(session_id, key, found.seq)
             await self.stash.put(scope, handle, found)  # warm again: the next ask is fast
+        else:
+            await self._refuse_redacted(session_id, key, found.seq)
         if len(found.text) > _INLINE_PAGE_CHARS:  # splitting, matching, tokenizing: off the event loop
             content, total_lines, total_tokens, next_offset = await asyncio.to_thread(
                 self._page, handle, found.text, query
@@ -162,6 +175,14 @@ class RecoveryService:
         annotate(session_id=session_id, tenant=tenant, served_from=served_from, tokens=total_tokens)
         return Page(handle, found.seq, content, total_lines, total_tokens, next_offset, served_from)
 
+    async def _refuse_redacted(self, session_id: str, key: int, seq: int) -> None:
+        """ItemRedacted when item `seq` was redacted: asked of the history every time, as the
+        stash may still hold an original that a redaction's unstashing missed (Redis down)."""
+        async with self.store.db.read() as conn:
+            withdrawn = await views.retractions(conn, key, [seq])
+        if withdrawn.get(seq) == REDACTED:
+            raise ItemRedacted(session_id, seq)
+
     async def search(self, tenant: str, session_id: str, query: SearchQuery) -> tuple[list[Hit], str]:
         """The session's items matching `query`, best first (full text) or in order, a page at a
         time: the hits and the token of the next page ("" after the last)."""
@@ -173,6 +194,9 @@ class RecoveryService:
         async with self.store.db.read() as conn:
             row, _, items = await self.store.history_in(conn, tenant, session_id)
             where = query.where
+            withdrawn = await views.retractions(conn, row["key"])
+            if withdrawn:  # no longer part of the conversation; a redacted one is never read again
+                where = replace(where, excluded=tuple(sorted(withdrawn)))
             if query.only_out_of_view:
                 where = replace(where, seqs=await self._out_of_view(conn, row["key"]))
             if pattern is not None:

@@ -20,6 +20,7 @@ from contextd.engine.errors import InvalidArgument, LimitExceeded
 from contextd.engine.model import Item, Representation, Session
 from contextd.engine.pipeline import Carry, RenderInput, RenderOutput, protection_map, render
 from contextd.engine.policy import Policy
+from contextd.engine.retraction import REDACTED, RETRACTED, certificate_of, retraction
 from contextd.engine.state import AppliedEdit, ViewState, state_to_json
 from contextd.engine.tokens import TokenCounter
 from contextd.engine.transforms import TransformRegistry
@@ -71,6 +72,7 @@ class ViewService:
         registry: TransformRegistry,
         clock: Callable[[], float] = time.time,
         on_pruned: Callable[[str, int, list[Item]], Awaitable[None]] | None = None,
+        on_redacted: Callable[[str, int, list[Item]], Awaitable[None]] | None = None,
         workers: RenderWorkers | None = None,
         states: views.StateCache | None = None,
     ) -> None:
@@ -80,6 +82,8 @@ class ViewService:
         self.clock = clock
         self.on_pruned = on_pruned
         """Told, after a render commits, the items it took out of the view (the stash keeps them)."""
+        self.on_redacted = on_redacted
+        """Told, after a redaction commits, the items it withheld (the stash forgets them)."""
         self.workers = workers
         """Where the engine runs (None: on the caller's thread, as the operator commands do)."""
         self._policies: dict[str, Policy] = {}
@@ -283,6 +287,36 @@ class ViewService:
         annotate(session_id=session_id, items=len(outcomes))
         return outcomes
 
+    async def retract(
+        self, tenant: str, session_id: str, seqs: Sequence[int], reason: str, redact: bool
+    ) -> tuple[list[int], list[Certificate]]:
+        """Withdraw items from every later view (engine/retraction.py), each with its certificate;
+        with `redact`, their content is withheld from every read too. Returns the seqs this call
+        retracted (items already retracted as asked are left as they are) and their certificates."""
+        check_session_id(session_id)
+        if len(reason) > MAX_PROPOSAL_REASON:
+            raise LimitExceeded.at("reason", f"{len(reason):,} characters, over the maximum of {MAX_PROPOSAL_REASON}")
+        async with self.store.db.write(tenant, session_id) as conn:
+            row, session, items = await self.store.history_in(conn, tenant, session_id)
+            _check_seqs(seqs, row["version"])
+            key = row["key"]
+            before = await views.retractions(conn, key, seqs)
+            wanted = REDACTED if redact else RETRACTED
+            todo = [s for s in sorted(set(seqs)) if before.get(s) not in (wanted, REDACTED)]
+            if not todo:
+                return [], []
+            edits = [retraction(items[s - 1], redact, self.counter) for s in todo]
+            await views.append_mutations(conn, key, edits)
+            stamp = Stamp(await views.state_version(conn, key), "", session.policy_version)
+            bodies = [certificate_of(items[s - 1], e, reason) for s, e in zip(todo, edits, strict=True)]
+            certificates = await views.append_certificates(conn, key, bodies, stamp)
+            retracted = {"seqs": todo, "reason": reason, "redacted": redact}
+            await events.record(conn, NewEvent(tenant, session_id, "items_retracted", retracted))
+        if redact and self.on_redacted is not None:
+            await self.on_redacted(tenant, key, [items[s - 1] for s in todo])
+        annotate(session_id=session_id, items=len(todo))
+        return todo, certificates
+
     async def list_certificates(
         self, tenant: str, session_id: str, where: views.CertificateFilter, page_size: int, page_token: str
     ) -> tuple[list[views.StoredCertificate], str]:
@@ -311,8 +345,10 @@ class ViewService:
             state = await views.load_state(conn, key, self._states)
             durable = await views.load_mutations(conn, key)
             history, _ = await views.list_certificates(conn, key, views.CertificateFilter(seq=seq), 1000, "")
+            redacted = (await views.retractions(conn, key, [seq])).get(seq) == REDACTED
+        item = items[seq - 1]
         return Explanation(
-            item=items[seq - 1],
+            item=replace(item, content=(), metadata={}) if redacted else item,  # its identity, never its content
             representation=_representation(seq, durable, state.applied, pins),
             pinned=seq in pins,
             protection=protection_map(items, await self.policy_of(session), pins).get(seq, ""),

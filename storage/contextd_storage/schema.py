@@ -261,6 +261,8 @@ mutations = Table(
     Column("seq", BigInteger, nullable=False),
     Column("edit", Json, nullable=False),
     Column("created_at", UtcTime, nullable=False),
+    # A client's retraction: "retracted" or "redacted" (engine/retraction.py); NULL for a rule's edit.
+    Column("retraction", String(16)),
 )
 
 

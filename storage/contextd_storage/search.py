@@ -90,6 +90,8 @@ class Where:
     tools: tuple[str, ...] = ()
     seqs: tuple[int, ...] | None = None
     """Only these (the items out of the view)."""
+    excluded: tuple[int, ...] = ()
+    """Never these (the items the client retracted)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +125,9 @@ def _filters(where: Where, dialect: str) -> tuple[str, dict[str, object]]:
     if where.seqs is not None:
         sql.append(_among("t.seq", "seqs", "bigint", dialect))
         params["seqs"] = _listed(where.seqs, dialect)
+    if where.excluded:
+        sql.append("NOT " + _among("t.seq", "excluded", "bigint", dialect))
+        params["excluded"] = _listed(where.excluded, dialect)
     return "".join(f" AND {s}" for s in sql), params
 
 

@@ -21,6 +21,7 @@ from contextd.engine.certificates import GENESIS, Certificate, CertificateBody, 
 from contextd.engine.changes import StateChange, advance, change_from_json
 from contextd.engine.errors import CallNotFound, UsageAlreadyReported
 from contextd.engine.pipeline import AgentProposal, Carry
+from contextd.engine.retraction import REDACTED, is_retraction
 from contextd.engine.state import (
     AppliedEdit,
     ControlMode,
@@ -413,10 +414,25 @@ async def append_mutations(conn: AsyncConnection, key: int, edits: Sequence[Appl
                 "seq": target_of(e.edit) or 0,
                 "edit": applied_to_json(e),
                 "created_at": now,
+                "retraction": e.reason if is_retraction(e) else None,
             }
             for n, e in enumerate(edits, start=1)
         ],
     )
+
+
+async def retractions(conn: AsyncConnection, key: int, seqs: Sequence[int] | None = None) -> dict[int, str]:
+    """seq -> "retracted" or "redacted" for the session's retracted items (of `seqs`, when
+    given); a redaction outranks a retraction of the same item."""
+    m = schema.mutations
+    query = select(m.c.seq, m.c.retraction).where(m.c.session_key == key, m.c.retraction.is_not(None))
+    if seqs is not None:
+        query = query.where(m.c.seq.in_(sorted(set(seqs))))
+    found: dict[int, str] = {}
+    for seq, kind in (await conn.execute(query)).all():
+        if found.get(int(seq)) != REDACTED:
+            found[int(seq)] = kind
+    return found
 
 
 async def mutation_targets(conn: AsyncConnection, key: int) -> frozenset[int]:

@@ -1,7 +1,8 @@
 """Acceptance: an OpenAI conversation with parallel tool calls and a tool
 error goes through the thin client and the service, comes back as Anthropic
 messages and from those back to OpenAI, byte-identical where the formats
-allow (docs/formats.md)."""
+allow (docs/formats.md); and a Bedrock Converse conversation in the SDK's form
+(bytes as bytes) comes back in that form."""
 
 from __future__ import annotations
 
@@ -83,3 +84,37 @@ def test_openai_to_anthropic_and_back_through_the_service(client: Client) -> Non
     returned = client.render_openai(second)[2]["tool_calls"][0]["function"]["arguments"]
     assert returned.encode() == original.encode()
     assert client.render_openai(second)[0]["content"].encode() == CONVERSATION[0]["content"].encode()
+
+
+def test_converse_in_the_sdks_form_comes_back_as_it_went_in(client: Client) -> None:
+    """What boto3 hands over (bytes as bytes) appended, and rendered back in that form."""
+    image = b"\x89PNG\r\n\x1a\n fake image"
+    messages: list[dict[str, Any]] = [
+        {
+            "role": "user",
+            "content": [{"text": "What fails here?"}, {"image": {"format": "png", "source": {"bytes": image}}}],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {"reasoningContent": {"reasoningText": {"text": "Run the tests.", "signature": "c2lnbmVk"}}},
+                {"toolUse": {"toolUseId": "tooluse_a", "name": "bash", "input": {"command": "pytest -x"}}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"toolResult": {"toolUseId": "tooluse_a", "content": [{"text": "1 failed"}], "status": "error"}}
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [{"reasoningContent": {"redactedContent": b"\x00opaque"}}, {"text": "x is 1."}],
+        },
+    ]
+    system = [{"text": "You are a careful coding agent. Ünïcode stays as it is: ✓"}]
+    session = client.create_session().id
+    client.append_converse(session, messages, system=system)
+    assert client.render_converse(session) == {"messages": messages, "system": system}
+    view = client.render_view(session, ViewFormat.BEDROCK_CONVERSE)
+    assert view.warnings == () and view.system == system

@@ -28,6 +28,9 @@ NOT_FOR_SERVING = (
     "tree_sitter_java",
     "matplotlib",  # the lab's, never the server's
     "contextd_lab",
+    "mcp",  # `contextd mcp`'s, never `contextd serve`'s
+    "uvicorn",
+    "starlette",
 )
 
 
@@ -41,7 +44,8 @@ def loaded_after(script: str, cwd: Path) -> dict[str, object]:
 
 def test_importing_the_server_leaves_out_what_serving_does_not_need(tmp_path: Path) -> None:
     found = loaded_after(
-        "import json, sys, contextd.api.server\nprint(json.dumps({'modules': list(sys.modules)}))", tmp_path
+        "import json, sys, contextd.cli, contextd.api.server\nprint(json.dumps({'modules': list(sys.modules)}))",
+        tmp_path,
     )
     modules = {str(name) for name in found["modules"]} if isinstance(found["modules"], list) else set()
     loaded = [name for name in NOT_FOR_SERVING if name in modules or any(m.startswith(f"{name}.") for m in modules)]

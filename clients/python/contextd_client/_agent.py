@@ -7,10 +7,12 @@ the model makes with them.
     for call in response_tool_calls:
         result = tools.execute(call) if tools.handles(call) else run_my_tool(call)   # the one line
 
-`execute` takes the call as the provider gave it (OpenAI: ``{"id", "type": "function",
-"function": {"name", "arguments"}}``; Anthropic: ``{"type": "tool_use", "id", "name",
-"input"}``) and returns the tool result in the same format (an OpenAI ``tool`` message; an
-Anthropic ``tool_result`` block), never raising: a failed call is an error result the model
+`execute` takes the call as the provider gave it (Chat Completions: ``{"id", "type":
+"function", "function": {"name", "arguments"}}``; Responses: ``{"type": "function_call",
+"call_id", "name", "arguments"}``; Anthropic: ``{"type": "tool_use", "id", "name", "input"}``;
+Converse: ``{"toolUse": {"toolUseId", "name", "input"}}``) and returns the tool result in the
+same format (a ``tool`` message; a ``function_call_output`` item; a ``tool_result`` block; a
+``toolResult`` block), never raising: a failed call is an error result the model
 reads. Results are bounded (the server caps pages and hits; the status lists at most 50
 items), so recovering context never floods it again.
 """
@@ -88,19 +90,20 @@ class _Tools:
             return call_id, f"bad arguments for {name}: {exc}"
 
     def _result(self, call_id: str, text: str, is_error: bool) -> dict[str, Any]:
-        if self.format is ViewFormat.ANTHROPIC_MESSAGES:
-            return {"type": "tool_result", "tool_use_id": call_id, "content": text, "is_error": is_error}
+        match self.format:
+            case ViewFormat.ANTHROPIC_MESSAGES:
+                return {"type": "tool_result", "tool_use_id": call_id, "content": text, "is_error": is_error}
+            case ViewFormat.BEDROCK_CONVERSE:
+                status = "error" if is_error else "success"
+                return {"toolResult": {"toolUseId": call_id, "content": [{"text": text}], "status": status}}
+            case ViewFormat.OPENAI_RESPONSES:
+                output = f"error: {text}" if is_error else text
+                return {"type": "function_call_output", "call_id": call_id, "output": output}
         return {"role": "tool", "tool_call_id": call_id, "content": f"error: {text}" if is_error else text}
 
     def _definitions_call(self) -> Call[list[dict[str, Any]]]:
-        fmt = (
-            api.VIEW_FORMAT_ANTHROPIC_MESSAGES
-            if self.format is ViewFormat.ANTHROPIC_MESSAGES
-            else api.VIEW_FORMAT_OPENAI_CHAT
-        )
-        return Call(
-            "GetAgentTools", api.GetAgentToolsRequest(format=fmt), lambda response: json.loads(response.tools_json)
-        )
+        request = api.GetAgentToolsRequest(format=self.format.to_proto())
+        return Call("GetAgentTools", request, lambda response: json.loads(response.tools_json))
 
 
 class AgentTools(_Tools):
@@ -167,23 +170,34 @@ def _as_mapping(call: Any) -> Mapping[str, Any]:
     return {}
 
 
+def _unwrapped(call: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A Converse ``{"toolUse": {...}}`` block's call; any other call as it is."""
+    inner = call.get("toolUse")
+    return inner if isinstance(inner, Mapping) else call
+
+
 def _name_of(call: Mapping[str, Any]) -> str:
+    call = _unwrapped(call)
     function = call.get("function")
     return str(function.get("name", "")) if isinstance(function, Mapping) else str(call.get("name", ""))
 
 
 def _read(call: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
-    """(id, name, arguments) of a call in either provider's format."""
+    """(id, name, arguments) of a call in any provider's format."""
+    call = _unwrapped(call)
     function = call.get("function")
-    if isinstance(function, Mapping):  # OpenAI: arguments are a JSON string
-        raw = function.get("arguments") or "{}"
-        arguments = json.loads(raw) if isinstance(raw, str) else raw
-        name = function["name"]
-    else:  # Anthropic: input is an object
-        arguments, name = call.get("input") or {}, call["name"]
+    if isinstance(function, Mapping):  # Chat Completions: arguments are a JSON string
+        raw, name, call_id = function.get("arguments") or "{}", function["name"], call["id"]
+    elif call.get("type") == "function_call":  # Responses: likewise, at the top
+        raw, name, call_id = call.get("arguments") or "{}", call["name"], call["call_id"]
+    else:  # Anthropic and Converse: input is an object
+        raw, name, call_id = call.get("input") or {}, call["name"], call.get("toolUseId", call.get("id"))
+    arguments = json.loads(raw) if isinstance(raw, str) else raw
     if not isinstance(arguments, Mapping):
         raise ValueError("the arguments are not a JSON object")
-    return str(call["id"]), str(name), arguments
+    if call_id is None:
+        raise KeyError("id")
+    return str(call_id), str(name), arguments
 
 
 _RETRIEVE = ("handle", "seq", "offset", "page_unit", "line_start", "line_end", "grep", "context_lines")

@@ -24,6 +24,7 @@ from contextd_client._calls import pin as _pin
 from contextd_client._calls import propose_prune as _propose_prune
 from contextd_client._calls import render_view as _render_view
 from contextd_client._calls import report_usage as _report_usage
+from contextd_client._calls import retract as _retract
 from contextd_client._calls import retrieve as _retrieve
 from contextd_client._calls import search as _search
 from contextd_client._calls import update_session as _update_session
@@ -34,6 +35,7 @@ from contextd_client._types import (
     Certificate,
     Explanation,
     PruneOutcome,
+    Retraction,
     Retrieved,
     SearchResults,
     Session,
@@ -43,7 +45,7 @@ from contextd_client._types import (
     ViewFormat,
 )
 from contextd_client._watch import AsyncWatch, WatchProgress
-from contextd_client.formats import items_from_anthropic, items_from_openai
+from contextd_client.formats import items_from_anthropic, items_from_converse, items_from_openai, items_from_responses
 from contextd_client.v1 import content_pb2 as pb
 from contextd_client.v1 import contextd_pb2 as api
 from contextd_client.v1 import contextd_pb2_grpc
@@ -138,6 +140,21 @@ class AsyncClient:
     ) -> AppendResult:
         return await self.append_items(session_id, items_from_anthropic(messages, system), **kwargs)
 
+    async def append_responses(
+        self, session_id: str, items: Sequence[Mapping[str, Any]], **kwargs: Any
+    ) -> AppendResult:
+        return await self.append_items(session_id, items_from_responses(items), **kwargs)
+
+    async def append_converse(
+        self,
+        session_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        system: Sequence[Mapping[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> AppendResult:
+        return await self.append_items(session_id, items_from_converse(messages, system), **kwargs)
+
     async def render_view(
         self,
         session_id: str,
@@ -164,6 +181,14 @@ class AsyncClient:
         )
         return view.anthropic_kwargs()
 
+    async def render_responses(self, session_id: str, *, budget_tokens: int = 0) -> list[dict[str, Any]]:
+        view = await self.render_view(session_id, ViewFormat.OPENAI_RESPONSES, budget_tokens=budget_tokens)
+        return view.messages
+
+    async def render_converse(self, session_id: str, *, budget_tokens: int = 0) -> dict[str, Any]:
+        view = await self.render_view(session_id, ViewFormat.BEDROCK_CONVERSE, budget_tokens=budget_tokens)
+        return view.converse_kwargs()
+
     # ------------------------------------------------------------ controls
 
     async def pin(self, session_id: str, seqs: Sequence[int]) -> list[int]:
@@ -176,6 +201,14 @@ class AsyncClient:
     async def propose_prune(self, session_id: str, seqs: Sequence[int], reason: str = "") -> list[PruneOutcome]:
         """Ask for items to be pruned (protected ones are refused); applied at a cache-safe point."""
         return await self._run(_propose_prune(session_id, seqs, reason))
+
+    async def retract(
+        self, session_id: str, seqs: Sequence[int], *, reason: str = "", redact: bool = False
+    ) -> Retraction:
+        """Withdraw items from every later view (a framework's "pop" or "redact"); each gets a
+        certificate, and the history keeps them. With `redact`, their content is never returned
+        again (Retrieve answers ITEM_REDACTED). Returns what this call retracted, certificates included."""
+        return await self._run(_retract(session_id, seqs, reason, redact))
 
     async def list_certificates(
         self,

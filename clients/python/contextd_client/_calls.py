@@ -23,6 +23,7 @@ from contextd_client._types import (
     Certificate,
     Explanation,
     PruneOutcome,
+    Retraction,
     Retrieved,
     SearchResults,
     Session,
@@ -210,6 +211,17 @@ def propose_prune(session_id: str, seqs: Sequence[int], reason: str) -> Call[lis
         api.ProposePruneRequest(session_id=session_id, seqs=list(seqs), reason=reason),
         lambda r: [PruneOutcome(o.seq, o.accepted, o.reason) for o in r.outcomes],
         safe_to_repeat=False,  # no key tells a repeat from a second proposal
+    )
+
+
+def retract(session_id: str, seqs: Sequence[int], reason: str, redact: bool) -> Call[Retraction]:
+    # Retracting twice is retracting once: safe to retry (a retry answers with nothing retracted).
+    request = api.RetractItemsRequest(session_id=session_id, seqs=list(seqs), reason=reason, redact=redact)
+    return Call(
+        "RetractItems",
+        request,
+        lambda r: Retraction(list(r.retracted), tuple(Certificate.from_proto(c) for c in r.certificates)),
+        writes=True,
     )
 
 

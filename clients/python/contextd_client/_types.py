@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,17 +17,20 @@ from contextd_client.v1 import contextd_pb2 as api
 class ViewFormat(StrEnum):
     OPENAI_CHAT = "openai_chat"
     ANTHROPIC_MESSAGES = "anthropic_messages"
+    OPENAI_RESPONSES = "openai_responses"
+    BEDROCK_CONVERSE = "bedrock_converse"
 
     def to_proto(self) -> api.ViewFormat.ValueType:
-        if self is ViewFormat.OPENAI_CHAT:
-            return api.VIEW_FORMAT_OPENAI_CHAT
-        return api.VIEW_FORMAT_ANTHROPIC_MESSAGES
+        return _TO_PROTO[self]
 
 
-_FORMATS = {
-    api.VIEW_FORMAT_OPENAI_CHAT: ViewFormat.OPENAI_CHAT.value,
-    api.VIEW_FORMAT_ANTHROPIC_MESSAGES: ViewFormat.ANTHROPIC_MESSAGES.value,
+_TO_PROTO: dict[ViewFormat, api.ViewFormat.ValueType] = {
+    ViewFormat.OPENAI_CHAT: api.VIEW_FORMAT_OPENAI_CHAT,
+    ViewFormat.ANTHROPIC_MESSAGES: api.VIEW_FORMAT_ANTHROPIC_MESSAGES,
+    ViewFormat.OPENAI_RESPONSES: api.VIEW_FORMAT_OPENAI_RESPONSES,
+    ViewFormat.BEDROCK_CONVERSE: api.VIEW_FORMAT_BEDROCK_CONVERSE,
 }
+_FORMATS = {value: fmt.value for fmt, value in _TO_PROTO.items()}
 
 
 def _time(ts: Any) -> datetime:
@@ -146,9 +150,19 @@ class View:
             kwargs["system"] = self.system
         return kwargs
 
+    def converse_kwargs(self) -> dict[str, Any]:
+        """``messages`` and, when present, ``system``, to splat into a Bedrock ``converse`` call
+        (boto3's ``bedrock-runtime``, Strands): the view's base64 text turned back into the bytes
+        the SDKs take (image and document ``source.bytes``, ``redactedContent``)."""
+        messages = [{**m, "content": [_converse_bytes(b) for b in m["content"]]} for m in self.messages]
+        kwargs: dict[str, Any] = {"messages": messages}
+        if self.system is not None:
+            kwargs["system"] = self.system
+        return kwargs
+
     @classmethod
     def from_proto(cls, message: api.View) -> View:
-        fmt = ViewFormat.OPENAI_CHAT if message.format == api.VIEW_FORMAT_OPENAI_CHAT else ViewFormat.ANTHROPIC_MESSAGES
+        fmt = ViewFormat(_FORMATS[message.format])
         return cls(
             session_id=message.session_id,
             version=message.version,
@@ -182,6 +196,21 @@ class View:
         )
 
 
+def _converse_bytes(block: dict[str, Any]) -> dict[str, Any]:
+    """A Converse content block with its base64 text as bytes (a copy where it changes)."""
+    for kind in ("image", "document"):
+        if kind in block and "bytes" in block[kind]["source"]:
+            source = {"bytes": base64.b64decode(block[kind]["source"]["bytes"])}
+            return {kind: {**block[kind], "source": source}}
+    if "toolResult" in block:
+        result = block["toolResult"]
+        return {"toolResult": {**result, "content": [_converse_bytes(p) for p in result["content"]]}}
+    reasoning = block.get("reasoningContent")
+    if reasoning is not None and "redactedContent" in reasoning:
+        return {"reasoningContent": {"redactedContent": base64.b64decode(reasoning["redactedContent"])}}
+    return block
+
+
 _DECISIONS = {
     api.DECISION_KEEP: "keep",
     api.DECISION_PRUNE: "prune",
@@ -189,7 +218,12 @@ _DECISIONS = {
     api.DECISION_ABSTAIN: "abstain",
     api.DECISION_APPLY: "apply",
 }
-_CONTROLS = {api.CONTROL_MODE_RULE: "rule", api.CONTROL_MODE_AGENT: "agent", api.CONTROL_MODE_OPERATOR: "operator"}
+_CONTROLS = {
+    api.CONTROL_MODE_RULE: "rule",
+    api.CONTROL_MODE_AGENT: "agent",
+    api.CONTROL_MODE_OPERATOR: "operator",
+    api.CONTROL_MODE_CLIENT: "client",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +254,8 @@ class Certificate:
     previous_hash: str
     hash: str
     view_format: str
-    """The format of the render that made the decision ("openai_chat", "anthropic_messages")."""
+    """The format of the render that made the decision ("openai_chat", "anthropic_messages", ...);
+    empty for a decision made outside a render (a retraction)."""
     created_at: datetime | None
     """When it was stored (None in a dry run)."""
 
@@ -250,6 +285,15 @@ class Certificate:
             view_format=_FORMATS.get(message.view_format, ""),
             created_at=_time(message.created_at) if message.HasField("created_at") else None,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Retraction:
+    """What RetractItems did: the items it retracted (those already retracted are left out)
+    and one certificate each."""
+
+    seqs: list[int]
+    certificates: tuple[Certificate, ...]
 
 
 @dataclass(frozen=True, slots=True)

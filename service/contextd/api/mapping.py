@@ -54,6 +54,8 @@ EFFECT_TO_PROTO = {v: k for k, v in EFFECTS.items()}
 FORMAT_TO_PROTO: dict[ViewFormat, api.ViewFormat.ValueType] = {
     ViewFormat.OPENAI_CHAT: api.VIEW_FORMAT_OPENAI_CHAT,
     ViewFormat.ANTHROPIC_MESSAGES: api.VIEW_FORMAT_ANTHROPIC_MESSAGES,
+    ViewFormat.OPENAI_RESPONSES: api.VIEW_FORMAT_OPENAI_RESPONSES,
+    ViewFormat.BEDROCK_CONVERSE: api.VIEW_FORMAT_BEDROCK_CONVERSE,
 }
 FORMATS: dict[int, ViewFormat] = {v: k for k, v in FORMAT_TO_PROTO.items()}
 REPRESENTATION_TO_PROTO = {
@@ -102,10 +104,10 @@ def _item(message: pb.Item, path: str, violations: list[FieldViolation]) -> Item
 def _block(block: pb.ContentBlock, path: str, violations: list[FieldViolation]) -> Block | None:
     kind = block.WhichOneof("block")
     if kind == "text":
-        return TextBlock(block.text.text)
+        return TextBlock(block.text.text, block.text.item_id)
     if kind == "tool_use":
         use = block.tool_use
-        return ToolUseBlock(use.id, use.name, use.input_json)
+        return ToolUseBlock(use.id, use.name, use.input_json, use.item_id)
     if kind == "tool_result":
         result = block.tool_result
         parts: list[ResultPart] = []
@@ -143,7 +145,7 @@ def _block(block: pb.ContentBlock, path: str, violations: list[FieldViolation]) 
         )
     if kind == "reasoning":
         r = block.reasoning
-        return ReasoningBlock(r.text, r.signature, r.redacted_data)
+        return ReasoningBlock(r.text, r.signature, r.redacted_data, r.item_id, r.encrypted_content)
     violations.append(FieldViolation(path, "the block has no kind set (text, tool_use, tool_result, ...)"))
     return None
 
@@ -178,9 +180,8 @@ def _effect(message: pb.Item, path: str, violations: list[FieldViolation]) -> To
 def view_format(value: int) -> ViewFormat:
     fmt = FORMATS.get(value)
     if fmt is None:
-        raise InvalidArgument.at(
-            "format", "set a view format: VIEW_FORMAT_OPENAI_CHAT or VIEW_FORMAT_ANTHROPIC_MESSAGES"
-        )
+        names = ", ".join(api.ViewFormat.Name(value) for value in FORMAT_TO_PROTO.values())
+        raise InvalidArgument.at("format", f"set a view format: one of {names}")
     return fmt
 
 
@@ -264,12 +265,14 @@ CONTROLS = {
     ControlMode.RULE: api.CONTROL_MODE_RULE,
     ControlMode.AGENT: api.CONTROL_MODE_AGENT,
     ControlMode.OPERATOR: api.CONTROL_MODE_OPERATOR,
+    ControlMode.CLIENT: api.CONTROL_MODE_CLIENT,
 }
 
 
 def certificate_to_proto(
-    cert: Certificate, session_id: str, view_format: ViewFormat, created_at: datetime | None = None
+    cert: Certificate, session_id: str, view_format: ViewFormat | None, created_at: datetime | None = None
 ) -> api.Certificate:
+    """`view_format`: the format of the render that made it (None: made outside a render)."""
     body = cert.body
     message = api.Certificate(
         id=str(cert.number) if cert.number else "",
@@ -293,7 +296,7 @@ def certificate_to_proto(
         previous_hash=cert.previous_hash,
         hash=cert.hash,
         rationale=body.rationale,
-        view_format=FORMAT_TO_PROTO[view_format],
+        view_format=FORMAT_TO_PROTO[view_format] if view_format is not None else api.VIEW_FORMAT_UNSPECIFIED,
     )
     if created_at is not None:
         message.created_at.CopyFrom(timestamp(created_at))
@@ -326,10 +329,10 @@ def item_to_proto(item: Item) -> pb.Item:
 
 def _block_to_proto(block: Block) -> pb.ContentBlock:
     match block:
-        case TextBlock(text):
-            return pb.ContentBlock(text=pb.TextBlock(text=text))
-        case ToolUseBlock(id, name, input_json):
-            return pb.ContentBlock(tool_use=pb.ToolUseBlock(id=id, name=name, input_json=input_json))
+        case TextBlock(text, item_id):
+            return pb.ContentBlock(text=pb.TextBlock(text=text, item_id=item_id))
+        case ToolUseBlock(id, name, input_json, item_id):
+            return pb.ContentBlock(tool_use=pb.ToolUseBlock(id=id, name=name, input_json=input_json, item_id=item_id))
         case ToolResultBlock(tool_use_id, content, is_error, name):
             return pb.ContentBlock(
                 tool_result=pb.ToolResultBlock(
@@ -352,9 +355,15 @@ def _block_to_proto(block: Block) -> pb.ContentBlock:
             elif text is not None:
                 doc.text = text
             return pb.ContentBlock(document=doc)
-        case ReasoningBlock(text, signature, redacted_data):
+        case ReasoningBlock(text, signature, redacted_data, item_id, encrypted_content):
             return pb.ContentBlock(
-                reasoning=pb.ReasoningBlock(text=text, signature=signature, redacted_data=redacted_data)
+                reasoning=pb.ReasoningBlock(
+                    text=text,
+                    signature=signature,
+                    redacted_data=redacted_data,
+                    item_id=item_id,
+                    encrypted_content=encrypted_content,
+                )
             )
     raise TypeError(f"not a content block: {block!r}")
 

@@ -116,7 +116,15 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     )
     sessions = SessionService(store, counter, limits, registry, admission)
     workers = RenderWorkers(settings.render_threads, wait_seconds=settings.lock_timeout_ms / 1000)
-    views = ViewService(store, counter, registry, on_pruned=recovery.stash_items, workers=workers, states=states)
+    views = ViewService(
+        store,
+        counter,
+        registry,
+        on_pruned=recovery.stash_items,
+        on_redacted=recovery.unstash_items,
+        workers=workers,
+        states=states,
+    )
     db.on_lock_wait = metrics.lock_wait.record
     feed = EventFeed(
         store,

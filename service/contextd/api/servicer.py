@@ -30,8 +30,9 @@ Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
 def _certificate(session_id: str, stored: StoredCertificate) -> api.Certificate:
+    made_in = stored.certificate.stamp.view_format
     return mapping.certificate_to_proto(
-        stored.certificate, session_id, ViewFormat(stored.certificate.view_format), stored.created_at
+        stored.certificate, session_id, ViewFormat(made_in) if made_in else None, stored.created_at
     )
 
 
@@ -192,6 +193,15 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
         )
         return api.ProposePruneResponse(
             outcomes=[api.PruneProposalOutcome(seq=o.seq, accepted=o.accepted, reason=o.reason) for o in outcomes]
+        )
+
+    async def RetractItems(self, request: api.RetractItemsRequest, context: Context) -> api.RetractItemsResponse:
+        retracted, certificates = await self.views.retract(
+            current_tenant(), request.session_id, list(request.seqs), request.reason, request.redact
+        )
+        return api.RetractItemsResponse(
+            retracted=retracted,
+            certificates=[mapping.certificate_to_proto(c, request.session_id, None) for c in certificates],
         )
 
     async def ListCertificates(

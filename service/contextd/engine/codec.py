@@ -35,13 +35,20 @@ def b64_text(data: bytes) -> str:
 
 def block_to_json(block: Block) -> JsonObject:
     """One block as a JSON-ready dict; defaults are left out."""
+    out: JsonObject
     match block:
-        case TextBlock(text):
-            return {"type": "text", "text": text}
-        case ToolUseBlock(id, name, input_json):
-            return {"type": "tool_use", "id": id, "name": name, "input_json": input_json}
+        case TextBlock(text, item_id):
+            out = {"type": "text", "text": text}
+            if item_id:
+                out["item_id"] = item_id
+            return out
+        case ToolUseBlock(id, name, input_json, item_id):
+            out = {"type": "tool_use", "id": id, "name": name, "input_json": input_json}
+            if item_id:
+                out["item_id"] = item_id
+            return out
         case ToolResultBlock(tool_use_id, content, is_error, name):
-            out: JsonObject = {"type": "tool_result", "tool_use_id": tool_use_id, "content": blocks_to_json(content)}
+            out = {"type": "tool_result", "tool_use_id": tool_use_id, "content": blocks_to_json(content)}
             if is_error:
                 out["is_error"] = True
             if name:
@@ -59,12 +66,16 @@ def block_to_json(block: Block) -> JsonObject:
             if title:
                 out["title"] = title
             return out
-        case ReasoningBlock(text, signature, redacted_data):
+        case ReasoningBlock(text, signature, redacted_data, item_id, encrypted_content):
             out = {"type": "reasoning", "text": text}
-            if signature:
-                out["signature"] = signature
-            if redacted_data:
-                out["redacted_data"] = redacted_data
+            for key, value in (
+                ("signature", signature),
+                ("redacted_data", redacted_data),
+                ("item_id", item_id),
+                ("encrypted_content", encrypted_content),
+            ):
+                if value:
+                    out[key] = value
             return out
     raise TypeError(f"not a content block: {block!r}")
 
@@ -85,9 +96,9 @@ def blocks_to_json(blocks: Iterable[Block]) -> list[JsonObject]:
 def block_from_json(obj: JsonObject) -> Block:
     kind = obj["type"]
     if kind == "text":
-        return TextBlock(obj["text"])
+        return TextBlock(obj["text"], obj.get("item_id", ""))
     if kind == "tool_use":
-        return ToolUseBlock(obj["id"], obj["name"], obj["input_json"])
+        return ToolUseBlock(obj["id"], obj["name"], obj["input_json"], obj.get("item_id", ""))
     if kind == "tool_result":
         return ToolResultBlock(
             tool_use_id=obj["tool_use_id"],
@@ -101,7 +112,13 @@ def block_from_json(obj: JsonObject) -> Block:
     if kind == "document":
         return DocumentBlock(obj["media_type"], data, obj.get("uri"), obj.get("text"), obj.get("title", ""))
     if kind == "reasoning":
-        return ReasoningBlock(obj.get("text", ""), obj.get("signature", ""), obj.get("redacted_data", ""))
+        return ReasoningBlock(
+            obj.get("text", ""),
+            obj.get("signature", ""),
+            obj.get("redacted_data", ""),
+            obj.get("item_id", ""),
+            obj.get("encrypted_content", ""),
+        )
     raise ValueError(f"unknown block type {kind!r}")
 
 

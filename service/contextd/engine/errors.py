@@ -67,6 +67,18 @@ class OriginalNotFound(ContextdError):
         super().__init__(f"{what} names nothing in session {session_id!r}", {"session_id": session_id})
 
 
+class ItemRedacted(ContextdError):
+    """The item was redacted (RetractItems with redact): its content is never returned."""
+
+    reason = "ITEM_REDACTED"
+
+    def __init__(self, session_id: str, seq: int) -> None:
+        super().__init__(
+            f"seq {seq} of session {session_id!r} was redacted: its content is not returned",
+            {"session_id": session_id, "seq": str(seq)},
+        )
+
+
 class SessionExists(ContextdError):
     reason = "SESSION_EXISTS"
 

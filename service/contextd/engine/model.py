@@ -46,6 +46,8 @@ class ToolEffectKind(StrEnum):
 @dataclass(frozen=True, slots=True)
 class TextBlock:
     text: str
+    item_id: str = ""
+    """The provider's id of the output message it came from (OpenAI Responses ``msg_…``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,8 @@ class ToolUseBlock:
     name: str
     input_json: str
     """The arguments as JSON object text, kept byte-for-byte."""
+    item_id: str = ""
+    """The provider's id of the call as an output item (OpenAI Responses ``fc_…``); ``id`` is its call id."""
 
     def argument_text(self) -> str:
         """The string arguments, decoded (a command as the agent typed it, not as JSON escapes it)."""
@@ -83,8 +87,20 @@ class DocumentBlock:
 @dataclass(frozen=True, slots=True)
 class ReasoningBlock:
     text: str = ""
+    """The reasoning, or (OpenAI Responses) its summary."""
     signature: str = ""
+    """Anthropic's signature of ``text``."""
     redacted_data: str = ""
+    """Anthropic's redacted reasoning."""
+    item_id: str = ""
+    """OpenAI Responses: the reasoning item's id (``rs_…``)."""
+    encrypted_content: str = ""
+    """OpenAI Responses: the reasoning, encrypted; sent back unchanged."""
+
+    @property
+    def opaque(self) -> bool:
+        """Whether a provider needs it back unchanged (signed, redacted or encrypted)."""
+        return bool(self.signature or self.redacted_data or self.encrypted_content)
 
 
 ResultPart = TextBlock | ImageBlock | DocumentBlock

@@ -81,5 +81,5 @@ def with_calls(
     Pairing needs the calls; providers that sign reasoning want it sent back,
     first in the turn, with the calls it led to.
     """
-    signed = tuple(b for b in original if isinstance(b, ReasoningBlock) and (b.signature or b.redacted_data))
+    signed = tuple(b for b in original if isinstance(b, ReasoningBlock) and b.opaque)
     return (*signed, *texts, *(calls or tuple(b for b in original if isinstance(b, ToolUseBlock))))

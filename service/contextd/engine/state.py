@@ -26,6 +26,8 @@ class ControlMode(StrEnum):
     RULE = "rule"
     AGENT = "agent"
     OPERATOR = "operator"
+    CLIENT = "client"
+    """The client itself: a retraction (RetractItems)."""
 
 
 class Segment(NamedTuple):

@@ -106,6 +106,8 @@ def block_tokens(block: Block, counter: TokenCounter) -> int:
         case DocumentBlock():
             return BINARY_DOCUMENT_TOKENS
         case ReasoningBlock(text, _, redacted_data):
+            # Not `encrypted_content`: OpenAI bills the reasoning it decrypts, whose
+            # size the ciphertext does not tell (and it mostly drops earlier turns').
             return counter.count(text) + counter.count(redacted_data)
     raise TypeError(f"not a content block: {block!r}")
 

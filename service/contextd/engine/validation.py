@@ -69,18 +69,18 @@ def item_bytes(item: ItemContent) -> int:
 
 def _block_bytes(block: Block) -> int:
     match block:
-        case TextBlock(text):
-            return len(text.encode())
-        case ToolUseBlock(id, name, input_json):
-            return len(id.encode()) + len(name.encode()) + len(input_json.encode())
+        case TextBlock(text, item_id):
+            return len(text.encode()) + len(item_id.encode())
+        case ToolUseBlock(id, name, input_json, item_id):
+            return len(id.encode()) + len(name.encode()) + len(input_json.encode()) + len(item_id.encode())
         case ToolResultBlock(tool_use_id, content):
             return len(tool_use_id.encode()) + sum(_block_bytes(p) for p in content)
         case ImageBlock(_, data, uri):
             return len(data or b"") + len((uri or "").encode())
         case DocumentBlock(_, data, uri, text):
             return len(data or b"") + len((uri or "").encode()) + len((text or "").encode())
-        case ReasoningBlock(text, signature, redacted):
-            return len(text.encode()) + len(signature.encode()) + len(redacted.encode())
+        case ReasoningBlock(text, signature, redacted, item_id, encrypted):
+            return sum(len(field.encode()) for field in (text, signature, redacted, item_id, encrypted))
     raise TypeError(f"not a content block: {block!r}")
 
 
@@ -169,8 +169,10 @@ def _check_block(block: Block, role: Role, path: str) -> list[FieldViolation]:
             if data is not None and not media_type:
                 return [FieldViolation(f"{at}.media_type", "media_type is required with data")]
             return []
-        case ReasoningBlock(text, _, redacted):
-            return [] if text or redacted else [FieldViolation(at, "reasoning needs text or redacted_data")]
+        case ReasoningBlock(text, _, redacted, _, encrypted):
+            if text or redacted or encrypted:
+                return []
+            return [FieldViolation(at, "reasoning needs text, redacted_data or encrypted_content")]
     return []
 
 

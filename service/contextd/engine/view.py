@@ -20,7 +20,9 @@ from contextd.engine.model import Block, Representation, Session
 from contextd.engine.placeholders import handle_of
 from contextd.engine.render.anthropic import AnthropicFolder
 from contextd.engine.render.base import Folder, Rendered, ViewWarning, to_json
+from contextd.engine.render.converse import ConverseFolder
 from contextd.engine.render.openai import OpenAIFolder
+from contextd.engine.render.responses import ResponsesFolder
 from contextd.engine.state import Segment
 from contextd.engine.tokens import TokenCounter, block_tokens
 from contextd.engine.types import Entry
@@ -36,6 +38,8 @@ REPLY_PRIMING_TOKENS = 3
 class ViewFormat(StrEnum):
     OPENAI_CHAT = "openai_chat"
     ANTHROPIC_MESSAGES = "anthropic_messages"
+    OPENAI_RESPONSES = "openai_responses"
+    BEDROCK_CONVERSE = "bedrock_converse"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +68,7 @@ class View:
     encoding: str
     messages_json: str
     system_json: str
-    """Anthropic's ``system`` as JSON; empty when there is none."""
+    """The top-level ``system`` as JSON (Anthropic, Converse); empty when there is none."""
     items: tuple[ViewItem, ...]
     item_tokens: int
     framing_tokens: int
@@ -86,6 +90,8 @@ class View:
 _FOLDERS: dict[ViewFormat, Callable[[Rendered], Folder]] = {
     ViewFormat.OPENAI_CHAT: OpenAIFolder,
     ViewFormat.ANTHROPIC_MESSAGES: AnthropicFolder,
+    ViewFormat.OPENAI_RESPONSES: ResponsesFolder,
+    ViewFormat.BEDROCK_CONVERSE: ConverseFolder,
 }
 
 

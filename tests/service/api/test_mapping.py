@@ -258,8 +258,14 @@ def test_local_times_are_sent_in_utc() -> None:
 def test_view_format() -> None:
     assert view_format(api.VIEW_FORMAT_OPENAI_CHAT) is ViewFormat.OPENAI_CHAT
     assert view_format(api.VIEW_FORMAT_ANTHROPIC_MESSAGES) is ViewFormat.ANTHROPIC_MESSAGES
+    assert view_format(api.VIEW_FORMAT_OPENAI_RESPONSES) is ViewFormat.OPENAI_RESPONSES
+    assert view_format(api.VIEW_FORMAT_BEDROCK_CONVERSE) is ViewFormat.BEDROCK_CONVERSE
     with pytest.raises(InvalidArgument) as caught:
         view_format(0)
     assert caught.value.violations == (
-        FieldViolation("format", "set a view format: VIEW_FORMAT_OPENAI_CHAT or VIEW_FORMAT_ANTHROPIC_MESSAGES"),
+        FieldViolation(
+            "format",
+            "set a view format: one of VIEW_FORMAT_OPENAI_CHAT, VIEW_FORMAT_ANTHROPIC_MESSAGES, "
+            "VIEW_FORMAT_OPENAI_RESPONSES, VIEW_FORMAT_BEDROCK_CONVERSE",
+        ),
     )

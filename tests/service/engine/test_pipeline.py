@@ -17,6 +17,7 @@ from contextd.engine.model import (
     ImageBlock,
     Item,
     ItemContent,
+    ReasoningBlock,
     Representation,
     Role,
     TextBlock,
@@ -43,10 +44,13 @@ from tests.helpers import counter, make_session, stored_items, to_item
 from tests.service.engine.conversations import conversations
 from tests.service.engine.test_changes import assert_change_makes
 from tests.service.engine.transforms_for_tests import registry
-from tests.validators import check_anthropic, check_openai
+from tests.validators import check_anthropic, check_converse, check_openai, check_responses
 
 REGISTRY = registry()
 OPENAI, ANTHROPIC = ViewFormat.OPENAI_CHAT, ViewFormat.ANTHROPIC_MESSAGES
+CONVERSE = ViewFormat.BEDROCK_CONVERSE
+RESPONSES = ViewFormat.OPENAI_RESPONSES
+FORMATS = [OPENAI, ANTHROPIC, CONVERSE, RESPONSES]
 
 
 def run(
@@ -414,7 +418,7 @@ def stream(out: RenderOutput) -> str:
     return out.view.system_json + "\n" + out.view.messages_json.rstrip("]}")
 
 
-@pytest.mark.parametrize("fmt", [OPENAI, ANTHROPIC])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_renders_after_appends_keep_the_previous_bytes_as_an_exact_prefix(fmt: ViewFormat) -> None:
     contents: list[ItemContent] = [
         ItemContent(role=Role.SYSTEM, content=(TextBlock("system"),)),
@@ -746,18 +750,18 @@ rules:
 
 # Examples are sized so each property takes seconds even on a busy machine (CI runs them
 # derandomized: the same examples every run).
-@pytest.mark.parametrize("fmt", [OPENAI, ANTHROPIC])
+@pytest.mark.parametrize("fmt", FORMATS)
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversations(), st.sampled_from("abcdefghij"), st.sampled_from("klmnop"), st.booleans())
 def test_any_edits_leave_views_the_providers_accept(
     fmt: ViewFormat, items: list[Item], drop: str, shorten: str, placeholder: bool
 ) -> None:
     policy = SCRIPTED % ("true" if placeholder else "false", drop, shorten)
-    check_view(run(items, policy, fmt=fmt, force=True), fmt)
+    check_view(run(items, policy, fmt=fmt, force=True), fmt, items)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(conversations(), st.sampled_from("abcdefghij"), st.floats(0, 10_000), st.sampled_from([OPENAI, ANTHROPIC]))
+@given(conversations(), st.sampled_from("abcdefghij"), st.floats(0, 10_000), st.sampled_from(FORMATS))
 def test_the_same_inputs_give_byte_identical_views(
     items: list[Item], marker: str, clock: float, fmt: ViewFormat
 ) -> None:
@@ -769,12 +773,30 @@ def test_the_same_inputs_give_byte_identical_views(
     assert replayed == again[0]
 
 
-def check_view(out: RenderOutput, fmt: ViewFormat) -> None:
+def check_view(out: RenderOutput, fmt: ViewFormat, items: Sequence[Item] = ()) -> None:
+    """`out`'s view is one its provider accepts; `items` (the history) tell the Responses
+    API's pairs: each id and the reasoning it was produced after."""
     messages = json.loads(out.view.messages_json)
     if fmt is OPENAI:
         check_openai(messages)
+    elif fmt is RESPONSES:
+        check_responses(messages, _pairs(items))
+    elif fmt is CONVERSE:
+        check_converse(json.loads(out.view.system_json) if out.view.system_json else None, messages)
     else:
         check_anthropic(json.loads(out.view.system_json) if out.view.system_json else None, messages)
+
+
+def _pairs(items: Sequence[Item]) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in items:
+        reasoning = ""
+        for block in item.content:
+            if isinstance(block, ReasoningBlock):
+                reasoning = block.item_id
+            elif reasoning and isinstance(block, TextBlock | ToolUseBlock) and block.item_id:
+                pairs[block.item_id] = reasoning
+    return pairs
 
 
 def complete_prefixes(items: Sequence[Item]) -> list[int]:
@@ -802,7 +824,7 @@ rules:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversations(), st.data())
 def test_edits_in_force_across_appends_leave_views_the_providers_accept(items: list[Item], data: st.DataObject) -> None:
-    fmt = data.draw(st.sampled_from([OPENAI, ANTHROPIC]))
+    fmt = data.draw(st.sampled_from(FORMATS))
     markers = [data.draw(st.sampled_from("abcdefghijklmnop")) for _ in range(3)]
     policy = CARRIED % (data.draw(st.integers(0, 2)), data.draw(st.sampled_from(["true", "false"])), *markers)
     if data.draw(st.booleans()):
@@ -949,7 +971,7 @@ def test_a_render_from_the_carry_is_the_render_without_it(items: list[Item], dat
             policy,
             previous,
             now,
-            fmt=data.draw(st.sampled_from([OPENAI, ANTHROPIC])),
+            fmt=data.draw(st.sampled_from(FORMATS)),
             budget=data.draw(st.sampled_from([0, 200, 5_000])),
             pins=pins,
             durable=durable,
@@ -1062,7 +1084,7 @@ def test_the_stored_state_is_the_plain_serialization_of_the_state() -> None:
         assert state_from_json(state_to_json(state)) == state
 
 
-@pytest.mark.parametrize("fmt", [OPENAI, ANTHROPIC])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_a_view_that_fits_its_budget_exactly_offloads_nothing(fmt: ViewFormat) -> None:
     # Parallel calls: the Messages format merges their results into one message.
     rounds = []

@@ -333,7 +333,7 @@ def test_reasoning_needs_text_or_redacted_data() -> None:
     check_batch([item(Role.ASSISTANT, ReasoningBlock("think"))], LIMITS)
     check_batch([item(Role.ASSISTANT, ReasoningBlock(redacted_data="opaque"))], LIMITS)
     assert only_violation(ReasoningBlock(signature="sig"), role=Role.ASSISTANT) == FieldViolation(
-        "items[0].content[0].reasoning", "reasoning needs text or redacted_data"
+        "items[0].content[0].reasoning", "reasoning needs text, redacted_data or encrypted_content"
     )
 
 

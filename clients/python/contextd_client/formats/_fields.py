@@ -30,3 +30,14 @@ def decode_base64(data: str, path: str) -> bytes:
         return base64.b64decode(data, validate=True)
     except binascii.Error as exc:
         raise ValueError(f"{path}: bad base64 ({exc})") from None
+
+
+def data_uri(url: str, path: str) -> tuple[str, bytes] | None:
+    """(media type, bytes) of a base64 data URI; None for any other URL."""
+    if not url.startswith("data:"):
+        return None
+    header, sep, payload = url[5:].partition(",")
+    media_type, *parameters = header.split(";")
+    if not sep or not parameters or parameters[-1] != "base64":
+        raise ValueError(f"{path}: only base64 data URIs are supported")
+    return media_type, decode_base64(payload, path)

@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from contextd_client.formats._fields import decode_base64, require_object, require_string
+from contextd_client.formats._fields import data_uri, require_object, require_string
 from contextd_client.v1 import content_pb2 as pb
 
 _ROLES = {"system": pb.ROLE_SYSTEM, "developer": pb.ROLE_SYSTEM, "user": pb.ROLE_USER}
@@ -105,7 +105,7 @@ def _part(part: Mapping[str, Any], path: str) -> pb.ContentBlock:
         image_url = require_object(part.get("image_url"), f"{path}.image_url")
         url = require_string(image_url, "url", f"{path}.image_url")
         image = pb.ImageBlock(detail=image_url.get("detail", ""))
-        decoded = _data_uri(url, path)
+        decoded = data_uri(url, path)
         if decoded is None:
             image.uri = url
         else:
@@ -115,7 +115,7 @@ def _part(part: Mapping[str, Any], path: str) -> pb.ContentBlock:
         file = require_object(part.get("file"), f"{path}.file")
         document = pb.DocumentBlock(title=file.get("filename", ""))
         if "file_data" in file:
-            decoded = _data_uri(file["file_data"], path)
+            decoded = data_uri(file["file_data"], path)
             if decoded is None:
                 raise ValueError(f"{path}.file.file_data: expected a base64 data URI")
             document.media_type, document.data = decoded
@@ -125,14 +125,3 @@ def _part(part: Mapping[str, Any], path: str) -> pb.ContentBlock:
             raise ValueError(f"{path}.file: needs file_data or file_id")
         return pb.ContentBlock(document=document)
     raise ValueError(f"{path}.type: unsupported content part {kind!r}")
-
-
-def _data_uri(url: str, path: str) -> tuple[str, bytes] | None:
-    """(media type, bytes) of a base64 data URI; None for any other URL."""
-    if not url.startswith("data:"):
-        return None
-    header, sep, payload = url[5:].partition(",")
-    media_type, *parameters = header.split(";")
-    if not sep or not parameters or parameters[-1] != "base64":
-        raise ValueError(f"{path}: only base64 data URIs are supported")
-    return media_type, decode_base64(payload, path)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63ontextd/v1/content.proto\x12\x0b\x63ontextd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x19\n\tTextBlock\x12\x0c\n\x04text\x18\x01 \x01(\t\"<\n\x0cToolUseBlock\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\ninput_json\x18\x03 \x01(\t\"r\n\x0fToolResultBlock\x12\x13\n\x0btool_use_id\x18\x01 \x01(\t\x12*\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x19.contextd.v1.ContentBlock\x12\x10\n\x08is_error\x18\x03 \x01(\x08\x12\x0c\n\x04name\x18\x04 \x01(\t\"Y\n\nImageBlock\x12\x12\n\nmedia_type\x18\x01 \x01(\t\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\r\n\x03uri\x18\x03 \x01(\tH\x00\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\tB\x08\n\x06source\"k\n\rDocumentBlock\x12\x12\n\nmedia_type\x18\x01 \x01(\t\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\r\n\x03uri\x18\x03 \x01(\tH\x00\x12\x0e\n\x04text\x18\x04 \x01(\tH\x00\x12\r\n\x05title\x18\x05 \x01(\tB\x08\n\x06source\"H\n\x0eReasoningBlock\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\t\x12\x15\n\rredacted_data\x18\x03 \x01(\t\"\xaf\x02\n\x0c\x43ontentBlock\x12&\n\x04text\x18\x01 \x01(\x0b\x32\x16.contextd.v1.TextBlockH\x00\x12-\n\x08tool_use\x18\x02 \x01(\x0b\x32\x19.contextd.v1.ToolUseBlockH\x00\x12\x33\n\x0btool_result\x18\x03 \x01(\x0b\x32\x1c.contextd.v1.ToolResultBlockH\x00\x12(\n\x05image\x18\x04 \x01(\x0b\x32\x17.contextd.v1.ImageBlockH\x00\x12.\n\x08\x64ocument\x18\x05 \x01(\x0b\x32\x1a.contextd.v1.DocumentBlockH\x00\x12\x30\n\treasoning\x18\x06 \x01(\x0b\x32\x1b.contextd.v1.ReasoningBlockH\x00\x42\x07\n\x05\x62lock\"W\n\x06Source\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12/\n\x0bobserved_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"K\n\nToolEffect\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.contextd.v1.ToolEffectKind\x12\x12\n\nsource_arg\x18\x02 \x01(\t\"\x90\x03\n\x04Item\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x1f\n\x04role\x18\x02 \x01(\x0e\x32\x11.contextd.v1.Role\x12*\n\x07\x63ontent\x18\x03 \x03(\x0b\x32\x19.contextd.v1.ContentBlock\x12#\n\x06source\x18\x04 \x01(\x0b\x32\x13.contextd.v1.Source\x12,\n\x0btool_effect\x18\x05 \x01(\x0b\x32\x17.contextd.v1.ToolEffect\x12\x0c\n\x04name\x18\x06 \x01(\t\x12\x31\n\x08metadata\x18\x07 \x03(\x0b\x32\x1f.contextd.v1.Item.MetadataEntry\x12\x14\n\x0c\x63ontent_hash\x18\x08 \x01(\t\x12\x13\n\x0btoken_count\x18\t \x01(\r\x12\x0e\n\x06\x61uthor\x18\n \x01(\t\x12.\n\ncreated_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*_\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_SYSTEM\x10\x01\x12\r\n\tROLE_USER\x10\x02\x12\x12\n\x0eROLE_ASSISTANT\x10\x03\x12\r\n\tROLE_TOOL\x10\x04*\xa3\x01\n\x0eToolEffectKind\x12 \n\x1cTOOL_EFFECT_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_EFFECT_KIND_READ\x10\x01\x12\x1a\n\x16TOOL_EFFECT_KIND_WRITE\x10\x02\x12\x19\n\x15TOOL_EFFECT_KIND_PURE\x10\x03\x12\x1d\n\x19TOOL_EFFECT_KIND_VOLATILE\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63ontextd/v1/content.proto\x12\x0b\x63ontextd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"*\n\tTextBlock\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07item_id\x18\x02 \x01(\t\"M\n\x0cToolUseBlock\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\ninput_json\x18\x03 \x01(\t\x12\x0f\n\x07item_id\x18\x04 \x01(\t\"r\n\x0fToolResultBlock\x12\x13\n\x0btool_use_id\x18\x01 \x01(\t\x12*\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x19.contextd.v1.ContentBlock\x12\x10\n\x08is_error\x18\x03 \x01(\x08\x12\x0c\n\x04name\x18\x04 \x01(\t\"Y\n\nImageBlock\x12\x12\n\nmedia_type\x18\x01 \x01(\t\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\r\n\x03uri\x18\x03 \x01(\tH\x00\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\tB\x08\n\x06source\"k\n\rDocumentBlock\x12\x12\n\nmedia_type\x18\x01 \x01(\t\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\r\n\x03uri\x18\x03 \x01(\tH\x00\x12\x0e\n\x04text\x18\x04 \x01(\tH\x00\x12\r\n\x05title\x18\x05 \x01(\tB\x08\n\x06source\"t\n\x0eReasoningBlock\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\tsignature\x18\x02 \x01(\t\x12\x15\n\rredacted_data\x18\x03 \x01(\t\x12\x0f\n\x07item_id\x18\x04 \x01(\t\x12\x19\n\x11\x65ncrypted_content\x18\x05 \x01(\t\"\xaf\x02\n\x0c\x43ontentBlock\x12&\n\x04text\x18\x01 \x01(\x0b\x32\x16.contextd.v1.TextBlockH\x00\x12-\n\x08tool_use\x18\x02 \x01(\x0b\x32\x19.contextd.v1.ToolUseBlockH\x00\x12\x33\n\x0btool_result\x18\x03 \x01(\x0b\x32\x1c.contextd.v1.ToolResultBlockH\x00\x12(\n\x05image\x18\x04 \x01(\x0b\x32\x17.contextd.v1.ImageBlockH\x00\x12.\n\x08\x64ocument\x18\x05 \x01(\x0b\x32\x1a.contextd.v1.DocumentBlockH\x00\x12\x30\n\treasoning\x18\x06 \x01(\x0b\x32\x1b.contextd.v1.ReasoningBlockH\x00\x42\x07\n\x05\x62lock\"W\n\x06Source\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12/\n\x0bobserved_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"K\n\nToolEffect\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.contextd.v1.ToolEffectKind\x12\x12\n\nsource_arg\x18\x02 \x01(\t\"\x90\x03\n\x04Item\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x1f\n\x04role\x18\x02 \x01(\x0e\x32\x11.contextd.v1.Role\x12*\n\x07\x63ontent\x18\x03 \x03(\x0b\x32\x19.contextd.v1.ContentBlock\x12#\n\x06source\x18\x04 \x01(\x0b\x32\x13.contextd.v1.Source\x12,\n\x0btool_effect\x18\x05 \x01(\x0b\x32\x17.contextd.v1.ToolEffect\x12\x0c\n\x04name\x18\x06 \x01(\t\x12\x31\n\x08metadata\x18\x07 \x03(\x0b\x32\x1f.contextd.v1.Item.MetadataEntry\x12\x14\n\x0c\x63ontent_hash\x18\x08 \x01(\t\x12\x13\n\x0btoken_count\x18\t \x01(\r\x12\x0e\n\x06\x61uthor\x18\n \x01(\t\x12.\n\ncreated_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*_\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_SYSTEM\x10\x01\x12\r\n\tROLE_USER\x10\x02\x12\x12\n\x0eROLE_ASSISTANT\x10\x03\x12\r\n\tROLE_TOOL\x10\x04*\xa3\x01\n\x0eToolEffectKind\x12 \n\x1cTOOL_EFFECT_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_EFFECT_KIND_READ\x10\x01\x12\x1a\n\x16TOOL_EFFECT_KIND_WRITE\x10\x02\x12\x19\n\x15TOOL_EFFECT_KIND_PURE\x10\x03\x12\x1d\n\x19TOOL_EFFECT_KIND_VOLATILE\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,30 +34,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ITEM_METADATAENTRY']._loaded_options = None
   _globals['_ITEM_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_ROLE']._serialized_start=1429
-  _globals['_ROLE']._serialized_end=1524
-  _globals['_TOOLEFFECTKIND']._serialized_start=1527
-  _globals['_TOOLEFFECTKIND']._serialized_end=1690
+  _globals['_ROLE']._serialized_start=1507
+  _globals['_ROLE']._serialized_end=1602
+  _globals['_TOOLEFFECTKIND']._serialized_start=1605
+  _globals['_TOOLEFFECTKIND']._serialized_end=1768
   _globals['_TEXTBLOCK']._serialized_start=75
-  _globals['_TEXTBLOCK']._serialized_end=100
-  _globals['_TOOLUSEBLOCK']._serialized_start=102
-  _globals['_TOOLUSEBLOCK']._serialized_end=162
-  _globals['_TOOLRESULTBLOCK']._serialized_start=164
-  _globals['_TOOLRESULTBLOCK']._serialized_end=278
-  _globals['_IMAGEBLOCK']._serialized_start=280
-  _globals['_IMAGEBLOCK']._serialized_end=369
-  _globals['_DOCUMENTBLOCK']._serialized_start=371
-  _globals['_DOCUMENTBLOCK']._serialized_end=478
-  _globals['_REASONINGBLOCK']._serialized_start=480
-  _globals['_REASONINGBLOCK']._serialized_end=552
-  _globals['_CONTENTBLOCK']._serialized_start=555
-  _globals['_CONTENTBLOCK']._serialized_end=858
-  _globals['_SOURCE']._serialized_start=860
-  _globals['_SOURCE']._serialized_end=947
-  _globals['_TOOLEFFECT']._serialized_start=949
-  _globals['_TOOLEFFECT']._serialized_end=1024
-  _globals['_ITEM']._serialized_start=1027
-  _globals['_ITEM']._serialized_end=1427
-  _globals['_ITEM_METADATAENTRY']._serialized_start=1380
-  _globals['_ITEM_METADATAENTRY']._serialized_end=1427
+  _globals['_TEXTBLOCK']._serialized_end=117
+  _globals['_TOOLUSEBLOCK']._serialized_start=119
+  _globals['_TOOLUSEBLOCK']._serialized_end=196
+  _globals['_TOOLRESULTBLOCK']._serialized_start=198
+  _globals['_TOOLRESULTBLOCK']._serialized_end=312
+  _globals['_IMAGEBLOCK']._serialized_start=314
+  _globals['_IMAGEBLOCK']._serialized_end=403
+  _globals['_DOCUMENTBLOCK']._serialized_start=405
+  _globals['_DOCUMENTBLOCK']._serialized_end=512
+  _globals['_REASONINGBLOCK']._serialized_start=514
+  _globals['_REASONINGBLOCK']._serialized_end=630
+  _globals['_CONTENTBLOCK']._serialized_start=633
+  _globals['_CONTENTBLOCK']._serialized_end=936
+  _globals['_SOURCE']._serialized_start=938
+  _globals['_SOURCE']._serialized_end=1025
+  _globals['_TOOLEFFECT']._serialized_start=1027
+  _globals['_TOOLEFFECT']._serialized_end=1102
+  _globals['_ITEM']._serialized_start=1105
+  _globals['_ITEM']._serialized_end=1505
+  _globals['_ITEM_METADATAENTRY']._serialized_start=1458
+  _globals['_ITEM_METADATAENTRY']._serialized_end=1505
 # @@protoc_insertion_point(module_scope)

@@ -4,8 +4,9 @@ isort:skip_file
 The provider-neutral content model: what an agent appends to a session.
 
 An Item is one L0 event. Its content is a list of blocks; the block kinds
-cover what the OpenAI Chat Completions and Anthropic Messages formats can
-carry, so a conversation in either format converts to items and back.
+cover what the OpenAI Chat Completions and Responses, Anthropic Messages
+and Bedrock Converse formats can carry, so a conversation in any of them
+converts to items and back (docs/formats.md).
 """
 
 from collections import abc as _abc
@@ -92,16 +93,22 @@ class TextBlock(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TEXT_FIELD_NUMBER: _builtins.int
+    ITEM_ID_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """Must not be empty."""
+    item_id: _builtins.str
+    """The provider's id of the output item the text came from (an OpenAI
+    Responses message, `msg_…`); empty when none. Assistant text only.
+    """
     def __init__(
         self,
         *,
         text: _builtins.str = ...,
+        item_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["item_id", b"item_id", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -116,6 +123,7 @@ class ToolUseBlock(_message.Message):
     ID_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     INPUT_JSON_FIELD_NUMBER: _builtins.int
+    ITEM_ID_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Unique within the session; tool_result blocks refer to it."""
     name: _builtins.str
@@ -124,16 +132,22 @@ class ToolUseBlock(_message.Message):
     byte-for-byte (OpenAI's `arguments` string); parsed for formats that
     carry an object (Anthropic's `input`).
     """
+    item_id: _builtins.str
+    """The provider's id of the call as an output item (an OpenAI Responses
+    `function_call` item's `id`, `fc_…`), distinct from `id` (its
+    `call_id`); empty when none.
+    """
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
         name: _builtins.str = ...,
         input_json: _builtins.str = ...,
+        item_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "input_json", b"input_json", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "input_json", b"input_json", "item_id", b"item_id", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -253,6 +267,8 @@ class ReasoningBlock(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     SIGNATURE_FIELD_NUMBER: _builtins.int
     REDACTED_DATA_FIELD_NUMBER: _builtins.int
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    ENCRYPTED_CONTENT_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     signature: _builtins.str
     """A provider signature that must be returned unchanged (Anthropic
@@ -262,16 +278,26 @@ class ReasoningBlock(_message.Message):
     """Opaque encrypted reasoning (Anthropic `redacted_thinking.data`); when
     set, `text` is empty.
     """
+    item_id: _builtins.str
+    """The provider's id of the reasoning item (OpenAI Responses `rs_…`),
+    needed to send it back; empty when none.
+    """
+    encrypted_content: _builtins.str
+    """OpenAI Responses `encrypted_content`: the reasoning itself, opaque, sent
+    back unchanged; `text` then holds its summary (possibly empty).
+    """
     def __init__(
         self,
         *,
         text: _builtins.str = ...,
         signature: _builtins.str = ...,
         redacted_data: _builtins.str = ...,
+        item_id: _builtins.str = ...,
+        encrypted_content: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["redacted_data", b"redacted_data", "signature", b"signature", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["encrypted_content", b"encrypted_content", "item_id", b"item_id", "redacted_data", b"redacted_data", "signature", b"signature", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

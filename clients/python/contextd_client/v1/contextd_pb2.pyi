@@ -39,6 +39,15 @@ class _ViewFormatEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ViewFormat
     """`messages` for the OpenAI Chat Completions API."""
     VIEW_FORMAT_ANTHROPIC_MESSAGES: _ViewFormat.ValueType  # 2
     """`system` and `messages` for the Anthropic Messages API."""
+    VIEW_FORMAT_OPENAI_RESPONSES: _ViewFormat.ValueType  # 3
+    """`input` items for the OpenAI Responses API (system text as system
+    messages among them).
+    """
+    VIEW_FORMAT_BEDROCK_CONVERSE: _ViewFormat.ValueType  # 4
+    """`system` and `messages` for the Amazon Bedrock Converse API; bytes
+    (images, documents, redacted reasoning) as base64 strings, as its JSON
+    carries them.
+    """
 
 class ViewFormat(_ViewFormat, metaclass=_ViewFormatEnumTypeWrapper):
     """------------------------------------------------------------------- views"""
@@ -48,6 +57,15 @@ VIEW_FORMAT_OPENAI_CHAT: ViewFormat.ValueType  # 1
 """`messages` for the OpenAI Chat Completions API."""
 VIEW_FORMAT_ANTHROPIC_MESSAGES: ViewFormat.ValueType  # 2
 """`system` and `messages` for the Anthropic Messages API."""
+VIEW_FORMAT_OPENAI_RESPONSES: ViewFormat.ValueType  # 3
+"""`input` items for the OpenAI Responses API (system text as system
+messages among them).
+"""
+VIEW_FORMAT_BEDROCK_CONVERSE: ViewFormat.ValueType  # 4
+"""`system` and `messages` for the Amazon Bedrock Converse API; bytes
+(images, documents, redacted reasoning) as base64 strings, as its JSON
+carries them.
+"""
 Global___ViewFormat: _TypeAlias = ViewFormat  # noqa: Y015
 
 class _Representation:
@@ -157,6 +175,8 @@ class _ControlModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ControlMo
     CONTROL_MODE_RULE: _ControlMode.ValueType  # 1
     CONTROL_MODE_AGENT: _ControlMode.ValueType  # 2
     CONTROL_MODE_OPERATOR: _ControlMode.ValueType  # 3
+    CONTROL_MODE_CLIENT: _ControlMode.ValueType  # 4
+    """The client itself (RetractItems)."""
 
 class ControlMode(_ControlMode, metaclass=_ControlModeEnumTypeWrapper): ...
 
@@ -164,6 +184,8 @@ CONTROL_MODE_UNSPECIFIED: ControlMode.ValueType  # 0
 CONTROL_MODE_RULE: ControlMode.ValueType  # 1
 CONTROL_MODE_AGENT: ControlMode.ValueType  # 2
 CONTROL_MODE_OPERATOR: ControlMode.ValueType  # 3
+CONTROL_MODE_CLIENT: ControlMode.ValueType  # 4
+"""The client itself (RetractItems)."""
 Global___ControlMode: _TypeAlias = ControlMode  # noqa: Y015
 
 @_typing.final
@@ -727,10 +749,13 @@ class View(_message.Message):
     encoding: _builtins.str
     """The tiktoken encoding every token figure in this view was counted with."""
     messages_json: _builtins.str
-    """The rendered messages: a JSON array in the provider's format."""
+    """The rendered messages: a JSON array in the provider's format (the
+    `input` items for OpenAI Responses).
+    """
     system_json: _builtins.str
-    """Anthropic only: the JSON of the top-level `system` field (a string or
-    an array of text blocks); empty when the view has no system text.
+    """Anthropic and Converse only: the JSON of the top-level `system` field
+    (Anthropic: a string or an array of text blocks; Converse: an array of
+    `{"text": …}` blocks); empty when the view has no system text.
     """
     item_tokens: _builtins.int
     """Tokens of the items in the view."""
@@ -1225,6 +1250,76 @@ class ProposePruneResponse(_message.Message):
 Global___ProposePruneResponse: _TypeAlias = ProposePruneResponse  # noqa: Y015
 
 @_typing.final
+class RetractItemsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    SEQS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    REDACT_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    reason: _builtins.str
+    """Why, in the caller's words (at most 1000 characters); kept in the
+    certificates.
+    """
+    redact: _builtins.bool
+    """Also withhold the items' content from every read (a redaction for
+    safety): Retrieve answers NOT_FOUND with reason ITEM_REDACTED, Search
+    never matches them, ExplainItem shows no content, the stash drops them.
+    """
+    @_builtins.property
+    def seqs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """1 to 1000 items of the session."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        seqs: _abc.Iterable[_builtins.int] | None = ...,
+        reason: _builtins.str = ...,
+        redact: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "redact", b"redact", "seqs", b"seqs", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetractItemsRequest: _TypeAlias = RetractItemsRequest  # noqa: Y015
+
+@_typing.final
+class RetractItemsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RETRACTED_FIELD_NUMBER: _builtins.int
+    CERTIFICATES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def retracted(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The items retracted (or redacted) by this call, ascending; items that
+        already were are left out.
+        """
+
+    @_builtins.property
+    def certificates(self) -> _containers.RepeatedCompositeFieldContainer[Global___Certificate]:
+        """One PRUNE certificate per item retracted, rule "retraction", reason
+        "retracted" or "redacted".
+        """
+
+    def __init__(
+        self,
+        *,
+        retracted: _abc.Iterable[_builtins.int] | None = ...,
+        certificates: _abc.Iterable[Global___Certificate] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["certificates", b"certificates", "retracted", b"retracted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetractItemsResponse: _TypeAlias = RetractItemsResponse  # noqa: Y015
+
+@_typing.final
 class Certificate(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1277,7 +1372,9 @@ class Certificate(_message.Message):
     arithmetic.
     """
     view_format: Global___ViewFormat.ValueType
-    """The view format whose render made the decision."""
+    """The view format whose render made the decision; unspecified for a
+    decision made outside a render (RetractItems).
+    """
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -1738,6 +1835,7 @@ class WatchSessionResponse(_message.Message):
     USAGE_REPORTED_FIELD_NUMBER: _builtins.int
     POLICY_UPDATED_FIELD_NUMBER: _builtins.int
     SESSION_DELETED_FIELD_NUMBER: _builtins.int
+    ITEMS_RETRACTED_FIELD_NUMBER: _builtins.int
     cursor: _builtins.str
     """Where this answer stands in the order of events: pass it back as
     WatchSessionRequest.cursor to resume after it.
@@ -1774,6 +1872,8 @@ class WatchSessionResponse(_message.Message):
     def policy_updated(self) -> Global___PolicyUpdated: ...
     @_builtins.property
     def session_deleted(self) -> Global___SessionDeleted: ...
+    @_builtins.property
+    def items_retracted(self) -> Global___ItemsRetracted: ...
     def __init__(
         self,
         *,
@@ -1793,12 +1893,13 @@ class WatchSessionResponse(_message.Message):
         usage_reported: Global___UsageReported | None = ...,
         policy_updated: Global___PolicyUpdated | None = ...,
         session_deleted: Global___SessionDeleted | None = ...,
+        items_retracted: Global___ItemsRetracted | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["decisions_made", b"decisions_made", "deferred_applied", b"deferred_applied", "event", b"event", "handle_retrieved", b"handle_retrieved", "heartbeat", b"heartbeat", "items_appended", b"items_appended", "items_pinned", b"items_pinned", "items_unpinned", b"items_unpinned", "policy_updated", b"policy_updated", "prune_proposed", b"prune_proposed", "session_created", b"session_created", "session_deleted", b"session_deleted", "time", b"time", "usage_reported", b"usage_reported", "view_rendered", b"view_rendered"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decisions_made", b"decisions_made", "deferred_applied", b"deferred_applied", "event", b"event", "handle_retrieved", b"handle_retrieved", "heartbeat", b"heartbeat", "items_appended", b"items_appended", "items_pinned", b"items_pinned", "items_retracted", b"items_retracted", "items_unpinned", b"items_unpinned", "policy_updated", b"policy_updated", "prune_proposed", b"prune_proposed", "session_created", b"session_created", "session_deleted", b"session_deleted", "time", b"time", "usage_reported", b"usage_reported", "view_rendered", b"view_rendered"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cursor", b"cursor", "decisions_made", b"decisions_made", "deferred_applied", b"deferred_applied", "event", b"event", "handle_retrieved", b"handle_retrieved", "heartbeat", b"heartbeat", "items_appended", b"items_appended", "items_pinned", b"items_pinned", "items_unpinned", b"items_unpinned", "policy_updated", b"policy_updated", "prune_proposed", b"prune_proposed", "session_created", b"session_created", "session_deleted", b"session_deleted", "session_id", b"session_id", "time", b"time", "usage_reported", b"usage_reported", "view_rendered", b"view_rendered"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cursor", b"cursor", "decisions_made", b"decisions_made", "deferred_applied", b"deferred_applied", "event", b"event", "handle_retrieved", b"handle_retrieved", "heartbeat", b"heartbeat", "items_appended", b"items_appended", "items_pinned", b"items_pinned", "items_retracted", b"items_retracted", "items_unpinned", b"items_unpinned", "policy_updated", b"policy_updated", "prune_proposed", b"prune_proposed", "session_created", b"session_created", "session_deleted", b"session_deleted", "session_id", b"session_id", "time", b"time", "usage_reported", b"usage_reported", "view_rendered", b"view_rendered"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["heartbeat", "session_created", "items_appended", "view_rendered", "decisions_made", "deferred_applied", "handle_retrieved", "items_pinned", "items_unpinned", "prune_proposed", "usage_reported", "policy_updated", "session_deleted"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["heartbeat", "session_created", "items_appended", "view_rendered", "decisions_made", "deferred_applied", "handle_retrieved", "items_pinned", "items_unpinned", "prune_proposed", "usage_reported", "policy_updated", "session_deleted", "items_retracted"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
@@ -2076,6 +2177,34 @@ class PruneProposed(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PruneProposed: _TypeAlias = PruneProposed  # noqa: Y015
+
+@_typing.final
+class ItemsRetracted(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    REDACTED_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    redacted: _builtins.bool
+    @_builtins.property
+    def seqs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The items retracted (or redacted) by one RetractItems call."""
+
+    def __init__(
+        self,
+        *,
+        seqs: _abc.Iterable[_builtins.int] | None = ...,
+        reason: _builtins.str = ...,
+        redacted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "redacted", b"redacted", "seqs", b"seqs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ItemsRetracted: _TypeAlias = ItemsRetracted  # noqa: Y015
 
 @_typing.final
 class UsageReported(_message.Message):

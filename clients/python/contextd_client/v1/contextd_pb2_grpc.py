@@ -100,6 +100,11 @@ class ContextServiceStub:
                 request_serializer=contextd_dot_v1_dot_contextd__pb2.ProposePruneRequest.SerializeToString,
                 response_deserializer=contextd_dot_v1_dot_contextd__pb2.ProposePruneResponse.FromString,
                 _registered_method=True)
+        self.RetractItems = channel.unary_unary(
+                '/contextd.v1.ContextService/RetractItems',
+                request_serializer=contextd_dot_v1_dot_contextd__pb2.RetractItemsRequest.SerializeToString,
+                response_deserializer=contextd_dot_v1_dot_contextd__pb2.RetractItemsResponse.FromString,
+                _registered_method=True)
         self.ListCertificates = channel.unary_unary(
                 '/contextd.v1.ContextService/ListCertificates',
                 request_serializer=contextd_dot_v1_dot_contextd__pb2.ListCertificatesRequest.SerializeToString,
@@ -226,6 +231,17 @@ class ContextServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RetractItems(self, request, context):
+        """Withdraws items from the conversation (a framework's "pop" or "redact"):
+        no later view shows them, each gets a certificate, and the history keeps
+        them (append-only). A redacted item's content is never returned again
+        (Retrieve, Search, ExplainItem). Idempotent: an item already retracted
+        is left as it is (redacting it again is not).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListCertificates(self, request, context):
         """The append-only record of pruning decisions.
         """
@@ -329,6 +345,11 @@ def add_ContextServiceServicer_to_server(servicer, server):
                     servicer.ProposePrune,
                     request_deserializer=contextd_dot_v1_dot_contextd__pb2.ProposePruneRequest.FromString,
                     response_serializer=contextd_dot_v1_dot_contextd__pb2.ProposePruneResponse.SerializeToString,
+            ),
+            'RetractItems': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetractItems,
+                    request_deserializer=contextd_dot_v1_dot_contextd__pb2.RetractItemsRequest.FromString,
+                    response_serializer=contextd_dot_v1_dot_contextd__pb2.RetractItemsResponse.SerializeToString,
             ),
             'ListCertificates': grpc.unary_unary_rpc_method_handler(
                     servicer.ListCertificates,
@@ -708,6 +729,33 @@ class ContextService:
             '/contextd.v1.ContextService/ProposePrune',
             contextd_dot_v1_dot_contextd__pb2.ProposePruneRequest.SerializeToString,
             contextd_dot_v1_dot_contextd__pb2.ProposePruneResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetractItems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/contextd.v1.ContextService/RetractItems',
+            contextd_dot_v1_dot_contextd__pb2.RetractItemsRequest.SerializeToString,
+            contextd_dot_v1_dot_contextd__pb2.RetractItemsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -75,6 +75,13 @@ class ContextServiceStub:
     Unpin: _grpc.UnaryUnaryMultiCallable[_contextd_pb2.UnpinRequest, _contextd_pb2.UnpinResponse]
     ProposePrune: _grpc.UnaryUnaryMultiCallable[_contextd_pb2.ProposePruneRequest, _contextd_pb2.ProposePruneResponse]
     """Asks for items to be pruned; applied at the next cache-safe point."""
+    RetractItems: _grpc.UnaryUnaryMultiCallable[_contextd_pb2.RetractItemsRequest, _contextd_pb2.RetractItemsResponse]
+    """Withdraws items from the conversation (a framework's "pop" or "redact"):
+    no later view shows them, each gets a certificate, and the history keeps
+    them (append-only). A redacted item's content is never returned again
+    (Retrieve, Search, ExplainItem). Idempotent: an item already retracted
+    is left as it is (redacting it again is not).
+    """
     ListCertificates: _grpc.UnaryUnaryMultiCallable[_contextd_pb2.ListCertificatesRequest, _contextd_pb2.ListCertificatesResponse]
     """The append-only record of pruning decisions."""
     ExplainItem: _grpc.UnaryUnaryMultiCallable[_contextd_pb2.ExplainItemRequest, _contextd_pb2.ExplainItemResponse]
@@ -128,6 +135,13 @@ class ContextServiceAsyncStub(ContextServiceStub):
     Unpin: _aio.UnaryUnaryMultiCallable[_contextd_pb2.UnpinRequest, _contextd_pb2.UnpinResponse]  # type: ignore[assignment]
     ProposePrune: _aio.UnaryUnaryMultiCallable[_contextd_pb2.ProposePruneRequest, _contextd_pb2.ProposePruneResponse]  # type: ignore[assignment]
     """Asks for items to be pruned; applied at the next cache-safe point."""
+    RetractItems: _aio.UnaryUnaryMultiCallable[_contextd_pb2.RetractItemsRequest, _contextd_pb2.RetractItemsResponse]  # type: ignore[assignment]
+    """Withdraws items from the conversation (a framework's "pop" or "redact"):
+    no later view shows them, each gets a certificate, and the history keeps
+    them (append-only). A redacted item's content is never returned again
+    (Retrieve, Search, ExplainItem). Idempotent: an item already retracted
+    is left as it is (redacting it again is not).
+    """
     ListCertificates: _aio.UnaryUnaryMultiCallable[_contextd_pb2.ListCertificatesRequest, _contextd_pb2.ListCertificatesResponse]  # type: ignore[assignment]
     """The append-only record of pruning decisions."""
     ExplainItem: _aio.UnaryUnaryMultiCallable[_contextd_pb2.ExplainItemRequest, _contextd_pb2.ExplainItemResponse]  # type: ignore[assignment]
@@ -256,6 +270,19 @@ class ContextServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_contextd_pb2.ProposePruneResponse, _abc.Awaitable[_contextd_pb2.ProposePruneResponse]]:
         """Asks for items to be pruned; applied at the next cache-safe point."""
+
+    @_abc_1.abstractmethod
+    def RetractItems(
+        self,
+        request: _contextd_pb2.RetractItemsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_contextd_pb2.RetractItemsResponse, _abc.Awaitable[_contextd_pb2.RetractItemsResponse]]:
+        """Withdraws items from the conversation (a framework's "pop" or "redact"):
+        no later view shows them, each gets a certificate, and the history keeps
+        them (append-only). A redacted item's content is never returned again
+        (Retrieve, Search, ExplainItem). Idempotent: an item already retracted
+        is left as it is (redacting it again is not).
+        """
 
     @_abc_1.abstractmethod
     def ListCertificates(

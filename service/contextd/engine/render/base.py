@@ -46,7 +46,7 @@ class Rendered:
 
     messages: list[JsonObject] = field(default_factory=list)
     system: str | list[JsonObject] | None = None
-    """Anthropic's top-level ``system``; always None for OpenAI."""
+    """The top-level ``system`` (Anthropic, Converse); always None for the OpenAI formats."""
     message_index: dict[int, int] = field(default_factory=dict)
     """seq -> index in ``messages``; -1 for the system field or a left-out item."""
     omitted: set[int] = field(default_factory=set)

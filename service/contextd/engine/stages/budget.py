@@ -156,11 +156,15 @@ def _placeholder_of(entry: Entry, edit: Remove, counter: TokenCounter) -> tuple[
 
 def _messages(entries: Sequence[Entry], fmt: ViewFormat) -> int:
     """How many messages (with the system field) the entries render to, for their framing:
-    one per entry for Chat Completions; for Messages, the leading system items make one
-    field and consecutive items of one side merge (a lone text never takes more)."""
+    one per entry for Chat Completions; for Responses, one per item an assistant turn splits
+    into; for Messages and Converse, the leading system items make one field and consecutive
+    items of one side merge (in Messages, a lone text never takes more)."""
     shown = [e for e in entries if e.representation is not Representation.OMITTED]
-    if fmt is not ViewFormat.ANTHROPIC_MESSAGES:
+    if fmt is ViewFormat.OPENAI_CHAT:
         return len(shown)
+    if fmt is ViewFormat.OPENAI_RESPONSES:
+        return sum(_turn_items(e.content) if e.role is Role.ASSISTANT else 1 for e in shown)
+    merges_after_text = fmt is ViewFormat.BEDROCK_CONVERSE
     count, side, closed, leading = 0, None, True, True
     for entry in shown:
         if entry.role is Role.SYSTEM and leading:
@@ -172,5 +176,15 @@ def _messages(entries: Sequence[Entry], fmt: ViewFormat) -> int:
         if this != side or closed:
             count += 1
         side = this
-        closed = len(entry.content) == 1 and isinstance(entry.content[0], TextBlock)
+        closed = not merges_after_text and len(entry.content) == 1 and isinstance(entry.content[0], TextBlock)
+    return count
+
+
+def _turn_items(content: Sequence[Block]) -> int:
+    """Responses items of an assistant turn: each reasoning and call, and each run of text."""
+    count, texting = 0, False
+    for block in content:
+        text = isinstance(block, TextBlock)
+        count += 0 if text and texting else 1
+        texting = text
     return count

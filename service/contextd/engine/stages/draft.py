@@ -41,8 +41,16 @@ def turn_indexes(items: Sequence[Item]) -> list[int]:
 class Draft:
     """The entries of one render as edits are applied to them."""
 
-    def __init__(self, items: Sequence[Item], pins: frozenset[int], tools: Mapping[str, ToolDeclaration]) -> None:
+    def __init__(
+        self,
+        items: Sequence[Item],
+        pins: frozenset[int],
+        tools: Mapping[str, ToolDeclaration],
+        retracted: frozenset[int] = frozenset(),
+    ) -> None:
         turns = turn_indexes(items)
+        self.retracted = retracted
+        """Items the client retracted (engine/retraction.py): in the draft, but no evidence."""
         self.entries: dict[int, Entry] = {
             item.seq: Entry(item, item.content, Representation.FULL, item.token_count, turn, item.seq in pins)
             for item, turn in zip(items, turns, strict=True)
@@ -71,6 +79,8 @@ class Draft:
 
     def _note(self, items: Iterable[Item]) -> None:
         """Keep the latest result of each tool, the latest user item and the latest calls."""
+        if self.retracted:
+            items = [item for item in items if item.seq not in self.retracted]
         self.observations.extend(items)
         for item in items:
             if item.role is Role.TOOL:
@@ -95,6 +105,7 @@ class Draft:
         draft.latest_user, draft.latest_calls = self.latest_user, self.latest_calls
         draft.recent_calls = self.recent_calls
         draft.observations = self.observations.copy()
+        draft.retracted = self.retracted
         new = items[len(self.natural) :]
         turn = self.turns - 1
         for item in new:

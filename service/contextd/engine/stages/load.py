@@ -16,6 +16,7 @@ from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.eligibility import Protections
 from contextd.engine.model import Item
 from contextd.engine.policy import Policy
+from contextd.engine.retraction import retracted
 from contextd.engine.stages.certify import certificate, refusal_key
 from contextd.engine.stages.draft import Draft, is_compression
 from contextd.engine.state import AppliedEdit, Slot, ViewState, slot_of
@@ -77,11 +78,12 @@ def load(
             (),
             state.decided,
         )
-    draft = Draft(items, pins, policy.tools)
+    withdrawn = retracted(durable)
+    draft = Draft(items, pins, policy.tools, withdrawn)
     protected = draft.protections(policy)
     for edit in durable:
         draft.apply(edit)
-    in_force, certificates, undone = _carry_over(draft, protected, policy, state, pins, durable)
+    in_force, certificates, undone = _carry_over(draft, protected, policy, state, pins, durable, withdrawn)
     return Loaded(
         draft,
         protected,
@@ -101,6 +103,7 @@ def _carry_over(
     state: ViewState,
     pins: frozenset[int],
     durable: tuple[AppliedEdit, ...],
+    withdrawn: frozenset[int] = frozenset(),
 ) -> tuple[tuple[AppliedEdit, ...], tuple[CertificateBody, ...], frozenset[str]]:
     """Apply the state's edits in force after the durable ones. Returns those that stay, the
     KEEPs of those undone, and the keys those KEEPs are certified under."""
@@ -116,9 +119,13 @@ def _carry_over(
             continue
         seq = target_of(applied.edit)
         protection = protected.of(seq) if seq is not None and (recheck or seq in pins) else ""
-        if protection:
+        gone = sorted(withdrawn.intersection(applied.evidence_seqs))
+        if protection or gone:
             entry = draft.entries[seq] if seq is not None else None
-            why = f"protected: {protection}; shown in full again"
+            if protection:
+                why = f"protected: {protection}; shown in full again"
+            else:
+                why = f"its evidence, item {gone[0]}, was retracted; shown in full again"
             certificates.append(
                 certificate(entry, Decision.KEEP, applied.rule, applied.reason, why, protection=protection)
             )

@@ -1,0 +1,175 @@
+"""contextd's agent tools over the Model Context Protocol (`contextd mcp`): the same six
+tools (`agent_tools.TOOLS`, names, descriptions and input schemas as they are) for an MCP
+host, over stdio or streamable HTTP.
+
+The server holds no storage: each call is answered by the thin client's executor
+(`contextd_client.AsyncAgentTools`) over gRPC to a running contextd, so its results are the
+text that executor gives a model, bounded as it bounds them. A call that fails (bad
+arguments, an unknown handle, contextd unreachable, no session) is a tool result with
+`isError` set, which the model reads; only a tool name that was never listed is a protocol
+error, as the MCP specification has it.
+
+The session a call acts on: over stdio, `--session`; over HTTP, the request's
+`x-contextd-session` header, or `--session` when the request has none, so one HTTP server
+serves many agents, each naming its own session.
+
+Imported only by the `mcp` command: `contextd serve` never loads the MCP SDK.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+from starlette.requests import Request
+
+from contextd import __version__
+from contextd.agent_tools import PREFIX, TOOLS
+from contextd_client import AsyncAgentTools, AsyncClient, RetryPolicy, ViewFormat
+
+log = logging.getLogger(__name__)
+
+SESSION_HEADER = "x-contextd-session"
+"""The HTTP request header naming the contextd session a call acts on (before `--session`)."""
+PATH = "/mcp"
+"""Where the streamable HTTP transport answers."""
+INSTRUCTIONS = (
+    "contextd keeps this conversation's whole history. What left your context comes back with "
+    "contextd_retrieve (by the handle a placeholder names, or by seq) and contextd_search; "
+    "contextd_status says what is out of your context; pin, unpin and propose_prune steer it."
+)
+NO_SESSION = (
+    "no contextd session for this call: start `contextd mcp` with --session ID, or (over HTTP) "
+    f"send the session id in the {SESSION_HEADER} header"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """How to reach contextd: `timeout` is seconds a tool call may take, retries included."""
+
+    target: str
+    api_key: str | None = None
+    credentials: grpc.ChannelCredentials | None = None
+    timeout: float = 10.0
+
+    def client(self) -> AsyncClient:
+        # A model waits on each call, so a contextd that is down is said within the timeout,
+        # not after the client's usual 30 s of retries.
+        retry = RetryPolicy(budget=self.timeout)
+        return AsyncClient(
+            self.target, api_key=self.api_key, credentials=self.credentials, timeout=self.timeout, retry=retry
+        )
+
+
+def tool_list() -> list[types.Tool]:
+    """The agent tools as MCP tools: `agent_tools.TOOLS`, with its schemas unchanged."""
+    return [types.Tool(name=PREFIX + name, description=text, input_schema=schema) for name, text, schema in TOOLS]
+
+
+def session_of(request: object, default: str | None) -> str | None:
+    """The session a call acts on: the HTTP request's header first, then `default` (`--session`)."""
+    if isinstance(request, Request):
+        named = request.headers.get(SESSION_HEADER, "").strip()
+        if named:
+            return named
+    return default or None
+
+
+def build_server(client: AsyncClient, session: str | None) -> Server[Any]:
+    """The low-level MCP server answering tools/list and tools/call through `client`;
+    `session` is the one given by `--session` (None: each call must name its own)."""
+    tools = tool_list()
+    schemas: Mapping[str, Mapping[str, Any]] = {tool.name: tool.input_schema for tool in tools}
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=tools)
+
+    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        if params.name not in schemas:
+            raise MCPError(code=types.INVALID_PARAMS, message=f"unknown tool {params.name!r}")
+        acting_on = session_of(ctx.request, session)
+        if acting_on is None:
+            return _result(NO_SESSION, is_error=True)
+        # The executor's own reading of a call: an Anthropic tool_use block, whose result
+        # carries the text and the error flag apart (the OpenAI form folds the flag into the text).
+        call = {"type": "tool_use", "id": str(ctx.request_id or ""), "name": params.name, "input": params.arguments}
+        executor = AsyncAgentTools(client, acting_on, ViewFormat.ANTHROPIC_MESSAGES)
+        try:
+            answer = await executor.execute(call)
+        except Exception:
+            # The executor answers every failure of contextd's; anything else is ours, and the
+            # model still gets a result it can read rather than a broken connection.
+            log.exception("%s failed", params.name)
+            return _result(f"{params.name} failed inside contextd's MCP server; see its log", is_error=True)
+        return _result(str(answer["content"]), is_error=bool(answer["is_error"]))
+
+    return Server(
+        "contextd",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        # For the 2026-07-28 HTTP transport's parameter headers: checked against these,
+        # without running tools/list for each call.
+        get_tool_input_schema=schemas.get,
+    )
+
+
+def _result(text: str, *, is_error: bool) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=is_error)
+
+
+async def serve_stdio(connection: Connection, session: str | None) -> None:
+    """Answer one MCP host over this process's stdin and stdout until it closes stdin."""
+    async with connection.client() as client:
+        server = build_server(client, session)
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def bind(listen: str) -> socket.socket:
+    """A listening socket on `listen` (host:port; port 0: any free one). OSError when taken."""
+    host, colon, port = listen.rpartition(":")
+    if not colon or not port.isdigit():
+        raise ValueError(f"--listen must be host:port, not {listen!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, int(port)), family=family)
+
+
+async def serve_http(connection: Connection, session: str | None, listening: socket.socket) -> None:
+    """Answer MCP hosts over streamable HTTP on `listening` (at `PATH`) until SIGINT or SIGTERM."""
+    import uvicorn
+
+    host, port = listening.getsockname()[:2]
+    async with connection.client() as client:
+        server = build_server(client, session)
+        # Stateless: every request stands alone (the session comes with it), so the
+        # server keeps nothing between requests and any number of agents share it.
+        # On a loopback address the SDK also refuses other Host and Origin headers.
+        app = server.streamable_http_app(streamable_http_path=PATH, stateless_http=True, host=host)
+        config = uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=5)
+        where = f"[{host}]" if ":" in host else host
+        log.info("contextd mcp serving on http://%s:%d%s (contextd at %s)", where, port, PATH, connection.target)
+        http = uvicorn.Server(config)
+        if threading.current_thread() is threading.main_thread():
+            # Once stopped by SIGINT or SIGTERM, uvicorn raises the signal again under the
+            # handlers it found, ending the process by that signal; with its own handler
+            # found there, a graceful stop ends in exit code 0, as `contextd serve`'s does.
+            for stop in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(stop, http.handle_exit)
+        await http.serve(sockets=[listening])
