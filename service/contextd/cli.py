@@ -59,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     prune = commands.add_parser("prune", help="show (and with --apply, take) what the session's rules would prune")
     _add_setting_flags(prune, _OPERATOR_SETTINGS)
     _add_session_flags(prune)
-    prune.add_argument("--format", default="openai_chat", choices=["openai_chat", "anthropic_messages"])
+    # engine.view.ViewFormat's values, spelled out: the engine is not imported to parse a command line.
+    formats = ["openai_chat", "anthropic_messages", "openai_responses", "bedrock_converse"]
+    prune.add_argument("--format", default="openai_chat", choices=formats)
     prune.add_argument("--budget", type=int, default=0, help="the view's budget in tokens (default: none)")
     prune.add_argument("--apply", action="store_true", help="apply every eligible edit now and certify it")
     certificates = commands.add_parser("certificates", help="the certificate log")

@@ -22,7 +22,6 @@ import logging
 import signal
 import socket
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,15 +90,18 @@ def build_server(client: AsyncClient, session: str | None) -> Server[Any]:
     """The low-level MCP server answering tools/list and tools/call through `client`;
     `session` is the one given by `--session` (None: each call must name its own)."""
     tools = tool_list()
-    schemas: Mapping[str, Mapping[str, Any]] = {tool.name: tool.input_schema for tool in tools}
+    listed = frozenset(tool.name for tool in tools)
 
+    # Also run before each tools/call with arguments over the 2026-07-28 HTTP transport: there
+    # the SDK (2.1.1) finds the tool's schema to check the call's parameter headers against.
+    # A fixed list, so cheap.
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         return types.ListToolsResult(tools=tools)
 
     async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
-        if params.name not in schemas:
+        if params.name not in listed:
             raise MCPError(code=types.INVALID_PARAMS, message=f"unknown tool {params.name!r}")
         acting_on = session_of(ctx.request, session)
         if acting_on is None:
@@ -123,9 +125,6 @@ def build_server(client: AsyncClient, session: str | None) -> Server[Any]:
         instructions=INSTRUCTIONS,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
-        # For the 2026-07-28 HTTP transport's parameter headers: checked against these,
-        # without running tools/list for each call.
-        get_tool_input_schema=schemas.get,
     )
 
 

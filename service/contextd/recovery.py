@@ -32,7 +32,7 @@ from contextd.engine.model import Item, Role, ToolUseBlock
 from contextd.engine.originals import original_text
 from contextd.engine.patterns import compile_pattern
 from contextd.engine.placeholders import arguments_digest, handle_of
-from contextd.engine.retraction import REDACTED
+from contextd.engine.retraction import REDACTED, is_retraction
 from contextd.engine.tokens import TiktokenCounter
 from contextd.engine.types import target_of
 from contextd.engine.validation import MAX_NAME_LENGTH
@@ -248,15 +248,18 @@ class RecoveryService:
             usage = await views.usage_summary(conn, row["key"])
         latest = max(state.renders.values(), key=lambda r: r.rendered_at, default=None)
         offloaded = []
-        for applied in in_force:
+        listed: set[int] = set()
+        for applied in in_force:  # durable edits first: they outrank the state's on the same item
             seq = target_of(applied.edit)
-            if seq is None or not 0 < seq <= len(items):
+            if seq is None or not 0 < seq <= len(items) or seq in listed:
                 continue
+            listed.add(seq)
             item = items[seq - 1]
+            redacted = applied.reason == REDACTED and is_retraction(applied)
             offloaded.append(
                 Offloaded(
                     seq,
-                    handle_of(item),
+                    "" if redacted else handle_of(item),  # nothing gets a redacted original back
                     _tool_of(item, items),
                     _digest_of(item, items),
                     item.token_count,

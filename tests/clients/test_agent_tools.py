@@ -88,6 +88,31 @@ def test_a_model_call_in_anthropic_format_gets_a_tool_result_block(server: Serve
         assert result["content"].endswith("]\noutput number 1\noutput number 1\n")
 
 
+def test_responses_and_converse_calls_get_results_in_their_own_format(server: ServerThread) -> None:
+    with Client(server.target) as client:
+        session, handles = pruned_session(client)
+        responses = AgentTools(client, session, "openai_responses")
+        [definition] = [t for t in responses.definitions() if t["name"] == "contextd_status"]
+        assert definition["type"] == "function" and definition["parameters"]["type"] == "object"
+        call = {"type": "function_call", "call_id": "call_9", "name": "contextd_retrieve", "arguments": "{}"}
+        refused = responses.execute(call)
+        assert (refused["type"], refused["call_id"]) == ("function_call_output", "call_9")
+        assert refused["output"].startswith("error: ") and "handle or seq" in refused["output"]
+        arguments = json.dumps({"seq": 4})
+        page = responses.execute({**call, "arguments": arguments})["output"]
+        assert page.startswith(f"[seq 4, handle {handles[4]}")
+        converse = AgentTools(client, session, "bedrock_converse")
+        [spec] = [t["toolSpec"] for t in converse.definitions() if t["toolSpec"]["name"] == "contextd_pin"]
+        assert spec["inputSchema"]["json"]["required"] == ["seqs"]
+        use = {"toolUse": {"toolUseId": "tooluse_1", "name": "contextd_pin", "input": {"seqs": [4]}}}
+        assert converse.handles(use)
+        assert converse.execute(use) == {
+            "toolResult": {"toolUseId": "tooluse_1", "content": [{"text": "pinned: 4"}], "status": "success"}
+        }
+        bad = converse.execute({"toolUse": {**use["toolUse"], "input": {"seqs": "all"}}})["toolResult"]
+        assert bad["status"] == "error" and "seqs must be a list" in bad["content"][0]["text"]
+
+
 @pytest.mark.parametrize(
     ("call", "said"),
     [

@@ -682,3 +682,72 @@ def test_the_converter_splits_user_messages_in_order() -> None:
             ],
         ),
     ]
+
+
+def test_the_shapes_strands_keeps_are_taken() -> None:
+    """Strands keeps an answer with citations as Bedrock streamed it (``citationsContent``) and an S3
+    source in its own form (``{"location": {"type": "s3", ...}}``): the text and the uri are kept."""
+    messages: list[Message] = [
+        {
+            "role": "user",
+            "content": [
+                {"text": "What does the spec say?"},
+                {
+                    "document": {
+                        "format": "pdf",
+                        "name": "spec",
+                        "source": {"location": {"type": "s3", "uri": "s3://b/s.pdf"}},
+                    }
+                },
+                {
+                    "image": {
+                        "format": "png",
+                        "source": {"location": {"type": "s3", "uri": "s3://b/a.png", "bucketOwner": "1"}},
+                    }
+                },
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "citationsContent": {
+                        "citations": [
+                            {
+                                "location": {"documentChar": {"documentIndex": 0, "start": 0, "end": 12}},
+                                "sourceContent": [{"text": "The answer: 42"}],
+                                "title": "spec",
+                            }
+                        ],
+                        "content": [{"text": "The spec says "}, {"text": "42."}],
+                    }
+                },
+                {"citationsContent": {"citations": [], "content": []}},  # no text: nothing
+            ],
+        },
+    ]
+    system, rendered = converse_round_trip(messages)
+    assert rendered == [
+        {
+            "role": "user",
+            "content": [
+                {"text": "What does the spec say?"},
+                {"document": {"format": "pdf", "name": "spec", "source": {"s3Location": {"uri": "s3://b/s.pdf"}}}},
+                {"image": {"format": "png", "source": {"s3Location": {"uri": "s3://b/a.png"}}}},
+            ],
+        },
+        {"role": "assistant", "content": [{"text": "The spec says 42."}]},
+    ]
+    check_converse(system, rendered)
+    for block, error in [
+        (
+            {"image": {"format": "png", "source": {"location": {"type": "url", "uri": "https://x/a.png"}}}},
+            "messages[0].content[0].image.source.location.type: unsupported location 'url' (s3)",
+        ),
+        (
+            {"citationsContent": {"content": [{"text": 1}]}},
+            "messages[0].content[0].citationsContent.content[0].text: expected a string, not int",
+        ),
+    ]:
+        with pytest.raises(ValueError, match=f"^{re.escape(error)}$"):
+            items_from_converse([{"role": "user", "content": [block]}])

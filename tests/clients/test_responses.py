@@ -194,6 +194,44 @@ def test_reasoning_is_sent_only_with_the_ids_it_pairs_with() -> None:
     assert turn(call, text)[0]["id"] == "fc_1"
 
 
+# A reasoning model's turn as the Agents SDK hands it over by default (responses stored, no
+# `include=["reasoning.encrypted_content"]`): each reasoning item is only its id, a reference
+# to what the API stored; output items carry `status` and `logprobs`.
+ID_ONLY_REASONING: list[Message] = [
+    {"role": "user", "content": "Run the tests."},
+    {"type": "reasoning", "id": "rs_1", "summary": []},
+    {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "bash", "arguments": "{}",
+     "status": "completed"},
+    {"type": "function_call_output", "call_id": "call_1", "output": "1 failed"},
+    {"type": "reasoning", "id": "rs_2", "summary": []},
+    {"type": "message", "role": "assistant", "id": "msg_2", "status": "completed",
+     "content": [{"type": "output_text", "text": "One test fails.", "annotations": [], "logprobs": []}]},
+    {"type": "function_call", "id": "fc_2", "call_id": "call_2", "name": "bash", "arguments": "{}"},
+    {"type": "function_call_output", "call_id": "call_2", "output": ""},
+    {"type": "reasoning", "id": "rs_3", "summary": [], "encrypted_content": "enc"},
+    {"type": "message", "role": "assistant", "id": "msg_3", "status": "completed",
+     "content": [{"type": "output_text", "text": "Done.", "annotations": [], "logprobs": []}]},
+]  # fmt: skip
+
+
+def test_a_reasoning_item_that_is_only_an_id_is_left_out_with_the_ids_it_pairs_with() -> None:
+    """The service refuses an empty reasoning block, and the API refuses an item whose id pairs
+    with a reasoning item the input lacks: the reasoning goes, the items it led to lose their ids."""
+    messages = round_trip(ID_ONLY_REASONING)
+    assert messages == [
+        {"role": "user", "content": "Run the tests."},
+        {"type": "function_call", "call_id": "call_1", "name": "bash", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "1 failed"},
+        {"role": "assistant", "content": "One test fails."},
+        {"type": "function_call", "call_id": "call_2", "name": "bash", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_2", "output": ""},
+        {"type": "reasoning", "id": "rs_3", "summary": [], "encrypted_content": "enc"},
+        {"type": "message", "role": "assistant", "id": "msg_3", "status": "completed",
+         "content": [{"type": "output_text", "text": "Done.", "annotations": []}]},
+    ]  # fmt: skip
+    check_responses(messages, pairs={"fc_1": "rs_1", "msg_2": "rs_2", "fc_2": "rs_2", "msg_3": "rs_3"})
+
+
 @pytest.mark.parametrize(
     ("input_items", "error"),
     [
@@ -306,5 +344,8 @@ def test_responses_through_the_service(client: Client) -> None:
     session = client.create_session().id
     client.append_responses(session, AGENT_TURNS)
     assert client.render_responses(session) == AGENT_TURNS
+    id_only = client.create_session().id
+    client.append_responses(id_only, ID_ONLY_REASONING)  # the service takes what the converter keeps
+    assert client.render_responses(id_only) == round_trip(ID_ONLY_REASONING)
     tools = client.render_view(session, "openai_responses", tools=[{"type": "function", "name": "bash"}])
     assert tools.messages == AGENT_TURNS

@@ -84,6 +84,8 @@ def test_a_redacted_tool_output_is_never_read_again(client: Client) -> None:
     explained = client._run(Call("ExplainItem", api.ExplainItemRequest(session_id=session, seq=4), lambda r: r))
     assert not explained.item.content and explained.item.content_hash  # identity, never content
     assert [c.rule for c in client.explain_item(session, 4).certificates][-1] == "retraction"
+    [listed] = [o for o in client.get_status(session).offloaded if o.seq == 4]
+    assert (listed.reason, listed.handle) == ("redacted", "")
     assert client.retract(session, [4], redact=True).seqs == []  # idempotent
     assert client.retract(session, [4]).seqs == []  # a redaction is not taken back by a retraction
     assert [c.rule for c in list(client.list_certificates(session, seq=4))][-1] == "retraction"

@@ -17,13 +17,16 @@ import re
 from collections.abc import Sequence
 
 from contextd.engine.compress.text import Kept
+from contextd.engine.patterns import compile_linear
 
 _WRAPPER = re.compile(r"</?(?:returncode|output|output_head|output_tail|elided_chars|warning|exit_code|stdout|stderr)>")
 _WRAPPER_LINE = re.compile(
     rf"^\s*(?:{_WRAPPER.pattern}\s*)+$"  # tags alone
     r"|^\s*<(returncode|exit_code)>\s*-?\d+\s*</\1>\s*$"  # the exit status (a residue's header says it)
 )
-_FRAMEWORK_BLOCK = re.compile(r"<warning>.*?</warning>", re.DOTALL)
+# RE2 (linear): with Python's `re`, each opening tag without a closing one would scan to the
+# end again, quadratic in an output full of them.
+_FRAMEWORK_BLOCK = compile_linear(r"(?s)<warning>.*?</warning>")
 """The framework's own note to the agent (an output too long ...), not the command's."""
 _STATUS = re.compile(
     r"<returncode>\s*(-?\d+)\s*</returncode>|<exit_code>\s*(-?\d+)\s*</exit_code>"
@@ -32,7 +35,8 @@ _STATUS = re.compile(
 )
 _STOPPED_STATUS = frozenset({124, 137, 143, -9, -15})
 """``timeout``'s own exit, and a process killed (SIGKILL, SIGTERM) as a shell or Python reports it."""
-_STOPPED = re.compile(r"\btimed out\b|^\s*Killed\s*$|\bTimeoutExpired\b", re.IGNORECASE | re.MULTILINE)
+# Blanks, not \s: `^\s*` would run from every line start across all the blank lines after it.
+_STOPPED = re.compile(r"\btimed out\b|^[ \t]*Killed[ \t]*$|\bTimeoutExpired\b", re.IGNORECASE | re.MULTILINE)
 _RUNNER_SUMMARY = re.compile(
     r"\b\d+ (?:passed|failed|errors?)\b|^Ran \d+ tests? in|^(?:OK|FAILED)\b(?: \(.*\))?\s*$"
     r"|^test result: |^(?:ok|FAIL)\s+\S+\s+[\d.]+s|^Tests?:\s+\d+|\bFound \d+ errors?\b|^Success: no issues",

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from contextd.api.mapping import item_to_proto, items_from_proto, timestamp, view_format
+from contextd.api.mapping import FORMAT_TO_PROTO, item_to_proto, items_from_proto, timestamp, view_format
 from contextd.engine.errors import FieldViolation, InvalidArgument
 from contextd.engine.model import (
     DocumentBlock,
@@ -269,3 +269,15 @@ def test_view_format() -> None:
             "VIEW_FORMAT_OPENAI_RESPONSES, VIEW_FORMAT_BEDROCK_CONVERSE",
         ),
     )
+
+
+def test_every_view_format_is_in_the_api_the_client_and_the_operator_command() -> None:
+    from contextd.cli import _parser
+    from contextd_client import ViewFormat as ClientFormat
+
+    assert set(FORMAT_TO_PROTO) == set(ViewFormat)
+    assert {f.value for f in ClientFormat} == {f.value for f in ViewFormat}
+    assert {ClientFormat(f.value).to_proto() for f in ViewFormat} == set(FORMAT_TO_PROTO.values())
+    for fmt in ViewFormat:
+        args = _parser().parse_args(["prune", "--session", "s", "--format", fmt.value])
+        assert ViewFormat(args.format) is fmt

@@ -33,13 +33,17 @@ def reader() -> InMemoryMetricReader:
 
 
 class Snapshot:
-    """Every data point of every metric at one moment: name -> [(attributes, point)]."""
+    """Every data point of every metric of contextd's meter at one moment: name -> [(attributes,
+    point)]. Other libraries in the process record into the same global provider (an agent
+    framework's tool metrics, say) and are not contextd's to bound."""
 
     def __init__(self, reader: InMemoryMetricReader) -> None:
         self.points: dict[str, list[tuple[dict[str, Any], Any]]] = {}
         data = reader.get_metrics_data()
         for resource in data.resource_metrics if data else ():
             for scope in resource.scope_metrics:
+                if scope.scope.name != "contextd":
+                    continue
                 for metric in scope.metrics:
                     self.points[metric.name] = [(dict(p.attributes or {}), p) for p in metric.data.data_points]
 

@@ -101,6 +101,7 @@ KINDS_IN_ORDER = [
     "items_pinned",
     "items_unpinned",
     "prune_proposed",
+    "items_retracted",
     "usage_reported",
     "policy_updated",
     "session_deleted",
@@ -119,6 +120,7 @@ def test_every_change_reaches_the_watcher_in_order_with_what_it_did(
     client.pin(session, [2])
     client.unpin(session, [2])
     outcomes = client.propose_prune(session, [3, 5], "the calls are known")
+    client.retract(session, [8], reason="taken back", redact=True)
     client.report_usage(session, view.view_version, Usage("anthropic", "m", 100, 10, 50, 5))
     updated = client.update_session(session, policy="protection: {last_turns: 2}")
     client.delete_session(session)
@@ -149,6 +151,7 @@ def test_every_change_reaches_the_watcher_in_order_with_what_it_did(
     assert got["items_pinned"] == {"seqs": [2]} == got["items_unpinned"]
     accepted = [o.seq for o in outcomes if o.accepted]
     assert accepted and got["prune_proposed"] == {"seqs": accepted, "reason": "the calls are known"}
+    assert got["items_retracted"] == {"seqs": [8], "reason": "taken back", "redacted": True}
     assert got["usage_reported"] == {
         "view_version": view.view_version,
         "provider": "anthropic",

@@ -13,7 +13,7 @@ import pytest
 from contextd.engine.asked import command_terms
 from contextd.engine.certificates import Decision
 from contextd.engine.errors import InvalidArgument
-from contextd.engine.failures import failure_residue
+from contextd.engine.failures import exit_status, failure_residue, stopped_short, summary_line
 from contextd.engine.model import Item, ItemContent, Representation, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.pipeline import RenderInput, RenderOutput, render
 from contextd.engine.placeholders import handle_of
@@ -723,3 +723,22 @@ def test_a_tool_that_is_not_a_shell_is_answered_by_a_later_success_on_the_same_t
     denied = ("write_file", {"path": "gen/mod.py", "content": SOURCE}, "PermissionError: [Errno 13] gen/mod.py", True)
     items = tool_session(denied, (*later, "done", False))
     assert bool(pruned(run_policy(items, WRITES))) is fixed
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "\n \n" * 200_000,  # every line start once ran `^\s*Killed` across all the blank lines after it
+        "<warning>x" * 100_000,  # every unclosed tag once scanned to the end for its `</warning>`
+        ("exit code " + " " * 20) * 20_000,
+    ],
+    ids=["blank lines", "unclosed warnings", "statuses without a number"],
+)
+def test_reading_a_failure_takes_time_linear_in_the_output(hostile: str) -> None:
+    """The fuzzer's find: an output of blank lines held a render thread for minutes (quadratic
+    patterns over the whole text). At these sizes a quadratic reading takes many minutes, far
+    past the test's timeout; a linear one, milliseconds."""
+    assert not stopped_short(hostile)
+    assert exit_status(hostile) is None
+    failure_residue(hostile)
+    summary_line(hostile)

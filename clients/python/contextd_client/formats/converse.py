@@ -11,7 +11,11 @@ Bedrock's HTTP API carries them. Normalized on the way in: a tool result's
 ``{"json": ...}`` becomes a text block of its JSON; redacted reasoning is
 kept as base64 text; an empty text block is skipped (Converse sends none
 back), and so is a message left with nothing. ``cachePoint`` blocks are
-request marks, not content: they are skipped.
+request marks, not content: they are skipped. A ``citationsContent`` block
+(an answer with citations, as Bedrock returns it and Strands keeps it) is
+kept as its text, without the citations. Strands' own form of an S3 source,
+``{"location": {"type": "s3", "uri": ...}}``, is taken as the
+``s3Location`` it stands for.
 """
 
 from __future__ import annotations
@@ -146,7 +150,21 @@ def _block(block: Mapping[str, Any], path: str) -> pb.ContentBlock | None:
         return pb.ContentBlock(document=_document(require_object(block[kind], at), at))
     if kind == "reasoningContent":
         return pb.ContentBlock(reasoning=_reasoning(require_object(block[kind], at), at))
+    if kind == "citationsContent":
+        text = _citations_text(require_object(block[kind], at), at)
+        return _text(text) if text else None
     raise ValueError(f"{path}: unsupported block {kind!r}")
+
+
+def _citations_text(citations: Mapping[str, Any], path: str) -> str:
+    """The generated text of a ``citationsContent`` block (its citations have no field in contextd)."""
+    content = citations.get("content", [])
+    if isinstance(content, str | Mapping) or not isinstance(content, Iterable):
+        raise ValueError(f"{path}.content: expected a list of blocks, not {type(content).__name__}")
+    return "".join(
+        require_string(require_object(part, f"{path}.content[{k}]"), "text", f"{path}.content[{k}]")
+        for k, part in enumerate(content)
+    )
 
 
 def _tool_result(result: Mapping[str, Any], path: str) -> pb.ToolResultBlock:
@@ -206,6 +224,11 @@ def _set_source(target: pb.ImageBlock | pb.DocumentBlock, source: Mapping[str, A
         target.data = _bytes(source[kind], f"{path}.bytes")
     elif kind == "s3Location":
         target.uri = require_string(require_object(source[kind], f"{path}.s3Location"), "uri", f"{path}.s3Location")
+    elif kind == "location":  # Strands' form of the same
+        location = require_object(source[kind], f"{path}.location")
+        if location.get("type") != "s3":
+            raise ValueError(f"{path}.location.type: unsupported location {location.get('type')!r} (s3)")
+        target.uri = require_string(location, "uri", f"{path}.location")
     elif kind == "text" and isinstance(target, pb.DocumentBlock):
         target.text = require_string(source, "text", path)
     else:

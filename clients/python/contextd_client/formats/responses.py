@@ -14,8 +14,13 @@ of parts, with or without ``"type": "message"``; ``input_text``,
 output as a string or a list of parts. A reasoning item's summary parts are
 joined with a blank line (a view sends them back as one part); its
 ``content`` (raw reasoning text, which the API does not take back) is not
-kept. Other item types (built-in tool calls, item references) are refused,
-naming the item.
+kept. A reasoning item with neither summary text nor ``encrypted_content``
+(what a reasoning model returns by default: only its ``rs_…`` id, a
+reference to the reasoning the API stored) carries nothing to keep: it is
+left out, and the items it led to lose their ids, as a view leaves them
+when it cannot send their reasoning (the API refuses an item whose id pairs
+with a reasoning item the input lacks). Other item types (built-in tool
+calls, item references) are refused, naming the item.
 """
 
 from __future__ import annotations
@@ -40,15 +45,25 @@ def items_from_responses(input_items: str | Iterable[Mapping[str, Any]]) -> list
         input_items = [{"role": "user", "content": input_items}]
     items: list[pb.Item] = []
     turn: pb.Item | None = None
+    unpaired = False  # after a reasoning item left out: the items it led to go without their ids
     for i, given in enumerate(input_items):
         path = f"input[{i}]"
         entry = require_object(given, path)
         kind = entry.get("type", "message")
         if kind in _ASSISTANT_SIDE or (kind == "message" and entry.get("role") == "assistant"):
             if turn is None:
-                turn = pb.Item(role=pb.ROLE_ASSISTANT)
+                turn, unpaired = pb.Item(role=pb.ROLE_ASSISTANT), False
                 items.append(turn)
-            turn.content.extend(_assistant_blocks(entry, kind, path))
+            blocks = _assistant_blocks(entry, kind, path)
+            if kind == "reasoning":
+                unpaired = not blocks and bool(entry.get("id"))
+            elif unpaired:
+                for block in blocks:
+                    if block.HasField("tool_use"):
+                        block.tool_use.item_id = ""
+                    else:
+                        block.text.item_id = ""
+            turn.content.extend(blocks)
             continue
         turn = None
         if kind == "function_call_output":
@@ -94,7 +109,7 @@ def _assistant_blocks(entry: Mapping[str, Any], kind: str, path: str) -> list[pb
         if not isinstance(encrypted, str):
             raise ValueError(f"{path}.encrypted_content: expected a string")
         reasoning = pb.ReasoningBlock(text="\n\n".join(texts), item_id=item_id, encrypted_content=encrypted)
-        return [pb.ContentBlock(reasoning=reasoning)] if reasoning.text or encrypted or item_id else []
+        return [pb.ContentBlock(reasoning=reasoning)] if reasoning.text or encrypted else []
     blocks = _parts(entry.get("content"), f"{path}.content")
     for block in blocks:
         if block.WhichOneof("block") != "text":
