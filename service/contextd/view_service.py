@@ -18,7 +18,7 @@ from contextd.engine.certificates import Certificate, Decision, Stamp, verify_ch
 from contextd.engine.changes import StateChange, change_to_json
 from contextd.engine.errors import InvalidArgument, LimitExceeded
 from contextd.engine.model import Item, Representation, Session
-from contextd.engine.pipeline import Carry, RenderInput, RenderOutput, protection_map, render
+from contextd.engine.pipeline import Carry, RenderInput, RenderOutput, identity_view, protection_map, render
 from contextd.engine.policy import Policy
 from contextd.engine.retraction import REDACTED, RETRACTED, certificate_of, retraction
 from contextd.engine.state import AppliedEdit, ViewState, state_to_json
@@ -198,6 +198,18 @@ class ViewService:
             volatile_content=sum(w.code == "VOLATILE_CONTENT" for w in view.warnings),
         )
         return result
+
+    async def render_as_stored(self, tenant: str, session_id: str, request: ViewRequest) -> RenderResult:
+        """The history as stored, in `request`'s format: every item in full but the durable edits
+        (retractions, history mode's); no rule runs, nothing is stored (RenderViewRequest.as_stored)."""
+        check_session_id(session_id)
+        async with self._slot(tenant), self.store.db.read() as conn:
+            row, session, items = await self.store.history_in(conn, tenant, session_id)
+            durable = await views.load_mutations(conn, row["key"])
+        view = await self._run(identity_view, session, items, request, self.counter, durable)
+        view = replace(view, view_version=0)  # no view of the session's: nothing was recorded
+        annotate(session_id=session_id, items=len(items), tokens=view.total_tokens, as_stored=True)
+        return RenderResult(view, [])
 
     def _slot(self, tenant: str) -> AbstractAsyncContextManager[None]:
         return self.workers.slot(tenant) if self.workers is not None else nullcontext()

@@ -116,3 +116,23 @@ def test_bad_retractions_change_nothing(client: Client) -> None:
     _fails(lambda: client.retract("no-such-session", [1]), grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND")
     assert all(c.rule != "retraction" for c in list(client.list_certificates(session)))
     assert "Check the deploy config." in str(client.render_openai(session))
+
+
+def test_the_history_as_stored_is_every_item_whole_but_the_retracted_and_records_nothing(client: Client) -> None:
+    session = client.create_session(policy=DROP).id
+    client.append_openai(session, CONVERSATION)
+    modelled = client.render_view(session, "openai_chat")
+    assert SECRET not in str(modelled.messages)  # the rule masked the output for the model
+    client.retract(session, [6])
+    calls = client.get_status(session).usage.renders
+    stored = client.render_view(session, "openai_responses", as_stored=True)
+    assert SECRET in str(stored.messages) and "wrong thing" not in str(stored.messages)
+    assert {i.representation for i in stored.items if i.seq != 6} == {"full"}
+    assert stored.certificates == () and stored.view_version == 0
+    assert client.get_status(session).usage.renders == calls  # no model call counted
+    assert client.render_view(session, "openai_chat").view_version == modelled.view_version + 1
+    _fails(
+        lambda: client.render_view(session, "openai_chat", as_stored=True, budget_tokens=100),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_ARGUMENT",
+    )

@@ -164,8 +164,10 @@ class AsyncClient:
         focus: Sequence[str] = (),
         tools: Sequence[Mapping[str, Any]] | None = None,
         place_cache_breakpoint: bool = False,
+        as_stored: bool = False,
     ) -> View:
-        return await self._run(_render_view(session_id, format, budget_tokens, focus, tools, place_cache_breakpoint))
+        call = _render_view(session_id, format, budget_tokens, focus, tools, place_cache_breakpoint, as_stored)
+        return await self._run(call)
 
     async def render_openai(self, session_id: str, *, budget_tokens: int = 0) -> list[dict[str, Any]]:
         return (await self.render_view(session_id, ViewFormat.OPENAI_CHAT, budget_tokens=budget_tokens)).messages

@@ -180,6 +180,7 @@ def render_view(
     focus: Sequence[str],
     tools: Sequence[Any] | None,
     place_cache_breakpoint: bool = False,
+    as_stored: bool = False,
 ) -> Call[View]:
     return Call(
         "RenderView",
@@ -190,6 +191,7 @@ def render_view(
             focus=list(focus),
             tools_json=json.dumps(list(tools)) if tools else "",
             place_cache_breakpoint=place_cache_breakpoint,
+            as_stored=as_stored,
         ),
         lambda r: View.from_proto(r.view),
     )

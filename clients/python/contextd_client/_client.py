@@ -187,11 +187,15 @@ class Client:
         focus: Sequence[str] = (),
         tools: Sequence[Mapping[str, Any]] | None = None,
         place_cache_breakpoint: bool = False,
+        as_stored: bool = False,
     ) -> View:
         """Render the session; `tools` (the provider tools array) lets transforms see the request's tools.
         With `place_cache_breakpoint` the view places the prompt-cache breakpoint (an Anthropic view
-        carries its ``cache_control`` mark): send it as it is, adding none."""
-        return self._run(_render_view(session_id, format, budget_tokens, focus, tools, place_cache_breakpoint))
+        carries its ``cache_control`` mark): send it as it is, adding none. With `as_stored`, the
+        history as stored instead (every item in full but what was retracted; nothing decided,
+        nothing recorded, no model call counted): for reading a session back, not for a model."""
+        call = _render_view(session_id, format, budget_tokens, focus, tools, place_cache_breakpoint, as_stored)
+        return self._run(call)
 
     def render_openai(self, session_id: str, *, budget_tokens: int = 0) -> list[dict[str, Any]]:
         """The view as Chat Completions ``messages``."""

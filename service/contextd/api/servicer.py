@@ -36,6 +36,13 @@ def _certificate(session_id: str, stored: StoredCertificate) -> api.Certificate:
     )
 
 
+def _as_stored_only(request: api.RenderViewRequest) -> None:
+    """A render of the history as stored takes nothing that shapes a view for a model call."""
+    for name in ("budget_tokens", "focus", "tools_json", "place_cache_breakpoint"):
+        if getattr(request, name):
+            raise InvalidArgument.at(name, "as_stored renders the whole history as stored: leave it unset")
+
+
 class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
     def __init__(
         self,
@@ -97,6 +104,13 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
             place_breakpoint=request.place_cache_breakpoint,
         )
         responses: list[Encoded] = []
+        if request.as_stored:
+            _as_stored_only(request)
+            stored = await self.views.render_as_stored(current_tenant(), request.session_id, view_request)
+            response = render_response(stored.view, ())
+            if len(response.data) > self.max_response_bytes:
+                raise ViewTooLarge(request.session_id, len(response.data), self.max_response_bytes)
+            return response
 
         def fits(result: RenderResult) -> None:
             # Inside the render's transaction: a view too large to send stores nothing.

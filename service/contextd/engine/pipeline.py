@@ -278,7 +278,14 @@ def protection_map(items: Sequence[Item], policy: Policy, pins: frozenset[int]) 
     return Draft(items, pins, policy.tools).protections(policy).all()
 
 
-def identity_view(session: Session, items: Sequence[Item], request: ViewRequest, counter: TokenCounter) -> View:
-    """The view with no rules and no previous render: every item in full."""
+def identity_view(
+    session: Session,
+    items: Sequence[Item],
+    request: ViewRequest,
+    counter: TokenCounter,
+    durable: tuple[AppliedEdit, ...] = (),
+) -> View:
+    """The view with no rules and no previous render: every item in full, but for `durable`
+    (history mode's edits and retractions: the history as stored)."""
     no_rules = replace(default_policy(), rules=())
-    return render(RenderInput(session, items, no_rules, request, counter, TransformRegistry())).view
+    return render(RenderInput(session, items, no_rules, request, counter, TransformRegistry(), durable=durable)).view

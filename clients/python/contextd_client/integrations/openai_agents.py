@@ -99,12 +99,10 @@ class ContextdSession:
         """The session's items in the Responses format, oldest first; the last `limit` of them
         (or of ``session_settings.limit``) when given.
 
-        This is the history as contextd keeps it, not a view within the budget (that is what
-        `call_model_input_filter` sends): every item the SDK added, less the ones popped, each
-        as an unbudgeted view shows it, so an output a session rule compressed, or an earlier
-        budget pruned, is its placeholder naming the handle that gets the original back. The
-        service has no other read of a whole history, so this is one render, counted among the
-        session's renders. One stored assistant turn is as many items as the SDK added for it.
+        This is the history as contextd keeps it (RenderView ``as_stored``), not a view within
+        the budget (that is what `call_model_input_filter` sends): every item the SDK added,
+        whole, less the ones popped. The read decides and records nothing (no certificates, no
+        model call counted). One stored assistant turn is as many items as the SDK added for it.
         """
         async with self._lock:
             await self._open()
@@ -251,10 +249,10 @@ class ContextdSession:
         self._known.update(mark for mark in map(_fingerprint, items) if mark is not None)
 
     async def _shown(self) -> list[tuple[int, list[dict[str, Any]]]]:
-        """Each stored item shown in an unbudgeted view, with the input items it shows as, in
+        """Each stored item as the history holds it, with the input items it shows as, in
         order; popped (retracted) items left out. Remembers the items as known."""
         view, status = await asyncio.gather(
-            self.client.render_view(self.session_id, ViewFormat.OPENAI_RESPONSES),
+            self.client.render_view(self.session_id, ViewFormat.OPENAI_RESPONSES, as_stored=True),
             self.client.get_status(self.session_id),
         )
         self._version = view.version

@@ -619,6 +619,7 @@ class RenderViewRequest(_message.Message):
     FOCUS_FIELD_NUMBER: _builtins.int
     TOOLS_JSON_FIELD_NUMBER: _builtins.int
     PLACE_CACHE_BREAKPOINT_FIELD_NUMBER: _builtins.int
+    AS_STORED_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     format: Global___ViewFormat.ValueType
     budget_tokens: _builtins.int
@@ -636,6 +637,13 @@ class RenderViewRequest(_message.Message):
     An ANTHROPIC_MESSAGES view carries the mark (`cache_control` on a
     block); any view says where it is in `cache_breakpoint_seq`.
     """
+    as_stored: _builtins.bool
+    """The history as stored, for a client reading it back (a framework's
+    session store): every item in full but what was retracted (and the
+    durable edits of history mode); no rule runs, and nothing is decided
+    or recorded (no certificates, the view state untouched, no model call
+    counted). Takes no budget, focus, tools or breakpoint.
+    """
     @_builtins.property
     def focus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Identifiers the next model call is about (from the latest user turn
@@ -651,10 +659,11 @@ class RenderViewRequest(_message.Message):
         focus: _abc.Iterable[_builtins.str] | None = ...,
         tools_json: _builtins.str = ...,
         place_cache_breakpoint: _builtins.bool = ...,
+        as_stored: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "focus", b"focus", "format", b"format", "place_cache_breakpoint", b"place_cache_breakpoint", "session_id", b"session_id", "tools_json", b"tools_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["as_stored", b"as_stored", "budget_tokens", b"budget_tokens", "focus", b"focus", "format", b"format", "place_cache_breakpoint", b"place_cache_breakpoint", "session_id", b"session_id", "tools_json", b"tools_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
