@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from contextd_client.formats._fields import decode_base64, require_object, require_string
+from contextd_client.formats._fields import decode_base64, require_object, require_string, split_user
 from contextd_client.v1 import content_pb2 as pb
 
 
@@ -31,25 +31,9 @@ def items_from_anthropic(
         if role == "assistant":
             items.append(pb.Item(role=pb.ROLE_ASSISTANT, content=blocks))
         elif role == "user":
-            items.extend(_split_user(blocks))
+            items.extend(split_user(blocks))
         else:
             raise ValueError(f"{path}.role: unsupported role {role!r} (user, assistant)")
-    return items
-
-
-def _split_user(blocks: list[pb.ContentBlock]) -> list[pb.Item]:
-    items: list[pb.Item] = []
-    run: list[pb.ContentBlock] = []
-    for block in blocks:
-        if block.WhichOneof("block") == "tool_result":
-            if run:
-                items.append(pb.Item(role=pb.ROLE_USER, content=run))
-                run = []
-            items.append(pb.Item(role=pb.ROLE_TOOL, content=[block]))
-        else:
-            run.append(block)
-    if run:
-        items.append(pb.Item(role=pb.ROLE_USER, content=run))
     return items
 
 

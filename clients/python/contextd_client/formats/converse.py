@@ -25,7 +25,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from contextd_client.formats._fields import decode_base64, require_object, require_string
+from contextd_client.formats._fields import decode_base64, require_object, require_string, split_user
 from contextd_client.v1 import content_pb2 as pb
 
 IMAGE_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "gif": "image/gif", "webp": "image/webp"}
@@ -62,7 +62,7 @@ def items_from_converse(
             if blocks:
                 items.append(pb.Item(role=pb.ROLE_ASSISTANT, content=blocks))
         else:
-            items.extend(_split_user(blocks))
+            items.extend(split_user(blocks))
     return items
 
 
@@ -80,22 +80,6 @@ def _system(system: Iterable[Mapping[str, Any]]) -> list[pb.ContentBlock]:
         elif kind != "cachePoint":
             raise ValueError(f"{path}: unsupported block {kind!r}")
     return texts
-
-
-def _split_user(blocks: list[pb.ContentBlock]) -> list[pb.Item]:
-    items: list[pb.Item] = []
-    run: list[pb.ContentBlock] = []
-    for block in blocks:
-        if block.WhichOneof("block") == "tool_result":
-            if run:
-                items.append(pb.Item(role=pb.ROLE_USER, content=run))
-                run = []
-            items.append(pb.Item(role=pb.ROLE_TOOL, content=[block]))
-        else:
-            run.append(block)
-    if run:
-        items.append(pb.Item(role=pb.ROLE_USER, content=run))
-    return items
 
 
 def _kind(block: Mapping[str, Any], path: str) -> str:

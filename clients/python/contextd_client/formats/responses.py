@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from contextd_client.formats._fields import data_uri, require_object, require_string
+from contextd_client.formats._fields import data_uri, require_object, require_string, text_or_parts
 from contextd_client.v1 import content_pb2 as pb
 
 _ROLES = {"system": pb.ROLE_SYSTEM, "developer": pb.ROLE_SYSTEM, "user": pb.ROLE_USER}
@@ -127,13 +127,7 @@ def _output(entry: Mapping[str, Any], path: str) -> pb.ContentBlock:
 
 
 def _parts(content: Any, path: str) -> list[pb.ContentBlock]:
-    if content is None or content == "":
-        return []
-    if isinstance(content, str):
-        return [pb.ContentBlock(text=pb.TextBlock(text=content))]
-    if not isinstance(content, list):
-        raise ValueError(f"{path}: expected a string or a list of parts, not {type(content).__name__}")
-    return [_part(require_object(part, f"{path}[{k}]"), f"{path}[{k}]") for k, part in enumerate(content)]
+    return text_or_parts(content, path, _part)
 
 
 def _part(part: Mapping[str, Any], path: str) -> pb.ContentBlock:
