@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from contextd.engine.codec import b64_text
+from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Block, Role, ToolResultBlock
 
 JsonObject = dict[str, Any]
@@ -87,6 +88,51 @@ class Folder(Protocol):
     def finish(self) -> None:
         """Make every message final (serialized into `out.messages_json`)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """One item's messages in a format where each item renders apart (none: left out),
+    serialized, with what the format could not carry."""
+
+    messages: tuple[JsonObject, ...]
+    texts: tuple[str, ...]
+    notes: Rendered
+
+
+class ItemwiseFolder:
+    """For the formats where an item's messages are its own (the OpenAI ones): final as soon
+    as they are made, so nothing carries from one item to the next. Each item's piece is
+    remembered in `pieces`, made by `make`."""
+
+    def __init__(self, make: Callable[[Renderable], Piece], pieces: IdentityMemo[Piece], out: Rendered | None) -> None:
+        self.make, self.pieces = make, pieces
+        self.out = out if out is not None else Rendered()
+
+    def feed(self, item: Renderable) -> bool:
+        out = self.out
+        piece = self.pieces.get(sources(item), lambda: self.make(item))
+        if piece.notes.warnings:
+            out.warnings.extend(piece.notes.warnings)
+            for seq, blocks in piece.notes.dropped.items():
+                out.dropped.setdefault(seq, []).extend(blocks)
+        if not piece.messages:
+            out.message_index[item.seq] = -1
+            out.omitted.add(item.seq)
+            return False
+        out.message_index[item.seq] = len(out.messages)
+        out.messages.extend(piece.messages)
+        out.messages_json.extend(piece.texts)
+        return True
+
+    def state(self) -> Hashable:
+        return None
+
+    def resume(self, state: Hashable) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
 
 
 def render_all(folder: Folder, items: Sequence[Renderable]) -> Rendered:

@@ -9,8 +9,7 @@ warning in the view.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import (
@@ -22,63 +21,39 @@ from contextd.engine.model import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from contextd.engine.render.base import JsonObject, Renderable, Rendered, data_uri, render_all, sources, to_json
+from contextd.engine.render.base import (
+    ItemwiseFolder,
+    JsonObject,
+    Piece,
+    Renderable,
+    Rendered,
+    data_uri,
+    render_all,
+    to_json,
+)
 
-
-@dataclass(frozen=True, slots=True)
-class _Piece:
-    """One item's message, serialized, with what the format could not carry."""
-
-    message: JsonObject | None
-    text: str
-    notes: Rendered
-
-
-_pieces: IdentityMemo[_Piece] = IdentityMemo(200_000)
+_pieces: IdentityMemo[Piece] = IdentityMemo(200_000)
 
 
 def render_openai(items: Sequence[Renderable]) -> Rendered:
     return render_all(OpenAIFolder(), items)
 
 
-class OpenAIFolder:
+class OpenAIFolder(ItemwiseFolder):
     """One message per item, final as soon as it is made."""
 
     def __init__(self, out: Rendered | None = None) -> None:
-        self.out = out if out is not None else Rendered()
-
-    def feed(self, item: Renderable) -> bool:
-        out = self.out
-        piece = _pieces.get(sources(item), lambda: _piece(item))
-        if piece.notes.warnings:
-            out.warnings.extend(piece.notes.warnings)
-            for seq, blocks in piece.notes.dropped.items():
-                out.dropped.setdefault(seq, []).extend(blocks)
-        if piece.message is None:
-            out.message_index[item.seq] = -1
-            out.omitted.add(item.seq)
-            return False
-        out.message_index[item.seq] = len(out.messages)
-        out.messages.append(piece.message)
-        out.messages_json.append(piece.text)
-        return True
-
-    def state(self) -> Hashable:
-        return None
-
-    def resume(self, state: Hashable) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
+        super().__init__(_piece, _pieces, out)
 
 
-def _piece(item: Renderable) -> _Piece:
+def _piece(item: Renderable) -> Piece:
     notes = Rendered()
     message = _message(item, notes)
     if message is not None and item.name and item.role is not Role.TOOL:
         message["name"] = item.name
-    return _Piece(message, to_json(message) if message is not None else "", notes)
+    if message is None:
+        return Piece((), (), notes)
+    return Piece((message,), (to_json(message),), notes)
 
 
 def _message(item: Renderable, out: Rendered) -> JsonObject | None:

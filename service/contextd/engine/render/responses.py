@@ -22,8 +22,7 @@ is left out with a warning in the view.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import (
@@ -36,55 +35,29 @@ from contextd.engine.model import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from contextd.engine.render.base import JsonObject, Renderable, Rendered, data_uri, render_all, sources, to_json
+from contextd.engine.render.base import (
+    ItemwiseFolder,
+    JsonObject,
+    Piece,
+    Renderable,
+    Rendered,
+    data_uri,
+    render_all,
+    to_json,
+)
 
-
-@dataclass(frozen=True, slots=True)
-class _Piece:
-    """One item's input items, serialized, with what the format could not carry."""
-
-    messages: tuple[JsonObject, ...]
-    texts: tuple[str, ...]
-    notes: Rendered
-
-
-_pieces: IdentityMemo[_Piece] = IdentityMemo(200_000)
+_pieces: IdentityMemo[Piece] = IdentityMemo(200_000)
 
 
 def render_responses(items: Sequence[Renderable]) -> Rendered:
     return render_all(ResponsesFolder(), items)
 
 
-class ResponsesFolder:
+class ResponsesFolder(ItemwiseFolder):
     """An item's input items, final as soon as they are made."""
 
     def __init__(self, out: Rendered | None = None) -> None:
-        self.out = out if out is not None else Rendered()
-
-    def feed(self, item: Renderable) -> bool:
-        out = self.out
-        piece = _pieces.get(sources(item), lambda: _piece(item))
-        if piece.notes.warnings:
-            out.warnings.extend(piece.notes.warnings)
-            for seq, blocks in piece.notes.dropped.items():
-                out.dropped.setdefault(seq, []).extend(blocks)
-        if not piece.messages:
-            out.message_index[item.seq] = -1
-            out.omitted.add(item.seq)
-            return False
-        out.message_index[item.seq] = len(out.messages)
-        out.messages.extend(piece.messages)
-        out.messages_json.extend(piece.texts)
-        return True
-
-    def state(self) -> Hashable:
-        return None
-
-    def resume(self, state: Hashable) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
+        super().__init__(_piece, _pieces, out)
 
 
 def _items(seq: int, role: Role, content: Sequence[Block], out: Rendered) -> list[JsonObject]:
@@ -98,12 +71,12 @@ def _items(seq: int, role: Role, content: Sequence[Block], out: Rendered) -> lis
     return [{"role": role.value, "content": _content(parts)}] if parts else []
 
 
-def _piece(item: Renderable) -> _Piece:
+def _piece(item: Renderable) -> Piece:
     notes = Rendered()
     messages = _items(item.seq, item.role, item.content, notes)
     if messages and item.name:
         notes.warn("NAME_DROPPED", f"seq {item.seq}: Responses input items carry no participant name; left out")
-    return _Piece(tuple(messages), tuple(map(to_json, messages)), notes)
+    return Piece(tuple(messages), tuple(map(to_json, messages)), notes)
 
 
 def _turn(seq: int, content: Sequence[Block], out: Rendered) -> list[JsonObject]:
