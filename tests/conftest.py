@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import subprocess
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -125,6 +127,45 @@ class ServerThread:
             asyncio.run_coroutine_threadsafe(self._running.stop(grace), self._loop).result(timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
+
+
+class ServingCommand:
+    """A command run as a process that serves HTTP and logs `<name> serving on URL` once it
+    listens (`contextd mcp --transport streamable-http`, `contextd proxy`)."""
+
+    def __init__(self, command: Sequence[str], name: str) -> None:
+        self.serving = re.compile(rf"{re.escape(name)} serving on (http://\S+)")
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        self.log: list[str] = []
+        self.url = ""
+        self._ready = threading.Event()
+        threading.Thread(target=self._read_log, daemon=True).start()
+
+    def _read_log(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.log.append(line.rstrip())
+            if match := self.serving.search(line):
+                self.url = match.group(1)
+                self._ready.set()
+        self.process.stderr.close()
+        self._ready.set()
+
+    def wait_serving(self) -> ServingCommand:
+        self._ready.wait(60)
+        assert self.url, "it did not start:\n" + "\n".join(self.log)
+        return self
+
+    def stop(self) -> int:
+        """SIGTERM, and its exit code."""
+        self.process.terminate()
+        try:
+            return self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
 
 
 def test_settings(database_url: str, **overrides: object) -> Settings:

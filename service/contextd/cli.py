@@ -27,11 +27,14 @@ from typing import Any
 
 from contextd.config import ConfigError, Settings, env_name, markdown_table
 from contextd.logs import configure_logging
+from contextd.proxy import ANTHROPIC, OPENAI
 
 # The settings an operator command reads; the rest still come from the environment.
 _MIGRATE_SETTINGS = ("database_url", "log_level", "log_format")
 _OPERATOR_SETTINGS = ("database_url", "lock_timeout_ms", "log_level", "log_format")
 _MCP_LISTEN = "127.0.0.1:8000"
+_PROXY_LISTEN = "127.0.0.1:8787"
+_PROXY_SETTINGS = ("log_level", "log_format", "otel_exporter", "otel_endpoint", "metrics_listen", "metrics_interval_ms")
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
@@ -91,12 +94,7 @@ def _parser() -> argparse.ArgumentParser:
         "--session",
         help="the session the tools act on; over HTTP, the default for requests without an x-contextd-session header",
     )
-    mcp.add_argument("--target", default="127.0.0.1:50051", help="the contextd server (default: 127.0.0.1:50051)")
-    mcp.add_argument("--api-key-file", help="a file holding the API key (the tools see the key's tenant)")
-    mcp.add_argument("--tls-ca", help="PEM file of the CA that signed the server's certificate (TLS)")
-    mcp.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds a tool call may take, retries included (default: 10)"
-    )
+    _add_remote_flags(mcp, "the tools see the key's tenant", "a tool call", 10.0)
     mcp.add_argument("--transport", default="stdio", choices=["stdio", "streamable-http"], help="(default: stdio)")
     mcp.add_argument(
         "--listen",
@@ -104,10 +102,71 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help=f"where streamable HTTP answers, at /mcp (default: {_MCP_LISTEN}; port 0: any free one)",
     )
+    proxy = commands.add_parser(
+        "proxy",
+        help="an HTTP proxy for the OpenAI and Anthropic APIs that sends contextd's views in place of "
+        "the conversations (point an SDK's base_url at it)",
+    )
+    _add_setting_flags(proxy, _PROXY_SETTINGS)
+    _add_remote_flags(proxy, "the sessions are its tenant's; a request's x-contextd-api-key wins", "a request", 2.0)
+    proxy.add_argument(
+        "--listen",
+        dest="proxy_listen",
+        metavar="HOST:PORT",
+        default=_PROXY_LISTEN,
+        help=f"where the proxy answers (default: {_PROXY_LISTEN}; port 0: any free one)",
+    )
+    proxy.add_argument(
+        "--openai-upstream", default=OPENAI, help=f"where OpenAI requests go (default: {OPENAI})", metavar="URL"
+    )
+    proxy.add_argument(
+        "--anthropic-upstream",
+        default=ANTHROPIC,
+        help=f"where Anthropic requests go (default: {ANTHROPIC})",
+        metavar="URL",
+    )
+    proxy.add_argument(
+        "--budget",
+        type=int,
+        default=0,
+        help="the views' budget in tokens when a request names none in x-contextd-budget "
+        "(default: 0, the model's window less the answer's room)",
+    )
+    proxy.add_argument(
+        "--backoff",
+        type=float,
+        default=5.0,
+        help="seconds the proxy sends requests unchanged after contextd failed (default: 5)",
+    )
     config = commands.add_parser("config", help="print the effective configuration")
     _add_setting_flags(config)
     config.add_argument("--markdown", action="store_true", help="print the settings table for the README")
     return parser
+
+
+def _add_remote_flags(parser: argparse.ArgumentParser, tenant: str, call: str, timeout: float) -> None:
+    """How a command beside the server reaches it (`contextd mcp`, `contextd proxy`)."""
+    parser.add_argument("--target", default="127.0.0.1:50051", help="the contextd server (default: 127.0.0.1:50051)")
+    parser.add_argument("--api-key-file", help=f"a file holding the API key ({tenant})")
+    parser.add_argument("--tls-ca", help="PEM file of the CA that signed the server's certificate (TLS)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=timeout,
+        help=f"seconds {call} may spend on contextd, retries included (default: {timeout:g})",
+    )
+
+
+def _connection(args: argparse.Namespace) -> Any:
+    """The `--target`, `--api-key-file`, `--tls-ca` and `--timeout` of a command beside the
+    server, as a `remote.Connection`; OSError when a file cannot be read."""
+    import grpc
+
+    from contextd.remote import Connection
+
+    api_key = Path(args.api_key_file).read_text().strip() if args.api_key_file else None
+    credentials = grpc.ssl_channel_credentials(Path(args.tls_ca).read_bytes()) if args.tls_ca else None
+    return Connection(args.target, api_key, credentials, args.timeout)
 
 
 def _add_session_flags(parser: argparse.ArgumentParser) -> None:
@@ -146,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _health(args)
     if args.command == "mcp":
         return _mcp(args)
+    if args.command == "proxy":
+        return _proxy(settings, args)
     from contextd.api.server import StartupError, serve
 
     runner = asyncio.Runner()
@@ -243,7 +304,7 @@ def _health(args: argparse.Namespace) -> int:
 
 def _mcp(args: argparse.Namespace) -> int:
     """Serve the agent tools over MCP until the host closes stdin (stdio) or a signal (HTTP)."""
-    import grpc
+    from contextd.remote import bind
 
     if args.transport == "stdio" and args.mcp_listen is not None:
         print("contextd: --listen is for --transport streamable-http", file=sys.stderr)
@@ -256,12 +317,10 @@ def _mcp(args: argparse.Namespace) -> int:
         print(f"contextd: the mcp command needs the mcp extra: pip install 'contextd[mcp]' ({exc})", file=sys.stderr)
         return 2
     try:
-        api_key = Path(args.api_key_file).read_text().strip() if args.api_key_file else None
-        credentials = grpc.ssl_channel_credentials(Path(args.tls_ca).read_bytes()) if args.tls_ca else None
+        connection = _connection(args)
     except OSError as exc:
         print(f"contextd: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2
-    connection = mcp_server.Connection(args.target, api_key, credentials, args.timeout)
     if args.transport == "stdio":
         if not args.session:
             logging.getLogger(__name__).warning("no --session: every tool call will be refused")
@@ -272,12 +331,45 @@ def _mcp(args: argparse.Namespace) -> int:
         return 0
     listen = args.mcp_listen or _MCP_LISTEN
     try:
-        listening = mcp_server.bind(listen)
+        listening = bind(listen)
     except (OSError, ValueError) as exc:
         print(f"contextd: cannot listen on {listen}: {exc}", file=sys.stderr)
         return 1
     with listening:
         asyncio.run(mcp_server.serve_http(connection, args.session, listening))
+    return 0
+
+
+def _proxy(settings: Settings, args: argparse.Namespace) -> int:
+    """Serve the proxy until SIGINT or SIGTERM."""
+    from contextd.remote import bind
+
+    try:
+        from contextd.proxy.serve import serve
+    except ModuleNotFoundError as exc:  # its HTTP stack is an extra
+        if (exc.name or "").partition(".")[0] not in ("starlette", "uvicorn", "httpx2"):
+            raise
+        extra = "pip install 'contextd[proxy]'"
+        print(f"contextd: the proxy command needs the proxy extra: {extra} ({exc})", file=sys.stderr)
+        return 2
+    from contextd.proxy.app import Settings as ProxySettings
+
+    try:
+        connection = _connection(args)
+    except OSError as exc:
+        print(f"contextd: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
+    # A request whose contextd is down goes upstream unchanged, which costs the agent nothing:
+    # better soon than after riding out a restart.
+    connection = dataclasses.replace(connection, retry_budget=min(0.5, connection.timeout))
+    proxy = ProxySettings(connection, args.openai_upstream, args.anthropic_upstream, args.budget, args.backoff)
+    try:
+        listening = bind(args.proxy_listen)
+    except (OSError, ValueError) as exc:
+        print(f"contextd: cannot listen on {args.proxy_listen}: {exc}", file=sys.stderr)
+        return 1
+    with listening:
+        asyncio.run(serve(settings, proxy, listening))
     return 0
 
 

@@ -19,13 +19,9 @@ Imported only by the `mcp` command: `contextd serve` never loads the MCP SDK.
 from __future__ import annotations
 
 import logging
-import signal
 import socket
-import threading
-from dataclasses import dataclass
 from typing import Any
 
-import grpc
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
@@ -35,7 +31,8 @@ from starlette.requests import Request
 
 from contextd import __version__
 from contextd.agent_tools import PREFIX, TOOLS
-from contextd_client import AsyncAgentTools, AsyncClient, RetryPolicy, ViewFormat
+from contextd.remote import Connection, serve_asgi, url_of
+from contextd_client import AsyncAgentTools, AsyncClient, ViewFormat
 
 log = logging.getLogger(__name__)
 
@@ -52,24 +49,6 @@ NO_SESSION = (
     "no contextd session for this call: start `contextd mcp` with --session ID, or (over HTTP) "
     f"send the session id in the {SESSION_HEADER} header"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Connection:
-    """How to reach contextd: `timeout` is seconds a tool call may take, retries included."""
-
-    target: str
-    api_key: str | None = None
-    credentials: grpc.ChannelCredentials | None = None
-    timeout: float = 10.0
-
-    def client(self) -> AsyncClient:
-        # A model waits on each call, so a contextd that is down is said within the timeout,
-        # not after the client's usual 30 s of retries.
-        retry = RetryPolicy(budget=self.timeout)
-        return AsyncClient(
-            self.target, api_key=self.api_key, credentials=self.credentials, timeout=self.timeout, retry=retry
-        )
 
 
 def tool_list() -> list[types.Tool]:
@@ -140,35 +119,14 @@ async def serve_stdio(connection: Connection, session: str | None) -> None:
             await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
-def bind(listen: str) -> socket.socket:
-    """A listening socket on `listen` (host:port; port 0: any free one). OSError when taken."""
-    host, colon, port = listen.rpartition(":")
-    if not colon or not port.isdigit():
-        raise ValueError(f"--listen must be host:port, not {listen!r}")
-    host = host.strip("[]") or "0.0.0.0"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, int(port)), family=family)
-
-
 async def serve_http(connection: Connection, session: str | None, listening: socket.socket) -> None:
     """Answer MCP hosts over streamable HTTP on `listening` (at `PATH`) until SIGINT or SIGTERM."""
-    import uvicorn
-
-    host, port = listening.getsockname()[:2]
+    host = listening.getsockname()[0]
     async with connection.client() as client:
         server = build_server(client, session)
         # Stateless: every request stands alone (the session comes with it), so the
         # server keeps nothing between requests and any number of agents share it.
         # On a loopback address the SDK also refuses other Host and Origin headers.
         app = server.streamable_http_app(streamable_http_path=PATH, stateless_http=True, host=host)
-        config = uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=5)
-        where = f"[{host}]" if ":" in host else host
-        log.info("contextd mcp serving on http://%s:%d%s (contextd at %s)", where, port, PATH, connection.target)
-        http = uvicorn.Server(config)
-        if threading.current_thread() is threading.main_thread():
-            # Once stopped by SIGINT or SIGTERM, uvicorn raises the signal again under the
-            # handlers it found, ending the process by that signal; with its own handler
-            # found there, a graceful stop ends in exit code 0, as `contextd serve`'s does.
-            for stop in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(stop, http.handle_exit)
-        await http.serve(sockets=[listening])
+        log.info("contextd mcp serving on %s%s (contextd at %s)", url_of(listening), PATH, connection.target)
+        await serve_asgi(app, listening)

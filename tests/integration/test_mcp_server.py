@@ -5,10 +5,7 @@ SDK's own client, over stdio (the command as an MCP host spawns it) and streamab
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -26,12 +23,11 @@ from starlette.requests import Request
 from contextd.agent_tools import PREFIX, TOOLS
 from contextd.mcp_server import NO_SESSION, SESSION_HEADER, Connection, build_server, session_of
 from contextd_client import AgentTools, Client, ViewFormat
-from tests.conftest import ServerThread
+from tests.conftest import ServerThread, ServingCommand
 from tests.service.api.test_recovery import MASK_OLD, pruned_handles
 
 NAMES = [PREFIX + name for name, _, _ in TOOLS]
 LOG_LINES = 1500
-SERVING = re.compile(r"contextd mcp serving on (http://\S+)")
 
 
 def big_log() -> str:
@@ -118,46 +114,15 @@ async def test_over_stdio_every_tool_answers_as_the_executor_does(server: Server
         assert bad.is_error and text_of(bad) == "bad arguments for contextd_retrieve: seq must be an item number"
 
 
-class HttpMcp:
+def http_mcp_command(*args: str) -> ServingCommand:
     """`contextd mcp --transport streamable-http` on a free loopback port."""
-
-    def __init__(self, *args: str) -> None:
-        command = mcp_command("--transport", "streamable-http", "--listen", "127.0.0.1:0", *args)
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
-        self.log: list[str] = []
-        self.url = ""
-        self._ready = threading.Event()
-        threading.Thread(target=self._read_log, daemon=True).start()
-
-    def _read_log(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.log.append(line.rstrip())
-            if match := SERVING.search(line):
-                self.url = match.group(1)
-                self._ready.set()
-        self.process.stderr.close()
-        self._ready.set()
-
-    def wait_serving(self) -> HttpMcp:
-        self._ready.wait(60)
-        assert self.url, "contextd mcp did not start:\n" + "\n".join(self.log)
-        return self
-
-    def stop(self) -> int:
-        self.process.terminate()
-        try:
-            return self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
+    command = mcp_command("--transport", "streamable-http", "--listen", "127.0.0.1:0", *args)
+    return ServingCommand(command, "contextd mcp")
 
 
 @pytest.fixture
-def http_mcp(server: ServerThread) -> Iterator[HttpMcp]:
-    running = HttpMcp("--target", server.target)
+def http_mcp(server: ServerThread) -> Iterator[ServingCommand]:
+    running = http_mcp_command("--target", server.target)
     try:
         yield running.wait_serving()
     finally:
@@ -175,7 +140,7 @@ async def over_http(url: str, session: str | None, mode: str = "auto") -> AsyncI
         yield mcp
 
 
-async def test_over_http_the_session_comes_with_each_request(server: ServerThread, http_mcp: HttpMcp) -> None:
+async def test_over_http_the_session_comes_with_each_request(server: ServerThread, http_mcp: ServingCommand) -> None:
     with Client(server.target) as client:
         session, handles = pruned_session(client)
     async with over_http(http_mcp.url, session) as mcp:

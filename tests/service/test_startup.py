@@ -31,6 +31,10 @@ NOT_FOR_SERVING = (
     "mcp",  # `contextd mcp`'s, never `contextd serve`'s
     "uvicorn",
     "starlette",
+    "contextd.proxy.app",  # `contextd proxy`'s
+    "httpx2",
+    "anthropic",
+    "openai",
 )
 
 

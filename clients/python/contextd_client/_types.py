@@ -312,6 +312,8 @@ class Explanation:
     pinned: bool
     protection: str
     certificates: tuple[Certificate, ...]
+    item: pb.Item = field(default_factory=pb.Item)
+    """The item as stored (a redacted one: its identity only, no content or metadata)."""
 
     @classmethod
     def from_proto(cls, message: api.ExplainItemResponse) -> Explanation:
@@ -321,6 +323,7 @@ class Explanation:
             pinned=message.pinned,
             protection=message.protection,
             certificates=tuple(Certificate.from_proto(c) for c in message.certificates),
+            item=message.item,
         )
 
 

@@ -41,10 +41,8 @@ from agents.run_config import CallModelData, ModelInputData
 from agents.tool_context import ToolContext
 
 from contextd_client import AlreadyExists, AsyncAgentTools, AsyncClient, NotFound, View, ViewFormat
-from contextd_client._calls import Call
 from contextd_client.formats import items_from_responses
 from contextd_client.v1 import content_pb2 as pb
-from contextd_client.v1 import contextd_pb2 as api
 
 __all__ = ["ContextdSession"]
 
@@ -272,8 +270,8 @@ class ContextdSession:
     async def _rest_of_turn(self, seq: int, popped: Mapping[str, Any]) -> pb.Item | None:
         """Stored assistant item `seq` as it was, less the blocks `popped` shows; None when none
         is left, or none is its (the view showed a stand-in for the whole item)."""
-        call = Call("ExplainItem", api.ExplainItemRequest(session_id=self.session_id, seq=seq), _explained_item)
-        stored: pb.Item = await self.client._run(call)  # the client's explain_item leaves the item out
+        stored = pb.Item()
+        stored.CopyFrom((await self.client.explain_item(self.session_id, seq)).item)
         rest = [block for block in stored.content if not _shows(popped, block)]
         if not rest or len(rest) == len(stored.content):
             return None
@@ -347,10 +345,6 @@ def _shows(popped: Mapping[str, Any], block: pb.ContentBlock) -> bool:
     if popped.get("id"):  # a message with its id: all its text parts
         return block.text.item_id == str(popped["id"])
     return block.text.text == str(popped.get("content"))  # a text sent without its id (a string)
-
-
-def _explained_item(response: api.ExplainItemResponse) -> pb.Item:
-    return response.item
 
 
 def _function_tool(tools: AsyncAgentTools, definition: Mapping[str, Any]) -> FunctionTool:
