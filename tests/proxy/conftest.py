@@ -12,6 +12,7 @@ from contextd.proxy.app import Proxy, Settings
 from contextd.remote import Connection
 from contextd_lab.stub_upstream import Upstream, serving
 from tests.conftest import ServerThread, test_settings
+from tests.service.api.test_metrics import reader, snapshot  # noqa: F401 - the metrics fixtures
 
 
 @pytest.fixture(scope="module")

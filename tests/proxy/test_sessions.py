@@ -4,6 +4,7 @@ the agent, another proxy (or a restart), no header; and what it leaves alone."""
 from __future__ import annotations
 
 import json
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -179,7 +180,7 @@ def test_a_view_the_provider_refuses_goes_again_as_the_caller_sent_it(proxy: htt
     session, messages = f"refused-{uuid.uuid4().hex[:8]}", opening()
     turn(proxy, messages, session)
     turn(proxy, messages, session)
-    stub.reject = lambda body: "test_case_1499 PASSED" not in json.dumps(body)  # refuses compressed outputs
+    stub.reject = lambda body: "[contextd:" in json.dumps(body)  # refuses what contextd compressed
     count = len(stub.received)
 
     answer = call(proxy, messages, session)
@@ -197,6 +198,44 @@ def test_requests_the_proxy_does_not_view_go_upstream_as_they_came(proxy: httpx2
     answer = proxy.post("/v1/responses", content=raw, headers={"content-type": "application/json"})
     assert answer.status_code == 200 and VIEW_VERSION_HEADER not in answer.headers
     assert stub.received[-1].raw == raw  # byte for byte
+
+
+def test_each_outcome_is_counted(
+    contextd: ServerThread, make_proxy: Callable[..., str], stub: Upstream, snapshot: Any
+) -> None:
+    before = snapshot("contextd.proxy")
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{unused.getsockname()[1]}"
+    with (
+        httpx2.Client(base_url=make_proxy(contextd.target), timeout=30) as up,
+        httpx2.Client(base_url=make_proxy(nowhere, timeout=2.0, backoff=60.0), timeout=30) as down,
+    ):
+        messages, session = opening(), "counted-" + uuid.uuid4().hex[:8]
+        turn(up, messages, session)  # viewed
+        turn(up, messages, session)  # viewed
+        call(down, opening())  # failed
+        call(down, opening())  # bypassed: contextd failed a moment ago
+        stub.reject = lambda body: "[contextd:" in json.dumps(body)
+        call(up, messages, session)  # view_rejected
+        stub.reject = None
+        held_upstream = {"model": "gpt-4.1", "input": "Go on.", "previous_response_id": "r1"}
+        assert up.post("/v1/responses", json=held_upstream).status_code == 200  # unsupported
+        up.get("/v1/models")  # not a conversation: not counted
+    after = snapshot("contextd.proxy")
+
+    def counted(outcome: str) -> float:
+        where = {"contextd.proxy.outcome": outcome}
+        return after.total("contextd.proxy.requests", **where) - before.total("contextd.proxy.requests", **where)
+
+    assert {o: counted(o) for o in ("viewed", "failed", "bypassed", "view_rejected", "unsupported")} == {
+        "viewed": 2,
+        "failed": 1,
+        "bypassed": 1,
+        "view_rejected": 1,
+        "unsupported": 1,
+    }
+    assert after.total("contextd.proxy.added.duration") - before.total("contextd.proxy.added.duration") == 3
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 7, 64, 4096])

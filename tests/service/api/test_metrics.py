@@ -37,12 +37,12 @@ class Snapshot:
     point)]. Other libraries in the process record into the same global provider (an agent
     framework's tool metrics, say) and are not contextd's to bound."""
 
-    def __init__(self, reader: InMemoryMetricReader) -> None:
+    def __init__(self, reader: InMemoryMetricReader, meter: str = "contextd") -> None:
         self.points: dict[str, list[tuple[dict[str, Any], Any]]] = {}
         data = reader.get_metrics_data()
         for resource in data.resource_metrics if data else ():
             for scope in resource.scope_metrics:
-                if scope.scope.name != "contextd":
+                if scope.scope.name != meter:
                     continue
                 for metric in scope.metrics:
                     self.points[metric.name] = [(dict(p.attributes or {}), p) for p in metric.data.data_points]
@@ -74,8 +74,8 @@ def _key(name: str) -> str:
 
 @pytest.fixture
 def snapshot(reader: InMemoryMetricReader) -> Iterator[Any]:
-    """Metrics before the test; call it again for after."""
-    yield lambda: Snapshot(reader)
+    """Metrics before the test; call it again for after (`meter`: another than contextd's)."""
+    yield lambda meter="contextd": Snapshot(reader, meter)
 
 
 METHOD = "contextd.v1.ContextService/"
