@@ -238,6 +238,37 @@ def test_each_outcome_is_counted(
     assert after.total("contextd.proxy.added.duration") - before.total("contextd.proxy.added.duration") == 3
 
 
+@pytest.mark.parametrize("asked", [False, True])
+def test_a_stream_is_relayed_event_by_event_with_the_usage_only_when_the_caller_asked(
+    proxy: httpx2.Client, stub: Upstream, asked: bool
+) -> None:
+    body: dict[str, Any] = {"model": "gpt-4o", "messages": opening()[1:], "tools": CHAT_TOOLS, "stream": True}
+    if asked:
+        body["stream_options"] = {"include_usage": True}
+    headers = {SESSION_HEADER: f"stream-{uuid.uuid4().hex[:8]}"}
+    with proxy.stream("POST", "/v1/chat/completions", json=body, headers=headers) as answer:
+        relayed = b"".join(answer.iter_bytes())
+    events = relayed.decode().split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]  # the end, as the provider sent it
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert [c for c in chunks if c["choices"]][-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert [bool(c.get("usage")) for c in chunks].count(True) == (1 if asked else 0)
+    assert stub.received[-1].body["stream_options"] == {"include_usage": True}
+
+
+def test_the_proxys_own_headers_never_reach_the_provider(proxy: httpx2.Client, stub: Upstream) -> None:
+    call(proxy, opening(), f"own-{uuid.uuid4().hex[:8]}", **{BUDGET_HEADER: "9000", "x-contextd-api-key": ""})
+    sent = stub.received[-1].headers
+    assert not [h for h in sent if h.startswith("x-contextd-")] and sent["authorization"] == "Bearer sk-test"
+
+
+def test_a_bad_session_id_fails_its_own_request_only(proxy: httpx2.Client) -> None:
+    refused = call(proxy, opening(), "not a valid id!")
+    assert VIEW_VERSION_HEADER not in refused.headers  # sent unchanged
+    viewed = call(proxy, opening(), f"fine-{uuid.uuid4().hex[:8]}")
+    assert VIEW_VERSION_HEADER in viewed.headers  # no backoff for the others
+
+
 @pytest.mark.parametrize("size", [1, 2, 3, 7, 64, 4096])
 def test_events_come_whole_with_their_own_bytes_however_the_stream_is_cut(size: int) -> None:
     stream = (

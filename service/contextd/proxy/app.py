@@ -48,7 +48,7 @@ from contextd.proxy.dialects import BY_PATH, Accumulator, Dialect, Unsupported, 
 from contextd.proxy.ledger import Known, Ledger, Moving, append, chains, fingerprint, sync
 from contextd.proxy.sse import Events
 from contextd.remote import Connection
-from contextd_client import AsyncClient, ContextdError, VersionConflict, View
+from contextd_client import AsyncClient, ContextdError, DeadlineExceeded, Unavailable, VersionConflict, View
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,13 @@ recording_failures = meter.create_counter(
     unit="{answer}",
     description="Answers whose turn or usage could not be recorded in contextd.",
 )
+
+
+def _forwarded(header: str) -> bool:
+    """Whether a request header goes upstream: not the connection's, not the proxy's own (the
+    contextd API key above all: the provider has no business with it)."""
+    name = header.lower()
+    return name not in _NOT_FORWARDED and not name.startswith("x-contextd-")
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,9 +192,12 @@ class Proxy:
         except Unsupported as exc:
             log.info("%s sent unchanged: %s", dialect.path, exc)
             return None, "unsupported"
-        except (ContextdError, TimeoutError) as exc:
-            self._down_until = time.monotonic() + self.settings.backoff
+        except (Unavailable, DeadlineExceeded, TimeoutError) as exc:
+            self._down_until = time.monotonic() + self.settings.backoff  # down or slow: for everyone
             log.warning("contextd failed (%s); %s sent unchanged", exc or type(exc).__name__, dialect.path)
+            return None, "failed"
+        except ContextdError as exc:  # this request's (a bad session id, a tenant's limit): its own
+            log.warning("contextd refused (%s); %s sent unchanged", exc, dialect.path)
             return None, "failed"
         except Moving as exc:
             log.warning("%s; %s sent unchanged", exc, dialect.path)
@@ -259,7 +269,7 @@ class Proxy:
     # ------------------------------------------------------------------ upstream
 
     async def _forward(self, request: Request, upstream: str, raw: bytes, plan: Plan | None) -> Response:
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
+        headers = {k: v for k, v in request.headers.items() if _forwarded(k)}
         url = upstream.rstrip("/") + request.url.path + (f"?{request.url.query}" if request.url.query else "")
         content = json.dumps(plan.body).encode() if plan is not None else raw
         try:
@@ -351,11 +361,9 @@ class Proxy:
                 reply = plan.dialect.reply(answer)
                 async with self.ledger.lock(plan.key):
                     if reply and self.ledger.get(plan.key) is plan.known:
-                        after = chains(reply, after=plan.known.chains[-1])
+                        after = chains(reply, after=plan.known.last)
                         try:
-                            known = await append(
-                                plan.client, plan.session_id, plan.known, reply, (*plan.known.chains, *after)
-                            )
+                            known = await append(plan.client, plan.session_id, plan.known, reply, after)
                         except VersionConflict:  # another writer since: read the session again next time
                             self.ledger.drop(plan.key)
                         else:

@@ -185,7 +185,7 @@ class _ChatStream(Accumulator):
 
     def feed(self, event: str, data: str) -> None:
         if data.strip() == "[DONE]":
-            self.done = True
+            self.done, self.usage_only = True, False
             return
         chunk = json.loads(data)
         self.model = chunk.get("model") or self.model

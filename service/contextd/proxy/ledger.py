@@ -3,16 +3,18 @@
 An SDK resends the whole conversation on every call. Each conversation item the proxy appends
 carries, in its metadata, its position in the conversation and a *chain hash*: the SHA-256 of
 the previous item's chain and this item's canonical content (role, name, blocks). Equal chains
-at a position mean equal conversations up to it, so the proxy compares a request with the
-session by comparing chains, in memory for the sessions it has seen (`Ledger`) and, for one
-it has not (another replica's, or after a restart), from the last item the session holds.
+at a position mean equal conversations up to it. So the proxy keeps, per session, only how many
+items the session holds and the last one's chain (`Ledger`, in memory; for a session it has not
+seen, another replica's or after a restart, read from the session's last item): a request that
+holds that chain at that position continues the session, told by one comparison.
 
 `sync` then makes the session's live items the request's conversation:
-- the request's items past the common prefix are appended, in one batch whose idempotency
-  key is the chain of the whole request, with the session version it was computed against
+- the request's items past what the session holds are appended, in one batch whose idempotency
+  key is made of the chains, with the session version it was computed against
   (`expected_version`): a retried request never writes twice, and two writers never
   interleave;
-- the session's items past the common prefix are retracted (RetractItems, not redacted):
+- when the request parts from the session (`locate`: the live items, halved over by their
+  chains), the session's items past the parting are retracted (RetractItems, not redacted):
   the caller's conversation no longer holds them (a retry whose first answer the caller never
   got, an agent that edited its own history), so no view may show them; the record keeps them.
 
@@ -48,8 +50,6 @@ AUTHOR = "contextd-proxy"
 RETRACTED_BECAUSE = "the caller's conversation no longer holds it (contextd proxy)"
 _ATTEMPTS = 3
 _RENAMINGS = 3
-_UNKNOWN = ""
-"""The chain of a live item the proxy has not read: equal to no chain."""
 
 
 class Moving(Exception):
@@ -77,23 +77,21 @@ def fingerprint(dialect: str, lead: str, first: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Known:
-    """A session as the proxy knows it: its version, the chain and seq of each live item of the
-    conversation in order (`seqs` None: not read yet), and the tool call ids it stores under
-    other names (`IDS`)."""
+    """A session as the proxy knows it: its version; how many items of the conversation it
+    holds live and the chain of the last (`length` -1: not known, read it); the tool call ids
+    it stores under other names (`IDS`)."""
 
     version: int
-    chains: tuple[str, ...]
-    seqs: tuple[int, ...] | None
+    length: int
+    last: str
     ids: tuple[tuple[str, str], ...] = ()
 
-    def common(self, request: Sequence[str]) -> int:
-        """How many leading items the session and the request share."""
-        n = 0
-        for held, asked in zip(self.chains, request, strict=False):
-            if held != asked:
-                break
-            n += 1
-        return n
+    def followed_by(self, request: Sequence[str]) -> bool:
+        """Whether the request holds the session's conversation and perhaps more (the usual
+        case, told by one comparison)."""
+        if self.length == 0:
+            return True
+        return 0 < self.length <= len(request) and request[self.length - 1] == self.last
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +99,6 @@ class Synced:
     known: Known
     appended: int
     retracted: int
-    recovered: bool
 
 
 class Ledger:
@@ -144,39 +141,37 @@ async def sync(
     known: Known | None,
 ) -> Synced:
     """Make the session's live conversation the request's (`items`, their `request` chains)."""
-    recovered = False
     for _ in range(_ATTEMPTS):
-        if known is None:
-            known, recovered = await recover(client, session_id, view_format, request), True
-        shared = known.common(request)
-        retracted = 0
         try:
-            if shared < len(known.chains):
-                seqs = known.seqs if known.seqs is not None else await live_seqs(client, session_id, view_format)
-                await client.retract(session_id, seqs[shared:], reason=RETRACTED_BECAUSE)
-                retracted = len(seqs) - shared
-                known = Known(known.version, known.chains[:shared], tuple(seqs[:shared]), known.ids)
-            if shared == len(request):
-                return Synced(known, 0, retracted, recovered)
-            known = await append(client, session_id, known, items[shared:], request)
-            return Synced(known, len(request) - shared, retracted, recovered)
+            if known is None:
+                known = await recover(client, session_id)
+            retracted = 0
+            if not known.followed_by(request):
+                known, withdrawn = await locate(client, session_id, view_format, known, request)
+                if withdrawn:
+                    await client.retract(session_id, withdrawn, reason=RETRACTED_BECAUSE)
+                    retracted = len(withdrawn)
+            if known.length == len(request):
+                return Synced(known, 0, retracted)
+            shared = known.length
+            known = await append(client, session_id, known, items[shared:], request[shared:])
+            return Synced(known, len(request) - shared, retracted)
         except VersionConflict:
             known = None  # another writer moved the session: read it again
     raise Moving(f"session {session_id} kept changing while the proxy wrote to it")
 
 
 async def append(
-    client: AsyncClient, session_id: str, known: Known, items: Sequence[pb.Item], request: Sequence[str]
+    client: AsyncClient, session_id: str, known: Known, items: Sequence[pb.Item], item_chains: Sequence[str]
 ) -> Known:
-    """Append `items`, the conversation's positions after `known.chains` (whose chains end
-    `request`), against the version `known` read; their tool calls renamed when the session
-    has used their ids."""
-    start = len(known.chains)
+    """Append `items` (their chains `item_chains`), the conversation's positions after the
+    `known.length` the session holds, against the version `known` read; their tool calls
+    renamed when the session has used their ids."""
     # The version keeps a key from meeting an earlier append of the same conversation, which
     # a retraction may have withdrawn since.
-    key = "proxy-" + hashlib.sha256(f"{start}:{known.version}:{request[-1]}".encode()).hexdigest()[:48]
+    key = "proxy-" + hashlib.sha256(f"{known.length}:{known.version}:{item_chains[-1]}".encode()).hexdigest()[:48]
     for renaming in range(_RENAMINGS):
-        ids, batch = _marked(known, items, request, renaming)
+        ids, batch = _marked(known, items, item_chains, renaming)
         try:
             result = await client.append_items(
                 session_id, batch, idempotency_key=key, expected_version=known.version, author=AUTHOR
@@ -185,21 +180,19 @@ async def append(
             if not exc.field.endswith(".tool_use.id") or renaming == _RENAMINGS - 1:
                 raise
             continue  # an id the session has used (a retracted call's): store the calls anew
-        seqs = None if known.seqs is None else (*known.seqs, *range(result.first_seq, result.last_seq + 1))
-        return Known(result.version, tuple(request), seqs, tuple(sorted(ids.items())))
+        return Known(result.version, known.length + len(items), item_chains[-1], tuple(sorted(ids.items())))
     raise AssertionError("unreachable")
 
 
 def _marked(
-    known: Known, items: Sequence[pb.Item], request: Sequence[str], renaming: int
+    known: Known, items: Sequence[pb.Item], item_chains: Sequence[str], renaming: int
 ) -> tuple[dict[str, str], list[pb.Item]]:
     """The batch to append: each item with its place (`CHAIN`, `AT`, `IDS`), its calls under
     new ids from the `renaming`-th try on, its results under their calls' stored ids."""
-    start = len(known.chains)
+    start = known.length
     ids = dict(known.ids)
     batch = []
-    for offset, item in enumerate(items):
-        chain = request[start + offset]
+    for offset, (item, chain) in enumerate(zip(items, item_chains, strict=True)):
         marked = pb.Item()
         marked.CopyFrom(item)
         for block in marked.content:
@@ -220,24 +213,31 @@ def _marked(
     return ids, batch
 
 
-async def recover(client: AsyncClient, session_id: str, view_format: ViewFormat, request: Sequence[str]) -> Known:
-    """Read how far a session the proxy has not seen follows the request (created when new)."""
+async def recover(client: AsyncClient, session_id: str) -> Known:
+    """What a session the proxy has not seen holds, from its last item (created when new)."""
     try:
         session = await client.get_session(session_id)
     except NotFound:
         try:
             await client.create_session(session_id)
-            return Known(0, (), ())
+            return Known(0, 0, "")
         except AlreadyExists:  # another replica made it first
             session = await client.get_session(session_id)
     if session.version == 0:
-        return Known(0, (), ())
+        return Known(0, 0, "")
     last = await client.explain_item(session_id, session.version)
     at = _position(last.item)
-    if last.representation != "omitted" and 0 < at <= len(request) and last.item.metadata[CHAIN] == request[at - 1]:
-        return Known(session.version, tuple(request[:at]), None, _ids(last.item))  # the usual case: one read
-    # The request diverges from the session (or the last item is not the proxy's): find how
-    # many leading live items follow it, by halving (a chain matches at every position up to there).
+    if last.representation == "omitted" or not at:  # retracted, or not the proxy's
+        return Known(session.version, -1, "")
+    return Known(session.version, at, last.item.metadata[CHAIN], _ids(last.item))
+
+
+async def locate(
+    client: AsyncClient, session_id: str, view_format: ViewFormat, known: Known, request: Sequence[str]
+) -> tuple[Known, list[int]]:
+    """Where a request parts from the session: how many leading live items it shares with it
+    (found by halving: the chains match at every position up to there), and the seqs of the
+    live items after them, which the conversation no longer holds."""
     live = await live_seqs(client, session_id, view_format)
     low, high = 0, min(len(live), len(request))
     ids: tuple[tuple[str, str], ...] = ()
@@ -248,7 +248,7 @@ async def recover(client: AsyncClient, session_id: str, view_format: ViewFormat,
             low, ids = middle, _ids(held)
         else:
             high = middle - 1
-    return Known(session.version, (*request[:low], *[_UNKNOWN] * (len(live) - low)), tuple(live), ids)
+    return Known(known.version, low, request[low - 1] if low else "", ids), live[low:]
 
 
 async def live_seqs(client: AsyncClient, session_id: str, view_format: ViewFormat) -> list[int]:
