@@ -24,6 +24,7 @@ upstream when they are Messages calls or carry `anthropic-version`, else to the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -140,7 +141,8 @@ class Proxy:
         self.http = http or httpx2.AsyncClient(timeout=httpx2.Timeout(settings.upstream_timeout, connect=10.0))
         self._clients: OrderedDict[str, AsyncClient] = OrderedDict()
         self._down_until = 0.0
-        self._counter = TiktokenCounter()
+        # The lead and the tools are the same from call to call: each counted once.
+        self._tokens = functools.lru_cache(maxsize=4096)(TiktokenCounter().count)
         self._background: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
@@ -194,7 +196,7 @@ class Proxy:
             return None, "unsupported"
         except (Unavailable, DeadlineExceeded, TimeoutError) as exc:
             self._down_until = time.monotonic() + self.settings.backoff  # down or slow: for everyone
-            log.warning("contextd failed (%s); %s sent unchanged", exc or type(exc).__name__, dialect.path)
+            log.warning("contextd failed (%s); %s sent unchanged", str(exc) or type(exc).__name__, dialect.path)
             return None, "failed"
         except ContextdError as exc:  # this request's (a bad session id, a tenant's limit): its own
             log.warning("contextd refused (%s); %s sent unchanged", exc, dialect.path)
@@ -248,8 +250,7 @@ class Proxy:
         if not window:
             return 0
         tools = json.dumps(body.get("tools")) if body.get("tools") else ""
-        room = dialect.output_limit(body) + self._counter.count(lead) + self._counter.count(tools)
-        return max(1, window - room)
+        return max(1, window - dialect.output_limit(body) - self._tokens(lead) - self._tokens(tools))
 
     def _client(self, api_key: str | None) -> AsyncClient:
         name = api_key or ""

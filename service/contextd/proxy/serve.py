@@ -19,6 +19,8 @@ async def serve(settings: Settings, proxy: ProxySettings, listening: socket.sock
     """Answer on `listening` until SIGINT or SIGTERM."""
     provider = configure_metrics(settings)
     scrape = serve_prometheus(settings.metrics_listen) if settings.metrics_listen else None
+    if scrape is not None:
+        log.info("metrics for Prometheus on http://%s:%d/metrics", *scrape.server_address[:2])
     app = Proxy(proxy).app()
     log.info(
         "contextd proxy serving on %s (contextd at %s; upstreams %s, %s)",
