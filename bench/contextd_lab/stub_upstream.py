@@ -22,6 +22,8 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -45,16 +47,23 @@ class Upstream:
     turns: int = 3
     reject: Any = None
     """A predicate on a request body: when true, the stub answers 400 (a refused request)."""
+    cookies: tuple[str, ...] = ()
+    """Set-Cookie headers every answer carries (a gateway's session, a CDN's)."""
     received: list[Received] = field(default_factory=list)
 
     def app(self) -> Starlette:
+        async def cookies(request: Request, call_next: Any) -> Response:
+            response: Response = await call_next(request)
+            response.raw_headers.extend((b"set-cookie", c.encode()) for c in self.cookies)
+            return response
+
         routes = [
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/responses", self._responses, methods=["POST"]),
             Route("/v1/messages", self._messages, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
         ]
-        return Starlette(routes=routes)
+        return Starlette(routes=routes, middleware=[Middleware(BaseHTTPMiddleware, dispatch=cookies)])
 
     async def _read(self, request: Request) -> dict[str, Any]:
         raw = await request.body()

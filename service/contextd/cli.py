@@ -133,6 +133,12 @@ def _parser() -> argparse.ArgumentParser:
         "(default: 0, the model's window less the answer's room)",
     )
     proxy.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=25.0,
+        help="after SIGTERM, seconds the answers under way have to finish (default: 25)",
+    )
+    proxy.add_argument(
         "--backoff",
         type=float,
         default=5.0,
@@ -362,7 +368,9 @@ def _proxy(settings: Settings, args: argparse.Namespace) -> int:
     # A request whose contextd is down goes upstream unchanged, which costs the agent nothing:
     # better soon than after riding out a restart.
     connection = dataclasses.replace(connection, retry_budget=min(0.5, connection.timeout))
-    proxy = ProxySettings(connection, args.openai_upstream, args.anthropic_upstream, args.budget, args.backoff)
+    proxy = ProxySettings(
+        connection, args.openai_upstream, args.anthropic_upstream, args.budget, args.backoff, grace=args.grace_seconds
+    )
     try:
         listening = bind(args.proxy_listen)
     except (OSError, ValueError) as exc:

@@ -50,11 +50,12 @@ def url_of(listening: socket.socket) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
-async def serve_asgi(app: Any, listening: socket.socket) -> None:
-    """Serve the ASGI `app` on `listening` until SIGINT or SIGTERM."""
+async def serve_asgi(app: Any, listening: socket.socket, grace: float = 5.0) -> None:
+    """Serve the ASGI `app` on `listening` until SIGINT or SIGTERM; then requests under way
+    have `grace` seconds to finish."""
     import uvicorn
 
-    config = uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=round(grace))
     http = uvicorn.Server(config)
     if threading.current_thread() is threading.main_thread():
         # Once stopped by SIGINT or SIGTERM, uvicorn raises the signal again under the

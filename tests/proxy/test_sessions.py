@@ -3,6 +3,7 @@ the agent, another proxy (or a restart), no header; and what it leaves alone."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import socket
 import uuid
@@ -12,7 +13,8 @@ from typing import Any
 import httpx2
 import pytest
 
-from contextd.proxy.app import BUDGET_HEADER, SESSION_HEADER, VIEW_VERSION_HEADER
+from contextd.proxy import app as app_module
+from contextd.proxy.app import API_KEY_HEADER, BUDGET_HEADER, SESSION_HEADER, VIEW_VERSION_HEADER
 from contextd.proxy.dialects import OpenAIChat
 from contextd.proxy.ledger import IDS, chains
 from contextd.proxy.sse import Events
@@ -288,3 +290,50 @@ def test_events_come_whole_with_their_own_bytes_however_the_stream_is_cut(size: 
         ("", "[DONE]"),
     ]
     assert b"".join(e.raw for e in seen) + events.rest == stream
+
+
+def test_an_agent_that_clears_an_old_tool_output_gets_views_of_the_cleared_one(
+    proxy: httpx2.Client, client: Client, stub: Upstream
+) -> None:
+    session, messages = f"cleared-{uuid.uuid4().hex[:8]}", opening()
+    for _ in range(2):
+        turn(proxy, messages, session)
+    settled(lambda: len(held(client, session)) == len(messages) - 2)
+    # Context editing: the first tool output cleared, its call kept.
+    cleared = [*messages[:3], {**messages[3], "content": "[output cleared]"}, *messages[4:]]
+
+    answers = [call(proxy, cleared, session) for _ in range(2)]  # and again: no session left behind
+
+    assert all(VIEW_VERSION_HEADER in a.headers for a in answers)
+    sent = stub.received[-1].body["messages"]
+    results = [m["content"] for m in sent if m["role"] == "tool"]
+    assert results[0] == "[output cleared]" and "retracted" not in json.dumps(sent)
+    calls = [c["id"] for m in sent for c in m.get("tool_calls") or []]
+    assert [m["tool_call_id"] for m in sent if m["role"] == "tool"] == calls
+    assert held(client, session)[: len(cleared) - 1] == chains_of(cleared[1:])
+
+
+def test_cookies_an_upstream_sets_reach_their_caller_one_by_one_and_no_other_caller(
+    proxy: httpx2.Client, stub: Upstream
+) -> None:
+    stub.cookies = ("gateway=tenant-a-secret; Path=/", "__cf_bm=abc; Path=/")
+    answer = call(proxy, opening(), f"cookie-{uuid.uuid4().hex[:8]}")
+    assert answer.headers.get_list("set-cookie") == list(stub.cookies)
+    stub.cookies = ()
+    with httpx2.Client(base_url=str(proxy.base_url), timeout=30) as other:  # another caller, no cookies
+        call(other, opening(), f"cookie-{uuid.uuid4().hex[:8]}", authorization="Bearer sk-tenant-b")
+    assert "cookie" not in stub.received[-1].headers
+
+
+def test_a_client_put_out_of_the_cache_finishes_the_calls_under_way(
+    proxy: httpx2.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(app_module, "_CLIENTS", 1)  # each new contextd key evicts the last one
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(
+            pool.map(
+                lambda n: call(proxy, opening(), f"evict-{n}-{uuid.uuid4().hex[:6]}", **{API_KEY_HEADER: f"k{n}"}),
+                range(16),
+            )
+        )
+    assert all(a.status_code == 200 for a in answers)

@@ -24,7 +24,6 @@ upstream when they are Messages calls or carry `anthropic-version`, else to the 
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import json
 import logging
@@ -33,6 +32,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 
 import httpx2
@@ -72,6 +72,12 @@ _NOT_RELAYED = _HOP_BY_HOP | {"content-length", "content-encoding"}
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _CLIENTS = 64
 """contextd clients kept, one per API key a request named."""
+_RETIRE_AFTER = 120.0
+"""Seconds a client put out of the cache stays open, for the calls under way on it."""
+_RESTING = 1024
+"""API keys whose requests rest from contextd, at most."""
+_COUNTED = 1024
+"""Leads and tool lists whose tokens are remembered."""
 
 meter = metrics.get_meter("contextd.proxy")
 API = "contextd.proxy.api"
@@ -107,6 +113,13 @@ def _forwarded(header: str) -> bool:
     return name not in _NOT_FORWARDED and not name.startswith("x-contextd-")
 
 
+def _caller(request: Request) -> str:
+    """Who calls the provider, as a digest of their key: conversations of different callers
+    that open alike never share a session by fingerprint."""
+    credential = request.headers.get("authorization", "") + "\x00" + request.headers.get("x-api-key", "")
+    return hashlib.sha256(credential.encode()).hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """`budget`: the view's budget when the request names none (0: from the model's window);
@@ -118,6 +131,8 @@ class Settings:
     budget: int = 0
     backoff: float = 5.0
     upstream_timeout: float = 600.0
+    grace: float = 25.0
+    """Seconds answers under way (a model's stream can be long) have to finish after SIGTERM."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,17 +153,29 @@ class Proxy:
     def __init__(self, settings: Settings, http: httpx2.AsyncClient | None = None) -> None:
         self.settings = settings
         self.ledger = Ledger()
-        self.http = http or httpx2.AsyncClient(timeout=httpx2.Timeout(settings.upstream_timeout, connect=10.0))
+        self.http = http or httpx2.AsyncClient(
+            # As many connections as callers: a model's answer can stream for minutes.
+            timeout=httpx2.Timeout(settings.upstream_timeout, connect=10.0, pool=10.0),
+            limits=httpx2.Limits(max_connections=None, max_keepalive_connections=256),
+            # Callers share this client: a cookie one caller's upstream sets is never another's.
+            cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
+        )
         self._clients: OrderedDict[str, AsyncClient] = OrderedDict()
+        self._retired: set[AsyncClient] = set()
         self._down_until = 0.0
-        # The lead and the tools are the same from call to call: each counted once.
-        self._tokens = functools.lru_cache(maxsize=4096)(TiktokenCounter().count)
+        """Until when no request asks contextd: it could not be reached."""
+        self._slow_until: OrderedDict[str, float] = OrderedDict()
+        """Per contextd API key, until when its requests do not ask contextd: it was too slow."""
+        self._counter = TiktokenCounter()
+        self._counted: OrderedDict[bytes, int] = OrderedDict()
         self._background: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
         await self.http.aclose()
-        for client in self._clients.values():
+        for client in [*self._clients.values(), *self._retired]:
             await client.close()
+        self._clients.clear()
+        self._retired.clear()
 
     def app(self) -> Starlette:
         async def health(_: Request) -> Response:
@@ -185,24 +212,38 @@ class Proxy:
             return None, "passthrough"
         if not isinstance(body, dict):
             return None, "passthrough"
-        if time.monotonic() < self._down_until:
+        api_key = request.headers.get(API_KEY_HEADER) or ""
+        now = time.monotonic()
+        if now < self._down_until or now < self._slow_until.get(api_key, 0.0):
             return None, "bypassed"
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(self.settings.connection.timeout):
-                plan = await self._prepare(request, dialect, body)
+            plan = await self._prepare(request, dialect, body, api_key)
         except Unsupported as exc:
             log.info("%s sent unchanged: %s", dialect.path, exc)
             return None, "unsupported"
-        except (Unavailable, DeadlineExceeded, TimeoutError) as exc:
-            self._down_until = time.monotonic() + self.settings.backoff  # down or slow: for everyone
-            log.warning("contextd failed (%s); %s sent unchanged", str(exc) or type(exc).__name__, dialect.path)
+        except Unavailable as exc:
+            if not exc.reason:  # unreachable, not busy: no request of anyone's should wait on it
+                self._down_until = time.monotonic() + self.settings.backoff
+            log.warning("contextd unavailable (%s); %s sent unchanged", exc, dialect.path)
+            return None, "failed"
+        except (DeadlineExceeded, TimeoutError) as exc:
+            # Too slow for this tenant's request: its next ones go unchanged for a while, not
+            # other tenants' (a slow session of one is no outage of all).
+            self._rest(api_key)
+            log.warning("contextd too slow (%s); %s sent unchanged", str(exc) or type(exc).__name__, dialect.path)
             return None, "failed"
         except ContextdError as exc:  # this request's (a bad session id, a tenant's limit): its own
             log.warning("contextd refused (%s); %s sent unchanged", exc, dialect.path)
             return None, "failed"
         except Moving as exc:
             log.warning("%s; %s sent unchanged", exc, dialect.path)
+            return None, "failed"
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this request is being cancelled (the caller left, the server stops)
+            log.warning("a call to contextd was cancelled; %s sent unchanged", dialect.path)
             return None, "failed"
         except Exception:
             # The agent must not fail because of contextd, the proxy's own faults included.
@@ -211,17 +252,26 @@ class Proxy:
         added.record(time.perf_counter() - started, {API: dialect.name})
         return plan, "viewed"
 
-    async def _prepare(self, request: Request, dialect: Dialect, body: dict[str, Any]) -> Plan:
+    def _rest(self, api_key: str) -> None:
+        self._slow_until[api_key] = time.monotonic() + self.settings.backoff
+        self._slow_until.move_to_end(api_key)
+        while len(self._slow_until) > _RESTING:
+            self._slow_until.popitem(last=False)
+
+    async def _prepare(self, request: Request, dialect: Dialect, body: dict[str, Any], api_key: str) -> Plan:
         split = dialect.split(body)
         if not split.items:
             raise Unsupported("no conversation to view")
         request_chains = chains(split.items)
         lead = dialect.lead_text(body, split.lead)
-        session_id = request.headers.get(SESSION_HEADER) or fingerprint(dialect.name, lead, request_chains[0])
-        api_key = request.headers.get(API_KEY_HEADER)
+        session_id = request.headers.get(SESSION_HEADER) or fingerprint(
+            dialect.name, _caller(request), lead, request_chains[0]
+        )
         client = self._client(api_key)
-        key = hashlib.sha256(f"{api_key or ''}\x00{session_id}".encode()).hexdigest()
-        async with self.ledger.lock(key):
+        key = hashlib.sha256(f"{api_key}\x00{session_id}".encode()).hexdigest()
+        # The timeout counts contextd's time for this request, not its wait for the same
+        # session's earlier requests.
+        async with self.ledger.lock(key), asyncio.timeout(self.settings.connection.timeout):
             synced = await sync(client, session_id, dialect.format, split.items, request_chains, self.ledger.get(key))
             self.ledger.put(key, synced.known)
             for action, count in (("appended", synced.appended), ("retracted", synced.retracted)):
@@ -236,7 +286,7 @@ class Proxy:
             if view.version != synced.known.version:  # another writer, between the sync and the render
                 self.ledger.drop(key)
                 raise Moving(f"session {session_id} changed while its view was rendered")
-        upstream = dialect.with_view(body, split.lead, view)
+        upstream = {**dialect.with_view(body, split.lead, view), **view.request_patch}
         strip = bool(upstream.get("stream")) and dialect.stream_request(upstream)
         return Plan(dialect, client, session_id, key, synced.known, view, upstream, strip)
 
@@ -252,6 +302,17 @@ class Proxy:
         tools = json.dumps(body.get("tools")) if body.get("tools") else ""
         return max(1, window - dialect.output_limit(body) - self._tokens(lead) - self._tokens(tools))
 
+    def _tokens(self, text: str) -> int:
+        """Tokens of a lead or a tool list, each counted once (they repeat from call to call),
+        remembered by digest."""
+        digest = hashlib.sha256(text.encode()).digest()
+        count = self._counted.get(digest)
+        if count is None:
+            count = self._counted[digest] = self._counter.count(text)
+            while len(self._counted) > _COUNTED:
+                self._counted.popitem(last=False)
+        return count
+
     def _client(self, api_key: str | None) -> AsyncClient:
         name = api_key or ""
         client = self._clients.get(name)
@@ -259,7 +320,9 @@ class Proxy:
             client = self._clients[name] = self.settings.connection.client(api_key)
             while len(self._clients) > _CLIENTS:
                 _, oldest = self._clients.popitem(last=False)
-                self._spawn(oldest.close())
+                # Calls may be under way on it (a request's, an answer's recording): closed later.
+                self._retired.add(oldest)
+                asyncio.get_running_loop().call_later(_RETIRE_AFTER, self._retire, oldest)
         self._clients.move_to_end(name)
         return client
 
@@ -272,7 +335,8 @@ class Proxy:
     async def _forward(self, request: Request, upstream: str, raw: bytes, plan: Plan | None) -> Response:
         headers = {k: v for k, v in request.headers.items() if _forwarded(k)}
         url = upstream.rstrip("/") + request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        content = json.dumps(plan.body).encode() if plan is not None else raw
+        content = json.dumps(plan.body, ensure_ascii=False).encode() if plan is not None else raw
+        body = b""
         try:
             answer = await self._send(request.method, url, headers, content)
             if plan is not None and answer.status_code == 400:
@@ -283,25 +347,30 @@ class Proxy:
                 log.warning("%s refused the view of session %s: %r", url, plan.session_id, refusal)
                 plan = None
                 answer = await self._send(request.method, url, headers, raw)
+            streamed = answer.headers.get("content-type", "").startswith("text/event-stream")
+            if plan is not None and not streamed:  # the whole answer, to record its turn from
+                body = await answer.aread()
+                await answer.aclose()
         except httpx2.HTTPError as exc:
             log.warning("upstream %s unreachable: %s", url, exc)
             message = f"contextd proxy: upstream {upstream} unreachable: {exc}"
             return JSONResponse({"error": {"type": "upstream_unreachable", "message": message}}, status_code=502)
-        relayed = {k: v for k, v in answer.headers.items() if k.lower() not in _NOT_RELAYED}
-        if plan is not None:
-            relayed[SESSION_HEADER] = plan.session_id
-            relayed[VIEW_VERSION_HEADER] = str(plan.view.view_version)
-        if answer.headers.get("content-type", "").startswith("text/event-stream"):
-            accumulator = plan.dialect.stream() if plan is not None and answer.status_code == 200 else None
-            events = self._relay(answer, accumulator, plan is not None and plan.strip_usage)
+        answered = answer.status_code == 200
+        response: Response
+        if plan is not None and not streamed:
+            done = BackgroundTask(self._record_body, plan, body) if answered else None
+            response = Response(body, answer.status_code, background=done)
+        else:
+            accumulator = plan.dialect.stream() if plan is not None and answered else None
             done = BackgroundTask(self._finish, plan, accumulator) if accumulator is not None else None
-            return StreamingResponse(events, answer.status_code, relayed, background=done)
-        body = await answer.aread()
-        await answer.aclose()
-        done = None
-        if plan is not None and answer.status_code == 200:
-            done = BackgroundTask(self._record_body, plan, body)
-        return Response(body, answer.status_code, relayed, background=done)
+            events = self._relay(answer, accumulator, plan is not None and plan.strip_usage)
+            response = StreamingResponse(events, answer.status_code, background=done)
+        # Every header as the upstream sent it, repeated ones (Set-Cookie) one by one.
+        relayed = [(k, v) for k, v in answer.headers.multi_items() if k.lower() not in _NOT_RELAYED]
+        if plan is not None:
+            relayed += [(SESSION_HEADER, plan.session_id), (VIEW_VERSION_HEADER, str(plan.view.view_version))]
+        response.raw_headers.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in relayed)
+        return response
 
     async def _send(self, method: str, url: str, headers: Mapping[str, str], content: bytes) -> httpx2.Response:
         outgoing = self.http.build_request(method, url, headers=headers, content=content)
@@ -376,6 +445,11 @@ class Proxy:
         except Exception:
             recording_failures.add(1, {API: plan.dialect.name})
             log.warning("recording the answer in session %s failed", plan.session_id, exc_info=True)
+
+    def _retire(self, client: AsyncClient) -> None:
+        if client in self._retired:  # (not closed already, at shutdown)
+            self._retired.discard(client)
+            self._spawn(client.close())
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.ensure_future(work)

@@ -68,10 +68,10 @@ def chains(items: Sequence[pb.Item], after: str = "") -> list[str]:
     return out
 
 
-def fingerprint(dialect: str, lead: str, first: str) -> str:
-    """The session of a conversation named by no header: its dialect, its lead's text and the
-    chain of its first item."""
-    digest = hashlib.sha256("\x00".join((dialect, lead, first)).encode()).hexdigest()
+def fingerprint(dialect: str, caller: str, lead: str, first: str) -> str:
+    """The session of a conversation named by no header: its dialect, who calls (a digest of
+    their provider key), its lead's text and the chain of its first item."""
+    digest = hashlib.sha256("\x00".join((dialect, caller, lead, first)).encode()).hexdigest()
     return f"proxy-{digest[:40]}"
 
 
@@ -147,7 +147,7 @@ async def sync(
                 known = await recover(client, session_id)
             retracted = 0
             if not known.followed_by(request):
-                known, withdrawn = await locate(client, session_id, view_format, known, request)
+                known, withdrawn = await locate(client, session_id, view_format, known, items, request)
                 if withdrawn:
                     await client.retract(session_id, withdrawn, reason=RETRACTED_BECAUSE)
                     retracted = len(withdrawn)
@@ -233,11 +233,20 @@ async def recover(client: AsyncClient, session_id: str) -> Known:
 
 
 async def locate(
-    client: AsyncClient, session_id: str, view_format: ViewFormat, known: Known, request: Sequence[str]
+    client: AsyncClient,
+    session_id: str,
+    view_format: ViewFormat,
+    known: Known,
+    items: Sequence[pb.Item],
+    request: Sequence[str],
 ) -> tuple[Known, list[int]]:
     """Where a request parts from the session: how many leading live items it shares with it
     (found by halving: the chains match at every position up to there), and the seqs of the
-    live items after them, which the conversation no longer holds."""
+    live items after them, which the conversation no longer holds.
+
+    A parting inside a round of tool calls (a result the agent changed or cleared, its call
+    kept) moves back to the turn that made the calls: a call keeps its one result in a session,
+    so the turn goes with its results and comes again with the new ones (under new ids)."""
     live = await live_seqs(client, session_id, view_format)
     low, high = 0, min(len(live), len(request))
     ids: tuple[tuple[str, str], ...] = ()
@@ -248,7 +257,23 @@ async def locate(
             low, ids = middle, _ids(held)
         else:
             high = middle - 1
+    if low < len(live) and await _parts_at_a_result(client, session_id, items, live, low):
+        turn = low
+        while turn > 0 and items[turn - 1].role == pb.ROLE_TOOL:
+            turn -= 1
+        if turn > 0 and any(block.HasField("tool_use") for block in items[turn - 1].content):
+            low = turn - 1
     return Known(known.version, low, request[low - 1] if low else "", ids), live[low:]
+
+
+async def _parts_at_a_result(
+    client: AsyncClient, session_id: str, items: Sequence[pb.Item], live: Sequence[int], at: int
+) -> bool:
+    """Whether the first item the request and the session do not share is a tool result, on
+    either side."""
+    if at < len(items) and items[at].role == pb.ROLE_TOOL:
+        return True
+    return (await client.explain_item(session_id, live[at])).item.role == pb.ROLE_TOOL
 
 
 async def live_seqs(client: AsyncClient, session_id: str, view_format: ViewFormat) -> list[int]:

@@ -30,7 +30,7 @@ async def serve(settings: Settings, proxy: ProxySettings, listening: socket.sock
         proxy.anthropic_upstream,
     )
     try:
-        await serve_asgi(app, listening)
+        await serve_asgi(app, listening, proxy.grace)
     finally:
         if scrape is not None:
             scrape.shutdown()
