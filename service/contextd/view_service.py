@@ -20,7 +20,7 @@ from contextd.engine.errors import InvalidArgument, LimitExceeded
 from contextd.engine.model import Item, Representation, Session
 from contextd.engine.pipeline import Carry, RenderInput, RenderOutput, identity_view, protection_map, render
 from contextd.engine.policy import Policy
-from contextd.engine.retraction import REDACTED, RETRACTED, certificate_of, retraction
+from contextd.engine.retraction import REDACTED, RETRACTED, certificate_of, retracted, retraction
 from contextd.engine.state import AppliedEdit, ViewState, state_to_json
 from contextd.engine.tokens import TokenCounter
 from contextd.engine.transforms import TransformRegistry
@@ -164,7 +164,8 @@ class ViewService:
                 await views.forget_proposals(conn, out.decided_proposals)
                 await views.append_mutations(conn, key, out.durable)
                 await events.record(conn, *_render_events(tenant, session, request, out, certificates, state, force))
-            result = RenderResult(out.view, certificates)
+            shown = replace(out.view, retracted_items=len(retracted(render_input.durable)))
+            result = RenderResult(shown, certificates)
             if check is not None:
                 await self._run(check, result)
         if not dry_run:
@@ -207,6 +208,7 @@ class ViewService:
             row, session, items = await self.store.history_in(conn, tenant, session_id)
             durable = await views.load_mutations(conn, row["key"])
         view = await self._run(identity_view, session, items, request, self.counter, durable)
+        view = replace(view, retracted_items=len(retracted(durable)))
         view = replace(view, view_version=0)  # no view of the session's: nothing was recorded
         annotate(session_id=session_id, items=len(items), tokens=view.total_tokens, as_stored=True)
         return RenderResult(view, [])

@@ -337,3 +337,32 @@ def test_a_client_put_out_of_the_cache_finishes_the_calls_under_way(
             )
         )
     assert all(a.status_code == 200 for a in answers)
+
+
+def test_a_retraction_by_another_replica_is_seen_by_the_count_of_what_the_view_may_show(
+    contextd: ServerThread, make_proxy: Callable[..., str], client: Client, stub: Upstream
+) -> None:
+    session, messages = f"replicas-{uuid.uuid4().hex[:8]}", opening()
+    with (
+        httpx2.Client(base_url=make_proxy(contextd.target), timeout=30) as a,
+        httpx2.Client(base_url=make_proxy(contextd.target), timeout=30) as b,
+    ):
+        turn(a, messages, session)
+        turn(a, messages, session)
+        settled(lambda: client.get_session(session).version == len(messages) - 2)
+        # A late duplicate of the first request reaches the other replica, which retracts all
+        # after it; its answer is never recorded (the provider refuses it), so nothing is
+        # appended and the session's version stays what replica a last saw.
+        stub.reject = lambda body: True
+        body = {"model": "gpt-4o", "messages": messages[:2], "tools": CHAT_TOOLS}
+        assert b.post("/v1/chat/completions", json=body, headers={SESSION_HEADER: session}).status_code == 400
+        stub.reject = None
+        assert retracted(client, session)
+
+        answer = turn(a, messages, session)
+
+    assert VIEW_VERSION_HEADER in answer.headers
+    sent, asked = stub.received[-1].body["messages"], messages[:-2]  # (the answer and its tool result came after)
+    assert [m["role"] for m in sent] == [m["role"] for m in asked]  # all the caller sent: nothing lost
+    assert [m.get("content") for m in sent[:2]] == [m["content"] for m in asked[:2]]
+    assert [m.get("tool_call_id") is not None for m in sent] == [m["role"] == "tool" for m in asked]

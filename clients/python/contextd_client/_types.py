@@ -142,6 +142,9 @@ class View:
     cache_breakpoint_seq: int = 0
     """With ``place_cache_breakpoint``: the last item the call should cache (the view placed the
     breakpoint before the items after it, which the next render expects to reduce); 0: at the end."""
+    retracted_items: int = 0
+    """How many of the session's items a client retracted: ``version`` less it is how many items
+    a view may show (a retraction leaves ``version`` as it is)."""
 
     def anthropic_kwargs(self) -> dict[str, Any]:
         """``messages`` and, when present, ``system``, to splat into ``messages.create``."""
@@ -190,6 +193,7 @@ class View:
             view_version=message.view_version,
             stable_prefix_tokens=message.stable_prefix_tokens,
             cache_breakpoint_seq=message.cache_breakpoint_seq,
+            retracted_items=message.retracted_items,
             request_patch=json.loads(message.request_patch_json or "{}"),
             certificates=tuple(Certificate.from_proto(c) for c in message.certificates),
             policy_version=message.policy_version,

@@ -249,6 +249,7 @@ def view_to_proto(view: View, certificates: Sequence[Certificate] = ()) -> api.V
         view_version=view.view_version,
         stable_prefix_tokens=view.stable_prefix_tokens,
         cache_breakpoint_seq=view.cache_breakpoint_seq,
+        retracted_items=view.retracted_items,
         certificates=[certificate_to_proto(c, view.session_id, view.format) for c in certificates],
     )
 

@@ -85,6 +85,8 @@ class View:
     cache_breakpoint_seq: int = 0
     """The last item the call should cache, when the view placed the breakpoint before the
     items after it; 0: at the end."""
+    retracted_items: int = 0
+    """How many of the session's items a client retracted (a retraction leaves `version`)."""
 
 
 _FOLDERS: dict[ViewFormat, Callable[[Rendered], Folder]] = {

@@ -272,20 +272,29 @@ class Proxy:
         # The timeout counts contextd's time for this request, not its wait for the same
         # session's earlier requests.
         async with self.ledger.lock(key), asyncio.timeout(self.settings.connection.timeout):
-            synced = await sync(client, session_id, dialect.format, split.items, request_chains, self.ledger.get(key))
-            self.ledger.put(key, synced.known)
-            for action, count in (("appended", synced.appended), ("retracted", synced.retracted)):
-                if count:
-                    items_counted.add(count, {API: dialect.name, "contextd.proxy.action": action})
-            view = await client.render_view(
-                session_id,
-                dialect.format,
-                budget_tokens=self._budget(request, dialect, body, lead),
-                place_cache_breakpoint=dialect.place_breakpoint(body),
-            )
-            if view.version != synced.known.version:  # another writer, between the sync and the render
-                self.ledger.drop(key)
-                raise Moving(f"session {session_id} changed while its view was rendered")
+            known = self.ledger.get(key)
+            while True:
+                synced = await sync(client, session_id, dialect.format, split.items, request_chains, known)
+                self.ledger.put(key, synced.known)
+                for action, count in (("appended", synced.appended), ("retracted", synced.retracted)):
+                    if count:
+                        items_counted.add(count, {API: dialect.name, "contextd.proxy.action": action})
+                view = await client.render_view(
+                    session_id,
+                    dialect.format,
+                    budget_tokens=self._budget(request, dialect, body, lead),
+                    place_cache_breakpoint=dialect.place_breakpoint(body),
+                )
+                if view.version != synced.known.version:  # another writer, between the sync and the render
+                    self.ledger.drop(key)
+                    raise Moving(f"session {session_id} changed while its view was rendered")
+                if synced.located or view.version - view.retracted_items == synced.known.length:
+                    break
+                # The session shows fewer items than the conversation it holds: another writer
+                # retracted some since this proxy last saw it (a retraction leaves the version).
+                # Read where the request parts from it now (once: a session that holds items of
+                # other writers than the proxy never adds up).
+                known = Known(view.version, -1, "")
         upstream = {**dialect.with_view(body, split.lead, view), **view.request_patch}
         strip = bool(upstream.get("stream")) and dialect.stream_request(upstream)
         return Plan(dialect, client, session_id, key, synced.known, view, upstream, strip)

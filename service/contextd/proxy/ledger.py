@@ -99,6 +99,8 @@ class Synced:
     known: Known
     appended: int
     retracted: int
+    located: bool
+    """Whether the live items were read (`locate`), not taken from the ledger or the last item."""
 
 
 class Ledger:
@@ -145,17 +147,17 @@ async def sync(
         try:
             if known is None:
                 known = await recover(client, session_id)
-            retracted = 0
-            if not known.followed_by(request):
+            retracted, located = 0, not known.followed_by(request)
+            if located:
                 known, withdrawn = await locate(client, session_id, view_format, known, items, request)
                 if withdrawn:
                     await client.retract(session_id, withdrawn, reason=RETRACTED_BECAUSE)
                     retracted = len(withdrawn)
             if known.length == len(request):
-                return Synced(known, 0, retracted)
+                return Synced(known, 0, retracted, located)
             shared = known.length
             known = await append(client, session_id, known, items[shared:], request[shared:])
-            return Synced(known, len(request) - shared, retracted)
+            return Synced(known, len(request) - shared, retracted, located)
         except VersionConflict:
             known = None  # another writer moved the session: read it again
     raise Moving(f"session {session_id} kept changing while the proxy wrote to it")

@@ -751,6 +751,7 @@ class View(_message.Message):
     STABLE_PREFIX_TOKENS_FIELD_NUMBER: _builtins.int
     CERTIFICATES_FIELD_NUMBER: _builtins.int
     CACHE_BREAKPOINT_SEQ_FIELD_NUMBER: _builtins.int
+    RETRACTED_ITEMS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     version: _builtins.int
     """The history version the view was rendered from."""
@@ -799,6 +800,12 @@ class View(_message.Message):
     cache, when the view placed the breakpoint before the items after it;
     0 when it goes at the end of the view (and always without the option).
     """
+    retracted_items: _builtins.int
+    """How many of the session's items a client retracted (RetractItems). A
+    retraction leaves `version` as it is: with it, this tells how many items
+    a view may show, so a client that keeps its own count sees another's
+    retraction.
+    """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___ViewItem]: ...
     @_builtins.property
@@ -829,10 +836,11 @@ class View(_message.Message):
         stable_prefix_tokens: _builtins.int = ...,
         certificates: _abc.Iterable[Global___Certificate] | None = ...,
         cache_breakpoint_seq: _builtins.int = ...,
+        retracted_items: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "cache_breakpoint_seq", b"cache_breakpoint_seq", "certificates", b"certificates", "encoding", b"encoding", "format", b"format", "framing_tokens", b"framing_tokens", "item_tokens", b"item_tokens", "items", b"items", "messages_json", b"messages_json", "over_budget", b"over_budget", "policy_version", b"policy_version", "request_patch_json", b"request_patch_json", "session_id", b"session_id", "stable_prefix_tokens", b"stable_prefix_tokens", "system_json", b"system_json", "total_tokens", b"total_tokens", "version", b"version", "view_version", b"view_version", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "cache_breakpoint_seq", b"cache_breakpoint_seq", "certificates", b"certificates", "encoding", b"encoding", "format", b"format", "framing_tokens", b"framing_tokens", "item_tokens", b"item_tokens", "items", b"items", "messages_json", b"messages_json", "over_budget", b"over_budget", "policy_version", b"policy_version", "request_patch_json", b"request_patch_json", "retracted_items", b"retracted_items", "session_id", b"session_id", "stable_prefix_tokens", b"stable_prefix_tokens", "system_json", b"system_json", "total_tokens", b"total_tokens", "version", b"version", "view_version", b"view_version", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
