@@ -1,8 +1,8 @@
 """Shared fixtures: databases on both backends, servers, clients.
 
 `database_url` is parametrized over the embedded default (SQLite) and
-Postgres, so every test that uses it runs on both; the Postgres half needs
-a real server (tests/backends.py says where it comes from).
+Postgres, so every test that uses it runs on both (unless marked SQLITE_ONLY);
+the Postgres half needs a real server (tests/backends.py says where it comes from).
 """
 
 from __future__ import annotations
@@ -79,6 +79,12 @@ def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 def database_url(request: pytest.FixtureRequest) -> str:
     url: str = request.getfixturevalue(f"{request.param}_url")
     return url
+
+
+SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+"""For a test of code that reaches the service only over gRPC (the framework adapters, the
+lab's replays): the shared `server` (and `client`) on SQLite alone. The storage layer and the
+service's API are tested on both backends; these on Postgres as well would repeat that."""
 
 
 class ServerThread:

@@ -10,10 +10,12 @@ import pytest
 from contextd_client import Client
 from contextd_lab import fixtures, report
 from contextd_lab.cli import main
+from tests.conftest import SQLITE_ONLY
 
 CONDITIONS = ["B-duplicates", "C-errors", "D-superseded", "E-aggressive", "F-oracle", "latest-call", "default"]
 
 
+@SQLITE_ONLY  # the lab is a client of the service (gRPC): the backend is not what this measures
 def test_b_to_d_prune_only_what_is_unnecessary_and_lose_no_probe(client: Client) -> None:
     # Each kind of episode once per fixture: enough for every rule to act, small enough for seconds.
     traces = [fixtures.generate(seed, len(fixtures.EPISODES)).trace() for seed in (0, 1)]
@@ -50,7 +52,9 @@ def test_contextd_lab_report_runs_end_to_end(
 ) -> None:
     traces = tmp_path / "traces"
     traces.mkdir()
-    trace = fixtures.generate(7, episodes=4).trace()  # a generated trace stands in for a real one
+    # A generated trace stands in for a real one. Two episodes each (trace and fixture) are enough
+    # for every section, row and plot looked for below, and keep the report's many replays short.
+    trace = fixtures.generate(7, episodes=2).trace()
     del trace["labels"]
     (traces / "t.json").write_text(json.dumps(trace))
     probes = tmp_path / "probes"
@@ -66,7 +70,7 @@ def test_contextd_lab_report_runs_end_to_end(
         "--seeds",
         "0",
         "--episodes",
-        "6",
+        "2",
         "--out",
         str(tmp_path / "lab.md"),
     ]
@@ -87,7 +91,7 @@ def test_contextd_lab_report_runs_end_to_end(
 def test_without_traces_the_report_covers_the_fixtures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     empty = tmp_path / "none"
     empty.mkdir()
-    args = ["report", "--traces", str(empty), "--seeds", "2", "--episodes", "6", "--out", str(tmp_path / "lab.md")]
+    args = ["report", "--traces", str(empty), "--seeds", "2", "--episodes", "2", "--out", str(tmp_path / "lab.md")]
     assert main(args) == 0
     assert "no traces in" in capsys.readouterr().err
     text = (tmp_path / "lab.md").read_text()

@@ -369,9 +369,13 @@ class Stored:
     """Seq -> the whole original, from Retrieve by seq."""
 
 
-def _checker() -> Writer:
-    """A writer that writes nothing: the checks' calls rotate over replicas and count like the writers'."""
-    return Writer(-1, "", renders=False)
+def _checker(home: int = 0) -> Writer:
+    """A writer that writes nothing: the checks' calls rotate over replicas and count like the writers'.
+    `home`: the replica it calls first (the read-backs spread their calls over all of them, each
+    answering from the shared Postgres, so that no single replica takes them all)."""
+    checker = Writer(-1, "", renders=False)
+    checker.home = home
+    return checker
 
 
 def _read_session(outcomes: Outcomes, clients: list[Client], session_id: str) -> Stored:
@@ -380,7 +384,8 @@ def _read_session(outcomes: Outcomes, clients: list[Client], session_id: str) ->
     view = checker.call(clients, outcomes, "RenderView", lambda c: c.render_view(session_id, ViewFormat.OPENAI_CHAT))
 
     def original(seq: int) -> tuple[int, str]:
-        page = checker.call(clients, outcomes, "Retrieve", lambda c: c.retrieve(session_id, seq=seq))
+        reader = _checker(home=seq % len(clients))
+        page = reader.call(clients, outcomes, "Retrieve", lambda c: c.retrieve(session_id, seq=seq))
         assert page.seq == seq and page.next_offset == page.total_tokens, f"{session_id} seq {seq}: not one page"
         return seq, page.content
 
@@ -493,12 +498,12 @@ def test_every_handle_of_every_view_is_retrievable(run: FaultRun, stored: dict[s
     print(f"{len(wanted)} handles to retrieve, per session: {dict(per_session)}")
     assert set(per_session) == set(run.sessions), f"sessions whose views showed no handle: {per_session}"
     clients = [Client(t, timeout=TRY_TIMEOUT, retry=RETRY, options=CHANNEL_OPTIONS) for t in run.cluster.targets]
-    checker = _checker()
 
     def check(entry: tuple[str, str, int]) -> str:
         session_id, handle, seq = entry
+        reader = _checker(home=seq % len(clients))
         try:
-            page = checker.call(clients, run.outcomes, "Retrieve", lambda c: c.retrieve(session_id, handle))
+            page = reader.call(clients, run.outcomes, "Retrieve", lambda c: c.retrieve(session_id, handle))
         except ContextdError as error:
             return f"{session_id} handle {handle} (seq {seq}): {error}"
         if (page.seq, page.content) != (seq, stored[session_id].originals[seq]):

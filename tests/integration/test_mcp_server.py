@@ -1,6 +1,7 @@
 """`contextd mcp`: the agent tools over the Model Context Protocol, spoken to with the MCP
 SDK's own client, over stdio (the command as an MCP host spawns it) and streamable HTTP
-(the session in a request header), in front of a real contextd."""
+(the session in a request header), in front of a real contextd. `contextd mcp` reaches it only
+over gRPC, so the shared server on SQLite is enough (SQLITE_ONLY)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from starlette.requests import Request
 from contextd.agent_tools import PREFIX, TOOLS
 from contextd.mcp_server import NO_SESSION, SESSION_HEADER, Connection, build_server, session_of
 from contextd_client import AgentTools, Client, ViewFormat
-from tests.conftest import ServerThread, ServingCommand
+from tests.conftest import SQLITE_ONLY, ServerThread, ServingCommand
 from tests.service.api.test_recovery import MASK_OLD, pruned_handles
 
 NAMES = [PREFIX + name for name, _, _ in TOOLS]
@@ -70,6 +71,7 @@ def mcp_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "contextd", "mcp", *args]
 
 
+@SQLITE_ONLY
 async def test_over_stdio_every_tool_answers_as_the_executor_does(server: ServerThread) -> None:
     with Client(server.target) as client:
         session, handles = pruned_session(client)
@@ -140,6 +142,7 @@ async def over_http(url: str, session: str | None, mode: str = "auto") -> AsyncI
         yield mcp
 
 
+@SQLITE_ONLY
 async def test_over_http_the_session_comes_with_each_request(server: ServerThread, http_mcp: ServingCommand) -> None:
     with Client(server.target) as client:
         session, handles = pruned_session(client)

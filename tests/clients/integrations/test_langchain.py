@@ -1,5 +1,5 @@
 """The LangChain v1 middleware end to end: `langchain.agents.create_agent` with `ContextdMiddleware`,
-a real contextd (both backends), and LangChain's own fake chat model. None of langchain_core's fake
+a real contextd (on SQLite: conftest.py), and LangChain's own fake chat model. None of langchain_core's fake
 chat models implements `bind_tools` (BaseChatModel's raises NotImplementedError), and create_agent
 binds the agent's tools, so `ScriptedModel` adds it to GenericFakeChatModel, and records what each
 call was given."""

@@ -1,7 +1,7 @@
 """The OpenAI Agents SDK on contextd, end to end (contextd_client/integrations/openai_agents.py):
 the SDK's own `Runner`, `Agent` and function tools, its `ScriptedModel` (an implementation of
-its `Model` interface that answers from a script: no network), against a real contextd on
-each database."""
+its `Model` interface that answers from a script: no network), against a real contextd (on
+SQLite: conftest.py)."""
 
 from __future__ import annotations
 

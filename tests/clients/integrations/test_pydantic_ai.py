@@ -1,5 +1,5 @@
 """The pydantic-ai capability, end to end: pydantic-ai's own agent loop with its `FunctionModel`
-(no network) against a real contextd, on each database."""
+(no network) against a real contextd (on SQLite: conftest.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The Strands Agents integration (contextd_client/integrations/strands.py) with the real framework:
 `strands.Agent` with a scripted model (a `strands.models.Model` streaming the events Strands expects),
-its tools, and a real contextd on both backends. Nothing reaches AWS or the network."""
+its tools, and a real contextd (on SQLite: conftest.py). Nothing reaches AWS or the network."""
 
 from __future__ import annotations
 

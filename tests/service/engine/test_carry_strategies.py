@@ -136,7 +136,7 @@ def follow(items: list[Item], policy: str, previous: RenderOutput | None, now: f
     return out
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sessions(), st.sampled_from(POLICIES), st.data())
 def test_the_strategies_from_the_carry_are_the_strategies_without_it(
     items: list[Item], policy: str, data: st.DataObject
@@ -152,7 +152,7 @@ def test_the_strategies_from_the_carry_are_the_strategies_without_it(
         previous = follow(items[:cut], policy, previous, now, focus=focus, budget_tokens=budget)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sessions(), st.sampled_from(POLICIES), st.data())
 def test_a_replica_catches_up_by_the_changes_of_the_other_replicas_renders(
     items: list[Item], policy: str, data: st.DataObject
