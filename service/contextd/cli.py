@@ -165,13 +165,17 @@ def _add_remote_flags(parser: argparse.ArgumentParser, tenant: str, call: str, t
 
 def _connection(args: argparse.Namespace) -> Any:
     """The `--target`, `--api-key-file`, `--tls-ca` and `--timeout` of a command beside the
-    server, as a `remote.Connection`; OSError when a file cannot be read."""
+    server, as a `remote.Connection`; None, said on stderr, when a file cannot be read."""
     import grpc
 
     from contextd.remote import Connection
 
-    api_key = Path(args.api_key_file).read_text().strip() if args.api_key_file else None
-    credentials = grpc.ssl_channel_credentials(Path(args.tls_ca).read_bytes()) if args.tls_ca else None
+    try:
+        api_key = Path(args.api_key_file).read_text().strip() if args.api_key_file else None
+        credentials = grpc.ssl_channel_credentials(Path(args.tls_ca).read_bytes()) if args.tls_ca else None
+    except OSError as exc:
+        print(f"contextd: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return None
     return Connection(args.target, api_key, credentials, args.timeout)
 
 
@@ -322,10 +326,8 @@ def _mcp(args: argparse.Namespace) -> int:
             raise
         print(f"contextd: the mcp command needs the mcp extra: pip install 'contextd[mcp]' ({exc})", file=sys.stderr)
         return 2
-    try:
-        connection = _connection(args)
-    except OSError as exc:
-        print(f"contextd: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+    connection = _connection(args)
+    if connection is None:
         return 2
     if args.transport == "stdio":
         if not args.session:
@@ -360,10 +362,8 @@ def _proxy(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     from contextd.proxy.app import Settings as ProxySettings
 
-    try:
-        connection = _connection(args)
-    except OSError as exc:
-        print(f"contextd: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+    connection = _connection(args)
+    if connection is None:
         return 2
     # A request whose contextd is down goes upstream unchanged, which costs the agent nothing:
     # better soon than after riding out a restart.
