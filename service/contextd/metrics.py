@@ -16,6 +16,7 @@ session id, handle or seq. docs/metrics.md lists every metric.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -29,7 +30,7 @@ from contextd.config import Settings
 from contextd_storage.stash import Stash
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics import ExemplarFilter, MeterProvider
     from opentelemetry.sdk.metrics.export import MetricReader
 
     from contextd.engine.certificates import CertificateBody
@@ -241,9 +242,26 @@ def configure_metrics(settings: Settings) -> MeterProvider | None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.resources import Resource
 
-    provider = MeterProvider(readers, resource=Resource.create({"service.name": settings.service_name}))
+    provider = MeterProvider(
+        readers,
+        resource=Resource.create({"service.name": settings.service_name}),
+        exemplar_filter=_exemplar_filter(settings),
+    )
     metrics.set_meter_provider(provider)
     return provider
+
+
+def _exemplar_filter(settings: Settings) -> ExemplarFilter | None:
+    """Exemplars (a measurement's trace and span ids) only where they can lead somewhere: with
+    the spans exported (`--otel-exporter otlp`), the SDK's default (`OTEL_METRICS_EXEMPLAR_FILTER`,
+    else trace-based). Without, none: offering each measurement to the exemplar reservoirs is a
+    third of what recording it costs (bench/metrics_overhead.py), for ids no reader could follow.
+    The variable, when set, decides in both cases."""
+    if settings.otel_exporter == "otlp" or os.environ.get("OTEL_METRICS_EXEMPLAR_FILTER"):
+        return None
+    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
+
+    return AlwaysOffExemplarFilter()
 
 
 def _readers(settings: Settings) -> list[MetricReader]:

@@ -13,7 +13,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from contextd.config import Settings
-from contextd.metrics import ActiveSessions, _readers
+from contextd.metrics import ActiveSessions, _exemplar_filter, _readers
 from contextd_client import Client, NotFound, Usage, ViewFormat
 
 _READER = InMemoryMetricReader()
@@ -203,6 +203,35 @@ def test_readers_follow_the_configuration() -> None:
     assert [type(r).__name__ for r in otlp] == ["PeriodicExportingMetricReader"]
     for reader in (*prometheus, *otlp):
         reader.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("settings", "environment", "linked"),
+    [
+        (Settings(metrics_listen="127.0.0.1:0"), "", False),  # no spans leave: no ids to follow
+        (Settings(otel_exporter="otlp", metrics_listen="127.0.0.1:0"), "", True),
+        (Settings(metrics_listen="127.0.0.1:0"), "always_on", True),  # the variable decides
+    ],
+)
+def test_exemplars_link_measurements_to_spans_only_where_spans_are_exported(
+    settings: Settings, environment: str, linked: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    if environment:
+        monkeypatch.setenv("OTEL_METRICS_EXEMPLAR_FILTER", environment)
+    reader = InMemoryMetricReader()
+    provider = MeterProvider([reader], exemplar_filter=_exemplar_filter(settings))
+    histogram = provider.get_meter("t").create_histogram("h")
+    sampled = SpanContext(0x1F, 0x2F, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    with trace.use_span(NonRecordingSpan(sampled)):
+        histogram.record(0.02, {"k": "v"})
+    data = reader.get_metrics_data()
+    assert data is not None
+    (point,) = data.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    assert [e.trace_id for e in point.exemplars] == ([0x1F] if linked else [])
+    provider.shutdown()
 
 
 def test_bad_metrics_addresses_are_refused() -> None:
