@@ -12,7 +12,11 @@ from its own process, in three phases of `--seconds` each:
 2. renders: tenant B, from another process, renders its `--items`-item
    session of tool calls over and over (the first render cold), appending one
    item before each;
-3. hostile regex: B's policy holds a rule whose `when.regex` is `(a+)+$`,
+3. incremental (`--phases` must name it): as 2, on a session B rendered
+   before the phase, so that every render in it resumes from the last one (in
+   phase 2 the cold first render, seconds of pure Python on one thread, fills
+   much of the window; this is the steady state of an agent's session);
+4. hostile regex: B's policy holds a rule whose `when.regex` is `(a+)+$`,
    over 2,000 outputs of 28 `a`s and a `!` (with Python's `re` each match
    takes seconds), and B renders that session over and over.
 
@@ -134,11 +138,13 @@ def main() -> int:
     parser.add_argument("--postgres-url", default="")
     parser.add_argument("--target", default="", help="a running server that takes the keys a:key-a,b:key-b")
     parser.add_argument(
-        "--phases", default="idle,renders,regex", help="which phases to run, of idle, renders, regex (comma-separated)"
+        "--phases",
+        default="idle,renders,incremental,regex",
+        help="which phases to run, of idle, renders, incremental, regex (comma-separated)",
     )
     args = parser.parse_args()
 
-    from contextd_client import Client
+    from contextd_client import Client, ViewFormat
     from contextd_lab.service import ServerProcess
     from tests import backends
 
@@ -166,6 +172,13 @@ def main() -> int:
                 phases["idle"] = _phase(target, a_session, args.seconds, None, 0)
             if "renders" in chosen:
                 phases[f"B renders {args.items:,} items"] = _phase(target, a_session, args.seconds, big, args.items)
+            if "incremental" in chosen:
+                with Client(target, api_key="key-b", timeout=300) as b:
+                    warm = b.create_session().id
+                    _fill(b, warm, tool_session(args.items))
+                    b.render_view(warm, ViewFormat.OPENAI_CHAT)  # the cold render, before the window
+                name = f"B renders {args.items:,} items, each resuming the last"
+                phases[name] = _phase(target, a_session, args.seconds, warm, args.items)
             if "regex" in chosen:
                 phases["B's policy: (a+)+$"] = _phase(target, a_session, args.seconds, hostile, 2_000)
         finally:
