@@ -12,6 +12,7 @@ import pytest
 from contextd.engine.compress import KINDS, NO_FOCUS, Focus, compress, route
 from contextd.engine.compress.listing import UNNAMED
 from contextd.engine.compress.router import SNIFFED, envelope, hint
+from contextd.engine.compress.search import SAMPLES
 from contextd.engine.compress.text import MAX_FOCUS_TERMS, WORD
 from contextd.engine.model import ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.pipeline import RenderInput, render
@@ -1024,3 +1025,32 @@ def test_content_that_parses_as_json_is_read_as_json_whatever_the_command_sugges
         # The anomalous object's status-like fields stay.
         for fact in ("api-7d9f8-0005", "CrashLoopBackOff", '"restartCount": 7', '"exitCode": 1', "back-off 5m0s"):
             assert fact in out.text, (command, fact, out.text)
+
+
+def _verbose_run(failing: int, lines: int = 1500) -> str:
+    """A verbose test run (a line per test, status after it) by a command no hint knows, its
+    summary past the head a sniffer reads."""
+    tests = [f"tests/test_app.py::test_case_{k} {'FAILED' if k == failing else 'PASSED'}" for k in range(lines)]
+    return "\n".join(["$ ./run_checks", *tests, f"1 failed, {lines - 1} passed in 3.20s"])
+
+
+@pytest.mark.parametrize("failing", [3, 700, 1499])
+def test_a_verbose_test_run_by_a_command_no_hint_knows_keeps_its_one_failure(failing: int) -> None:
+    # Its lines read as search results (`path::name STATUS`): the lone FAILED one is the anomaly.
+    text = _verbose_run(failing)
+    out = compress(text, NO_FOCUS, command="./run_checks")
+    assert out is not None, out
+    assert f"tests/test_app.py::test_case_{failing} FAILED" in out.text
+    assert "1 failed, 1499 passed in 3.20s" in out.text
+
+
+def test_search_results_keep_a_failure_few_lines_report_and_say_so() -> None:
+    lines = [f"build/reports/{name}.txt:1:check {name} ok" for name in (f"module{k}" for k in range(300))]
+    lines[211] = "build/reports/module211.txt:1:check module211 FAILED: schema drift in orders.sql"
+    out = compress("\n".join(lines), NO_FOCUS, command="grep -rn check build/reports")
+    assert out is not None and out.kind == "search"
+    assert lines[211] in out.text and "every failure" in out.summary
+    # A search for failures keeps its usual samples: each line is no anomaly there.
+    errors = [f"src/app/m{k}.py:{k}:    raise ValueError('bad {k}')" for k in range(300)]
+    out = compress("\n".join(errors), NO_FOCUS, command="grep -rn ValueError src")
+    assert out is not None and out.summary.startswith(f"{SAMPLES} of 300 result lines kept (the focus, one per")

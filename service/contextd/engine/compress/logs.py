@@ -17,14 +17,6 @@ from collections.abc import Iterator, Sequence
 
 from contextd.engine.compress.text import Compressed, Focus, Kept, Lines, fold_repeats, shape
 
-_ERROR_WORDS = (
-    "error", "errors", "exception", "fatal", "panic", "panicked", "traceback", "failed", "failure", "fail",
-    "critical", "segmentation fault", "core dumped", "abort", "aborted", "denied", "refused", "timed out",
-    "timeout", "not found", "no such file", "cannot", "could not", "unable to", "undefined", "unresolved",
-    "killed", "npm err!",
-)  # fmt: skip
-_ERROR_SUFFIXES = ("error", "exception")
-"""Also at the end of a longer word: ``ValueError``, ``IOException``."""
 _WARNING_WORDS = ("warn", "warning", "warnings")
 _WARNING_SUFFIXES = ("warning", "deprecated", "deprecation")
 _CARET = re.compile(r"^\s*\^+\s*$")
@@ -71,9 +63,7 @@ def compress_log(text: str, focus: Focus, *, kind: str = "log", first_line: int 
     if kind == "test" or "::" in text or " passed" in text:
         managed |= _tests(lines, kept)
     kept.add(*focus.lines_mentioning(found))
-    errors = set(found.having(_ERROR_WORDS, fold_case=True)) | set(
-        found.having(_ERROR_SUFFIXES, fold_case=True, suffix=True)
-    )
+    errors = found.reporting_errors()
     errors.update(found.line_of(i + 1) for i in _offsets(text, "\nE "))
     errors.update(i for i in found.holding("^") if _CARET.match(lines[i]))
     warnings = set(found.having(_WARNING_WORDS, fold_case=True)) | set(

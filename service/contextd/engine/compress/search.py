@@ -1,7 +1,9 @@
 """Search results (grep, rg, git grep): every file named with its count, the lines that matter.
 
 Kept verbatim: every line that defines or mentions a symbol of the focus
-(or of the search itself, when few lines do), and one line for each
+(or of the search itself, when few lines do), the matches that report a
+failure where few do (the one FAILED among a run's PASSED lines: a rare
+failure is the anomaly, a search for "error" is not), and one line for each
 distinct text the matches hold, with how many more places hold the same
 text (a call repeated across files is read once); context lines
 (``-A``/``-B``) go with the match they surround. Every file stays, by
@@ -27,6 +29,8 @@ _DEFINES = (
 """A line that defines `name`: a definition keyword before it, or an assignment to it."""
 SAMPLES = 12
 """Distinct match texts shown beyond those the focus asks for (those most places hold)."""
+RARE = 0.1
+"""The share of the matches that failures may be and still be kept, each of them, as anomalies."""
 
 
 @dataclass(slots=True)
@@ -138,6 +142,10 @@ def compress_search(text: str, focus: Focus) -> Compressed | None:
         defines = re.compile(_DEFINES.format(name="(?:" + "|".join(map(re.escape, names)) + ")"))
         chosen = {i for i in found.having(names) if i in texts and defines.search(texts[i])}
     chosen |= focus.selective(found).lines_mentioning(found) & texts.keys()
+    failures = found.reporting_errors() & set(matches)
+    rare = len(failures) <= max(SAMPLES, RARE * len(matches))
+    if failures and rare:
+        chosen |= failures
     # One line per distinct text, at the first place it occurs: the texts most places hold first.
     same: dict[str, list[int]] = {}
     for i in matches:
@@ -175,7 +183,8 @@ def compress_search(text: str, focus: Focus) -> Compressed | None:
     if len(loose) > 5:
         more = len(loose) - 5
         out.append(f"[… {more:,} other {'line' if more == 1 else 'lines'} …]")
-    summary = (
-        f"{len(shown):,} of {len(texts):,} result lines kept (the focus, one per distinct text), every file counted"
+    which = (
+        "the focus, every failure, one per distinct text" if failures and rare else "the focus, one per distinct text"
     )
+    summary = f"{len(shown):,} of {len(texts):,} result lines kept ({which}), every file counted"
     return Compressed("search", "\n".join(out), summary)

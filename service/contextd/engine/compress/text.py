@@ -231,6 +231,17 @@ def shape(line: str) -> bytes:
     return line.strip().encode().translate(None, b"0123456789")  # bytes: several times faster than str
 
 
+# The words of a line that reports a failure, whatever wrote it (a log, a test run, a tool).
+ERROR_WORDS = (
+    "error", "errors", "exception", "fatal", "panic", "panicked", "traceback", "failed", "failure", "fail",
+    "critical", "segmentation fault", "core dumped", "abort", "aborted", "denied", "refused", "timed out",
+    "timeout", "not found", "no such file", "cannot", "could not", "unable to", "undefined", "unresolved",
+    "killed", "npm err!",
+)  # fmt: skip
+ERROR_SUFFIXES = ("error", "exception")
+"""Also at the end of a longer word: ``ValueError``, ``IOException``."""
+
+
 class Lines:
     """A text's lines and where each starts, to find the lines holding a word at C speed
     (`str.find` over the whole text) rather than a regex per line."""
@@ -253,6 +264,12 @@ class Lines:
         if len(lowered) == len(self.text):
             return lowered
         return "".join(c if len(c.lower()) != 1 else c.lower() for c in self.text)
+
+    def reporting_errors(self) -> set[int]:
+        """The lines that report a failure (`ERROR_WORDS`, `ERROR_SUFFIXES`)."""
+        return set(self.having(ERROR_WORDS, fold_case=True)) | set(
+            self.having(ERROR_SUFFIXES, fold_case=True, suffix=True)
+        )
 
     def holding(self, needle: str) -> list[int]:
         """The lines holding `needle` (each once, however often it holds it)."""
