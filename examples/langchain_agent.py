@@ -29,7 +29,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from contextd_client import Client
 from contextd_client.integrations.langchain import ContextdMiddleware
 
-BUDGET_TOKENS = 300
+BUDGET_TOKENS = 150
 """The view's budget, in tokens. The newest output stays whole for the call that reads it; from the next
 call on, the long test run leaves the view and the model gets what it needs of it back by its handle."""
 

@@ -27,7 +27,7 @@ from agents.tool_context import ToolContext
 from contextd_client import AsyncClient
 from contextd_client.integrations.openai_agents import ContextdSession
 
-BUDGET_TOKENS = 300
+BUDGET_TOKENS = 150
 """The view's budget, in tokens: the long test run never fits; the model sees it compressed, with
 the handle that gets the whole back."""
 TEST_RUN = [f"tests/test_mod{n // 20}.py::test_case_{n} PASSED" for n in range(600)]

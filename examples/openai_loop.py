@@ -18,7 +18,7 @@ from typing import Any
 
 from contextd_client import AgentTools, Client
 
-BUDGET_TOKENS = 300
+BUDGET_TOKENS = 150
 """The view's budget, in tokens. The newest output stays whole for the call that reads it (the view is
 over budget then); from the next call on, the long test run leaves the view and the model gets it back."""
 

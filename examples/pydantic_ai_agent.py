@@ -31,7 +31,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from contextd_client import Client
 from contextd_client.integrations.pydantic_ai import ContextdHistory, load_history
 
-BUDGET_TOKENS = 300
+BUDGET_TOKENS = 150
 """The view's budget, in tokens. The long test run is compressed for the call that reads it (the newest
 turn is never taken out, so that view is over budget); from the next call on it leaves the view, as a
 placeholder naming its handle, and the model gets it back with contextd_retrieve."""

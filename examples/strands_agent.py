@@ -30,7 +30,7 @@ from strands.types.content import Message
 from contextd_client import Client, ContextdError
 from contextd_client.integrations.strands import ContextdConversationManager, ContextdSessionManager
 
-BUDGET_TOKENS = 300
+BUDGET_TOKENS = 150
 """The view's budget, in tokens. The newest output stays whole for the call that reads it; from the next
 call on, the long test run leaves the view and the model gets what it needs of it back by its handle."""
 

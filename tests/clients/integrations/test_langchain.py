@@ -26,7 +26,7 @@ from contextd_client.integrations.langchain import ContextdMiddleware, SessionMi
 from tests.conftest import ServerThread
 
 SYSTEM = "You fix bugs."
-BUDGET_TOKENS = 300
+BUDGET_TOKENS = 150
 """Small enough that the long test run leaves the view once a later turn has read it."""
 TEST_RUN = "\n".join(
     [

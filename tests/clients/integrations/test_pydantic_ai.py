@@ -35,7 +35,7 @@ from contextd_client.integrations.pydantic_ai import (
 )
 from tests.conftest import ServerThread
 
-BUDGET = 300
+BUDGET = 150
 """Tokens: the long test run is compressed for the request that reads it (the newest turn is never taken out);
 from the next one on it leaves the view as a placeholder."""
 TEST_RUN = "\n".join(f"tests/test_mod{n // 20}.py::test_case_{n} PASSED" for n in range(400))

@@ -165,7 +165,7 @@ def converse_messages(client: Client, session_id: str) -> list[dict[str, Any]]:
 
 def test_the_model_sees_contextds_view_and_another_process_continues(client: Client) -> None:
     session_id = new_session_id()
-    agent, model, _, manager = make_agent(client, session_id, fixer, budget_tokens=300)
+    agent, model, _, manager = make_agent(client, session_id, fixer, budget_tokens=150)
     answer = str(agent("The test_parse test fails.")).strip()
     assert answer == "parse() adds 1 to the month: 601:E   ValueError: month must be in 1..12"
 
@@ -191,7 +191,7 @@ def test_the_model_sees_contextds_view_and_another_process_continues(client: Cli
     assert [h.seq for h in hits] == [3] and client.retrieve(session_id, seq=3).total_lines == 601
 
     # Another process: a new agent with the same session id starts from what contextd holds.
-    later, model2, _, _ = make_agent(client, session_id, lambda m: [{"text": "Fixed it."}], budget_tokens=300)
+    later, model2, _, _ = make_agent(client, session_id, lambda m: [{"text": "Fixed it."}], budget_tokens=150)
     assert later.messages[0]["content"] == [{"text": "The test_parse test fails."}]
     assert later.messages[-1]["content"] == [{"text": answer}]
     assert str(later("Now fix it.")).strip() == "Fixed it."
@@ -331,12 +331,14 @@ def test_an_overflow_halves_the_budget_until_the_view_cannot_shrink(client: Clie
 
         return script
 
-    agent, model, _, manager = make_agent(client, new_session_id(), limited(1_800))
+    agent, model, _, manager = make_agent(client, new_session_id(), limited(1_000))
     assert str(agent("Run the tests, then read the parser.")).strip() == "Read them."
     sizes = [len(json.dumps(m)) for m in model.seen]
-    assert len(sizes) == 4 and sizes[2] > 1_800 >= sizes[3]  # overflowed, then a view half as big
+    assert len(sizes) == 4 and sizes[2] > 1_000 >= sizes[3]  # overflowed, then a view half as big
     assert manager.last_view is not None and "retrieve with handle" in json.dumps(model.seen[3])
-    assert 0 < manager.last_view.total_tokens <= manager.budget_tokens  # the budget it lowered to
+    view = manager.last_view
+    assert view.budget_tokens == manager.budget_tokens > 0  # rendered under the budget it lowered to,
+    assert view.total_tokens <= view.budget_tokens or view.over_budget  # within it, or saying it is not
 
     # What overflows is the newest output itself, which contextd keeps for the call that reads it.
     agent, model, _, _ = make_agent(client, new_session_id(), limited(100))

@@ -1035,11 +1035,10 @@ def _verbose_run(failing: int, lines: int = 1500) -> str:
 
 
 @pytest.mark.parametrize("failing", [3, 700, 1499])
-def test_a_verbose_test_run_by_a_command_no_hint_knows_keeps_its_one_failure(failing: int) -> None:
-    # Its lines read as search results (`path::name STATUS`): the lone FAILED one is the anomaly.
+def test_a_verbose_test_run_by_a_command_no_hint_knows_is_read_as_one_and_keeps_its_failure(failing: int) -> None:
     text = _verbose_run(failing)
     out = compress(text, NO_FOCUS, command="./run_checks")
-    assert out is not None, out
+    assert out is not None and out.kind == "test", out
     assert f"tests/test_app.py::test_case_{failing} FAILED" in out.text
     assert "1 failed, 1499 passed in 3.20s" in out.text
 

@@ -46,8 +46,12 @@ _LOG_LINE = re.compile(
     r"|\[?(?:DEBUG|INFO|WARN|WARNING|ERROR|TRACE|FATAL)\b)"
 )
 _TEST_OUTPUT = re.compile(
-    r"=+ test session starts =+|^(?:FAILED|PASSED|ERROR) \S+::|\d+ (?:passed|failed) in ", re.MULTILINE
+    r"=+ test session starts =+|^(?:FAILED|PASSED|ERROR) \S+::|\d+ (?:passed|failed) in "
+    r"|^\S+::\S+ (?:PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b",  # a verbose run's line per test
+    re.MULTILINE,
 )
+_TAIL = 4_000
+"""Characters at the end of an output read for a test run's summary (its head may be all passes)."""
 
 
 def _last_command(command: str) -> str:
@@ -123,7 +127,7 @@ def sniff(text: str) -> str:
         return "html"
     if listing.looks_like_diff(lines):
         return "diff"
-    if _TEST_OUTPUT.search(head):
+    if _TEST_OUTPUT.search(head) or _TEST_OUTPUT.search(text[-_TAIL:]):
         return "test"
     nonblank = [line for line in lines[:200] if line.strip()]
     if nonblank and sum(1 for line in nonblank if _DIAGNOSTIC_LINE.match(line)) >= 0.5 * len(nonblank):
