@@ -66,32 +66,7 @@ from typing import Any, TypeVar
 import anyio.to_thread
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import ToolFailed
-from pydantic_ai.messages import (
-    ERROR_OUTCOMES,
-    BinaryContent,
-    CachePoint,
-    CompactionPart,
-    FilePart,
-    ImageUrl,
-    ModelMessage,
-    ModelRequest,
-    ModelRequestPart,
-    ModelResponse,
-    ModelResponsePart,
-    NativeToolCallPart,
-    NativeToolReturnPart,
-    RetryFeedbackPart,
-    RetryPromptPart,
-    SpeechPart,
-    SystemPromptPart,
-    TextContent,
-    TextPart,
-    ThinkingPart,
-    ToolCallPart,
-    ToolReturnPart,
-    UserContent,
-    UserPromptPart,
-)
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelRequestPart, ModelResponse
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
@@ -104,6 +79,16 @@ from contextd_client._client import Client
 from contextd_client._errors import AlreadyExists, NotFound
 from contextd_client._types import Session, Usage, View, ViewFormat, ViewItem
 from contextd_client.formats import items_from_openai
+from contextd_client.integrations._pydantic_ai_chat import (
+    ChatMessage,
+    chat_of,
+    from_openai_messages,
+    from_request_part,
+    request_part,
+    response_of,
+    to_openai_messages,
+    tool_names,
+)
 from contextd_client.v1 import content_pb2 as pb
 
 __all__ = [
@@ -118,7 +103,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-ChatMessage = dict[str, Any]
 SessionSource = str | Callable[[RunContext[AgentDepsT]], str] | None
 """A session id, a function of the run's context giving one, or None: the run's conversation_id."""
 
@@ -339,7 +323,7 @@ def _items(history: Sequence[ModelMessage], *, continuing: bool = False) -> tupl
     origins = [
         _Origin(m, p, chat)
         for m, message in enumerate(history)
-        for p, chat in _chat(message)
+        for p, chat in chat_of(message)
         if not (continuing and m == 0 and chat["role"] == "system")
     ]
     items = [items_from_openai([o.chat]) for o in origins]
@@ -352,20 +336,20 @@ def _request_messages(
 ) -> list[ModelMessage]:
     """The view as pydantic-ai messages, an item shown whole and unchanged as the history's own part."""
     seq_at = {i.message_index: i for i in view.items if i.message_index >= 0}
-    names = _tool_names(view.messages)
+    names = tool_names(view.messages)
     out: list[ModelMessage] = []
     group: list[tuple[_Origin | None, ModelRequestPart]] = []
     for index, chat in enumerate(view.messages):
         origin = _original(seq_at.get(index), chat, origins, progress)
         if chat.get("role") == "assistant":
             _close(group, history, out)
-            out.append(history[origin.message] if origin else _response(chat))
+            out.append(history[origin.message] if origin else response_of(chat))
         elif origin is not None:
             request = history[origin.message]
             assert isinstance(request, ModelRequest)
             group.append((origin, request.parts[origin.part]))
         else:
-            group.append((None, _request_part(chat, names)))
+            group.append((None, request_part(chat, names)))
     _close(group, history, out)
     if not out or not isinstance(out[-1], ModelRequest):  # the request being made is the history's last
         out.append(history[-1])
@@ -398,7 +382,7 @@ def _close(
     if len(sources) == 1 and source is not None and chosen == sorted(chosen):
         request = history[source]
         assert isinstance(request, ModelRequest)
-        parts = [p for i, p in enumerate(request.parts) if i in chosen or _from_request_part(p) is None]
+        parts = [p for i, p in enumerate(request.parts) if i in chosen or from_request_part(p) is None]
         out.append(request if len(parts) == len(request.parts) else replace(request, parts=parts))
     else:
         out.append(ModelRequest(parts=[part for _, part in group]))
@@ -412,191 +396,6 @@ def _shown(chat: Mapping[str, Any]) -> tuple[Any, ...]:
         content = content[0]["text"]
     calls = tuple((c["id"], c["function"]["name"], c["function"]["arguments"]) for c in chat.get("tool_calls") or ())
     return chat.get("role"), json.dumps(content or "", sort_keys=True), chat.get("tool_call_id"), calls
-
-
-# ------------------------------------------------------------------ pydantic-ai -> Chat Completions
-
-
-def to_openai_messages(messages: Sequence[ModelMessage]) -> list[ChatMessage]:
-    """pydantic-ai messages as Chat Completions messages, with the extensions contextd reads
-    (``reasoning`` on an assistant message, ``is_error`` and ``name`` on a tool message)."""
-    return [chat for message in messages for _, chat in _chat(message)]
-
-
-def _chat(message: ModelMessage) -> list[tuple[int, ChatMessage]]:
-    """(part index, chat message) per chat message of a pydantic-ai message; -1 for a response."""
-    if isinstance(message, ModelResponse):
-        chat = _assistant(message.parts)
-        return [] if chat is None else [(-1, chat)]
-    out = [(i, _from_request_part(part)) for i, part in enumerate(message.parts)]
-    return [(i, chat) for i, chat in out if chat is not None]
-
-
-def _from_request_part(part: ModelRequestPart) -> ChatMessage | None:
-    if isinstance(part, SystemPromptPart):
-        return None if part.scope == "request" else {"role": "system", "content": part.content}
-    if isinstance(part, UserPromptPart):
-        return {"role": "user", "content": _user_content(part.content)}
-    if isinstance(part, ToolReturnPart):
-        text = part.model_response_str(wrap_if_error=False) + "".join(f"\n{_stand_in(f)}" for f in part.files)
-        return _tool_message(part.tool_call_id, part.tool_name, text, part.outcome in ERROR_OUTCOMES)
-    if isinstance(part, RetryPromptPart):  # deprecated, but a history built by hand may hold one
-        if part.tool_name:
-            return _tool_message(part.tool_call_id, part.tool_name, part.model_response(), True)
-        return {"role": "user", "content": part.model_response()}
-    if isinstance(part, RetryFeedbackPart):
-        return {"role": "user", "content": part.model_response()}
-    text = _spoken(part)
-    return {"role": "user", "content": text} if text else None  # else a record of the framework's own
-
-
-def _tool_message(call_id: str, name: str, text: str, is_error: bool) -> ChatMessage:
-    return {"role": "tool", "tool_call_id": call_id, "name": name, "content": text, "is_error": is_error}
-
-
-def _spoken(part: ModelRequestPart | ModelResponsePart) -> str:
-    """The text of a compaction summary or a speech transcript ("" for any other part)."""
-    if isinstance(part, CompactionPart):
-        return part.content or ""
-    if isinstance(part, SpeechPart):
-        return part.transcript or ""
-    return ""
-
-
-def _user_content(content: str | Sequence[UserContent]) -> str | list[ChatMessage]:
-    if isinstance(content, str):
-        return content
-    parts: list[ChatMessage] = []
-    for piece in content:
-        if isinstance(piece, str | TextContent):
-            parts.append({"type": "text", "text": piece if isinstance(piece, str) else piece.content})
-        elif isinstance(piece, ImageUrl):
-            parts.append({"type": "image_url", "image_url": {"url": piece.url}})
-        elif isinstance(piece, BinaryContent) and piece.is_image:
-            parts.append({"type": "image_url", "image_url": {"url": piece.data_uri}})
-        elif isinstance(piece, BinaryContent) and piece.is_document:
-            parts.append({"type": "file", "file": {"file_data": piece.data_uri, "filename": piece.identifier}})
-        elif not isinstance(piece, CachePoint):
-            parts.append({"type": "text", "text": _stand_in(piece)})
-    return parts
-
-
-def _stand_in(piece: Any) -> str:
-    """A line standing for media Chat Completions cannot carry (audio, video, a document by URL)."""
-    where = getattr(piece, "url", None) or getattr(piece, "identifier", "")
-    return f"[{getattr(piece, 'kind', 'file')} {getattr(piece, 'media_type', '')} {where}]"
-
-
-def _assistant(parts: Sequence[ModelResponsePart]) -> ChatMessage | None:
-    texts: list[str] = []
-    reasoning: list[str] = []
-    calls: list[ChatMessage] = []
-    for part in parts:
-        if isinstance(part, TextPart):
-            texts.append(part.content)
-        elif isinstance(part, ThinkingPart):
-            reasoning.append(part.content)
-        elif isinstance(part, ToolCallPart):
-            arguments = part.args if isinstance(part.args, str) else part.args_as_json_str()  # as the model wrote it
-            function = {"name": part.tool_name, "arguments": arguments}
-            calls.append({"id": part.tool_call_id, "type": "function", "function": function})
-        elif isinstance(part, NativeToolCallPart):  # run by the provider: kept as what it says
-            texts.append(f"[{part.tool_name} call: {part.args_as_json_str()}]")
-        elif isinstance(part, NativeToolReturnPart):
-            texts.append(f"[{part.tool_name} result: {part.model_response_str()}]")
-        elif isinstance(part, FilePart):
-            texts.append(_stand_in(part.content))
-        else:
-            texts.append(_spoken(part))
-    texts = [t for t in texts if t]
-    if not texts and not calls and not any(reasoning):
-        return None
-    content: str | list[ChatMessage] | None = None
-    if texts:
-        content = texts[0] if len(texts) == 1 else [{"type": "text", "text": t} for t in texts]
-    chat: ChatMessage = {"role": "assistant", "content": content}
-    if any(reasoning):
-        chat["reasoning"] = "\n\n".join(r for r in reasoning if r)
-    if calls:
-        chat["tool_calls"] = calls
-    return chat
-
-
-# ------------------------------------------------------------------ Chat Completions -> pydantic-ai
-
-
-def from_openai_messages(
-    messages: Sequence[Mapping[str, Any]], *, conversation_id: str | None = None
-) -> list[ModelMessage]:
-    """Chat Completions messages (a contextd view's) as pydantic-ai messages: consecutive
-    system, user and tool messages make one `ModelRequest`, an assistant message a
-    `ModelResponse`; a tool result gets the name of the call it answers."""
-    names = _tool_names(messages)
-    out: list[ModelMessage] = []
-    parts: list[ModelRequestPart] = []
-    for chat in messages:
-        if chat.get("role") == "assistant":
-            if parts:
-                out.append(ModelRequest(parts=parts, conversation_id=conversation_id))
-                parts = []
-            out.append(replace(_response(chat), conversation_id=conversation_id))
-        else:
-            parts.append(_request_part(chat, names))
-    if parts:
-        out.append(ModelRequest(parts=parts, conversation_id=conversation_id))
-    return out
-
-
-def _tool_names(messages: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    return {
-        call["id"]: call["function"]["name"]
-        for chat in messages
-        if chat.get("role") == "assistant"
-        for call in chat.get("tool_calls") or ()
-    }
-
-
-def _texts(content: Any) -> list[str]:
-    if isinstance(content, str):
-        return [content] if content else []
-    return [p["text"] for p in content or () if p.get("type") == "text" and p["text"]]
-
-
-def _response(chat: Mapping[str, Any]) -> ModelResponse:
-    parts: list[ModelResponsePart] = []
-    if chat.get("reasoning"):
-        parts.append(ThinkingPart(chat["reasoning"]))
-    parts.extend(TextPart(text) for text in _texts(chat.get("content")))
-    for call in chat.get("tool_calls") or ():
-        function = call["function"]
-        parts.append(
-            ToolCallPart(tool_name=function["name"], args=function.get("arguments") or "{}", tool_call_id=call["id"])
-        )
-    return ModelResponse(parts=parts)
-
-
-def _request_part(chat: Mapping[str, Any], names: Mapping[str, str]) -> ModelRequestPart:
-    role, content = chat.get("role"), chat.get("content")
-    if role == "tool":
-        call_id = chat["tool_call_id"]
-        text = "\n".join(_texts(content))
-        return ToolReturnPart(tool_name=names.get(call_id, chat.get("name", "")), content=text, tool_call_id=call_id)
-    if role == "system":
-        return SystemPromptPart("\n".join(_texts(content)))
-    if isinstance(content, str):
-        return UserPromptPart(content)
-    pieces: list[UserContent] = []
-    for part in content or ():
-        if part.get("type") == "text":
-            pieces.append(part["text"])
-        elif part.get("type") == "image_url":
-            url = part["image_url"]["url"]
-            pieces.append(BinaryContent.from_data_uri(url) if url.startswith("data:") else ImageUrl(url))
-        elif part.get("type") == "file" and "file_data" in part["file"]:
-            pieces.append(BinaryContent.from_data_uri(part["file"]["file_data"]))
-        else:
-            pieces.append(json.dumps(part))
-    return UserPromptPart(pieces[0] if len(pieces) == 1 and isinstance(pieces[0], str) else pieces)
 
 
 # ------------------------------------------------------------------ contextd as the source
