@@ -16,7 +16,10 @@ from its own process, in three phases of `--seconds` each:
    before the phase, so that every render in it resumes from the last one (in
    phase 2 the cold first render, seconds of pure Python on one thread, fills
    much of the window; this is the steady state of an agent's session);
-4. hostile regex: B's policy holds a rule whose `when.regex` is `(a+)+$`,
+4. appends: B appends `--batch` calls and outputs a call (800: what an agent
+   framework's import of a long history, or a proxy's first request, sends),
+   back to back; "B renders" then counts B's appends and their median;
+5. hostile regex: B's policy holds a rule whose `when.regex` is `(a+)+$`,
    over 2,000 outputs of 28 `a`s and a `!` (with Python's `re` each match
    takes seconds), and B renders that session over and over.
 
@@ -91,6 +94,26 @@ def _render_loop(target: str, session_id: str, seconds: float, next_call: int, o
     out.put(times)
 
 
+def _append_loop(target: str, seconds: float, batch: int, out: Any) -> None:
+    """Tenant B: append `batch` calls and outputs at once, again and again, for `seconds` (a new
+    session every ten batches)."""
+    from contextd_client import Client, RetryPolicy
+
+    times: list[float] = []
+    with Client(target, api_key="key-b", timeout=120, retry=RetryPolicy(budget=120)) as client:
+        end = time.monotonic() + seconds
+        session_id, start = "", 0
+        while time.monotonic() < end:
+            if len(times) % 10 == 0:
+                session_id, start = client.create_session().id, 0
+            messages = tool_session(batch, start=start)
+            started = time.perf_counter()
+            client.append_openai(session_id, messages)
+            times.append(time.perf_counter() - started)
+            start += batch
+    out.put(times)
+
+
 def _probe(target: str, session_id: str, seconds: float) -> list[float]:
     """Tenant A: one GetSession every 10 ms for `seconds`; the latency of each, in ms."""
     from contextd_client import Client
@@ -107,15 +130,21 @@ def _probe(target: str, session_id: str, seconds: float) -> list[float]:
     return samples
 
 
-def _phase(target: str, a_session: str, seconds: float, b_session: str | None, next_call: int) -> dict[str, Any]:
+def _phase(
+    target: str, a_session: str, seconds: float, b_session: str | None, next_call: int, batch: int = 0
+) -> dict[str, Any]:
+    """A's latency while B renders `b_session` (or, with `batch`, appends batches of that many items)."""
     context = multiprocessing.get_context("spawn")
     renders: list[float] = []
     worker = None
     queue = context.Queue()
-    if b_session is not None:
+    if batch:
+        worker = context.Process(target=_append_loop, args=(target, seconds + 2, batch, queue))
+    elif b_session is not None:
         worker = context.Process(target=_render_loop, args=(target, b_session, seconds + 2, next_call, queue))
+    if worker is not None:
         worker.start()
-        time.sleep(1.0)  # B's first (cold) render is under way
+        time.sleep(1.0)  # B's first call is under way
     samples = _probe(target, a_session, seconds)
     if worker is not None:
         renders = queue.get(timeout=600)
@@ -136,11 +165,12 @@ def main() -> int:
     parser.add_argument("--items", type=int, default=10_000)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--postgres-url", default="")
+    parser.add_argument("--batch", type=int, default=800, help="items per append in the appends phase")
     parser.add_argument("--target", default="", help="a running server that takes the keys a:key-a,b:key-b")
     parser.add_argument(
         "--phases",
-        default="idle,renders,incremental,regex",
-        help="which phases to run, of idle, renders, incremental, regex (comma-separated)",
+        default="idle,renders,incremental,appends,regex",
+        help="which phases to run, of idle, renders, incremental, appends, regex (comma-separated)",
     )
     args = parser.parse_args()
 
@@ -179,6 +209,9 @@ def main() -> int:
                     b.render_view(warm, ViewFormat.OPENAI_CHAT)  # the cold render, before the window
                 name = f"B renders {args.items:,} items, each resuming the last"
                 phases[name] = _phase(target, a_session, args.seconds, warm, args.items)
+            if "appends" in chosen:
+                name = f"B appends {args.batch:,} items a call"
+                phases[name] = _phase(target, a_session, args.seconds, None, 0, batch=args.batch)
             if "regex" in chosen:
                 phases["B's policy: (a+)+$"] = _phase(target, a_session, args.seconds, hostile, 2_000)
         finally:

@@ -18,7 +18,7 @@ from contextd.engine.model import Role
 from contextd.engine.validation import check_batch_size
 from contextd.engine.view import ViewFormat, ViewRequest
 from contextd.recovery import PageUnit, RecoveryService, RetrieveQuery, SearchMode, SearchQuery
-from contextd.sessions import SessionService, check_session_id
+from contextd.sessions import THREAD_THRESHOLD_ITEMS, SessionService, check_session_id, off_loop
 from contextd.view_service import RenderResult, ViewService
 from contextd.watch import EventFeed, Heartbeat
 from contextd_client.v1 import contextd_pb2 as api
@@ -86,10 +86,11 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
 
     async def AppendItems(self, request: api.AppendItemsRequest, context: Context) -> api.AppendItemsResponse:
         check_batch_size(len(request.items), self.sessions.limits)  # before mapping every item
+        many = len(request.items) > THREAD_THRESHOLD_ITEMS
         result = await self.sessions.append(
             current_tenant(),
             request.session_id,
-            mapping.items_from_proto(request.items),
+            await off_loop(many, mapping.items_from_proto, request.items),
             idempotency_key=request.idempotency_key,
             expected_version=request.expected_version if request.HasField("expected_version") else None,
             author=request.author,
