@@ -24,7 +24,7 @@ from contextd.engine.tokens import TokenCounter, item_tokens
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.validation import Limits, check_batch, check_name, item_bytes
 from contextd.telemetry import annotate
-from contextd_storage.history import AppendRequest, HistoryStore, PreparedItem
+from contextd_storage.history import BULK_ITEMS, AppendRequest, HistoryStore, PreparedItem
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -34,12 +34,11 @@ MAX_METADATA_ENTRIES = 64
 MAX_METADATA_BYTES = 16_384
 MAX_PAGE_SIZE = 1000
 DEFAULT_PAGE_SIZE = 100
-# Above this many bytes or items a batch is checked, hashed and counted on a worker thread,
-# so one large append does not stall every other call on the event loop: checking, hashing
-# and counting take about 0.1 ms an item, so a batch of 800 small items held the loop for
-# some 80 ms (bench/stall.py's appends phase).
+# Above this many bytes or `BULK_ITEMS` items a batch is checked, hashed and counted on a worker
+# thread, so one large append does not stall every other call on the event loop: checking,
+# hashing and counting take about 0.1 ms an item, so a batch of 800 small items held the loop
+# for some 80 ms (bench/stall.py's appends phase).
 _THREAD_THRESHOLD_BYTES = 256 * 1024
-THREAD_THRESHOLD_ITEMS = 32
 # Likewise policies: parsing and validating one takes about 2 ms per KB.
 _THREAD_THRESHOLD_POLICY = 16_384
 
@@ -109,7 +108,7 @@ class SessionService:
         bad_keys = check_name("idempotency_key", idempotency_key) + check_name("author", author)
         if bad_keys:
             raise InvalidArgument(bad_keys)
-        many = len(items) > THREAD_THRESHOLD_ITEMS
+        many = len(items) > BULK_ITEMS
         size = await off_loop(many, self._checked, items)
         annotate(session_id=session_id, items=len(items), bytes=size)
         await self.admission.admit_append(tenant, size)  # before the hashing and counting

@@ -18,11 +18,12 @@ from contextd.engine.model import Role
 from contextd.engine.validation import check_batch_size
 from contextd.engine.view import ViewFormat, ViewRequest
 from contextd.recovery import PageUnit, RecoveryService, RetrieveQuery, SearchMode, SearchQuery
-from contextd.sessions import THREAD_THRESHOLD_ITEMS, SessionService, check_session_id, off_loop
+from contextd.sessions import SessionService, check_session_id, off_loop
 from contextd.view_service import RenderResult, ViewService
 from contextd.watch import EventFeed, Heartbeat
 from contextd_client.v1 import contextd_pb2 as api
 from contextd_client.v1 import contextd_pb2_grpc
+from contextd_storage.history import BULK_ITEMS
 from contextd_storage.search import Where
 from contextd_storage.views import CertificateFilter, ReportedUsage, StoredCertificate
 
@@ -86,7 +87,7 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
 
     async def AppendItems(self, request: api.AppendItemsRequest, context: Context) -> api.AppendItemsResponse:
         check_batch_size(len(request.items), self.sessions.limits)  # before mapping every item
-        many = len(request.items) > THREAD_THRESHOLD_ITEMS
+        many = len(request.items) > BULK_ITEMS
         result = await self.sessions.append(
             current_tenant(),
             request.session_id,
