@@ -1,18 +1,19 @@
 """Can one tenant stall another? GetSession latency of tenant A while tenant B works.
 
     python bench/stall.py [--items 10000] [--seconds 8] [--postgres-url URL] [--target HOST:PORT]
+                          [--batch 800] [--phases idle,renders,incremental,appends,regex]
 
 Starts a real `contextd serve` (SQLite in a temporary folder unless
 `--postgres-url` names a server, on which a fresh database is made and
 dropped after; or uses `--target`, which must accept the API keys `a:key-a`
 and `b:key-b`), then measures tenant A's GetSession, one call every 10 ms
-from its own process, in three phases of `--seconds` each:
+from its own process, in the phases `--phases` names (all by default), `--seconds` each:
 
 1. idle: nothing else runs;
 2. renders: tenant B, from another process, renders its `--items`-item
    session of tool calls over and over (the first render cold), appending one
    item before each;
-3. incremental (`--phases` must name it): as 2, on a session B rendered
+3. incremental: as 2, on a session B rendered
    before the phase, so that every render in it resumes from the last one (in
    phase 2 the cold first render, seconds of pure Python on one thread, fills
    much of the window; this is the steady state of an agent's session);
