@@ -19,8 +19,8 @@ from typing import Any
 from contextd_client import AgentTools, Client
 
 BUDGET_TOKENS = 150
-"""The view's budget, in tokens. The newest output stays whole for the call that reads it (the view is
-over budget then); from the next call on, the long test run leaves the view and the model gets it back."""
+"""The view's budget, in tokens. The long test run is compressed for the call that reads it (the newest
+output is never taken out); from the next call on it leaves the view, and the model gets it back."""
 
 TOOLS = [  # the agent's own tool, answered here by `run_tool`
     {

@@ -33,7 +33,7 @@ from contextd_client.integrations.pydantic_ai import ContextdHistory, load_histo
 
 BUDGET_TOKENS = 150
 """The view's budget, in tokens. The long test run is compressed for the call that reads it (the newest
-turn is never taken out, so that view is over budget); from the next call on it leaves the view, as a
+turn is never taken out); from the next call on it leaves the view, as a
 placeholder naming its handle, and the model gets it back with contextd_retrieve."""
 
 TEST_RUN = [f"tests/test_mod{n // 20}.py::test_case_{n} PASSED" for n in range(600)]

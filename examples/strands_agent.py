@@ -31,8 +31,9 @@ from contextd_client import Client, ContextdError
 from contextd_client.integrations.strands import ContextdConversationManager, ContextdSessionManager
 
 BUDGET_TOKENS = 150
-"""The view's budget, in tokens. The newest output stays whole for the call that reads it; from the next
-call on, the long test run leaves the view and the model gets what it needs of it back by its handle."""
+"""The view's budget, in tokens. The long test run is compressed for the call that reads it (the newest
+output is never taken out); from the next call on it leaves the view, and the model gets what it needs
+of it back by its handle."""
 
 TEST_RUN = [f"tests/test_mod{n // 20}.py::test_case_{n} PASSED" for n in range(600)]
 OUTPUTS = {  # what the commands print (a real agent runs them): a long test run, then a few lines of code
