@@ -5,12 +5,10 @@ domain work. Nothing here knows about gRPC.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import re
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from typing import ParamSpec, TypeVar
+from collections.abc import Mapping, Sequence
 
 from contextd import metrics
 from contextd.admission import Admission
@@ -24,10 +22,7 @@ from contextd.engine.tokens import TokenCounter, item_tokens
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.validation import Limits, check_batch, check_name, item_bytes
 from contextd.telemetry import annotate
-from contextd_storage.history import BULK_ITEMS, AppendRequest, HistoryStore, PreparedItem
-
-P = ParamSpec("P")
-R = TypeVar("R")
+from contextd_storage.history import BULK_ITEMS, AppendRequest, HistoryStore, PreparedItem, off_loop
 
 SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 MAX_METADATA_ENTRIES = 64
@@ -143,15 +138,6 @@ class SessionService:
         prepared = [PreparedItem(i, content_hash(i), item_tokens(i, self.counter)) for i in items]
         request_hash = hashlib.sha256(canonical_json([author, [item_to_json(i) for i in items]])).hexdigest()
         return prepared, request_hash
-
-
-async def off_loop(large: bool, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-    """`fn(*args, **kwargs)`: on a worker thread when the work is `large`, so that it does not
-    hold the event loop (and every other call of the replica) for its duration; in place when
-    it is small, which costs less than the hop."""
-    if large:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-    return fn(*args, **kwargs)
 
 
 async def parse_off_loop(policy: str, registry: TransformRegistry) -> Policy:

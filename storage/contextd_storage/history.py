@@ -266,7 +266,7 @@ class HistoryStore:
                 ).scalars()
             )
             known |= {r.tool_use_id: ToolCall(r.name, r.tool_use_id in answered) for r in uses}
-        linked, violations = await _off_loop(len(contents), link_tool_results, contents, known)
+        linked, violations = await off_loop(len(contents) > BULK_ITEMS, link_tool_results, contents, known)
         if violations:
             raise InvalidArgument(violations)
         return linked
@@ -276,7 +276,9 @@ class HistoryStore:
     ) -> AppendResult:
         key, first = session["key"], session["version"] + 1
         now = _now()
-        rows, texts, chunked, uses = await _off_loop(len(contents), _rows, key, first, contents, request, now)
+        rows, texts, chunked, uses = await off_loop(
+            len(contents) > BULK_ITEMS, _rows, key, first, contents, request, now
+        )
         last = first + len(rows) - 1
         await conn.execute(insert(schema.items), rows)
         await conn.execute(insert(schema.item_texts), texts)
@@ -462,10 +464,11 @@ item of Python, which for a batch of 800 held the event loop (every other call o
 for some 40 ms."""
 
 
-async def _off_loop(items: int, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-    """`fn(*args, **kwargs)` for a batch of `items`: on a worker thread when it is a bulk one, in
-    place otherwise (the hop costs more than a few items' work)."""
-    if items > BULK_ITEMS:
+async def off_loop(large: bool, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """`fn(*args, **kwargs)`: on a worker thread when the work is `large` (a bulk batch, a long
+    document), so that it does not hold the event loop, and every other call of the replica, for
+    its duration; in place when it is small, which costs less than the hop."""
+    if large:
         return await asyncio.to_thread(fn, *args, **kwargs)
     return fn(*args, **kwargs)
 

@@ -18,12 +18,12 @@ from contextd.engine.model import Role
 from contextd.engine.validation import check_batch_size
 from contextd.engine.view import ViewFormat, ViewRequest
 from contextd.recovery import PageUnit, RecoveryService, RetrieveQuery, SearchMode, SearchQuery
-from contextd.sessions import SessionService, check_session_id, off_loop
+from contextd.sessions import SessionService, check_session_id
 from contextd.view_service import RenderResult, ViewService
 from contextd.watch import EventFeed, Heartbeat
 from contextd_client.v1 import contextd_pb2 as api
 from contextd_client.v1 import contextd_pb2_grpc
-from contextd_storage.history import BULK_ITEMS
+from contextd_storage.history import BULK_ITEMS, off_loop
 from contextd_storage.search import Where
 from contextd_storage.views import CertificateFilter, ReportedUsage, StoredCertificate
 
