@@ -103,7 +103,9 @@ def main() -> int:
                     client.render_view(session, ViewFormat.OPENAI_CHAT)
                     latencies[(kind, "append")].append((appended - started) * 1000)
                     latencies[(kind, "render")].append((time.perf_counter() - appended) * 1000)
-            cpu = {k: (cpu_seconds(s.process.pid) - before[k]) / args.rounds * 1000 for k, s in servers.items()}
+            now = {k: cpu_seconds(s.process.pid) for k, s in servers.items()}
+            blocks.append({k: now[k] - mark[k] for k in kinds})  # the last block, however short
+            cpu = {k: (now[k] - before[k]) / args.rounds * 1000 for k in kinds}
             for client in clients.values():
                 client.close()
         finally:
