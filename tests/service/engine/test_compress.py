@@ -337,6 +337,27 @@ def test_a_search_line_is_read_by_its_separators(line: str, parsed: tuple[str, b
     assert _parse(line) == parsed
 
 
+def test_a_match_in_a_binary_file_is_counted_with_its_file() -> None:
+    """grep says a binary file matched in a message of its own, not as a result line: it is a
+    match all the same, and the file that matched is named with the others (the cached bytecode
+    of the module searched says a stale copy may be what runs)."""
+    lines = []
+    for n, lang in enumerate(("ab", "cd", "ef", "gh", "ij")):
+        lines += [f'pkg/locale/{lang}/messages.po:{n}:msgid "alias of %s"']
+        lines += [f"grep: pkg/locale/{lang}/messages.mo: binary file matches"]
+    lines += ["pkg/ext/core.py:40:        text = _('alias of %s') % name"]
+    lines += ["grep: pkg/ext/__pycache__/core.cpython-39.pyc: binary file matches"]
+    lines += ["Binary file build/lib/pkg/ext/core.so matches"]  # GNU grep before 3.5
+    out = compress("\n".join(lines), NO_FOCUS, command="grep -rn 'alias of' pkg build")
+    assert out is not None and out.kind == "search"
+    counts = out.text.split("[matches per file]\n")[1]
+    assert "pkg/ext/__pycache__/: core.cpython-39.pyc (1)" in counts
+    assert "build/lib/pkg/ext/: core.so (1)" in counts
+    assert "pkg/locale/{ab,cd,ef,gh,ij}/: messages.po (1), messages.mo (1)" in counts
+    assert out.text.startswith("[13 matches in 13 files]")
+    assert "[…" not in out.text  # no line of the output left unaccounted for
+
+
 def test_search_results_without_a_focus_still_name_every_file_with_its_count() -> None:
     out = compress(_GREP, NO_FOCUS, command="rg -n compute_total")
     assert out is not None

@@ -42,7 +42,12 @@ class _File:
 def _parse(line: str) -> tuple[str, bool, str] | None:
     """(path, a match rather than context, the matched text) of a result line; None for others.
     Read by finding separators, not by a pattern that could backtrack over a long line (a match
-    in a minified file is one line of 100 KB)."""
+    in a minified file is one line of 100 KB). A match in a binary file, which grep reports as a
+    message rather than a line (``grep: PATH: binary file matches``; ``Binary file PATH matches``
+    before GNU grep 3.5), is a match in that file like any other."""
+    binary = _binary_match(line)
+    if binary:
+        return binary, True, _BINARY_MATCH
     colon = line.find(":")
     if colon > 0:
         path = line[:colon]
@@ -69,6 +74,16 @@ def _parse(line: str) -> tuple[str, bool, str] | None:
     return None
 
 
+def _binary_match(line: str) -> str:
+    """The path of a binary file a grep line says matched; "" for any other line."""
+    for before, after in _BINARY_FORMS:
+        if line.startswith(before) and line.endswith(after) and len(line) > len(before) + len(after):
+            return line[len(before) : -len(after)]
+    return ""
+
+
+_BINARY_MATCH = "binary file matches"
+_BINARY_FORMS = (("grep: ", ": " + _BINARY_MATCH), ("Binary file ", " matches"))
 _BLANK = re.compile(r"[\s:]")
 _DOT = re.compile(r"[./]")
 _NUMBERED = re.compile(r"-(\d+)-")
