@@ -106,6 +106,17 @@ class Database:
                     yield conn
 
     @asynccontextmanager
+    async def read_one(self) -> AsyncIterator[AsyncConnection]:
+        """A connection for a read of one statement, outside a transaction: one statement reads
+        one snapshot by itself, and this spares the two round trips of a transaction (BEGIN and
+        COMMIT) on the calls every agent makes most (GetSession)."""
+        with _unavailable_on_connection_failure():
+            async with self.engine.connect() as conn:
+                if not self.is_sqlite:
+                    conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                yield conn
+
+    @asynccontextmanager
     async def write(self, tenant: str = "", session_id: str | None = None) -> AsyncIterator[AsyncConnection]:
         """A write transaction; with `session_id`, holding that session's lock throughout."""
         key = session_lock_key(tenant, session_id) if session_id is not None else None

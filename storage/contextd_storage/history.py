@@ -149,7 +149,7 @@ class HistoryStore:
     async def session_key(self, tenant: str, session_id: str) -> int:
         """The session's key: never handed out again, even after the session is deleted."""
         s = schema.sessions
-        async with self.db.read() as conn:
+        async with self.db.read_one() as conn:
             key = (
                 await conn.execute(select(s.c.key).where(s.c.tenant == tenant, s.c.id == session_id, ~s.c.deleting))
             ).scalar_one_or_none()
@@ -159,7 +159,7 @@ class HistoryStore:
 
     async def get_session(self, tenant: str, session_id: str) -> Session:
         annotate(session_id=session_id, tenant=tenant)
-        async with self.db.read() as conn:
+        async with self.db.read_one() as conn:
             return _session(await _session_row(conn, tenant, session_id))
 
     @traced("storage.list_sessions")
@@ -172,7 +172,7 @@ class HistoryStore:
             .order_by(schema.sessions.c.key)
             .limit(page_size + 1)
         )
-        async with self.db.read() as conn:
+        async with self.db.read_one() as conn:
             rows = (await conn.execute(query)).mappings().all()
         page = rows[:page_size]
         next_token = page_tokens.encode("after", page[-1]["key"]) if len(rows) > page_size else ""
@@ -200,7 +200,7 @@ class HistoryStore:
     async def tenant_stored_bytes(self, tenant: str) -> int:
         """Bytes of items the tenant's sessions hold (their `stored_bytes`, summed)."""
         s = schema.sessions
-        async with self.db.read() as conn:
+        async with self.db.read_one() as conn:
             total = await conn.scalar(select(func.coalesce(func.sum(s.c.stored_bytes), 0)).where(s.c.tenant == tenant))
         return int(total or 0)
 

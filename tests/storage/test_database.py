@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.exc import DBAPIError
 
 from contextd.engine.errors import StorageUnavailable
@@ -102,5 +103,31 @@ async def test_too_many_connections_is_unavailable(postgres_url: str, limited_ro
         with pytest.raises(StorageUnavailable) as raised:
             await db.ping()
         assert (raised.value.reason, "53300" in raised.value.message) == ("DATABASE_UNAVAILABLE", True)
+    finally:
+        await db.close()
+
+
+async def test_a_read_of_one_statement_is_one_round_trip(postgres_url: str) -> None:
+    """GetSession (the call agents make most) sends its one statement and nothing around it: no
+    BEGIN and COMMIT, two round trips more to a database across the network. (The driver's log
+    holds the statements it sends as text, these among them; prepared ones go unlogged.)"""
+    db = Database(postgres_url)
+    sent: list[str] = []
+
+    @event.listens_for(db.engine.sync_engine, "connect")
+    def log_queries(connection: Any, _: Any) -> None:
+        connection.driver_connection.add_query_logger(lambda logged: sent.append(logged.query.split()[0]))
+
+    store = HistoryStore(db)
+    try:
+        sid = f"s-{uuid.uuid4().hex[:8]}"
+        await store.create_session("tenant", sid, {})
+        await store.append(request(sid, [text_item("hello")]))
+        sent.clear()
+        assert (await store.get_session("tenant", sid)).version == 1
+        assert sent == []
+        async with db.read() as conn:  # a read of several statements is one snapshot: a transaction
+            await conn.execute(text("SELECT 1"))
+        assert sent == ["BEGIN", "COMMIT;"]
     finally:
         await db.close()
