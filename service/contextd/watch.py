@@ -114,6 +114,7 @@ class EventFeed:
         self._woken = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        self._batch = max(1, min(READ_BATCH, self.settings.buffer_events))
 
     def start(self) -> None:
         self._tasks = [
@@ -258,7 +259,9 @@ class EventFeed:
                 if not watcher.joined.done():  # else its watch has ended already
                     watcher.joined.set_result(self._position)
                     self._watchers.add(watcher)
-            found, position = await events.read(conn, self._position, limit=READ_BATCH)
+            # No more at once than a watcher's buffer holds: a burst reaches a watcher that keeps
+            # reading in parts, each read while the next is fetched; only one that stops is cut off.
+            found, position = await events.read(conn, self._position, limit=self._batch)
         watchers = [w for w in self._watchers if w.ended is None]
         for event in found:
             for watcher in watchers:
@@ -268,7 +271,7 @@ class EventFeed:
         for watcher in watchers:
             watcher.position = position
         metrics.watch_events.add(len(found))
-        return len(found) == READ_BATCH
+        return len(found) == self._batch
 
     async def _prune(self) -> None:
         """Delete events past the retention window, every tenth of the window (at most 10 minutes)."""
