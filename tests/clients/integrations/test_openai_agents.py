@@ -236,6 +236,19 @@ async def test_add_items_retried_after_a_lost_answer_writes_once(make_server: Ca
     assert [count for (name, _), count in lossy.seen.items() if name == "AppendItems"] == [2, 1]
 
 
+async def test_two_sessions_on_one_id_interleave_their_items_as_the_sdks_own_sessions_do(ctx: AsyncClient) -> None:
+    """The SDK's Session holds no conversation of its own to protect: two processes adding to one
+    session are stored in the order their items arrive, none refused and none lost."""
+    session_id = f"agents-{uuid.uuid4().hex[:12]}"
+    one, other = ContextdSession(ctx, session_id), ContextdSession(ctx, session_id)
+    await one.add_items([{"role": "user", "content": "First, from one."}])
+    await other.add_items([{"role": "user", "content": "Then, from the other."}])
+    await one.add_items([{"role": "assistant", "content": "Last, from one."}])
+    said = [item["content"] for item in await other.get_items()]  # type: ignore[typeddict-item]
+    assert said == ["First, from one.", "Then, from the other.", "Last, from one."]
+    assert (await ctx.get_session(session_id)).version == 3
+
+
 async def test_the_input_filter_alone_keeps_the_session(ctx: AsyncClient) -> None:
     # Without `session=`, the application passes the whole conversation each run; the filter
     # stores what the session lacks and sends the view, from any process.

@@ -25,7 +25,7 @@ from pydantic_ai.capabilities import ProcessHistory
 from pydantic_ai.messages import RetryInfo
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from contextd_client import AsyncClient, Client, ViewFormat, items_from_openai
+from contextd_client import AsyncClient, Client, VersionConflict, ViewFormat, items_from_openai
 from contextd_client.integrations.pydantic_ai import (
     ContextdHistory,
     HistoryRewritten,
@@ -213,6 +213,24 @@ async def test_a_history_rewritten_under_it_is_an_error_not_a_duplicate(client: 
     agent.tool_plain(run)
     with pytest.raises(HistoryRewritten):
         await agent.run("The test_parse test fails.")
+
+
+async def test_another_writer_in_between_is_a_version_conflict_for_the_caller(client: Client) -> None:
+    """One writer per session: an append by someone else during the run is not interleaved with
+    the run's turns; the run fails with VersionConflict, and the session holds what each wrote."""
+    session, seen = f"pyd-{uuid.uuid4().hex[:12]}", []
+    scripted = fixer(seen)
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not seen:  # while the model thinks, another process appends to the same session
+            client.append_openai(session, [{"role": "user", "content": "a note from another process"}])
+        return scripted.function(messages, info)
+
+    agent = agent_for(FunctionModel(model), ContextdHistory(client, session, tools=False))
+    with pytest.raises(VersionConflict):
+        await agent.run("The test_parse test fails.")
+    # The run's system prompt and first request, then the other's note: nothing after it.
+    assert roles(client, session) == ["system", "user", "user"]
 
 
 def test_messages_round_trip_through_chat_completions() -> None:
