@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import string
 import textwrap
 
 import pytest
@@ -991,6 +992,29 @@ def test_a_logs_header_claims_only_what_its_lines_show() -> None:
     assert pool == 4  # each is the context of an error
     assert "once" not in out.summary, out.summary
     assert f"{pool + slow} of 16 warning lines" in out.summary, out.summary
+
+
+def test_a_long_run_of_alike_lines_left_out_of_a_log_keeps_one_of_them() -> None:
+    """A gap says how many lines went; one of them says what kind, and what they all share (here
+    where pip installs: the environment the agent's code runs from)."""
+    packages = ["alabaster", "babel", "docutils", "imagesize", "jinja2", "packaging", "pygments", "requests"]
+    where = "/opt/conda/envs/app/lib/python3.9/site-packages"
+    lines = ["Obtaining file:///work/app", "  Preparing metadata (setup.py): started"]
+    lines += [
+        f"Requirement already satisfied: {p} in {where} (from app==1.0) (1.{n}.0)" for n, p in enumerate(packages)
+    ]
+    lines += ["Installing collected packages: app", "  Running setup.py develop for app", "Successfully installed app"]
+    out = compress("\n".join(lines), NO_FOCUS, command="pip install -e .")
+    assert out is not None and out.kind == "log", out
+    shown = out.text.splitlines()
+    assert sum(where in line for line in shown) == 1, out.text
+    assert "one line of each long run of alike lines" in out.summary
+    # Lines of many kinds left out: none is chosen to stand for them.
+    stages = string.ascii_letters[:40]
+    mixed = [f"{c}-stage ran over batch {n} of the nightly import and wrote its shard" for n, c in enumerate(stages)]
+    out = compress("\n".join(["start", "begin", *mixed, "end", "stop", "done"]), NO_FOCUS, command="./job")
+    assert out is not None and out.kind == "text", out
+    assert not any(line in out.text for line in mixed), out.text
 
 
 def test_a_folded_long_listing_keeps_which_names_are_directories() -> None:

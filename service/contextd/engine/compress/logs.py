@@ -6,13 +6,15 @@ then its last); each warning once per shape, then its last; tracebacks as
 the exception, the first frame and the frames in the user's own code (not
 the standard library or installed packages);
 test runners' failing test ids, failure headers, assertion details and
-summaries; lines that mention the focus. Repeated lines are folded with
+summaries; lines that mention the focus; one line of each long run of alike
+lines left out (what kind of lines went). Repeated lines are folded with
 their count.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterator, Sequence
 
 from contextd.engine.compress.text import Compressed, Focus, Kept, Lines, fold_repeats, shape
@@ -46,6 +48,8 @@ _SUMMARY = re.compile(
 )
 
 _HEAD, _TAIL = 2, 3
+_ALIKE_RUN = 8
+"""Lines left out in a row, most of them alike, of which one is kept (`_samples`)."""
 _CONTEXT_BEFORE, _BLOCK_AFTER = 1, 8
 _SAME_SHAPE_KEPT = 20
 """An error of one shape (the same line but for its numbers) is shown this many times, then its
@@ -86,10 +90,49 @@ def compress_log(text: str, focus: Focus, *, kind: str = "log", first_line: int 
     kept.add(*_nonblank(lines, range(len(lines)), 1 if kind == "test" else _HEAD))
     kept.add(*_nonblank(lines, range(len(lines) - 1, -1, -1), _TAIL))
     fold_repeats(kept)
+    sampled = _samples(kept)
     said = [_said(errors, kept, "error"), _said(warnings - errors, kept, "warning")]
+    if sampled:
+        said.append("one line of each long run of alike lines")
     said.append("failing tests and the summary" if kind == "test" else "the first and last lines")
     summary = f"{len(kept.keep):,} of {len(lines):,} lines kept: " + ", ".join(s for s in said if s)
     return Compressed(kind, kept.write(), summary, lossless=kept.whole)
+
+
+def _samples(kept: Kept) -> int:
+    """In each run of `_ALIKE_RUN` or more lines left out, most of them alike (the same first word
+    but for its digits: ``Requirement already satisfied: ...``, ``Compiling foo v1.2 ...``, a
+    timestamp), one of them is kept, so the view says what kind of lines went, not only how many
+    (where pip installs, what a build compiles). Returns the lines kept so."""
+    lines, keep, folded = kept.lines, kept.keep, kept.folded
+    added, i, n = 0, 0, len(lines)
+    while i < n:
+        if i in folded:  # a repeated line, said with its count
+            i = folded[i][0]
+            continue
+        if i in keep:
+            i += 1
+            continue
+        j = i
+        while j < n and j not in keep and j not in folded:
+            j += 1
+        if j - i >= _ALIKE_RUN:
+            heads = Counter(_head(lines[k]) for k in range(i, j))
+            head, count = heads.most_common(1)[0]
+            if head and 2 * count >= j - i:
+                kept.add(next(k for k in range(i, j) if _head(lines[k]) == head))
+                added += 1
+        i = j
+    return added
+
+
+def _head(line: str) -> str:
+    """A line's first word without its digits (a timestamp's shape, ``Compiling``), when more follow."""
+    words = line.split(None, 1)
+    return words[0].translate(_NO_DIGITS) if len(words) == 2 else ""
+
+
+_NO_DIGITS = str.maketrans("", "", "0123456789")
 
 
 def _said(found: set[int], kept: Kept, what: str) -> str:
