@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import re
 import threading
@@ -65,10 +64,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
-from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, SystemMessage, ToolMessage
-from langchain_core.messages.utils import convert_to_messages, convert_to_openai_messages
-from langchain_core.tools import BaseTool
-from langchain_core.utils.function_calling import convert_to_openai_tool
+from langchain_core.messages import AnyMessage, BaseMessage, SystemMessage, ToolMessage
+from langchain_core.messages.utils import convert_to_messages
 from langgraph.config import get_config
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.runtime import Runtime
@@ -87,7 +84,16 @@ from contextd_client import (
     View,
     ViewFormat,
 )
-from contextd_client.formats import items_from_openai
+from contextd_client.integrations._langchain_messages import (
+    flat,
+    items_each,
+    items_of,
+    mark_breakpoint,
+    openai_call,
+    openai_tools,
+    tool_message,
+    usage_of,
+)
 from contextd_client.v1 import content_pb2 as pb
 
 __all__ = ["SESSION_KEY", "ContextdMiddleware", "SessionMismatch", "session_for_thread"]
@@ -100,9 +106,6 @@ _BATCH = 500  # items per append, under the service's default max_batch_items (1
 _ATTEMPTS = 5  # appends tried against writers racing this one, before giving up
 _REMEMBERED = 4096  # sessions a middleware remembers the position of; forgetting one costs a GetSession
 _DEFINITIONS = "agent_tool_definitions"  # a step asking for contextd's tool definitions
-_EPHEMERAL = {"type": "ephemeral"}
-_REASONING_PARTS = {"thinking", "reasoning"}
-_CALL_PARTS = {"tool_call", "tool_use", "function_call", "server_tool_call"}  # carried by tool_calls
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -188,7 +191,7 @@ class ContextdMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         client, where = self._blocking(), self._where(_current_config())
         prepared = _drive(client, self._prepare(where, request))
         response = handler(prepared.request)
-        if self.report_usage and (usage := _usage_of(response.result)) is not None:
+        if self.report_usage and (usage := usage_of(response.result)) is not None:
             _drive(client, self._report(where, prepared.view_version, usage))
         return response
 
@@ -198,7 +201,7 @@ class ContextdMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         where = self._where(_current_config())
         prepared = await self._arun(self._prepare(where, request))
         response = await handler(prepared.request)
-        if self.report_usage and (usage := _usage_of(response.result)) is not None:
+        if self.report_usage and (usage := usage_of(response.result)) is not None:
             await self._arun(self._report(where, prepared.view_version, usage))
         return response
 
@@ -208,19 +211,19 @@ class ContextdMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         if not self._answers(request):
             return handler(request)
         tools = AgentTools(self._blocking(), self._where(_tool_config(request)).session_id)
-        return _tool_message(request.tool_call, tools.execute(_openai_call(request.tool_call)))
+        return tool_message(request.tool_call, tools.execute(openai_call(request.tool_call)))
 
     async def awrap_tool_call(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]]
     ) -> ToolMessage | Command[Any]:
         if not self._answers(request):
             return await handler(request)
-        session_id, call = self._where(_tool_config(request)).session_id, _openai_call(request.tool_call)
+        session_id, call = self._where(_tool_config(request)).session_id, openai_call(request.tool_call)
         if isinstance(self.client, AsyncClient):
             result = await AsyncAgentTools(self.client, session_id).execute(call)
         else:
             result = await asyncio.to_thread(AgentTools(self.client, session_id).execute, call)
-        return _tool_message(request.tool_call, result)
+        return tool_message(request.tool_call, result)
 
     def after_agent(self, state: AgentState[Any], runtime: Runtime[Any]) -> dict[str, Any] | None:
         """Appends the run's last messages (the final answer), which no model call followed."""
@@ -250,13 +253,13 @@ class ContextdMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             (where.session_id, ViewFormat.OPENAI_CHAT),
             {
                 "budget_tokens": self.budget_tokens,
-                "tools": _openai_tools(tools) or None,
+                "tools": openai_tools(tools) or None,
                 "place_cache_breakpoint": self.place_cache_breakpoint,
             },
         )
         messages = [dict(m) for m in view.messages]
         if self.place_cache_breakpoint:
-            _mark_breakpoint(messages, view)
+            mark_breakpoint(messages, view)
         shown = convert_to_messages(messages)
         system = request.system_message
         if shown and isinstance(shown[0], SystemMessage):
@@ -272,7 +275,7 @@ class ContextdMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         session_id = where.session_id
         mirror = self._mirrors.pop(session_id)  # remembered again only if this succeeds
         if mirror is not None and mirror.leads_to(messages):
-            known, pending = mirror.version, _flat(_items_each(messages, mirror.messages))
+            known, pending = mirror.version, flat(items_each(messages, mirror.messages))
         else:
             known = yield from self._open(where)
             pending = _pending(session_id, known, system, messages)
@@ -484,54 +487,15 @@ def _tool_config(request: ToolCallRequest) -> Mapping[str, Any]:
     return runtime.config if runtime is not None else _current_config()
 
 
-# ------------------------------------------------------------------ conversion
-
-
-def _items_each(messages: Sequence[BaseMessage], start: int = 0) -> list[list[pb.Item]]:
-    """The items of each message from `start` on (none for a message with nothing in it)."""
-    return [_items_of(message, f"message {index}") for index, message in enumerate(messages[start:], start)]
-
-
-def _items_of(message: BaseMessage, which: str) -> list[pb.Item]:
-    try:
-        return items_from_openai([_storable(m, message) for m in convert_to_openai_messages([message])])
-    except ValueError as exc:
-        raise ValueError(f"{which} ({type(message).__name__}) cannot be appended to contextd: {exc}") from exc
-
-
-def _storable(converted: dict[str, Any], message: BaseMessage) -> dict[str, Any]:
-    """A converted message as contextd takes it: a failed tool's ``is_error``, and an assistant's
-    reasoning as ``reasoning`` (the OpenAI Chat view drops it, the history keeps it)."""
-    if converted["role"] == "tool" and isinstance(message, ToolMessage) and message.status == "error":
-        converted["is_error"] = True
-    content = converted.get("content")
-    if converted["role"] == "assistant" and isinstance(content, list):
-        reasoning = [_reasoning_text(p) for p in content if p.get("type") in _REASONING_PARTS]
-        kept = [p for p in content if p.get("type") not in _REASONING_PARTS | _CALL_PARTS]
-        converted["content"] = kept
-        if any(reasoning):
-            converted["reasoning"] = "\n".join(r for r in reasoning if r)
-    return converted
-
-
-def _reasoning_text(part: Mapping[str, Any]) -> str:
-    text = part.get("thinking") or part.get("reasoning") or ""
-    summary = part.get("summary")
-    if not text and isinstance(summary, list):
-        text = "\n".join(str(s.get("text", "")) for s in summary if isinstance(s, Mapping))
-    return str(text)
-
-
-def _flat(each: list[list[pb.Item]]) -> list[pb.Item]:
-    return [item for items in each for item in items]
+# ------------------------------------------------------------------ appends
 
 
 def _pending(
     session_id: str, stored: int, system: SystemMessage | None, messages: Sequence[BaseMessage]
 ) -> list[pb.Item]:
     """The items of `system` and `messages` past the session's first `stored`."""
-    head = _items_of(system, "the system prompt") if system is not None else []
-    given = head + _flat(_items_each(messages))
+    head = items_of(system, "the system prompt") if system is not None else []
+    given = head + flat(items_each(messages))
     if len(given) < stored:
         raise SessionMismatch(session_id, stored, len(given))
     return given[stored:]
@@ -543,53 +507,3 @@ def _idempotency_key(session_id: str, version: int, author: str, items: Sequence
     for item in items:
         digest.update(item.SerializeToString(deterministic=True))
     return f"langchain:{digest.hexdigest()}"
-
-
-def _openai_tools(tools: Sequence[BaseTool | dict[str, Any]]) -> list[dict[str, Any]]:
-    """The call's tools as the OpenAI Chat ``tools`` array (provider tools given as dicts, as they are)."""
-    return [tool if isinstance(tool, dict) else convert_to_openai_tool(tool) for tool in tools]
-
-
-def _mark_breakpoint(messages: list[dict[str, Any]], view: View) -> None:
-    """Put ``cache_control`` on the last content block of the message holding the view's breakpoint
-    (the last message when it is at the end), or of the nearest earlier one with content to mark."""
-    at = next((i.message_index for i in view.items if i.seq == view.cache_breakpoint_seq), len(messages) - 1)
-    for index in range(min(at, len(messages) - 1), -1, -1):
-        content = messages[index].get("content")
-        if isinstance(content, str) and content:
-            messages[index]["content"] = [{"type": "text", "text": content, "cache_control": _EPHEMERAL}]
-            return
-        if isinstance(content, list) and content and isinstance(content[-1], dict):
-            messages[index]["content"] = [*content[:-1], {**content[-1], "cache_control": _EPHEMERAL}]
-            return
-
-
-def _openai_call(call: Mapping[str, Any]) -> dict[str, Any]:
-    """A LangChain tool call as a Chat Completions one, as `AgentTools` reads it."""
-    arguments = json.dumps(call.get("args") or {}, ensure_ascii=False)
-    return {"id": call.get("id") or "", "type": "function", "function": {"name": call["name"], "arguments": arguments}}
-
-
-def _tool_message(call: Mapping[str, Any], result: Mapping[str, Any]) -> ToolMessage:
-    content = str(result["content"])
-    status = "error" if content.startswith("error: ") else "success"  # how AgentTools words a failed call
-    return ToolMessage(content=content, tool_call_id=result["tool_call_id"], name=call["name"], status=status)
-
-
-def _usage_of(messages: Sequence[BaseMessage]) -> Usage | None:
-    """What the provider billed for the reply, from LangChain's ``usage_metadata`` (its input counts
-    the cached tokens, read and written); None when the model reports none."""
-    reply = next((m for m in messages if isinstance(m, AIMessage) and m.usage_metadata), None)
-    if reply is None or reply.usage_metadata is None:
-        return None
-    usage, meta = reply.usage_metadata, reply.response_metadata
-    details = usage.get("input_token_details") or {}
-    read, written = int(details.get("cache_read") or 0), int(details.get("cache_creation") or 0)
-    return Usage(
-        provider=str(meta.get("model_provider") or "langchain"),
-        model=str(meta.get("model_name") or meta.get("model") or ""),
-        input_tokens=max(0, usage["input_tokens"] - read - written),
-        output_tokens=usage["output_tokens"],
-        cache_read_tokens=read,
-        cache_write_tokens=written,
-    )
