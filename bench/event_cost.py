@@ -29,7 +29,8 @@ async def _measure(url: str, appends: int, blocks: int) -> dict[str, list[tuple[
     from contextd.engine.model import ItemContent, Role, TextBlock
     from contextd_storage import events, migrate
     from contextd_storage.database import Database
-    from contextd_storage.history import AppendRequest, HistoryStore, PreparedItem
+    from contextd_storage.history import HistoryStore
+    from contextd_storage.rows import AppendRequest, PreparedItem
 
     async def no_event(*_: object) -> None:
         return None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
 
@@ -19,7 +18,6 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from contextd.engine.codec import blocks_from_json, blocks_to_json
 from contextd.engine.errors import (
     IdempotencyKeyReused,
     InvalidArgument,
@@ -32,43 +30,22 @@ from contextd.engine.model import (
     Item,
     ItemContent,
     ItemReceipt,
-    Role,
     Session,
-    Source,
-    ToolEffect,
-    ToolEffectKind,
     ToolUseBlock,
 )
-from contextd.engine.originals import original_text
 from contextd.engine.validation import ToolCall, link_tool_results
 from contextd.telemetry import annotate, traced
-from contextd_storage import events, page_tokens, schema, search
+from contextd_storage import events, page_tokens, schema
 from contextd_storage.database import Database
 from contextd_storage.events import NewEvent
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedItem:
-    """An item ready to write: its hash and token count computed outside the lock."""
-
-    content: ItemContent
-    content_hash: str
-    token_count: int
-
-
-@dataclass(frozen=True, slots=True)
-class AppendRequest:
-    tenant: str
-    session_id: str
-    items: Sequence[PreparedItem]
-    request_hash: str
-    """Identifies the batch, so a reused idempotency key can be told from a retry."""
-    idempotency_key: str = ""
-    expected_version: int | None = None
-    author: str = ""
-    stored_bytes: int = 0
-    """Bytes of the items' text and data (validation.item_bytes), added to the session's count."""
-
+from contextd_storage.rows import (
+    AppendRequest,
+    PreparedItem,
+    append_rows,
+    chunk_rows,
+    item_of,
+    session_of,
+)
 
 _IN_CHUNK = 1000
 P = ParamSpec("P")
@@ -92,11 +69,6 @@ _SESSION_CHILDREN = (
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def _utc(value: datetime) -> datetime:
-    # SQLite hands back naive datetimes; everything stored is UTC.
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
 class HistoryStore:
@@ -131,7 +103,7 @@ class HistoryStore:
                 )
         except IntegrityError:
             raise SessionExists(session_id) from None
-        return _session(row)
+        return session_of(row)
 
     @traced("storage.set_policy")
     async def set_policy(self, tenant: str, session_id: str, document: str, version: str) -> Session:
@@ -143,7 +115,7 @@ class HistoryStore:
                 update(s).where(s.c.key == key).values(policy=document, policy_version=version, updated_at=_now())
             )
             await events.record(conn, NewEvent(tenant, session_id, "policy_updated", {"policy_version": version}))
-            return _session(await _session_row(conn, tenant, session_id))
+            return session_of(await _session_row(conn, tenant, session_id))
 
     @traced("storage.get_session")
     async def session_key(self, tenant: str, session_id: str) -> int:
@@ -160,7 +132,7 @@ class HistoryStore:
     async def get_session(self, tenant: str, session_id: str) -> Session:
         annotate(session_id=session_id, tenant=tenant)
         async with self.db.read_one() as conn:
-            return _session(await _session_row(conn, tenant, session_id))
+            return session_of(await _session_row(conn, tenant, session_id))
 
     @traced("storage.list_sessions")
     async def list_sessions(self, tenant: str, page_size: int, page_token: str) -> tuple[list[Session], str]:
@@ -176,7 +148,7 @@ class HistoryStore:
             rows = (await conn.execute(query)).mappings().all()
         page = rows[:page_size]
         next_token = page_tokens.encode("after", page[-1]["key"]) if len(rows) > page_size else ""
-        return [_session(r) for r in page], next_token
+        return [session_of(r) for r in page], next_token
 
     @traced("storage.delete_session")
     async def delete_session(self, tenant: str, session_id: str) -> int:
@@ -277,12 +249,12 @@ class HistoryStore:
         key, first = session["key"], session["version"] + 1
         now = _now()
         rows, texts, chunked, uses = await off_loop(
-            len(contents) > BULK_ITEMS, _rows, key, first, contents, request, now
+            len(contents) > BULK_ITEMS, append_rows, key, first, contents, request, now
         )
         last = first + len(rows) - 1
         await conn.execute(insert(schema.items), rows)
         await conn.execute(insert(schema.item_texts), texts)
-        chunks = await _chunk_rows(conn, key, chunked)
+        chunks = await chunk_rows(conn, key, chunked)
         if chunks:
             await conn.execute(insert(schema.item_text_chunks), chunks)
         if uses:
@@ -350,12 +322,12 @@ class HistoryStore:
                     select(i).where(i.c.session_key == key, i.c.seq > len(cached), i.c.seq <= version).order_by(i.c.seq)
                 )
             ).mappings()
-            added = [_item(r) for r in rows]
+            added = [item_of(r) for r in rows]
             cached = [*cached, *added]
             self._cache.put(key, cached, added)
         items = cached[:version]
         annotate(session_id=session_id, tenant=tenant, items=len(items), tokens=row["token_count"])
-        return row, _session(row), items
+        return row, session_of(row), items
 
 
 class ItemCache:
@@ -420,44 +392,6 @@ async def _session_row(conn: AsyncConnection, tenant: str, session_id: str, idem
     return row
 
 
-async def _chunk_rows(conn: AsyncConnection, key: int, chunked: list[tuple[int, str]]) -> list[dict[str, Any]]:
-    """The full-text chunks (seq, text) of the items appended, numbered on from the session's
-    last chunk (read under the session's lock, so no other append numbers them too)."""
-    c = schema.item_text_chunks
-    number = (
-        await conn.execute(select(func.coalesce(func.max(c.c.number), 0)).where(c.c.session_key == key))
-    ).scalar_one()
-    return [
-        {"session_key": key, "number": n, "seq": seq, "text": chunk}
-        for n, (seq, chunk) in enumerate(chunked, start=number + 1)
-    ]
-
-
-_Rows = tuple[list[dict[str, Any]], list[dict[str, Any]], list[tuple[int, str]], list[dict[str, Any]]]
-
-
-def _rows(key: int, first: int, contents: Sequence[ItemContent], request: AppendRequest, now: datetime) -> _Rows:
-    """What an append writes but the numbering of its chunks: the items' rows, their texts' rows,
-    their full-text chunks (seq, text) and their tool calls' rows."""
-    items = [
-        _item_row(key, first + n, content, prepared, request.author, now)
-        for n, (content, prepared) in enumerate(zip(contents, request.items, strict=True))
-    ]
-    texts = [searchable(content) for content in contents]
-    seqs = range(first, first + len(items))
-    uses = [
-        {"session_key": key, "tool_use_id": b.id, "seq": seq, "name": b.name}
-        for seq, content in zip(seqs, contents, strict=True)
-        for b in content.tool_uses
-    ]
-    return (
-        items,
-        [{"session_key": key, "seq": seq, "text": t} for seq, t in zip(seqs, texts, strict=True)],
-        [(seq, chunk) for seq, whole in zip(seqs, texts, strict=True) for chunk in search.text_chunks(whole)],
-        uses,
-    )
-
-
 BULK_ITEMS = 32
 """Above this many items an append builds what it writes on a worker thread: about 0.05 ms an
 item of Python, which for a batch of 800 held the event loop (every other call of the replica)
@@ -471,70 +405,3 @@ async def off_loop(large: bool, fn: Callable[P, R], *args: P.args, **kwargs: P.k
     if large:
         return await asyncio.to_thread(fn, *args, **kwargs)
     return fn(*args, **kwargs)
-
-
-def searchable(content: ItemContent) -> str:
-    """The text search reads: the original's, NULs replaced (a Postgres text cannot hold them;
-    the original itself is kept whole in the item)."""
-    return original_text(content).replace("\x00", "\ufffd")
-
-
-def _session(row: Any) -> Session:
-    return Session(
-        id=row["id"],
-        tenant=row["tenant"],
-        version=row["version"],
-        token_count=row["token_count"],
-        created_at=_utc(row["created_at"]),
-        updated_at=_utc(row["updated_at"]),
-        metadata=dict(row["metadata"]),
-        policy=row["policy"],
-        policy_version=row["policy_version"],
-    )
-
-
-def _item_row(
-    key: int, seq: int, content: ItemContent, prepared: PreparedItem, author: str, now: datetime
-) -> dict[str, Any]:
-    source, effect, result = content.source, content.tool_effect, content.tool_result
-    return {
-        "session_key": key,
-        "seq": seq,
-        "role": content.role.value,
-        "content": blocks_to_json(content.content),
-        "name": content.name,
-        "source_uri": source.uri if source else None,
-        "source_version": source.version if source else None,
-        "source_observed_at": source.observed_at if source else None,
-        "tool_effect": effect.kind.value if effect else None,
-        "tool_effect_source_arg": effect.source_arg if effect else None,
-        "tool_use_id": result.tool_use_id if result else None,
-        "tool_name": result.name if result else None,
-        "is_error": result.is_error if result else False,
-        "content_hash": prepared.content_hash,
-        "token_count": prepared.token_count,
-        "author": author,
-        "metadata": dict(content.metadata) or None,
-        "created_at": now,
-    }
-
-
-def _item(row: Any) -> Item:
-    observed = row["source_observed_at"]
-    return Item(
-        seq=row["seq"],
-        role=Role(row["role"]),
-        content=blocks_from_json(row["content"]),
-        source=Source(row["source_uri"], row["source_version"] or "", _utc(observed) if observed else None)
-        if row["source_uri"] is not None
-        else None,
-        tool_effect=ToolEffect(ToolEffectKind(row["tool_effect"]), row["tool_effect_source_arg"] or "")
-        if row["tool_effect"]
-        else None,
-        name=row["name"],
-        metadata=dict(row["metadata"] or {}),
-        content_hash=row["content_hash"],
-        token_count=row["token_count"],
-        author=row["author"],
-        created_at=_utc(row["created_at"]),
-    )

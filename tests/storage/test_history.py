@@ -41,7 +41,8 @@ from contextd.engine.model import (
 )
 from contextd_storage import migrate, search
 from contextd_storage.database import Database
-from contextd_storage.history import AppendRequest, HistoryStore, PreparedItem
+from contextd_storage.history import HistoryStore
+from contextd_storage.rows import AppendRequest, PreparedItem
 from tests import backends
 
 

@@ -23,7 +23,8 @@ from contextd.engine.view import ViewFormat, ViewRequest
 from contextd.view_service import ViewService
 from contextd_storage import events, migrate, search, views
 from contextd_storage.database import Database
-from contextd_storage.history import AppendRequest, HistoryStore, PreparedItem
+from contextd_storage.history import HistoryStore
+from contextd_storage.rows import AppendRequest, PreparedItem
 from contextd_storage.schema import APPEND_ONLY_TABLES, FULL_TEXT_OBJECTS, include_object, metadata
 from tests import backends
 

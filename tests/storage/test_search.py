@@ -17,8 +17,9 @@ from contextd.engine.model import ItemContent, Role, TextBlock
 from contextd.engine.patterns import compile_linear
 from contextd_storage import migrate, search
 from contextd_storage.database import Database
-from contextd_storage.history import AppendRequest, HistoryStore, PreparedItem
+from contextd_storage.history import HistoryStore
 from contextd_storage.regex_literals import required_literals
+from contextd_storage.rows import AppendRequest, PreparedItem
 from tests import backends
 from tests.storage.test_regex_literals import patterns
 
