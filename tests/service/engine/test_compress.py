@@ -1015,6 +1015,11 @@ def test_a_long_run_of_alike_lines_left_out_of_a_log_keeps_one_of_them() -> None
     out = compress("\n".join(["start", "begin", *mixed, "end", "stop", "done"]), NO_FOCUS, command="./job")
     assert out is not None and out.kind == "text", out
     assert not any(line in out.text for line in mixed), out.text
+    # A test run's routine lines are passes, which its summary counts: no sample of them.
+    run = [f"tests/test_mod.py::test_case_{n} PASSED" for n in range(40)] + ["40 passed in 0.52s"]
+    out = compress("\n".join(run), NO_FOCUS, command="pytest -v")
+    assert out is not None and out.kind == "test" and "alike" not in out.summary, out
+    assert not any(line in out.text for line in run[1:-3]), out.text
 
 
 def test_a_folded_long_listing_keeps_which_names_are_directories() -> None:

@@ -90,7 +90,7 @@ def compress_log(text: str, focus: Focus, *, kind: str = "log", first_line: int 
     kept.add(*_nonblank(lines, range(len(lines)), 1 if kind == "test" else _HEAD))
     kept.add(*_nonblank(lines, range(len(lines) - 1, -1, -1), _TAIL))
     fold_repeats(kept)
-    sampled = _samples(kept)
+    sampled = _samples(kept) if kind != "test" else 0  # a test run's routine lines are passes: its summary counts them
     said = [_said(errors, kept, "error"), _said(warnings - errors, kept, "warning")]
     if sampled:
         said.append("one line of each long run of alike lines")
@@ -101,8 +101,8 @@ def compress_log(text: str, focus: Focus, *, kind: str = "log", first_line: int 
 
 def _samples(kept: Kept) -> int:
     """In each run of `_ALIKE_RUN` or more lines left out, most of them alike (the same first word
-    but for its digits: ``Requirement already satisfied: ...``, ``Compiling foo v1.2 ...``, a
-    timestamp), one of them is kept, so the view says what kind of lines went, not only how many
+    but for its digits: ``Requirement already satisfied: ...``, ``Compiling foo v1.2 ...``), one
+    of them is kept, so the view says what kind of lines went, not only how many
     (where pip installs, what a build compiles). Returns the lines kept so."""
     lines, keep, folded = kept.lines, kept.keep, kept.folded
     added, i, n = 0, 0, len(lines)
@@ -127,12 +127,17 @@ def _samples(kept: Kept) -> int:
 
 
 def _head(line: str) -> str:
-    """A line's first word without its digits (a timestamp's shape, ``Compiling``), when more follow."""
+    """A line's first word without its digits (``Compiling``, ``[INFO]``), when more follow and it
+    is a word: a timestamp or a counter first says nothing of what kind of line it is."""
     words = line.split(None, 1)
-    return words[0].translate(_NO_DIGITS) if len(words) == 2 else ""
+    if len(words) < 2:
+        return ""
+    head = words[0].translate(_NO_DIGITS)
+    return head if _WORDLIKE.search(head) else ""
 
 
 _NO_DIGITS = str.maketrans("", "", "0123456789")
+_WORDLIKE = re.compile(r"[A-Za-z]{2}")
 
 
 def _said(found: set[int], kept: Kept, what: str) -> str:
