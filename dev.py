@@ -3,6 +3,7 @@
 
     python3 dev.py serve [contextd serve flags]   install, then run the daemon (embedded default)
     python3 dev.py test [pytest args]             install with test tools, then run the test suite
+                                                  (in one process per core: pytest-xdist)
     python3 dev.py lab [contextd-lab args]        install with the lab's plotting, then run the lab
                                                   (default: `report`, regenerating docs/lab.md)
     python3 dev.py check                          lint: ruff, mypy, API stubs, buf (when installed)
@@ -74,7 +75,17 @@ def serve(args: list[str]) -> int:
 def test(args: list[str]) -> int:
     install("[test]")
     # Exit code 5 (no tests collected) is a failure too: it is not 0.
-    return run(PYTHON, "-m", "pytest", *args)
+    return run(PYTHON, "-m", "pytest", *parallel(args), *args)
+
+
+def parallel(args: list[str]) -> list[str]:
+    """pytest-xdist's options for the suite: one test process per core (at most eight; each
+    takes a Redis database of its own, tests/backends.py), a test file's tests in one process
+    (their module fixtures, such as built wheels or a started cluster, made once). None when
+    the arguments choose (-n, --numprocesses, -p no:xdist) or run under a debugger (--pdb)."""
+    if any(a.startswith(("-n", "--numprocesses", "--pdb")) or "no:xdist" in a for a in args):
+        return []
+    return ["--numprocesses", "auto", "--maxprocesses", "8", "--dist", "loadfile"]
 
 
 def lab(args: list[str]) -> int:

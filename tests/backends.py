@@ -13,6 +13,7 @@ import concurrent.futures
 import contextlib
 import os
 import socket
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 
@@ -110,12 +111,29 @@ def drop_database(server_url: str, database_url: str) -> None:
     admin(server_url, f'DROP DATABASE IF EXISTS "{make_url(database_url).database}" WITH (FORCE)')
 
 
+def worker_database(url: str) -> str:
+    """`url` with a Redis database of this test process's own when pytest-xdist runs the suite
+    in several processes (worker gwN takes the Nth database after the one named): tests that
+    empty their database (FLUSHDB) must not empty another worker's."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return url
+    parts = urllib.parse.urlsplit(url)
+    database = (int(parts.path.strip("/") or 0) + int(worker.removeprefix("gw"))) % REDIS_DATABASES
+    return urllib.parse.urlunsplit(parts._replace(path=f"/{database}"))
+
+
+REDIS_DATABASES = 16
+"""Redis's default count of databases; more workers than this would share one."""
+
+
 @contextlib.contextmanager
 def redis_server() -> Iterator[str]:
     url = os.environ.get(REDIS_ENV)
     if url:
         import redis
 
+        url = worker_database(url)
         try:
             redis.Redis.from_url(url, socket_connect_timeout=2).ping()
         except Exception as exc:
