@@ -141,7 +141,9 @@ def test_resource_exhausted_is_retried_only_with_a_hint() -> None:
     assert run.tries == 1 and run.error is not None and run.error.code == "RESOURCE_EXHAUSTED"
 
 
-@pytest.mark.parametrize("call", [create_session("chosen", None, ""), propose_prune("s", [1], "")], ids=lambda call: call.method)
+@pytest.mark.parametrize(
+    "call", [create_session("chosen", None, ""), propose_prune("s", [1], "")], ids=lambda call: call.method
+)
 def test_a_call_not_safe_to_repeat_keeps_the_short_retry(call: Call[Any]) -> None:
     run = simulate(call, RetryPolicy(), [FakeError(Code.DEADLINE_EXCEEDED)])
     assert run.tries == 1 and isinstance(run.error, DeadlineExceeded)
