@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Select, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -120,11 +120,8 @@ class HistoryStore:
     @traced("storage.get_session")
     async def session_key(self, tenant: str, session_id: str) -> int:
         """The session's key: never handed out again, even after the session is deleted."""
-        s = schema.sessions
         async with self.db.read_one() as conn:
-            key = (
-                await conn.execute(select(s.c.key).where(s.c.tenant == tenant, s.c.id == session_id, ~s.c.deleting))
-            ).scalar_one_or_none()
+            key = (await conn.execute(_SESSION_KEY, {"tenant": tenant, "session_id": session_id})).scalar_one_or_none()
         if key is None:
             raise SessionNotFound(session_id)
         return int(key)
@@ -222,21 +219,12 @@ class HistoryStore:
         ids = {b.id for c in contents for b in c.content if isinstance(b, ToolUseBlock)}
         ids |= {c.tool_result.tool_use_id for c in contents if c.tool_result is not None}
         known: dict[str, ToolCall] = {}
-        u, i = schema.tool_uses, schema.items
         ordered = sorted(ids)
         # In chunks: drivers cap the parameters of one statement (asyncpg at 32,767).
         for start in range(0, len(ordered), _IN_CHUNK):
             chunk = ordered[start : start + _IN_CHUNK]
-            uses = await conn.execute(
-                select(u.c.tool_use_id, u.c.name).where(u.c.session_key == key, u.c.tool_use_id.in_(chunk))
-            )
-            answered = set(
-                (
-                    await conn.execute(
-                        select(i.c.tool_use_id).where(i.c.session_key == key, i.c.tool_use_id.in_(chunk))
-                    )
-                ).scalars()
-            )
+            uses = await conn.execute(_CALLS, {"key": key, "ids": chunk})
+            answered = set((await conn.execute(_ANSWERED, {"key": key, "ids": chunk})).scalars())
             known |= {r.tool_use_id: ToolCall(r.name, r.tool_use_id in answered) for r in uses}
         linked, violations = await off_loop(len(contents) > BULK_ITEMS, link_tool_results, contents, known)
         if violations:
@@ -260,17 +248,11 @@ class HistoryStore:
         if uses:
             await conn.execute(insert(schema.tool_uses), uses)
         if request.idempotency_key:
+            recorded = {"idempotency_key": request.idempotency_key, "request_hash": request.request_hash}
             await conn.execute(
-                insert(schema.appends).values(
-                    session_key=key,
-                    idempotency_key=request.idempotency_key,
-                    request_hash=request.request_hash,
-                    first_seq=first,
-                    last_seq=last,
-                    created_at=now,
-                )
+                insert(schema.appends),
+                {"session_key": key, **recorded, "first_seq": first, "last_seq": last, "created_at": now},
             )
-        s = schema.sessions
         tokens = sum(r["token_count"] for r in rows)
         appended = {
             "first_seq": first,
@@ -280,16 +262,8 @@ class HistoryStore:
             "bytes": request.stored_bytes,
         }
         await events.record(conn, NewEvent(request.tenant, request.session_id, "items_appended", appended))
-        await conn.execute(
-            update(s)
-            .where(s.c.key == key)
-            .values(
-                version=last,
-                token_count=s.c.token_count + tokens,
-                stored_bytes=s.c.stored_bytes + request.stored_bytes,
-                updated_at=now,
-            )
-        )
+        grown = {"session": key, "last": last, "tokens": tokens, "bytes": request.stored_bytes, "now": now}
+        await conn.execute(_GROWN, grown)
         return AppendResult(
             first_seq=first,
             last_seq=last,
@@ -316,12 +290,7 @@ class HistoryStore:
         if len(cached) < version:
             # Items are immutable and seqs dense, so only the new ones are read;
             # bounding by the version read above gives a consistent snapshot.
-            i = schema.items
-            rows = (
-                await conn.execute(
-                    select(i).where(i.c.session_key == key, i.c.seq > len(cached), i.c.seq <= version).order_by(i.c.seq)
-                )
-            ).mappings()
+            rows = (await conn.execute(_ITEMS, {"key": key, "after": len(cached), "through": version})).mappings()
             added = [item_of(r) for r in rows]
             cached = [*cached, *added]
             self._cache.put(key, cached, added)
@@ -379,14 +348,59 @@ def item_bytes(item: Item) -> int:
     return 500 + 4 * item.token_count
 
 
+def _session_queries() -> tuple[Select[Any], Select[Any], Select[Any]]:
+    """The session lookups every call makes, built once with bound parameters (tenant,
+    session_id, idempotency_key): building a statement and its cache key was half of a
+    GetSession's CPU (py-spy); a statement built once keeps its cache key."""
+    s, a = schema.sessions, schema.appends
+    named = (s.c.tenant == bindparam("tenant")) & (s.c.id == bindparam("session_id"))
+    row = select(s).where(named)
+    earlier = (a.c.session_key == s.c.key) & (a.c.idempotency_key == bindparam("idempotency_key"))
+    with_append = row.add_columns(a.c.request_hash, a.c.first_seq, a.c.last_seq).select_from(s.outerjoin(a, earlier))
+    return row, with_append, select(s.c.key).where(named, ~s.c.deleting)
+
+
+_SESSION_ROW, _SESSION_ROW_WITH_APPEND, _SESSION_KEY = _session_queries()
+_ITEMS = (
+    select(schema.items)
+    .where(
+        schema.items.c.session_key == bindparam("key"),
+        schema.items.c.seq > bindparam("after"),
+        schema.items.c.seq <= bindparam("through"),
+    )
+    .order_by(schema.items.c.seq)
+)
+"""A session's items after one seq through another."""
+_CALLS = select(schema.tool_uses.c.tool_use_id, schema.tool_uses.c.name).where(
+    schema.tool_uses.c.session_key == bindparam("key"),
+    schema.tool_uses.c.tool_use_id.in_(bindparam("ids", expanding=True)),
+)
+"""Of some tool calls' ids, those the session holds, with their tools' names."""
+_ANSWERED = select(schema.items.c.tool_use_id).where(
+    schema.items.c.session_key == bindparam("key"), schema.items.c.tool_use_id.in_(bindparam("ids", expanding=True))
+)
+"""Of some tool calls' ids, those whose results the session holds."""
+_GROWN = (
+    update(schema.sessions)
+    .where(schema.sessions.c.key == bindparam("session"))
+    .values(
+        version=bindparam("last"),
+        token_count=schema.sessions.c.token_count + bindparam("tokens"),
+        stored_bytes=schema.sessions.c.stored_bytes + bindparam("bytes"),
+        updated_at=bindparam("now"),
+    )
+)
+"""An append's change to its session's row: its version, tokens and bytes."""
+
+
 async def _session_row(conn: AsyncConnection, tenant: str, session_id: str, idempotency_key: str = "") -> Any:
     """The live session row; with a key, joined to the append recorded under it (if any)."""
-    s, a = schema.sessions, schema.appends
-    query = select(s).where(s.c.tenant == tenant, s.c.id == session_id)
+    named = {"tenant": tenant, "session_id": session_id}
     if idempotency_key:
-        earlier = (a.c.session_key == s.c.key) & (a.c.idempotency_key == idempotency_key)
-        query = query.add_columns(a.c.request_hash, a.c.first_seq, a.c.last_seq).select_from(s.outerjoin(a, earlier))
-    row = (await conn.execute(query)).mappings().first()
+        result = await conn.execute(_SESSION_ROW_WITH_APPEND, {**named, "idempotency_key": idempotency_key})
+    else:
+        result = await conn.execute(_SESSION_ROW, named)
+    row = result.mappings().first()
     if row is None:
         raise SessionNotFound(session_id)
     return row

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contextd.engine.codec import blocks_from_json, blocks_to_json
@@ -43,14 +43,16 @@ class AppendRequest:
 async def chunk_rows(conn: AsyncConnection, key: int, chunked: list[tuple[int, str]]) -> list[dict[str, Any]]:
     """The full-text chunks (seq, text) of the items appended, numbered on from the session's
     last chunk (read under the session's lock, so no other append numbers them too)."""
-    c = schema.item_text_chunks
-    number = (
-        await conn.execute(select(func.coalesce(func.max(c.c.number), 0)).where(c.c.session_key == key))
-    ).scalar_one()
+    number = (await conn.execute(_LAST_CHUNK, {"key": key})).scalar_one()
     return [
         {"session_key": key, "number": n, "seq": seq, "text": chunk}
         for n, (seq, chunk) in enumerate(chunked, start=number + 1)
     ]
+
+
+_LAST_CHUNK = select(func.coalesce(func.max(schema.item_text_chunks.c.number), 0)).where(
+    schema.item_text_chunks.c.session_key == bindparam("key")
+)
 
 
 AppendRows = tuple[list[dict[str, Any]], list[dict[str, Any]], list[tuple[int, str]], list[dict[str, Any]]]

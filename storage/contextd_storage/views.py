@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from functools import partial, reduce
 from typing import Any
 
-from sqlalchemy import case, delete, func, insert, select, update
+from sqlalchemy import BindParameter, bindparam, case, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contextd.engine.certificates import GENESIS, Certificate, CertificateBody, Decision, Stamp, chain
@@ -154,6 +154,37 @@ class StoredState:
         return since > MOST_CHANGES or grown > max(MOST_CHANGE_BYTES, self.snapshot_bytes)
 
 
+# The statements a render reads with, built once (a statement built for every call, and its
+# cache key, cost more CPU than the driver's round trip: py-spy of a server's renders).
+_KEY: BindParameter[int] = bindparam("key")
+_STATE_HEAD = select(
+    schema.view_states.c.view_version,
+    schema.view_states.c.snapshot_version,
+    schema.view_states.c.change_bytes,
+    schema.view_states.c.snapshot_bytes,
+).where(schema.view_states.c.session_key == _KEY)
+_STATE = select(schema.view_states.c.state).where(schema.view_states.c.session_key == _KEY)
+_STATE_VERSION = select(schema.view_states.c.view_version).where(schema.view_states.c.session_key == _KEY)
+_CHANGES = (
+    select(schema.view_state_changes.c.change)
+    .where(
+        schema.view_state_changes.c.session_key == _KEY,
+        schema.view_state_changes.c.view_version > bindparam("after"),
+        schema.view_state_changes.c.view_version <= bindparam("through"),
+    )
+    .order_by(schema.view_state_changes.c.view_version)
+)
+_PINNED = select(schema.pins.c.seq).where(schema.pins.c.session_key == _KEY)
+_PROPOSALS = (
+    select(schema.prune_proposals.c.id, schema.prune_proposals.c.seq, schema.prune_proposals.c.reason)
+    .where(schema.prune_proposals.c.session_key == _KEY)
+    .order_by(schema.prune_proposals.c.id)
+)
+_MUTATIONS = (
+    select(schema.mutations.c.edit).where(schema.mutations.c.session_key == _KEY).order_by(schema.mutations.c.number)
+)
+
+
 async def load_state(conn: AsyncConnection, key: int, cache: StateCache | None = None) -> ViewState:
     return (await read_state(conn, key, cache)).state
 
@@ -163,9 +194,7 @@ async def read_state(conn: AsyncConnection, key: int, cache: StateCache | None =
     """The session's view state: the one `cache` holds when it is current; made from it by
     the changes since when it is not (another replica rendered); else the full copy with the
     changes after it."""
-    v = schema.view_states
-    columns = (v.c.view_version, v.c.snapshot_version, v.c.change_bytes, v.c.snapshot_bytes)
-    head = (await conn.execute(select(*columns).where(v.c.session_key == key))).one_or_none()
+    head = (await conn.execute(_STATE_HEAD, {"key": key})).one_or_none()
     if head is None:
         return StoredState(ViewState())
     version, snapshot, change_bytes, snapshot_bytes = (int(x) for x in head)
@@ -176,24 +205,18 @@ async def read_state(conn: AsyncConnection, key: int, cache: StateCache | None =
     if held is not None and snapshot <= held.view_version < version:
         changes = await _changes(conn, key, held.view_version, version)
         return stored(reduce(advance, changes, held), changes, held)
-    text = (await conn.execute(select(v.c.state).where(v.c.session_key == key))).scalar_one()
+    text = (await conn.execute(_STATE, {"key": key})).scalar_one()
     return stored(reduce(advance, await _changes(conn, key, snapshot, version), state_from_json(text)))
 
 
 async def _changes(conn: AsyncConnection, key: int, after: int, through: int) -> tuple[StateChange, ...]:
-    c = schema.view_state_changes
-    query = (
-        select(c.c.change)
-        .where(c.c.session_key == key, c.c.view_version > after, c.c.view_version <= through)
-        .order_by(c.c.view_version)
-    )
-    return tuple(change_from_json(text) for text in (await conn.execute(query)).scalars())
+    rows = await conn.execute(_CHANGES, {"key": key, "after": after, "through": through})
+    return tuple(change_from_json(text) for text in rows.scalars())
 
 
 async def state_version(conn: AsyncConnection, key: int) -> int:
     """The version of the session's stored view state; 0 before its first render."""
-    v = schema.view_states
-    version = (await conn.execute(select(v.c.view_version).where(v.c.session_key == key))).scalar_one_or_none()
+    version = (await conn.execute(_STATE_VERSION, {"key": key})).scalar_one_or_none()
     return int(version or 0)
 
 
@@ -233,8 +256,7 @@ async def save_state(
 
 
 async def pinned(conn: AsyncConnection, key: int) -> frozenset[int]:
-    p = schema.pins
-    return frozenset((await conn.execute(select(p.c.seq).where(p.c.session_key == key))).scalars())
+    return frozenset((await conn.execute(_PINNED, {"key": key})).scalars())
 
 
 async def pin(conn: AsyncConnection, key: int, seqs: Sequence[int]) -> None:
@@ -263,8 +285,7 @@ async def propose(conn: AsyncConnection, key: int, seqs: Sequence[int], reason: 
 
 
 async def proposals(conn: AsyncConnection, key: int) -> list[AgentProposal]:
-    p = schema.prune_proposals
-    rows = await conn.execute(select(p.c.id, p.c.seq, p.c.reason).where(p.c.session_key == key).order_by(p.c.id))
+    rows = await conn.execute(_PROPOSALS, {"key": key})
     return [AgentProposal(r.id, r.seq, r.reason) for r in rows]
 
 
@@ -444,8 +465,7 @@ async def mutation_targets(conn: AsyncConnection, key: int) -> frozenset[int]:
 
 
 async def load_mutations(conn: AsyncConnection, key: int) -> tuple[AppliedEdit, ...]:
-    m = schema.mutations
-    rows = await conn.execute(select(m.c.edit).where(m.c.session_key == key).order_by(m.c.number))
+    rows = await conn.execute(_MUTATIONS, {"key": key})
     return tuple(applied_from_json(r.edit) for r in rows)
 
 
