@@ -146,7 +146,7 @@ class ViewService:
             # Another replica rendered since this one's last render: its carry, caught up.
             earlier = self._states.carry(key, stored.since) if stored.since is not None else None
             started = time.perf_counter()
-            out, change_json = await self._run(_render, render_input, earlier, stored.changes)
+            out, change_json, carry_bytes = await self._run(_render, render_input, earlier, stored.changes)
             spent = time.perf_counter() - started
             stamp = Stamp(out.state.view_version, request.format.value, policy.version)
             stored_bytes = 0
@@ -170,7 +170,7 @@ class ViewService:
                 await self._run(check, result)
         if not dry_run:
             in_memory = int(views.MEMORY_PER_STORED_BYTE * stored_bytes)
-            self._states.put(key, out.state, out.carry, in_memory)  # committed now
+            self._states.put(key, out.state, out.carry, in_memory, carry_bytes)  # committed now
             pruned = [items[c.seq - 1] for c in out.certificates if c.decision is Decision.PRUNE and c.seq > 0]
             if pruned and self.on_pruned is not None:
                 await self.on_pruned(tenant, key, pruned)
@@ -380,15 +380,15 @@ class ViewService:
 
 def _render(
     render_input: RenderInput, earlier: Carry | None = None, changes: Sequence[StateChange] = ()
-) -> tuple[RenderOutput, str]:
-    """The engine's render and its change to the view state as stored: the CPU work of a
-    render, for a thread (`earlier`: this process's carry of the state `changes`, other
-    replicas' renders, were made from)."""
+) -> tuple[RenderOutput, str, int]:
+    """The engine's render, its change to the view state as stored and its carry's weight
+    (bytes held): the CPU work of a render, for a thread (`earlier`: this process's carry of
+    the state `changes`, other replicas' renders, were made from)."""
     if earlier is not None and render_input.carry is None:
         render_input = replace(render_input, carry=earlier.advanced(changes, render_input.state, render_input.items))
     out = render(render_input)
     assert out.change is not None
-    return out, change_to_json(out.change)
+    return out, change_to_json(out.change), out.carry.footprint() if out.carry is not None else 0
 
 
 MAX_LISTED_DECISIONS = 100
