@@ -4,17 +4,19 @@ shows them again; and a client reads them as it reads any view."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextd.api.mapping import view_to_proto
 from contextd.api.responses import Encoded, passing_encoded, render_response
 from contextd.engine.certificates import Certificate, Stamp
-from contextd.engine.model import Item
+from contextd.engine.model import Item, Representation
 from contextd.engine.pipeline import RenderInput, render
 from contextd.engine.policy import default_policy
 from contextd.engine.transforms import TransformRegistry
-from contextd.engine.view import ViewFormat, ViewRequest
+from contextd.engine.view import View, ViewFormat, ViewItem, ViewRequest
 from contextd_client import Client
 from contextd_client import ViewFormat as ClientFormat
 from contextd_client.v1 import contextd_pb2 as api
@@ -72,3 +74,16 @@ def test_a_client_reads_the_view_the_server_encoded(server: ServerThread) -> Non
         view = client.render_view(session, ClientFormat.OPENAI_CHAT)
         assert [i.seq for i in view.items] == [1, 2]
         assert view.messages == [{"role": "user", "content": "Hello."}, {"role": "assistant", "content": "Hi."}]
+
+
+def test_a_block_of_items_is_encoded_again_when_any_of_its_items_changed() -> None:
+    items = tuple(ViewItem(n, Representation.FULL, 10, n - 1, "") for n in range(1, 601))  # three blocks
+    view = View("s", 600, ViewFormat.OPENAI_CHAT, "o200k_base", "[]", "", items, 6000, 0, 6000, 0, False, ())
+    changed = ViewItem(300, Representation.PLACEHOLDER, 3, 299, "h" * 16)
+    later = replace(view, items=(*items[:299], changed, *items[300:], ViewItem(601, Representation.FULL, 10, 600, "")))
+    for shown in (view, later, view):  # the first view's blocks are remembered; the later one's middle block is not
+        parsed = api.RenderViewResponse.FromString(render_response(shown, ()).data)
+        assert parsed == api.RenderViewResponse(view=view_to_proto(shown, ()))
+    assert [i.representation for i in api.RenderViewResponse.FromString(render_response(later, ()).data).view.items][
+        299
+    ] == api.REPRESENTATION_PLACEHOLDER
