@@ -15,7 +15,9 @@ statements' building and the driver's client side) per call of:
   makes them, the session row and its items (the items cached after the first call), the
   view state, pins, the agent's proposals and the durable edits;
 * a one-item append with an idempotency key (an agent's turn; hashing and counting, done
-  before the storage layer, are not in it).
+  before the storage layer, are not in it);
+* a render's writes: in one transaction, the session row, the view state's change and the
+  record of the call (the certificates and events a render may add are not in it).
 
 `--runs` runs of `--calls` calls each; prints min and median per call, and the command. A
 benchmark, not a test: compare two checkouts by running it in each (PYTHONPATH), alternated.
@@ -52,6 +54,8 @@ async def _measure(call: Callable[[], Awaitable[object]], calls: int, runs: int)
 
 async def run(url: str, calls: int, runs: int) -> dict[str, list[float]]:
     from contextd.engine.model import ItemContent, Role, TextBlock
+    from contextd.engine.state import ViewState, state_to_json
+    from contextd.engine.timing import Usage
     from contextd_storage import migrate, views
     from contextd_storage.database import Database
     from contextd_storage.history import HistoryStore
@@ -86,11 +90,28 @@ async def run(url: str, calls: int, runs: int) -> dict[str, list[float]]:
             await store.append(AppendRequest("tenant", "appends", [PreparedItem(one, f"{n:064x}", 5)], key, key))
 
         await store.create_session("tenant", "appends", {})
+        rendered = itertools.count(1)
+        await store.create_session("tenant", "writes", {})
+        writes_key = await store.session_key("tenant", "writes")
+        async with db.write("tenant", "writes") as conn:
+            await views.save_state(conn, writes_key, views.StoredState(ViewState()), "", state_to_json(ViewState()))
+
+        async def writes() -> None:
+            version = next(rendered)
+            before = views.StoredState(ViewState(view_version=version), snapshot_version=1)
+            async with db.write("tenant", "writes") as conn:
+                await store.session_row(conn, "tenant", "writes")
+                await views.save_state(conn, writes_key, before, '{"applied":[]}')
+                await views.record_call(conn, writes_key, version + 1, "openai_chat", 900, Usage(0, 100, 800))
+
         return {
             "get_session": await _measure(lambda: store.get_session("tenant", "session"), calls, runs),
             "session_key": await _measure(lambda: store.session_key("tenant", "session"), calls, runs),
             "a render's reads (one transaction)": await _measure(reads, calls, runs),
             "a one-item append, with its idempotency key": await _measure(append, calls, runs),
+            "a render's writes (one transaction: lock, session row, state change, call record)": await _measure(
+                writes, calls, runs
+            ),
         }
     finally:
         await db.engine.dispose()

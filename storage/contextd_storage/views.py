@@ -191,6 +191,22 @@ _PROPOSALS = (
 _MUTATIONS = (
     select(schema.mutations.c.edit).where(schema.mutations.c.session_key == _KEY).order_by(schema.mutations.c.number)
 )
+# And those it writes with (an UPDATE's parameters must not take its columns' names).
+_STATE_ADVANCED = (
+    update(schema.view_states)
+    .where(schema.view_states.c.session_key == bindparam("session"))
+    .values(
+        view_version=bindparam("version"),
+        updated_at=bindparam("now"),
+        change_bytes=schema.view_states.c.change_bytes + bindparam("grown"),
+    )
+)
+_LAST_CERTIFICATE = (
+    select(schema.certificates.c.number, schema.certificates.c.hash)
+    .where(schema.certificates.c.session_key == _KEY)
+    .order_by(schema.certificates.c.number.desc())
+    .limit(1)
+)
 
 
 async def load_state(conn: AsyncConnection, key: int, cache: StateCache | None = None) -> ViewState:
@@ -252,12 +268,8 @@ async def save_state(
         if changed.rowcount == 0:
             await conn.execute(insert(v).values(session_key=key, **values))
         return
-    await conn.execute(insert(c).values(session_key=key, view_version=version, change=change_json))
-    await conn.execute(
-        update(v)
-        .where(v.c.session_key == key)
-        .values(view_version=version, updated_at=now, change_bytes=v.c.change_bytes + len(change_json))
-    )
+    await conn.execute(insert(c), {"session_key": key, "view_version": version, "change": change_json})
+    await conn.execute(_STATE_ADVANCED, {"session": key, "version": version, "now": now, "grown": len(change_json)})
 
 
 # ------------------------------------------------------------------- pins
@@ -317,11 +329,7 @@ async def append_certificates(
     if not bodies:
         return []
     c = schema.certificates
-    last = (
-        await conn.execute(
-            select(c.c.number, c.c.hash).where(c.c.session_key == key).order_by(c.c.number.desc()).limit(1)
-        )
-    ).first()
+    last = (await conn.execute(_LAST_CERTIFICATE, {"key": key})).first()
     chained = chain(bodies, (last.number + 1) if last else 1, last.hash if last else GENESIS, stamp)
     now = _now()
     await conn.execute(
@@ -509,18 +517,13 @@ class UsageSummary:
 async def record_call(
     conn: AsyncConnection, key: int, view_version: int, view_format: str, total: int, predicted: Usage
 ) -> None:
-    await conn.execute(
-        insert(schema.calls).values(
-            session_key=key,
-            view_version=view_version,
-            view_format=view_format,
-            total_tokens=total,
-            predicted_cache_read=predicted.cache_read,
-            predicted_cache_write=predicted.cache_write,
-            predicted_uncached=predicted.uncached,
-            created_at=_now(),
-        )
-    )
+    call = {"session_key": key, "view_version": view_version, "view_format": view_format, "total_tokens": total}
+    predictions = {
+        "predicted_cache_read": predicted.cache_read,
+        "predicted_cache_write": predicted.cache_write,
+        "predicted_uncached": predicted.uncached,
+    }
+    await conn.execute(insert(schema.calls), {**call, **predictions, "created_at": _now()})
 
 
 async def report_usage(
