@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 # Two processes of about 30 s each, at once; a machine busy beside them may take twice that.
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_every_view_is_the_one_recorded(repo_root: Path) -> None:

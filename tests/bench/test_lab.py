@@ -46,6 +46,7 @@ def test_b_to_d_prune_only_what_is_unnecessary_and_lose_no_probe(client: Client)
         assert all(results.runs[trace["id"], c].sent < raw for c in CONDITIONS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["embedded", "postgres+redis"])
 def test_contextd_lab_report_runs_end_to_end(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
