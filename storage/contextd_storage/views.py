@@ -162,8 +162,8 @@ class StoredState:
         return since > MOST_CHANGES or grown > max(MOST_CHANGE_BYTES, self.snapshot_bytes)
 
 
-# The statements a render reads with, built once (a statement built for every call, and its
-# cache key, cost more CPU than the driver's round trip: py-spy of a server's renders).
+# The statements a render reads with, built once with bound parameters (building a statement
+# and its cache key for every call was half of a GetSession's CPU, py-spy; bench/storage_calls.py).
 _KEY: BindParameter[int] = bindparam("key")
 _STATE_HEAD = select(
     schema.view_states.c.view_version,
