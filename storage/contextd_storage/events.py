@@ -96,9 +96,14 @@ def turn_off(engine: AsyncEngine) -> None:
     _OFF.add(engine.sync_engine)
 
 
+def recording(conn: AsyncConnection) -> bool:
+    """Whether transactions on `conn` record events (`turn_off`)."""
+    return conn.sync_engine not in _OFF
+
+
 async def record(conn: AsyncConnection, *events: NewEvent) -> None:
     """Write events in the caller's transaction (they commit, or vanish, with its change)."""
-    if not events or conn.sync_engine in _OFF:
+    if not events or not recording(conn):
         return
     now = datetime.now(UTC)
     rows = [

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Select, bindparam, func, insert, select, update
+from sqlalchemy import Select, bindparam, exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -35,11 +35,12 @@ from contextd.engine.model import (
 )
 from contextd.engine.validation import ToolCall, link_tool_results
 from contextd.telemetry import annotate, traced
-from contextd_storage import events, page_tokens, schema
+from contextd_storage import append_statement, events, page_tokens, schema
 from contextd_storage.database import Database
 from contextd_storage.events import NewEvent
 from contextd_storage.rows import (
     AppendRequest,
+    AppendRows,
     PreparedItem,
     append_rows,
     chunk_rows,
@@ -75,6 +76,8 @@ class HistoryStore:
     def __init__(self, db: Database, cache: ItemCache | None = None) -> None:
         self.db = db
         self._cache = cache or ItemCache()
+        self.writes_at_once = not db.is_sqlite
+        """An append's writes in one statement (`append_statement`: Postgres only)."""
 
     # ------------------------------------------------------------ sessions
 
@@ -223,9 +226,8 @@ class HistoryStore:
         # In chunks: drivers cap the parameters of one statement (asyncpg at 32,767).
         for start in range(0, len(ordered), _IN_CHUNK):
             chunk = ordered[start : start + _IN_CHUNK]
-            uses = await conn.execute(_CALLS, {"key": key, "ids": chunk})
-            answered = set((await conn.execute(_ANSWERED, {"key": key, "ids": chunk})).scalars())
-            known |= {r.tool_use_id: ToolCall(r.name, r.tool_use_id in answered) for r in uses}
+            calls = await conn.execute(_CALLS, {"key": key, "ids": chunk})
+            known |= {r.tool_use_id: ToolCall(r.name, r.answered) for r in calls}
         linked, violations = await off_loop(len(contents) > BULK_ITEMS, link_tool_results, contents, known)
         if violations:
             raise InvalidArgument(violations)
@@ -240,19 +242,6 @@ class HistoryStore:
             len(contents) > BULK_ITEMS, append_rows, key, first, contents, request, now
         )
         last = first + len(rows) - 1
-        await conn.execute(insert(schema.items), rows)
-        await conn.execute(insert(schema.item_texts), texts)
-        chunks = await chunk_rows(conn, key, chunked)
-        if chunks:
-            await conn.execute(insert(schema.item_text_chunks), chunks)
-        if uses:
-            await conn.execute(insert(schema.tool_uses), uses)
-        if request.idempotency_key:
-            recorded = {"idempotency_key": request.idempotency_key, "request_hash": request.request_hash}
-            await conn.execute(
-                insert(schema.appends),
-                {"session_key": key, **recorded, "first_seq": first, "last_seq": last, "created_at": now},
-            )
         tokens = sum(r["token_count"] for r in rows)
         appended = {
             "first_seq": first,
@@ -261,9 +250,9 @@ class HistoryStore:
             "tokens": tokens,
             "bytes": request.stored_bytes,
         }
-        await events.record(conn, NewEvent(request.tenant, request.session_id, "items_appended", appended))
         grown = {"session": key, "last": last, "tokens": tokens, "bytes": request.stored_bytes, "now": now}
-        await conn.execute(_GROWN, grown)
+        write = append_statement.write if self.writes_at_once else _write_per_table
+        await write(conn, request, (rows, texts, chunked, uses), appended, grown)
         return AppendResult(
             first_seq=first,
             last_seq=last,
@@ -371,15 +360,21 @@ _ITEMS = (
     .order_by(schema.items.c.seq)
 )
 """A session's items after one seq through another."""
-_CALLS = select(schema.tool_uses.c.tool_use_id, schema.tool_uses.c.name).where(
+_CALLS = select(
+    schema.tool_uses.c.tool_use_id,
+    schema.tool_uses.c.name,
+    exists()
+    .where(
+        schema.items.c.session_key == schema.tool_uses.c.session_key,
+        schema.items.c.tool_use_id == schema.tool_uses.c.tool_use_id,
+    )
+    .label("answered"),
+).where(
     schema.tool_uses.c.session_key == bindparam("key"),
     schema.tool_uses.c.tool_use_id.in_(bindparam("ids", expanding=True)),
 )
-"""Of some tool calls' ids, those the session holds, with their tools' names."""
-_ANSWERED = select(schema.items.c.tool_use_id).where(
-    schema.items.c.session_key == bindparam("key"), schema.items.c.tool_use_id.in_(bindparam("ids", expanding=True))
-)
-"""Of some tool calls' ids, those whose results the session holds."""
+"""Of some tool calls' ids, those the session holds, with their tools' names and whether the
+session holds their results."""
 _GROWN = (
     update(schema.sessions)
     .where(schema.sessions.c.key == bindparam("session"))
@@ -404,6 +399,31 @@ async def _session_row(conn: AsyncConnection, tenant: str, session_id: str, idem
     if row is None:
         raise SessionNotFound(session_id)
     return row
+
+
+async def _write_per_table(
+    conn: AsyncConnection, request: AppendRequest, rows: AppendRows, appended: dict[str, Any], grown: dict[str, Any]
+) -> None:
+    """An append's writes a statement a table (SQLite; on Postgres `append_statement.write`
+    does the same in one)."""
+    items, texts, chunked, uses = rows
+    key, now = grown["session"], grown["now"]
+    await conn.execute(insert(schema.items), items)
+    await conn.execute(insert(schema.item_texts), texts)
+    chunks = await chunk_rows(conn, key, chunked)
+    if chunks:
+        await conn.execute(insert(schema.item_text_chunks), chunks)
+    if uses:
+        await conn.execute(insert(schema.tool_uses), uses)
+    if request.idempotency_key:
+        recorded = {"idempotency_key": request.idempotency_key, "request_hash": request.request_hash}
+        first, last = appended["first_seq"], appended["last_seq"]
+        await conn.execute(
+            insert(schema.appends),
+            {"session_key": key, **recorded, "first_seq": first, "last_seq": last, "created_at": now},
+        )
+    await events.record(conn, NewEvent(request.tenant, request.session_id, "items_appended", appended))
+    await conn.execute(_GROWN, grown)
 
 
 BULK_ITEMS = 32

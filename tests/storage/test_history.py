@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import hashlib
 import itertools
 import re
@@ -414,3 +415,72 @@ async def _search(conn: Any, key: int, mode: str, where: search.Where) -> list[s
     if mode == "substring":
         return await search.substring(conn, key, "ledger", where, 10, 0)
     return await search.full_text(conn, key, "ledger", where, 10, 0)
+
+
+# Every table an append writes, with the columns that must come out the same whichever way it
+# was written (not the session's key, the times or the events' transaction ids and ids).
+_WRITTEN = {
+    "items": "seq, role, content::text, name, source_uri, source_version, source_observed_at, tool_effect, "
+    "tool_effect_source_arg, tool_use_id, tool_name, is_error, content_hash, token_count, author, metadata::text",
+    "item_texts": "seq, text",
+    "item_text_chunks": "number, seq, text, tsv::text",
+    "tool_uses": "tool_use_id, seq, name",
+    "appends": "idempotency_key, request_hash, first_seq, last_seq",
+}
+
+
+async def _written(store: HistoryStore, session_id: str) -> dict[str, list[Any]]:
+    from sqlalchemy import text
+
+    key = await store.session_key("tenant", session_id)
+    out: dict[str, list[Any]] = {}
+    async with store.db.read() as conn:
+        for table, columns in _WRITTEN.items():
+            query = f"SELECT {columns} FROM {table} WHERE session_key = :key ORDER BY 1, 2"
+            out[table] = [tuple(r) for r in await conn.execute(text(query), {"key": key})]
+        query = "SELECT kind, body::text FROM events WHERE session_id = :session_id ORDER BY id"
+        out["events"] = [tuple(r) for r in await conn.execute(text(query), {"session_id": session_id})]
+        query = "SELECT version, token_count, stored_bytes FROM sessions WHERE key = :key"
+        out["sessions"] = [tuple(r) for r in await conn.execute(text(query), {"key": key})]
+    return out
+
+
+async def test_on_postgres_an_append_in_one_statement_writes_what_a_statement_a_table_writes(
+    pg_store: HistoryStore,
+) -> None:
+    observed = datetime(2026, 11, 1, 12, 30, tzinfo=UTC)
+    long_output = "\n".join(f"line {n}: KEY_{n} ünïcode \x00 tail" for n in range(3000))  # several chunks
+    batches = [
+        [text_item("Be terse.", Role.SYSTEM), text_item("fix the bug")],
+        [
+            ItemContent(
+                role=Role.ASSISTANT,
+                content=(ToolUseBlock("c1", "bash", '{"cmd": "pytest"}'), ToolUseBlock("c2", "read", "{}")),
+                metadata={"turn": "1", "nul": "a\x00b"},
+            )
+        ],
+        [
+            ItemContent(role=Role.TOOL, content=(ToolResultBlock("c1", (TextBlock(long_output),), is_error=True),)),
+            ItemContent(
+                role=Role.TOOL,
+                content=(ToolResultBlock("c2", (TextBlock("print(1)"),), name="read"),),
+                source=Source("file:///x.py", "v2", observed),
+                tool_effect=ToolEffect(ToolEffectKind.READ, "path"),
+                name="reader",
+            ),
+        ],
+        [text_item(long_output[:5000], Role.USER)],
+    ]
+    sessions = []
+    for at_once in (True, False):
+        pg_store.writes_at_once = at_once
+        session_id = f"s-{uuid.uuid4().hex[:10]}"
+        await pg_store.create_session("tenant", session_id, {})
+        for n, batch in enumerate(batches):
+            appended = request(session_id, batch, key=f"k{n}" if n % 2 else "")
+            appended = dataclasses.replace(appended, author="agent", stored_bytes=10 * n)
+            await pg_store.append(appended)
+        sessions.append(await _written(pg_store, session_id))
+    at_once, per_table = sessions
+    assert len(at_once["item_text_chunks"]) > len(batches)
+    assert at_once == per_table

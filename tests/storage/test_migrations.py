@@ -276,8 +276,9 @@ async def test_0007_indexes_the_texts_already_stored_and_its_downgrade_drops_the
     db = Database(url)
     try:
         store = HistoryStore(db)
+        store.writes_at_once = False  # as the code of revision 0006 wrote: a statement a table,
         with monkeypatch.context() as then:
-            then.setattr(events, "record", _no_events)  # as the code of revision 0006 did: events came in 0009
+            then.setattr(events, "record", _no_events)  # and no events (they came in 0009)
             await store.create_session("t", "s", {})
             items = [ItemContent(role=Role.USER, content=(TextBlock(t),)) for t in ("a quokka", "the wombat KEY_42")]
             prepared = [PreparedItem(item, f"{n}" * 64, 1) for n, item in enumerate(items)]
