@@ -12,8 +12,9 @@ statements' building and the driver's client side) per call of:
 * `get_session` (GetSession: one statement);
 * `session_key` (Retrieve, Search, DeleteSession look a session up by it);
 * a render's reads: in one transaction under the session's lock, as `ViewService.render`
-  makes them, the session row and its items (the items cached after the first call), the
-  view state, pins, the agent's proposals and the durable edits;
+  makes them, the session row and its items (the items cached after the first call), then
+  the view state, pins, the agent's proposals and the durable edits (one statement since
+  `views.render_reads`; four before);
 * a one-item append with an idempotency key (an agent's turn; hashing and counting, done
   before the storage layer, are not in it);
 * a render's writes: in one transaction, the session row, the view state's change and the
@@ -76,10 +77,7 @@ async def run(url: str, calls: int, runs: int) -> dict[str, list[float]]:
             async with db.write("tenant", "session") as conn:
                 row, _, _ = await store.history_in(conn, "tenant", "session")
                 key = row["key"]
-                await views.read_state(conn, key)
-                await views.pinned(conn, key)
-                await views.proposals(conn, key)
-                await views.load_mutations(conn, key)
+                await views.render_reads(conn, key)
 
         appended = itertools.count()
 

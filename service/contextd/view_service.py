@@ -125,7 +125,8 @@ class ViewService:
             row, session, items = await self.store.history_in(conn, tenant, session_id)
             key = row["key"]
             policy = await self.policy_of(session)
-            stored = await views.read_state(conn, key, self._states)
+            reads = await views.render_reads(conn, key, self._states)
+            stored = reads.stored
             state = stored.state
             render_input = RenderInput(
                 session=session,
@@ -136,11 +137,11 @@ class ViewService:
                 registry=self.registry,
                 state=state,
                 now=self.clock(),
-                pins=await views.pinned(conn, key),
-                agent_proposals=await views.proposals(conn, key),
+                pins=reads.pins,
+                agent_proposals=reads.proposals,
                 force=force,
                 tools=tools,
-                durable=await views.load_mutations(conn, key),
+                durable=reads.durable,
                 carry=self._states.carry(key, state),
             )
             # Another replica rendered since this one's last render: its carry, caught up.

@@ -7,6 +7,7 @@ render holds the session lock for all of them); the others open their own.
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,7 +15,22 @@ from datetime import UTC, datetime
 from functools import partial, reduce
 from typing import Any
 
-from sqlalchemy import BindParameter, bindparam, case, delete, func, insert, select, update
+from sqlalchemy import (
+    BindParameter,
+    Integer,
+    Text,
+    bindparam,
+    case,
+    cast,
+    delete,
+    func,
+    insert,
+    literal_column,
+    null,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contextd.engine.certificates import GENESIS, Certificate, CertificateBody, Decision, Stamp, chain
@@ -191,6 +207,39 @@ _PROPOSALS = (
 _MUTATIONS = (
     select(schema.mutations.c.edit).where(schema.mutations.c.session_key == _KEY).order_by(schema.mutations.c.number)
 )
+_HEAD, _PIN, _PROPOSAL, _EDIT = range(4)
+_RENDER_READS = union_all(
+    select(
+        literal_column(str(_HEAD), Integer).label("kind"),
+        schema.view_states.c.view_version.label("a"),
+        schema.view_states.c.snapshot_version.label("b"),
+        schema.view_states.c.change_bytes.label("c"),
+        schema.view_states.c.snapshot_bytes.label("d"),
+        null().label("text"),
+    ).where(schema.view_states.c.session_key == _KEY),
+    select(literal_column(str(_PIN), Integer), schema.pins.c.seq, null(), null(), null(), null()).where(
+        schema.pins.c.session_key == _KEY
+    ),
+    select(
+        literal_column(str(_PROPOSAL), Integer),
+        schema.prune_proposals.c.id,
+        schema.prune_proposals.c.seq,
+        null(),
+        null(),
+        schema.prune_proposals.c.reason,
+    ).where(schema.prune_proposals.c.session_key == _KEY),
+    # The edit as its JSON text: a union's column has one type.
+    select(
+        literal_column(str(_EDIT), Integer),
+        schema.mutations.c.number,
+        null(),
+        null(),
+        null(),
+        cast(schema.mutations.c.edit, Text),
+    ).where(schema.mutations.c.session_key == _KEY),
+).order_by("kind", "a")
+"""The state head, the pins, the proposals (by id) and the durable edits (in order) of a session:
+`render_reads`, one statement where four made a render's reads before the engine."""
 # And those it writes with (an UPDATE's parameters must not take its columns' names).
 _STATE_ADVANCED = (
     update(schema.view_states)
@@ -219,9 +268,48 @@ async def read_state(conn: AsyncConnection, key: int, cache: StateCache | None =
     the changes since when it is not (another replica rendered); else the full copy with the
     changes after it."""
     head = (await conn.execute(_STATE_HEAD, {"key": key})).one_or_none()
+    return await _state_at(conn, key, None if head is None else tuple(int(x) for x in head), cache)
+
+
+@dataclass(frozen=True, slots=True)
+class RenderReads:
+    """What a render reads of a session besides its items."""
+
+    stored: StoredState
+    pins: frozenset[int]
+    proposals: list[AgentProposal]
+    durable: tuple[AppliedEdit, ...]
+
+
+@traced("storage.render_reads")
+async def render_reads(conn: AsyncConnection, key: int, cache: StateCache | None = None) -> RenderReads:
+    """The view state (as `read_state`), the pins, the agent's proposals and the durable edits,
+    in one statement (`_RENDER_READS`) but when the state must be read whole or caught up."""
+    head: tuple[int, ...] | None = None
+    pins: list[int] = []
+    proposed: list[AgentProposal] = []
+    durable: list[AppliedEdit] = []
+    for kind, a, b, c, d, text in await conn.execute(_RENDER_READS, {"key": key}):
+        if kind == _HEAD:
+            head = (int(a), int(b), int(c), int(d))
+        elif kind == _PIN:
+            pins.append(int(a))
+        elif kind == _PROPOSAL:
+            proposed.append(AgentProposal(int(a), int(b), text))
+        else:
+            durable.append(applied_from_json(json.loads(text)))
+    stored = await _state_at(conn, key, head, cache)
+    return RenderReads(stored, frozenset(pins), proposed, tuple(durable))
+
+
+async def _state_at(
+    conn: AsyncConnection, key: int, head: tuple[int, ...] | None, cache: StateCache | None
+) -> StoredState:
+    """The stored state whose head row (view_version, snapshot_version, change_bytes,
+    snapshot_bytes) is `head` (None: never rendered)."""
     if head is None:
         return StoredState(ViewState())
-    version, snapshot, change_bytes, snapshot_bytes = (int(x) for x in head)
+    version, snapshot, change_bytes, snapshot_bytes = head
     stored = partial(StoredState, snapshot_version=snapshot, change_bytes=change_bytes, snapshot_bytes=snapshot_bytes)
     held = cache.latest(key) if cache is not None else None
     if held is not None and held.view_version == version:
