@@ -1,5 +1,6 @@
 """What one call costs the server: CPU per call and latency, for the calls every agent makes
-most (a one-item append, GetSession), and the throughput of several server processes.
+most (a one-item append, GetSession, a render of a short session), and the throughput of
+several server processes.
 
     python bench/calls.py [--calls 2000] [--postgres-url URL] [--processes 1,2,4] [--clients 8]
 
@@ -62,6 +63,22 @@ def main() -> int:
                 session = client.create_session().id
                 client.append_openai(session, [{"role": "user", "content": "warm up"}])
                 client.get_session(session)
+                # A short agent session: a task, then calls and their outputs, rendered again and
+                # again (each render stores its state's change, its call and its event).
+                small = client.create_session().id
+                turns: list[dict[str, object]] = [{"role": "user", "content": "fix the failing test in parse.py"}]
+                for call in range(1, 10):
+                    use = {"id": f"call_{call}", "type": "function"}
+                    arguments = f'{{"command": "sed -n {call},{call + 40}p parse.py"}}'
+                    turns.append(
+                        {
+                            "role": "assistant",
+                            "tool_calls": [{**use, "function": {"name": "bash", "arguments": arguments}}],
+                        }
+                    )
+                    turns.append({"role": "tool", "tool_call_id": f"call_{call}", "content": f"line {call}: ok\n" * 20})
+                client.append_openai(small, turns[:20])
+                client.render_openai(small)
                 for name, call in (
                     (
                         "AppendItems, one item",
@@ -70,6 +87,7 @@ def main() -> int:
                         ),
                     ),
                     ("GetSession", lambda n: client.get_session(session)),
+                    ("RenderView, a 20-item session, nothing appended", lambda n: client.render_openai(small)),
                 ):
                     latencies = []
                     before = cpu_seconds(server.process.pid)

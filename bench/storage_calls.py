@@ -17,8 +17,9 @@ statements' building and the driver's client side) per call of:
   `views.render_reads`; four before);
 * a one-item append with an idempotency key (an agent's turn; hashing and counting, done
   before the storage layer, are not in it);
-* a render's writes: in one transaction, the session row, the view state's change and the
-  record of the call (the certificates and events a render may add are not in it).
+* a render's writes: in one transaction, the session row, the view state's change, the
+  record of the call and its `view_rendered` event (`views.save_render`: one statement on
+  Postgres; the certificates a render may add are not in it).
 
 `--runs` runs of `--calls` calls each; prints min and median per call, and the command. A
 benchmark, not a test: compare two checkouts by running it in each (PYTHONPATH), alternated.
@@ -59,6 +60,7 @@ async def run(url: str, calls: int, runs: int) -> dict[str, list[float]]:
     from contextd.engine.timing import Usage
     from contextd_storage import migrate, views
     from contextd_storage.database import Database
+    from contextd_storage.events import NewEvent
     from contextd_storage.history import HistoryStore
     from contextd_storage.rows import AppendRequest, PreparedItem
 
@@ -99,15 +101,16 @@ async def run(url: str, calls: int, runs: int) -> dict[str, list[float]]:
             before = views.StoredState(ViewState(view_version=version), snapshot_version=1)
             async with db.write("tenant", "writes") as conn:
                 await store.session_row(conn, "tenant", "writes")
-                await views.save_state(conn, writes_key, before, '{"applied":[]}')
-                await views.record_call(conn, writes_key, version + 1, "openai_chat", 900, Usage(0, 100, 800))
+                call = views.CallRecord(version + 1, "openai_chat", 900, Usage(0, 100, 800))
+                told = [NewEvent("tenant", "writes", "view_rendered", {"view_version": version + 1})]
+                await views.save_render(conn, writes_key, before, '{"applied":[]}', None, call, told)
 
         return {
             "get_session": await _measure(lambda: store.get_session("tenant", "session"), calls, runs),
             "session_key": await _measure(lambda: store.session_key("tenant", "session"), calls, runs),
             "a render's reads (one transaction)": await _measure(reads, calls, runs),
             "a one-item append, with its idempotency key": await _measure(append, calls, runs),
-            "a render's writes (one transaction: lock, session row, state change, call record)": await _measure(
+            "a render's writes (one transaction: lock, session row, state change, call record, event)": await _measure(
                 writes, calls, runs
             ),
         }

@@ -154,17 +154,20 @@ class ViewService:
             if dry_run:
                 certificates = [Certificate(0, body, stamp, "", "") for body in out.certificates]
             else:
-                copy = await self._run(state_to_json, out.state) if stored.copy_due(len(change_json)) else None
-                await views.save_state(conn, key, stored, change_json, copy)
-                stored_bytes = stored.bytes_after(change_json, copy)
-                if not force:  # an operator's render is no model call
-                    await views.record_call(
-                        conn, key, out.state.view_version, request.format.value, out.view.total_tokens, out.predicted
-                    )
                 certificates = await views.append_certificates(conn, key, out.certificates, stamp)
                 await views.forget_proposals(conn, out.decided_proposals)
                 await views.append_mutations(conn, key, out.durable)
-                await events.record(conn, *_render_events(tenant, session, request, out, certificates, state, force))
+                copy = await self._run(state_to_json, out.state) if stored.copy_due(len(change_json)) else None
+                call = (  # an operator's render is no model call
+                    None
+                    if force
+                    else views.CallRecord(
+                        out.state.view_version, request.format.value, out.view.total_tokens, out.predicted
+                    )
+                )
+                told = _render_events(tenant, session, request, out, certificates, state, force)
+                await views.save_render(conn, key, stored, change_json, copy, call, told)
+                stored_bytes = stored.bytes_after(change_json, copy)
             shown = replace(out.view, retracted_items=len(retracted(render_input.durable)))
             result = RenderResult(shown, certificates)
             if check is not None:

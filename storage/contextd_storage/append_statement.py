@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import JSON, TypeEngine
 
 from contextd_storage import events, schema
+from contextd_storage.events import NewEvent
 from contextd_storage.rows import AppendRequest, AppendRows
 
 
@@ -83,10 +84,7 @@ def _statement() -> TextClause:
         "SELECT CAST(:key AS BIGINT), CAST(:idempotency_key AS TEXT), CAST(:request_hash AS TEXT), "
         "CAST(:first AS BIGINT), CAST(:last AS BIGINT), CAST(:now AS TIMESTAMPTZ) "
         "WHERE CAST(:idempotency_key AS TEXT) <> ''), "
-        "new_event AS (INSERT INTO events (txid, tenant, session_id, kind, body, created_at) "
-        "SELECT CAST(CAST(pg_current_xact_id() AS TEXT) AS BIGINT), CAST(:tenant AS TEXT), "
-        "CAST(:session_id AS TEXT), 'items_appended', CAST(CAST(:event AS TEXT) AS JSON), "
-        "CAST(:now AS TIMESTAMPTZ) WHERE CAST(:record_event AS BOOLEAN)) "
+        f"new_events AS ({events.IN_STATEMENT}) "
         "UPDATE sessions SET version = CAST(:last AS BIGINT), "
         "token_count = token_count + CAST(:tokens AS BIGINT), "
         "stored_bytes = stored_bytes + CAST(:bytes AS BIGINT), updated_at = CAST(:now AS TIMESTAMPTZ) "
@@ -123,7 +121,7 @@ async def write(
     (`appended`, unless events are off) and the session's change (`grown`, as
     `history._GROWN` takes it)."""
     items, texts, chunked, uses = rows
-    recording = events.recording(conn)
+    appended_event = NewEvent(request.tenant, request.session_id, "items_appended", appended)
     await conn.execute(
         STATEMENT,
         {
@@ -138,13 +136,8 @@ async def write(
             "first": appended["first_seq"],
             "last": grown["last"],
             "now": grown["now"],
-            "tenant": request.tenant,
-            "session_id": request.session_id,
-            "event": json.dumps(appended),
-            "record_event": recording,
+            **events.in_statement(conn, appended_event),
             "tokens": grown["tokens"],
             "bytes": grown["bytes"],
         },
     )
-    if recording:
-        events.WRITTEN.add(id(conn))

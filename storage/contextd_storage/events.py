@@ -26,6 +26,7 @@ is told its events are gone rather than handed a silent gap.
 
 from __future__ import annotations
 
+import json
 import re
 import weakref
 from collections.abc import Mapping
@@ -112,6 +113,34 @@ async def record(conn: AsyncConnection, *events: NewEvent) -> None:
     ]
     await conn.execute(_INSERT[conn.dialect.name == "postgresql"], rows)
     WRITTEN.add(id(conn))
+
+
+IN_STATEMENT = (
+    "INSERT INTO events (txid, tenant, session_id, kind, body, created_at) "
+    "SELECT CAST(CAST(pg_current_xact_id() AS TEXT) AS BIGINT), u.tenant, u.session_id, u.kind, "
+    "CAST(u.body AS JSON), CAST(:event_time AS TIMESTAMPTZ) "
+    "FROM unnest(CAST(:event_tenants AS TEXT[]), CAST(:event_session_ids AS TEXT[]), "
+    "CAST(:event_kinds AS TEXT[]), CAST(:event_bodies AS TEXT[])) "
+    "WITH ORDINALITY AS u(tenant, session_id, kind, body, n) ORDER BY u.n"
+)
+"""`record`'s insert as a data-modifying CTE of a larger Postgres statement (one round trip
+for a change and its events); its parameters are `in_statement`'s."""
+
+
+def in_statement(conn: AsyncConnection, *events: NewEvent) -> dict[str, Any]:
+    """`IN_STATEMENT`'s parameters (no rows when `conn` records no events). The statement must
+    run in the transaction on `conn`: its events are marked as written there."""
+    if not recording(conn):
+        events = ()
+    if events:
+        WRITTEN.add(id(conn))  # forgotten if the transaction fails (Database._transaction)
+    return {
+        "event_time": datetime.now(UTC),
+        "event_tenants": [e.tenant for e in events],
+        "event_session_ids": [e.session_id for e in events],
+        "event_kinds": [e.kind for e in events],
+        "event_bodies": [json.dumps(e.body) for e in events],
+    }
 
 
 # One statement per dialect, built once (SQLAlchemy caches its compiled form): the

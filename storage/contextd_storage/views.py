@@ -28,6 +28,7 @@ from sqlalchemy import (
     literal_column,
     null,
     select,
+    text,
     union_all,
     update,
 )
@@ -49,7 +50,8 @@ from contextd.engine.state import (
 from contextd.engine.timing import Usage
 from contextd.engine.types import target_of
 from contextd.telemetry import traced
-from contextd_storage import page_tokens, schema
+from contextd_storage import events, page_tokens, schema
+from contextd_storage.events import NewEvent
 
 
 def _now() -> datetime:
@@ -289,15 +291,15 @@ async def render_reads(conn: AsyncConnection, key: int, cache: StateCache | None
     pins: list[int] = []
     proposed: list[AgentProposal] = []
     durable: list[AppliedEdit] = []
-    for kind, a, b, c, d, text in await conn.execute(_RENDER_READS, {"key": key}):
+    for kind, a, b, c, d, words in await conn.execute(_RENDER_READS, {"key": key}):
         if kind == _HEAD:
             head = (int(a), int(b), int(c), int(d))
         elif kind == _PIN:
             pins.append(int(a))
         elif kind == _PROPOSAL:
-            proposed.append(AgentProposal(int(a), int(b), text))
+            proposed.append(AgentProposal(int(a), int(b), words))
         else:
-            durable.append(applied_from_json(json.loads(text)))
+            durable.append(applied_from_json(json.loads(words)))
     stored = await _state_at(conn, key, head, cache)
     return RenderReads(stored, frozenset(pins), proposed, tuple(durable))
 
@@ -358,6 +360,77 @@ async def save_state(
         return
     await conn.execute(insert(c), {"session_key": key, "view_version": version, "change": change_json})
     await conn.execute(_STATE_ADVANCED, {"session": key, "version": version, "now": now, "grown": len(change_json)})
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """A render's model call, as `record_call` stores it."""
+
+    view_version: int
+    view_format: str
+    total: int
+    predicted: Usage
+
+
+async def save_render(
+    conn: AsyncConnection,
+    key: int,
+    before: StoredState,
+    change_json: str,
+    copy_json: str | None,
+    call: CallRecord | None,
+    new_events: Sequence[NewEvent],
+    *,
+    at_once: bool | None = None,
+) -> None:
+    """A render's records: its state (as `save_state`), its call (`record_call`; None: no
+    model call) and its events. On Postgres, when no copy is due (most renders), in one
+    statement (`_RENDER_WRITES`: four round trips before); `at_once` overrides the choice
+    (tests compare the two)."""
+    if at_once is None:
+        at_once = conn.dialect.name == "postgresql" and copy_json is None
+    if not at_once:
+        await save_state(conn, key, before, change_json, copy_json)
+        if call is not None:
+            await record_call(conn, key, call.view_version, call.view_format, call.total, call.predicted)
+        await events.record(conn, *new_events)
+        return
+    predicted = call.predicted if call is not None else Usage(0, 0, 0)
+    await conn.execute(
+        _RENDER_WRITES,
+        {
+            "key": key,
+            "version": before.state.view_version + 1,
+            "change": change_json,
+            "grown": len(change_json),
+            "now": _now(),
+            "record_call": call is not None,
+            "call_version": call.view_version if call is not None else 0,
+            "view_format": call.view_format if call is not None else "",
+            "total": call.total if call is not None else 0,
+            "cache_read": predicted.cache_read,
+            "cache_write": predicted.cache_write,
+            "uncached": predicted.uncached,
+            **events.in_statement(conn, *new_events),
+        },
+    )
+
+
+_RENDER_WRITES = text(
+    "WITH new_change AS (INSERT INTO view_state_changes (session_key, view_version, change) "
+    "VALUES (CAST(:key AS BIGINT), CAST(:version AS BIGINT), CAST(:change AS TEXT))), "
+    "new_call AS (INSERT INTO calls (session_key, view_version, view_format, total_tokens, predicted_cache_read, "
+    "predicted_cache_write, predicted_uncached, created_at) "
+    "SELECT CAST(:key AS BIGINT), CAST(:call_version AS BIGINT), CAST(:view_format AS TEXT), "
+    "CAST(:total AS BIGINT), "
+    "CAST(:cache_read AS BIGINT), CAST(:cache_write AS BIGINT), CAST(:uncached AS BIGINT), "
+    "CAST(:now AS TIMESTAMPTZ) WHERE CAST(:record_call AS BOOLEAN)), "
+    f"new_events AS ({events.IN_STATEMENT}) "
+    "UPDATE view_states SET view_version = CAST(:version AS BIGINT), updated_at = CAST(:now AS TIMESTAMPTZ), "
+    "change_bytes = change_bytes + CAST(:grown AS BIGINT) WHERE session_key = CAST(:key AS BIGINT)"
+)
+"""A render's change to its view state, its call and its events, on Postgres (data-modifying
+CTEs, as `append_statement`)."""
 
 
 # ------------------------------------------------------------------- pins
