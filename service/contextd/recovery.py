@@ -43,6 +43,7 @@ from contextd_storage.events import NewEvent
 from contextd_storage.history import HistoryStore
 from contextd_storage.regex_literals import required_literals
 from contextd_storage.stash import Stash, Stashed, scope_of
+from contextd_storage.state_cache import StateCache
 
 MAX_PAGE_TOKENS = 2000
 _INLINE_PAGE_CHARS = 64 * 1024
@@ -104,7 +105,7 @@ class RecoveryService:
         stash: Stash,
         counter: TiktokenCounter,
         max_page_tokens: int = MAX_PAGE_TOKENS,
-        states: views.StateCache | None = None,
+        states: StateCache | None = None,
     ) -> None:
         self.store = store
         self.stash = stash

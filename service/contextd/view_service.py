@@ -33,6 +33,7 @@ from contextd.telemetry import annotate
 from contextd_storage import events, views
 from contextd_storage.events import NewEvent
 from contextd_storage.history import HistoryStore
+from contextd_storage.state_cache import MEMORY_PER_STORED_BYTE, StateCache
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -74,7 +75,7 @@ class ViewService:
         on_pruned: Callable[[str, int, list[Item]], Awaitable[None]] | None = None,
         on_redacted: Callable[[str, int, list[Item]], Awaitable[None]] | None = None,
         workers: RenderWorkers | None = None,
-        states: views.StateCache | None = None,
+        states: StateCache | None = None,
     ) -> None:
         self.store = store
         self.counter = counter
@@ -87,7 +88,7 @@ class ViewService:
         self.workers = workers
         """Where the engine runs (None: on the caller's thread, as the operator commands do)."""
         self._policies: dict[str, Policy] = {}
-        self._states = states if states is not None else views.StateCache()
+        self._states = states if states is not None else StateCache()
         """The states this process's renders saved (shared with the recovery service)."""
 
     async def policy_of(self, session: Session) -> Policy:
@@ -173,7 +174,7 @@ class ViewService:
             if check is not None:
                 await self._run(check, result)
         if not dry_run:
-            in_memory = int(views.MEMORY_PER_STORED_BYTE * stored_bytes)
+            in_memory = int(MEMORY_PER_STORED_BYTE * stored_bytes)
             self._states.put(key, out.state, out.carry, in_memory, carry_bytes)  # committed now
             pruned = [items[c.seq - 1] for c in out.certificates if c.decision is Decision.PRUNE and c.seq > 0]
             if pruned and self.on_pruned is not None:

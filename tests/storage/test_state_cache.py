@@ -1,4 +1,5 @@
-"""The in-process caches of view states and carries (storage/contextd_storage/views.py)."""
+"""The in-process caches of view states and carries (storage/contextd_storage/state_cache.py) and of
+histories (history.ItemCache)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from contextd.engine.state import ViewState
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.view import ViewFormat, ViewRequest
 from contextd_storage.history import ItemCache, item_bytes
-from contextd_storage.views import StateCache
+from contextd_storage.state_cache import StateCache
 from tests.helpers import counter, make_item, make_session
 
 

@@ -50,7 +50,7 @@ from contextd_storage.database import Database
 from contextd_storage.history import HistoryStore, ItemCache
 from contextd_storage.stash import Stash
 from contextd_storage.stash.memory import MemoryStash
-from contextd_storage.views import StateCache
+from contextd_storage.state_cache import StateCache
 
 log = logging.getLogger("contextd")
 
