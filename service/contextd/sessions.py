@@ -22,8 +22,8 @@ from contextd.engine.tokens import TokenCounter, item_tokens
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.validation import Limits, check_batch, check_name, item_bytes
 from contextd.telemetry import annotate
-from contextd_storage.history import BULK_ITEMS, HistoryStore, off_loop
-from contextd_storage.rows import AppendRequest, PreparedItem
+from contextd_storage.history import HistoryStore
+from contextd_storage.rows import BULK_ITEMS, AppendRequest, PreparedItem, off_loop
 
 SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 MAX_METADATA_ENTRIES = 64

@@ -24,7 +24,7 @@ from sqlalchemy.types import JSON, TypeEngine
 
 from contextd_storage import events, schema
 from contextd_storage.events import NewEvent
-from contextd_storage.rows import AppendRequest, AppendRows
+from contextd_storage.rows import BULK_ITEMS, AppendRequest, AppendRows, off_loop
 
 
 def _array_type(kind: TypeEngine[Any]) -> str:
@@ -120,24 +120,32 @@ async def write(
     """The append's writes: `rows` (`rows.append_rows`), its idempotency record, its event
     (`appended`, unless events are off) and the session's change (`grown`, as
     `history._GROWN` takes it)."""
-    items, texts, chunked, uses = rows
-    appended_event = NewEvent(request.tenant, request.session_id, "items_appended", appended)
+    # A bulk batch's columns (its items' JSON encoded) off the loop, as its rows were.
+    values = await off_loop(len(rows[0]) > BULK_ITEMS, _arrays, rows)
+    event = NewEvent(request.tenant, request.session_id, "items_appended", appended)
     await conn.execute(
         STATEMENT,
         {
-            **_columns(_ITEMS, items),
-            **_columns(_TEXTS, texts),
-            "item_text_chunks_seq": [seq for seq, _ in chunked],
-            "item_text_chunks_text": [chunk for _, chunk in chunked],
-            **_columns(_USES, uses),
+            **values,
             "key": grown["session"],
             "idempotency_key": request.idempotency_key,
             "request_hash": request.request_hash,
             "first": appended["first_seq"],
             "last": grown["last"],
             "now": grown["now"],
-            **events.in_statement(conn, appended_event),
             "tokens": grown["tokens"],
             "bytes": grown["bytes"],
+            **events.in_statement(conn, event),
         },
     )
+
+
+def _arrays(rows: AppendRows) -> dict[str, list[Any]]:
+    items, texts, chunked, uses = rows
+    return {
+        **_columns(_ITEMS, items),
+        **_columns(_TEXTS, texts),
+        "item_text_chunks_seq": [seq for seq, _ in chunked],
+        "item_text_chunks_text": [chunk for _, chunk in chunked],
+        **_columns(_USES, uses),
+    }

@@ -8,9 +8,8 @@ and bump the version. Either all of it commits or none of it does.
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
 
@@ -39,12 +38,14 @@ from contextd_storage import append_statement, events, page_tokens, schema
 from contextd_storage.database import Database
 from contextd_storage.events import NewEvent
 from contextd_storage.rows import (
+    BULK_ITEMS,
     AppendRequest,
     AppendRows,
     PreparedItem,
     append_rows,
     chunk_rows,
     item_of,
+    off_loop,
     session_of,
 )
 
@@ -424,18 +425,3 @@ async def _write_per_table(
         )
     await events.record(conn, NewEvent(request.tenant, request.session_id, "items_appended", appended))
     await conn.execute(_GROWN, grown)
-
-
-BULK_ITEMS = 32
-"""Above this many items an append builds what it writes on a worker thread: about 0.05 ms an
-item of Python, which for a batch of 800 held the event loop (every other call of the replica)
-for some 40 ms."""
-
-
-async def off_loop(large: bool, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-    """`fn(*args, **kwargs)`: on a worker thread when the work is `large` (a bulk batch, a long
-    document), so that it does not hold the event loop, and every other call of the replica, for
-    its duration; in place when it is small, which costs less than the hop."""
-    if large:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-    return fn(*args, **kwargs)

@@ -23,7 +23,7 @@ from contextd.view_service import RenderResult, ViewService
 from contextd.watch import EventFeed, Heartbeat
 from contextd_client.v1 import contextd_pb2 as api
 from contextd_client.v1 import contextd_pb2_grpc
-from contextd_storage.history import BULK_ITEMS, off_loop
+from contextd_storage.rows import BULK_ITEMS, off_loop
 from contextd_storage.search import Where
 from contextd_storage.views import CertificateFilter, ReportedUsage, StoredCertificate
 
