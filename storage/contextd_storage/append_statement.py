@@ -8,7 +8,7 @@ data-modifying CTEs as one statement, and `unnest` takes each table's rows as on
 column, so the statement's text is the same whatever the batch holds: built here once from
 the schema's columns, prepared once per connection by the driver.
 
-SQLite has no data-modifying CTEs; it keeps a statement a table (`HistoryStore`). Both
+SQLite has no data-modifying CTEs; it keeps a statement a table (`history._write_per_table`). Both
 write the same rows (tests/storage/test_history.py compares them on Postgres).
 """
 
@@ -141,6 +141,8 @@ async def write(
 
 
 def _arrays(rows: AppendRows) -> dict[str, list[Any]]:
+    """The statement's arrays: each table's rows as one list a column (the chunks' numbers are
+    the statement's to give)."""
     items, texts, chunked, uses = rows
     return {
         **_columns(_ITEMS, items),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from sqlalchemy import Select, bindparam, exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -50,8 +50,6 @@ from contextd_storage.rows import (
 )
 
 _IN_CHUNK = 1000
-P = ParamSpec("P")
-R = TypeVar("R")
 
 # Rows a session owns besides its items, deleted with it.
 _SESSION_CHILDREN = (
