@@ -30,7 +30,7 @@ from contextd.engine.view import View, ViewRequest
 from contextd.render_workers import RenderWorkers
 from contextd.sessions import check_session_id, parse_off_loop
 from contextd.telemetry import annotate
-from contextd_storage import events, views
+from contextd_storage import certificate_log, events, views
 from contextd_storage.events import NewEvent
 from contextd_storage.history import HistoryStore
 from contextd_storage.state_cache import MEMORY_PER_STORED_BYTE, StateCache
@@ -62,7 +62,7 @@ class Explanation:
     representation: Representation
     pinned: bool
     protection: str
-    certificates: list[views.StoredCertificate]
+    certificates: list[certificate_log.StoredCertificate]
 
 
 class ViewService:
@@ -155,7 +155,7 @@ class ViewService:
             if dry_run:
                 certificates = [Certificate(0, body, stamp, "", "") for body in out.certificates]
             else:
-                certificates = await views.append_certificates(conn, key, out.certificates, stamp)
+                certificates = await certificate_log.append_certificates(conn, key, out.certificates, stamp)
                 await views.forget_proposals(conn, out.decided_proposals)
                 await views.append_mutations(conn, key, out.durable)
                 copy = await self._run(state_to_json, out.state) if stored.copy_due(len(change_json)) else None
@@ -328,7 +328,7 @@ class ViewService:
             await views.append_mutations(conn, key, edits)
             stamp = Stamp(await views.state_version(conn, key), "", session.policy_version)
             bodies = [certificate_of(items[s - 1], e, reason) for s, e in zip(todo, edits, strict=True)]
-            certificates = await views.append_certificates(conn, key, bodies, stamp)
+            certificates = await certificate_log.append_certificates(conn, key, bodies, stamp)
             retracted = {"seqs": todo, "reason": reason, "redacted": redact}
             await events.record(conn, NewEvent(tenant, session_id, "items_retracted", retracted))
         if redact and self.on_redacted is not None:
@@ -337,8 +337,8 @@ class ViewService:
         return todo, certificates
 
     async def list_certificates(
-        self, tenant: str, session_id: str, where: views.CertificateFilter, page_size: int, page_token: str
-    ) -> tuple[list[views.StoredCertificate], str]:
+        self, tenant: str, session_id: str, where: certificate_log.CertificateFilter, page_size: int, page_token: str
+    ) -> tuple[list[certificate_log.StoredCertificate], str]:
         check_session_id(session_id)
         if page_size > 1000:
             raise LimitExceeded.at("page_size", f"{page_size} is over the maximum of 1000")
@@ -351,7 +351,7 @@ class ViewService:
             raise InvalidArgument.at("level", f"{where.level} is not on the evidence ladder (0-4)")
         async with self.store.db.read() as conn:
             row, _, _ = await self.store.history_in(conn, tenant, session_id)
-            return await views.list_certificates(conn, row["key"], where, page_size or 100, page_token)
+            return await certificate_log.list_certificates(conn, row["key"], where, page_size or 100, page_token)
 
     async def explain(self, tenant: str, session_id: str, seq: int) -> Explanation:
         """Why item `seq` is shown the way it is now, with its certificate history."""
@@ -363,7 +363,9 @@ class ViewService:
             pins = await views.pinned(conn, key)
             state = await views.load_state(conn, key, self._states)
             durable = await views.load_mutations(conn, key)
-            history, _ = await views.list_certificates(conn, key, views.CertificateFilter(seq=seq), 1000, "")
+            history, _ = await certificate_log.list_certificates(
+                conn, key, certificate_log.CertificateFilter(seq=seq), 1000, ""
+            )
             redacted = (await views.retractions(conn, key, [seq])).get(seq) == REDACTED
         item = items[seq - 1]
         return Explanation(
@@ -379,7 +381,7 @@ class ViewService:
         check_session_id(session_id)
         async with self.store.db.read() as conn:
             row, _, _ = await self.store.history_in(conn, tenant, session_id)
-            chain = await views.all_certificates(conn, row["key"])
+            chain = await certificate_log.all_certificates(conn, row["key"])
         return len(chain), verify_chain(chain)
 
 

@@ -23,9 +23,10 @@ from contextd.view_service import RenderResult, ViewService
 from contextd.watch import EventFeed, Heartbeat
 from contextd_client.v1 import contextd_pb2 as api
 from contextd_client.v1 import contextd_pb2_grpc
+from contextd_storage.certificate_log import CertificateFilter, StoredCertificate
 from contextd_storage.rows import BULK_ITEMS, off_loop
 from contextd_storage.search import Where
-from contextd_storage.views import CertificateFilter, ReportedUsage, StoredCertificate
+from contextd_storage.views import ReportedUsage
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
