@@ -462,10 +462,19 @@ HOSTILE_OUTPUTS = (
     hostile("ANSI escapes and control characters", "\x1b[31mred\x1b[0m\x07\x08\r" * 5_000),
     hostile("100,000 NULs", "\x00" * 100_000),
     hostile("backtracking bait", "a" * 25 + "!"),
+    hostile("an exit status of 5,000 digits", "make: *** [all] Error 1\nexit code " + "9" * 5_000 + "\n"),
 )
 """Tool outputs for the compressors and strategies a render runs on older outputs: hostile by structure
 (nesting, line counts, one endless line), a few hundred kilobytes at most, so counting their tokens at
 append stays cheap (megabyte strings are swept elsewhere)."""
+
+HOSTILE_COMMANDS = (
+    "head -n " + "9" * 5_000 + " src/a.py",
+    "sed -n '1," + "9" * 5_000 + "p' src/a.py",
+    "nl -ba src/a.py | sed -n '" + "9" * 5_000 + "p'",
+    "head -n \u00b2 src/a.py",
+)
+"""Shell commands whose numbers are no line count: past `int()`'s 4,300 digits, or a digit it does not read."""
 
 # --------------------------------------------------------------------- strategies
 
@@ -1286,6 +1295,7 @@ def history_renders() -> st.SearchStrategy[HistoryRender]:
     arguments = st.one_of(
         st.builds(lambda path: json.dumps({"path": path, "command": path}), st.sampled_from(["src/a.py", "x" * 5_000])),
         st.sampled_from(JSON_DOCUMENTS),
+        st.sampled_from([json.dumps({"command": c}) for c in HOSTILE_COMMANDS]),
     )
     calls = st.builds(
         ToolCall,
@@ -1316,3 +1326,6 @@ def history_sweep() -> Iterator[HistoryRender]:
     for n, output in enumerate(HOSTILE_OUTPUTS):
         call = ToolCall(tools[n % len(tools)], json.dumps({"command": "run", "path": "src/a.py"}), output, n % 2 == 1)
         yield HistoryRender((call,), (0, 2_000)[n % 2], PATTERNS[n % len(PATTERNS)], PATTERNS[-1 - n % len(PATTERNS)])
+    for n, command in enumerate(HOSTILE_COMMANDS):
+        call = ToolCall("bash", json.dumps({"command": command}), "value = 1\n" * 40, False)
+        yield HistoryRender((call,), 0, PATTERNS[n % len(PATTERNS)], PATTERNS[-1 - n % len(PATTERNS)])

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from contextd.engine.compress.text import Kept
 from contextd.engine.patterns import compile_linear
+from contextd.engine.shell import number
 
 _WRAPPER = re.compile(r"</?(?:returncode|output|output_head|output_tail|elided_chars|warning|exit_code|stdout|stderr)>")
 _WRAPPER_LINE = re.compile(
@@ -49,7 +50,7 @@ def exit_status(text: str) -> int | None:
     match = _STATUS.search(text)
     if match is None:
         return None
-    return int(next(g for g in match.groups() if g is not None))
+    return number(next(g for g in match.groups() if g is not None))
 
 
 def stopped_short(text: str) -> bool:

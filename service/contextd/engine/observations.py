@@ -27,7 +27,7 @@ from contextd.engine.checks import Check, covers, shell_check, tool_check
 from contextd.engine.failures import stopped_short
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Item, Role, TextBlock, ToolEffectKind, ToolUseBlock
-from contextd.engine.shell import UNKNOWN, WHOLE, Effects, Read, effects
+from contextd.engine.shell import UNKNOWN, WHOLE, Effects, Read, effects, number
 from contextd.engine.spans import ReadSpans, Span
 
 LAST_SEQ = 2**63 - 1
@@ -84,8 +84,10 @@ def parse_completion(value: str) -> tuple[int, int] | None:
     first, dash, last = value.partition("-")
     if not dash or not first.isdigit() or not last.isdigit():
         return None
-    span = int(first), int(last)
-    return span if 1 <= span[0] <= span[1] else None
+    span = number(first), number(last)
+    if span[0] is None or span[1] is None:
+        return None
+    return (span[0], span[1]) if 1 <= span[0] <= span[1] else None
 
 
 class Declared(Protocol):

@@ -34,6 +34,19 @@ from dataclasses import dataclass, field
 WHOLE: tuple[tuple[int, int], ...] = ((1, 10**12),)
 """The span of a read of a whole file."""
 
+MAX_DIGITS = 18
+
+
+def number(text: str) -> int | None:
+    """The integer `text` spells (a sign, then decimal digits), or None: when it spells none,
+    or spells it with more than MAX_DIGITS digits. No line number, count or exit status is
+    that long, and `int()` refuses more than 4,300 digits (leading zeros count): on a command
+    or an output of the history, that error would fail every render of the session."""
+    unsigned = text[1:] if text[:1] in ("+", "-") else text
+    if not unsigned.isdecimal() or len(unsigned) > MAX_DIGITS:
+        return None
+    return int(text)
+
 
 @dataclass(frozen=True, slots=True)
 class Read:
@@ -369,10 +382,16 @@ def _head(args: list[str], cwd: str) -> Effects | None:
     while i < len(args):
         arg = args[i]
         if arg == "-n" and i + 1 < len(args) and args[i + 1].isdigit():
-            count, i = int(args[i + 1]), i + 2
+            given = number(args[i + 1])
+            if given is None:
+                return None
+            count, i = given, i + 2
             continue
         if re.fullmatch(r"-n?\d+", arg):
-            count, i = int(arg.lstrip("-n")), i + 1
+            given = number(arg.lstrip("-n"))
+            if given is None:
+                return None
+            count, i = given, i + 1
             continue
         if arg.startswith("-"):
             return None
@@ -453,9 +472,9 @@ def _sed_spans(script: str) -> tuple[tuple[int, int], ...] | None:
         match = _SED_RANGES.match(part.strip())
         if match is None:
             return None
-        first = int(match.group(1))
-        last = int(match.group(2)) if match.group(2) else first
-        if last < first:
+        first = number(match.group(1))
+        last = number(match.group(2)) if match.group(2) else first
+        if first is None or last is None or last < first:
             return None
         spans.append((first, last))
     return tuple(spans) if spans else None

@@ -15,9 +15,11 @@ from contextd.engine.certificates import Decision
 from contextd.engine.errors import InvalidArgument
 from contextd.engine.failures import exit_status, failure_residue, stopped_short, summary_line
 from contextd.engine.model import Item, ItemContent, Representation, Role, TextBlock, ToolResultBlock, ToolUseBlock
+from contextd.engine.observations import parse_completion
 from contextd.engine.pipeline import RenderInput, RenderOutput, render
 from contextd.engine.placeholders import handle_of
-from contextd.engine.policy import parse_policy
+from contextd.engine.policy import default_policy_text, parse_policy
+from contextd.engine.shell import MAX_DIGITS, number
 from contextd.engine.state import ViewState
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.view import ViewFormat, ViewRequest
@@ -742,3 +744,47 @@ def test_reading_a_failure_takes_time_linear_in_the_output(hostile: str) -> None
     assert exit_status(hostile) is None
     failure_residue(hostile)
     summary_line(hostile)
+
+
+BEYOND_INT = "9" * 5_000
+"""More digits than `int()` reads (4,300): no line number, count or exit status."""
+CODE_LINES = "\n".join(f"value_{n} = compute({n})" for n in range(40))
+
+
+@pytest.mark.parametrize(
+    ("command", "output"),
+    [
+        (f"head -n {BEYOND_INT} src/a.py", CODE_LINES),
+        (f"head -{BEYOND_INT} src/a.py", CODE_LINES),
+        (f"sed -n '1,{BEYOND_INT}p' src/a.py", CODE_LINES),
+        (f"nl -ba src/a.py | sed -n '{BEYOND_INT},{BEYOND_INT}p'", CODE_LINES),
+        ("head -n \u00b2 src/a.py", CODE_LINES),  # a digit to `isdigit`, not one `int()` reads
+        ("make", f"make: *** [all] Error 1\nexit code {BEYOND_INT}\n" + BODY),
+        ("make", "make: *** [all] Error 1\nexit code \u0663\n" + BODY),  # an Arabic-Indic 3
+    ],
+    ids=["head -n", "head -N", "sed -n", "nl | sed -n", "superscript", "exit status", "exit status, Indic digit"],
+)
+def test_a_number_past_what_int_reads_leaves_the_session_renderable(command: str, output: str) -> None:
+    """A command or an output in the history once failed every render of its session:
+    `int()` raised on its number, at every render, whatever the client did next."""
+    items = session((command, output, True), (command, output), ("pytest tests", "13 passed\n" + BODY))
+    for state in (None, ViewState()):
+        out = render(replace(policy_input(items, default_policy_text()), state=state or ViewState()))
+        assert [i.seq for i in out.view.items] == [i.seq for i in items]
+    assert exit_status(output) in (None, 3)
+
+
+def test_a_number_is_read_only_as_long_as_a_count_can_be() -> None:
+    assert [number(t) for t in ("30", "0030", "-15", "+7", "\u0663", "1" * MAX_DIGITS)] == [
+        30,
+        30,
+        -15,
+        7,
+        3,
+        int("1" * MAX_DIGITS),
+    ]
+    assert [number(t) for t in ("", "-", "1" * (MAX_DIGITS + 1), "0" * 5_000 + "1", "\u00b2", " 5", "5 ", "1_000")] == [
+        None
+    ] * 8
+    assert parse_completion(f"1-{BEYOND_INT}") is None
+    assert parse_completion("3-9") == (3, 9)
