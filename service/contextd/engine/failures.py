@@ -29,15 +29,19 @@ _WRAPPER_LINE = re.compile(
 # end again, quadratic in an output full of them.
 _FRAMEWORK_BLOCK = compile_linear(r"(?s)<warning>.*?</warning>")
 """The framework's own note to the agent (an output too long ...), not the command's."""
-_STATUS = re.compile(
-    r"<returncode>\s*(-?\d+)\s*</returncode>|<exit_code>\s*(-?\d+)\s*</exit_code>"
-    r"|\bexit(?:ed with)?(?: code| status)[: ]+(-?\d+)|\bExit code:? (-?\d+)",
-    re.IGNORECASE,
+# The two scans below read every output of a session once (a first render reads them all):
+# RE2, a scan at a few ns a character, where Python's `re` tries the pattern at every
+# position (`\b` and the folded case leave it no first character to look for), about 60
+# ns a character, as long as tokenising the output. RE2's `\b`, `\d` and `\s` are ASCII
+# ones, as exit statuses and these words are.
+_STATUS = compile_linear(
+    r"(?i)<returncode>\s*(-?\d+)\s*</returncode>|<exit_code>\s*(-?\d+)\s*</exit_code>"
+    r"|\bexit(?:ed with)?(?: code| status)[: ]+(-?\d+)|\bExit code:? (-?\d+)"
 )
 _STOPPED_STATUS = frozenset({124, 137, 143, -9, -15})
 """``timeout``'s own exit, and a process killed (SIGKILL, SIGTERM) as a shell or Python reports it."""
 # Blanks, not \s: `^\s*` would run from every line start across all the blank lines after it.
-_STOPPED = re.compile(r"\btimed out\b|^[ \t]*Killed[ \t]*$|\bTimeoutExpired\b", re.IGNORECASE | re.MULTILINE)
+_STOPPED = compile_linear(r"(?im)\btimed out\b|^[ \t]*Killed[ \t]*$|\bTimeoutExpired\b")
 _RUNNER_SUMMARY = re.compile(
     r"\b\d+ (?:passed|failed|errors?)\b|^Ran \d+ tests? in|^(?:OK|FAILED)\b(?: \(.*\))?\s*$"
     r"|^test result: |^(?:ok|FAIL)\s+\S+\s+[\d.]+s|^Tests?:\s+\d+|\bFound \d+ errors?\b|^Success: no issues",

@@ -150,6 +150,44 @@ def weigh(value: object, depth: int = 6) -> int:
     """About how many bytes `value` takes (CPython's object sizes, roughly): strings, numbers,
     containers and slotted objects, `depth` levels down. History items are not counted: they
     are the objects results are computed from, held by the caches of history."""
+    # Every result remembered is weighed (about a hundred objects an item of a first render):
+    # the common types by their exact type first, the general reading (`_weigh_other`) for
+    # the rest.
+    kind = type(value)
+    if kind is str or kind is bytes:
+        return 49 + len(value)  # type: ignore[arg-type]
+    if value is None or kind is int or kind is bool or kind is float:
+        return 28
+    if depth <= 0:
+        return _weigh_other(value, depth)
+    below = depth - 1
+    if kind is tuple or kind is list or kind is frozenset or kind is set:
+        total = 56 + 8 * len(value)  # type: ignore[arg-type]
+        for x in value:  # type: ignore[attr-defined]
+            total += 49 + len(x) if type(x) is str else weigh(x, below)
+        return total
+    if kind is dict:
+        total = 232 + 104 * len(value)  # type: ignore[arg-type]
+        for k, v in value.items():  # type: ignore[attr-defined]
+            total += weigh(k, below) + weigh(v, below)
+        return total
+    names = _SLOTS.get(kind)
+    if names is None:
+        return _weigh_other(value, depth)
+    total = 56
+    for name in names:
+        x = getattr(value, name, None)
+        total += 49 + len(x) if type(x) is str else weigh(x, below)
+    return total
+
+
+_SLOTS: dict[type, tuple[str, ...]] = {}
+"""The slot names of each slotted class weighed so far."""
+
+
+def _weigh_other(value: object, depth: int) -> int:
+    """`weigh` of what is not of an exact common type: subclasses (enums, named tuples),
+    history items, slotted objects (their slots remembered by class), and the rest."""
     if isinstance(value, str | bytes):
         return 49 + len(value)
     if value is None or isinstance(value, int | float | bool):
@@ -163,7 +201,8 @@ def weigh(value: object, depth: int = 6) -> int:
     if isinstance(value, Item):
         return 8
     slots = getattr(type(value), "__slots__", None)
-    if slots:
-        names = (slots,) if isinstance(slots, str) else slots
-        return 56 + sum(weigh(getattr(value, n, None), depth - 1) for n in names)
-    return 64
+    if not slots:
+        return 64
+    names = (slots,) if isinstance(slots, str) else tuple(slots)
+    _SLOTS[type(value)] = names
+    return 56 + sum(weigh(getattr(value, n, None), depth - 1) for n in names)

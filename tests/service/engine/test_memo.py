@@ -11,6 +11,7 @@ from contextd.engine.memo import (
     set_memo_bytes,
     weigh,
 )
+from contextd.engine.model import ItemContent, Role
 
 
 def test_a_result_is_remembered_for_the_same_objects_only() -> None:
@@ -72,3 +73,41 @@ def test_a_result_changed_in_place_is_weighed_again() -> None:
     assert memo.bytes >= before + 5000
     memo.clear()
     assert memo.bytes == 0
+
+
+def test_the_quick_weighing_of_common_types_agrees_with_the_general_one() -> None:
+    """`weigh` takes exact types first; subclasses (a str enum, a named tuple), history items
+    and slotted objects fall to the general reading, at every depth (a str enum at the depth
+    limit is a string, not an object past it)."""
+    from typing import NamedTuple
+
+    from contextd.engine.memo import _weigh_other
+    from contextd.engine.model import Representation, TextBlock
+    from tests.helpers import stored_items
+
+    class Pair(NamedTuple):
+        left: object
+        right: object
+
+    item = stored_items([ItemContent(role=Role.USER, content=(TextBlock("hello"),))])[0]
+    nested: object = Representation.FULL
+    for depth in range(9):
+        nested = (nested, [Pair(depth, nested)], {f"k{depth}": nested, depth: TextBlock("x" * depth)})
+    values = [
+        "text",
+        b"bytes",
+        None,
+        True,
+        3.5,
+        Representation.PLACEHOLDER,
+        Pair("a", 1),
+        item,
+        (item, [item]),
+        frozenset({"a", "b"}),
+        {1: {2: {3: {4: {5: {6: {7: "deep"}}}}}}},
+        nested,
+        object(),
+    ]
+    for value in values:
+        for depth in range(8):
+            assert weigh(value, depth) == _weigh_other(value, depth), (value, depth)
