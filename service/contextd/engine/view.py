@@ -7,8 +7,9 @@ the result into the provider's format and counts it.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import compress, count
 from operator import attrgetter, is_not
@@ -127,7 +128,8 @@ class Assembly:
     A later render in the same format resumes it: everything up to the last
     entry that opened a message before the first entry that differs (by
     identity: entries of unchanged items are the same objects from render to
-    render) is taken as it is, and only the rest is rendered again.
+    render) is taken as it is (in place, once: `_resumed`), and only the rest is
+    rendered again.
     """
 
     format: ViewFormat
@@ -145,6 +147,11 @@ class Assembly:
     """Tokens of inserted content shown."""
     in_order: bool = True
     last: int = 0
+    taken: bool = False
+    """A later render resumed this assembly: its lists are that render's now."""
+    redo: set[int] = field(default_factory=set)
+    """Seqs whose offsets the previous render counted and this one counts again (their first
+    segment from where it resumed on)."""
 
 
 def assemble_view(
@@ -200,47 +207,69 @@ def assemble_view(
 def _resumed(
     previous: Assembly | None, entries: Sequence[Entry], fmt: ViewFormat, counter: TokenCounter
 ) -> tuple[Assembly, Folder, int]:
-    """A new assembly of `entries`, with what `previous` already did for them; and where to go on."""
+    """A new assembly of `entries`, with what `previous` already did for them; and where to go on.
+
+    The new assembly takes the previous one's lists over, cut back to where it goes on (a
+    cost in what changed, not in the view's length), and marks it taken: an assembly
+    resumed once is not resumed again (another render from the same carry, or one after a
+    render that failed half-way, renders its view whole)."""
     if previous is not None and previous.format is fmt and previous.counter is counter:
         same = next(compress(count(), map(is_not, previous.entries, entries)), min(len(previous.entries), len(entries)))
         # Resume at an entry both share that opened a message: the messages before it are final.
         start = next((i for i in range(same - 1, 0, -1) if previous.marks[i].opens), 0)
-        if start:
-            mark, old = previous.marks[start], previous.rendered
-            rendered = Rendered(
-                messages=old.messages[: mark.messages],
-                message_index=dict(old.message_index),
-                omitted=set(old.omitted),
-                dropped={seq: list(blocks) for seq, blocks in old.dropped.items()},  # grown in place later
-                warnings=old.warnings[: mark.warnings],
-                messages_json=old.messages_json[: mark.messages],
-            )
-            offsets = dict(previous.offsets)
+        if start and _take(previous):
+            mark, rendered = previous.marks[start], previous.rendered
+            del rendered.messages[mark.messages :]
+            del rendered.warnings[mark.warnings :]
+            del rendered.messages_json[mark.messages :]
+            redo = set()
             for entry in previous.entries[start:]:
                 seq = entry.item.seq
                 rendered.message_index.pop(seq, None)
                 rendered.omitted.discard(seq)
                 rendered.dropped.pop(seq, None)
-                offsets.pop(seq, None)
+                redo.add(seq)
             folder = _FOLDERS[fmt](rendered)
             folder.resume(mark.folder)
+            items, segments, marks = previous.items, previous.segments, previous.marks
+            del items[mark.items :]
+            del segments[mark.segments :]
+            del marks[start:]
+            # The offsets are copied: the state's record of the previous render holds them
+            # (`PreviousRender.known_offsets`), and a render from that state reads them. The
+            # seqs from `start` on are counted again (`redo`) rather than popped, so the map
+            # keeps no deleted slots and its copy is a copy of memory.
             asm = Assembly(
                 fmt,
                 counter,
                 entries,
                 rendered,
-                previous.items[: mark.items],
-                previous.segments[: mark.segments],
-                offsets,
-                previous.marks[:start],
+                items,
+                segments,
+                dict(previous.offsets),
+                marks,
                 mark.offset,
                 mark.inserted,
                 mark.in_order,
                 mark.last,
+                redo=redo,
             )
             return asm, folder, start
     rendered = Rendered()
     return Assembly(fmt, counter, entries, rendered, [], [], {}, []), _FOLDERS[fmt](rendered), 0
+
+
+_TAKING = threading.Lock()
+
+
+def _take(assembly: Assembly) -> bool:
+    """Whether this render may resume `assembly` in place (no other render has): at most one
+    does, whatever the threads."""
+    with _TAKING:
+        if assembly.taken:
+            return False
+        assembly.taken = True
+        return True
 
 
 def _fold(asm: Assembly, folder: Folder, start: int) -> None:
@@ -253,7 +282,7 @@ def _fold(asm: Assembly, folder: Folder, start: int) -> None:
     out, counter = folder.out, asm.counter
     full, left_out = Representation.FULL, Representation.OMITTED
     omitted, index_of, dropped = out.omitted, out.message_index, out.dropped
-    items, segments, offsets, marks = asm.items, asm.segments, asm.offsets, asm.marks
+    items, segments, offsets, marks, redo = asm.items, asm.segments, asm.offsets, asm.marks, asm.redo
     offset, inserted, in_order, last = asm.offset, asm.inserted, asm.in_order, asm.last
     entries = asm.entries
     for i in range(start, len(entries)):
@@ -267,7 +296,11 @@ def _fold(asm: Assembly, folder: Folder, start: int) -> None:
         if kind is full and seq > 0:
             if seq not in omitted:
                 segments.append(Segment(seq, "", tokens))
-                offsets.setdefault(seq, offset)
+                if seq in redo:
+                    redo.discard(seq)
+                    offsets[seq] = offset
+                else:
+                    offsets.setdefault(seq, offset)
                 offset += tokens
             in_order, last = in_order and seq > last, seq
             index = index_of.get(seq, -1)
@@ -282,13 +315,20 @@ def _fold(asm: Assembly, folder: Folder, start: int) -> None:
             inserted += tokens if seq < 0 else 0
             if seq not in omitted:
                 segments.append(shown.segment)
-                offsets.setdefault(seq, offset)
+                if seq in redo:
+                    redo.discard(seq)
+                    offsets[seq] = offset
+                else:
+                    offsets.setdefault(seq, offset)
                 offset += tokens
         if seq <= 0:
             continue
         in_order, last = in_order and seq > last, seq
         items.append(_view_item(entry, out, counter, shown.handle))
     asm.offset, asm.inserted, asm.in_order, asm.last = offset, inserted, in_order, last
+    for seq in redo:  # no longer shown where the render resumed
+        offsets.pop(seq, None)
+    redo.clear()
 
 
 class _Shown:

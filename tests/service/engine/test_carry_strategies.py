@@ -185,3 +185,36 @@ def test_a_replica_catches_up_by_the_changes_of_the_other_replicas_renders(
         changes.append(out.change)
         state = out.state
         held[replica] = (state, out.carry, len(changes))
+
+
+def test_a_carry_resumed_twice_renders_the_same_view_both_times() -> None:
+    """A render resumes the last render's assembly in place, and only once: a second render
+    from the same carry (a retry, a render whose result was not kept) renders its view
+    whole, and renders the same. Neither touches what the state says of the last render."""
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
+    for call in range(1, 13):
+        use = ToolUseBlock(f"c{call}", "bash", json.dumps({"command": f"cat src/m{call}.py"}))
+        output = "\n".join(f"value_{call}_{n} = compute({n})" for n in range(30))
+        result = ToolResultBlock(f"c{call}", (TextBlock(output),), name="bash")
+        contents += [ItemContent(role=Role.ASSISTANT, content=(use,)), ItemContent(role=Role.TOOL, content=(result,))]
+    items = stored_items(contents)
+    first = follow(items[:17], POLICIES[0], None, 1.0)
+    known = dict(first.state.renders[ViewFormat.OPENAI_CHAT.value].offsets())
+    inp = RenderInput(
+        make_session(21),
+        items[:21],
+        parse_policy(POLICIES[0], REGISTRY),
+        ViewRequest(ViewFormat.OPENAI_CHAT),
+        counter(),
+        REGISTRY,
+        first.state,
+        30.0,
+        carry=first.carry,
+    )
+    resumed = render(inp)
+    assert first.carry is not None and first.carry.assembly.taken
+    again, whole = render(inp), render(replace(inp, carry=None))
+    assert resumed == again == whole
+    assert resumed.carry is not None and whole.carry is not None
+    assert resumed.carry.assembly.offsets == whole.carry.assembly.offsets
+    assert first.state.renders[ViewFormat.OPENAI_CHAT.value].offsets() == known
