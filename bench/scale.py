@@ -9,7 +9,8 @@ shrinks the work), or reads that page through one file (`sliding`: `sed -n k,k+4
 the same path, as agents do). Each size is measured in processes of its own:
 
 * engine (in process, `contextd.engine.pipeline.render`, no gRPC, no database; the
-  garbage collector tuned as the service tunes it):
+  garbage collector tuned as the service tunes it; a second table gives the render after
+  one append stage by stage, medians in ms):
   *cold*, a genuine first render in a fresh process (nothing memoised; wall time and
   CPU time, and CPU per item); *one appended*, a render after one item is appended,
   from the previous render's state and carry, as the service keeps them; *without
@@ -105,12 +106,15 @@ def engine_child(n_items: int, workload: str, repeat: int) -> dict[str, float]:
     first = run(n_items, ViewState(), 0.0)
     cold_ms, cold_cpu = (time.perf_counter() - started) * 1000, time.process_time() - cpu
     appended, uncarried = [], []
+    stages: dict[str, list[float]] = {}
     out = first
     for k in range(repeat):  # one item appended each time, as a session goes on
         n = n_items + 1 + k
         started = time.perf_counter()
         following = run(n, out.state, 60.0 * (k + 1), out.carry)
         appended.append((time.perf_counter() - started) * 1000)
+        for stage, seconds in following.stages:
+            stages.setdefault(stage, []).append(seconds * 1000)
         started = time.perf_counter()
         run(n, out.state, 60.0 * (k + 1))
         uncarried.append((time.perf_counter() - started) * 1000)
@@ -120,6 +124,7 @@ def engine_child(n_items: int, workload: str, repeat: int) -> dict[str, float]:
         "cold_cpu_s": cold_cpu,
         "appended_ms": statistics.median(appended),
         "uncarried_ms": statistics.median(uncarried),
+        **{f"stage {stage}_ms": statistics.median(times) for stage, times in stages.items()},
     }
 
 
@@ -268,6 +273,13 @@ def main() -> int:
     for small, large in itertools.pairwise(sizes):
         cells = [f"{exponent(rows[small][c], rows[large][c], small, large):.2f}" for c in columns]
         print(f"| exponent {small:,}→{large:,} | " + " | ".join(cells) + " |")
+    stages = [c for c in rows[sizes[0]] if c.startswith("engine stage ")]
+    if stages:  # where the engine's render after one append goes, stage by stage (pipeline.py's laps)
+        print()
+        print("| items | " + " | ".join(c.removeprefix("engine stage ").removesuffix("_ms") for c in stages) + " |")
+        print("| ---: | " + " | ".join("---:" for _ in stages) + " |")
+        for n in sizes:
+            print(f"| {n:,} | " + " | ".join(f"{rows[n].get(c, float('nan')):.2f} ms" for c in stages) + " |")
     return 0
 
 
