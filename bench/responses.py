@@ -37,13 +37,13 @@ def main() -> int:
         content = f"step {n} row k: value={n * 31}\\n" * 8
         return f'{{"role":"tool","tool_call_id":"c{n}","content":"{content}"}}'
 
-    outputs = (output(n) for n in range(args.items))
+    outputs = tuple(output(n) for n in range(args.items))
     view = View(
         session_id="session",
         version=args.items,
         format=ViewFormat.OPENAI_CHAT,
         encoding="o200k_base",
-        messages_json="[" + ",".join(outputs) + "]",
+        message_parts=outputs,
         system_json="",
         items=tuple(ViewItem(n + 1, Representation.FULL, 60, n, "") for n in range(args.items)),
         item_tokens=60 * args.items,

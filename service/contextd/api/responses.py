@@ -14,8 +14,9 @@ the server sends as they are.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from operator import is_
 from typing import Any
 
 from contextd.api.mapping import REPRESENTATION_TO_PROTO, view_to_proto
@@ -29,7 +30,8 @@ VIEW_FIELD = b"\x0a"
 MESSAGES_FIELD = b"\x2a"
 """View.messages_json: field 5, length-delimited. Written here, not by protobuf, which
 copied the view's megabytes twice more and checked them again (4 of a 10,000-item view's
-6 ms, the interpreter lock held throughout)."""
+6 ms, the interpreter lock held throughout); from the view's message parts, so the joined
+string (megabytes more) is never made."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,17 +55,49 @@ def passing_encoded(serializer: Callable[[Any], bytes] | None) -> Callable[[Any]
 
 def render_response(view: View, certificates: Sequence[Certificate]) -> Encoded:
     """`RenderViewResponse(view=view_to_proto(view, certificates))`, serialized."""
-    head = view_to_proto(replace(view, items=(), messages_json=""), certificates).SerializeToString()
-    messages = view.messages_json.encode("utf-8")
-    items = view.items
+    head = view_to_proto(replace(view, items=(), message_parts=()), certificates)
+    head.messages_json = ""  # written below, from the parts
+    texts, items = view.message_parts, view.items
+    # The messages' JSON array, a block of messages at a time: encoded once, as the next
+    # render resumes this one (the same strings at the same places but for the last few).
+    messages = [b"[", *_joined(texts[start : start + BLOCK] for start in range(0, len(texts), BLOCK)), b"]"]
     parts = [
-        head,
+        head.SerializeToString(),
         MESSAGES_FIELD,
-        _varint(len(messages)),
-        messages,
+        _varint(sum(map(len, messages))),
+        *messages,
         *(_block(items[start : start + BLOCK]) for start in range(0, len(items), BLOCK)),
     ]
     return Encoded(b"".join([VIEW_FIELD, _varint(sum(map(len, parts))), *parts]))
+
+
+def _joined(blocks: Iterator[tuple[str, ...]]) -> Iterator[bytes]:
+    """Each block of messages' bytes, a comma between blocks."""
+    for n, block in enumerate(blocks):
+        if n:
+            yield b","
+        yield _message_block(block)
+
+
+def _message_block(block: tuple[str, ...]) -> bytes:
+    """The block's messages joined and encoded, remembered by its first message: a block is
+    found again by checking its messages are the same objects (one pass at C speed, where a
+    key of every message's identity would build one number per message)."""
+    variants = _message_blocks.get((block[0],), list)
+    for held, data in variants:
+        if len(held) == len(block) and all(map(is_, held, block)):
+            return data
+    data = ",".join(block).encode("utf-8")
+    if len(variants) >= MESSAGE_BLOCK_VARIANTS:
+        del variants[0]
+    variants.append((block, data))
+    _message_blocks.reweigh((block[0],))
+    return data
+
+
+MESSAGE_BLOCK_VARIANTS = 4
+"""Blocks remembered that open with the same message (the last block grows a message a
+render; a cache breakpoint marks a message of the block before it)."""
 
 
 BLOCK = 256
@@ -96,6 +130,8 @@ _items: IdentityMemo[bytes] = IdentityMemo(200_000)
 """Each view item's bytes (a few dozen each), as the next render shows most of them again."""
 _blocks: IdentityMemo[bytes] = IdentityMemo(200_000 // BLOCK)
 """Each block's bytes (the items' bytes joined)."""
+_message_blocks: IdentityMemo[list[tuple[tuple[str, ...], bytes]]] = IdentityMemo(200_000 // BLOCK)
+"""Blocks of messages' JSON, joined and encoded, by their first message."""
 
 
 def _varint(value: int) -> bytes:

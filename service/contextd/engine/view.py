@@ -67,7 +67,9 @@ class View:
     version: int
     format: ViewFormat
     encoding: str
-    messages_json: str
+    message_parts: tuple[str, ...]
+    """Each message as JSON, in order: the view's messages are their join (`messages_json`),
+    made only when asked for (the service sends the parts, encoded a block at a time)."""
     system_json: str
     """The top-level ``system`` as JSON (Anthropic, Converse); empty when there is none."""
     items: tuple[ViewItem, ...]
@@ -88,6 +90,12 @@ class View:
     items after it; 0: at the end."""
     retracted_items: int = 0
     """How many of the session's items a client retracted (a retraction leaves `version`)."""
+
+    @property
+    def messages_json(self) -> str:
+        """The view's messages as one JSON array (a copy as long as the view: on a long
+        session, megabytes each time it is asked for)."""
+        return "[" + ",".join(self.message_parts) + "]"
 
 
 _FOLDERS: dict[ViewFormat, Callable[[Rendered], Folder]] = {
@@ -189,7 +197,7 @@ def assemble_view(
         version=session.version,
         format=request.format,
         encoding=counter.encoding,
-        messages_json="[" + ",".join(rendered.messages_json) + "]",
+        message_parts=tuple(rendered.messages_json),
         system_json=to_json(rendered.system) if rendered.system is not None else "",
         items=view_items,
         item_tokens=item_tokens,

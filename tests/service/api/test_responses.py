@@ -4,6 +4,7 @@ shows them again; and a client reads them as it reads any view."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
@@ -78,7 +79,7 @@ def test_a_client_reads_the_view_the_server_encoded(server: ServerThread) -> Non
 
 def test_a_block_of_items_is_encoded_again_when_any_of_its_items_changed() -> None:
     items = tuple(ViewItem(n, Representation.FULL, 10, n - 1, "") for n in range(1, 601))  # three blocks
-    view = View("s", 600, ViewFormat.OPENAI_CHAT, "o200k_base", "[]", "", items, 6000, 0, 6000, 0, False, ())
+    view = View("s", 600, ViewFormat.OPENAI_CHAT, "o200k_base", (), "", items, 6000, 0, 6000, 0, False, ())
     changed = ViewItem(300, Representation.PLACEHOLDER, 3, 299, "h" * 16)
     later = replace(view, items=(*items[:299], changed, *items[300:], ViewItem(601, Representation.FULL, 10, 600, "")))
     for shown in (view, later, view):  # the first view's blocks are remembered; the later one's middle block is not
@@ -87,3 +88,17 @@ def test_a_block_of_items_is_encoded_again_when_any_of_its_items_changed() -> No
     assert [i.representation for i in api.RenderViewResponse.FromString(render_response(later, ()).data).view.items][
         299
     ] == api.REPRESENTATION_PLACEHOLDER
+
+
+def test_a_block_of_messages_is_encoded_again_when_any_of_its_messages_changed() -> None:
+    """The messages' JSON goes out a block of messages at a time, each block encoded once; a
+    message changed (a cache breakpoint marked on it), one appended, none at all, or text
+    past ASCII: the response is the one protobuf writes from the joined JSON."""
+    texts = tuple(json.dumps({"role": "user", "content": f"message {n} \u00e9\u6f22"}) for n in range(600))
+    view = View("s", 600, ViewFormat.OPENAI_CHAT, "o200k_base", texts, "", (), 0, 0, 0, 0, False, ())
+    marked = json.dumps({"role": "user", "content": [{"type": "text", "text": "m", "cache_control": {}}]})
+    later = replace(view, message_parts=(*texts[:299], marked, *texts[300:], texts[0]))
+    for shown in (view, later, view, replace(view, message_parts=()), replace(view, message_parts=texts[:1])):
+        parsed = api.RenderViewResponse.FromString(render_response(shown, ()).data)
+        assert parsed == api.RenderViewResponse(view=view_to_proto(shown, ()))
+        assert json.loads(parsed.view.messages_json) == [json.loads(t) for t in shown.message_parts]

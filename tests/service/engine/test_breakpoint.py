@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -143,22 +144,27 @@ def test_without_an_output_to_reduce_the_mark_goes_at_the_end() -> None:
     assert view(ViewRequest(OPENAI, place_breakpoint=True))[1].count('"cache_control"') == 0
 
 
+def messages(parts: tuple[str, ...]) -> list[Any]:
+    """The messages of a view's parts (each message's JSON)."""
+    return [json.loads(part) for part in parts]
+
+
 def test_the_mark_on_a_lone_text_a_system_prompt_and_past_thinking() -> None:
     system = make_item(Role.SYSTEM, TextBlock("You are terse."), seq=1)
     user = make_item(Role.USER, TextBlock("hello"), seq=2)
     thinking = ReasoningBlock("pondering", signature="sig")
     answer = make_item(Role.ASSISTANT, TextBlock("hi"), thinking, seq=3)
     rendered = render_anthropic([system, user, answer])
-    messages_json, system_json = mark_breakpoint(rendered, user) or ("", "")
-    [opening] = json.loads(messages_json)[0]["content"]
+    parts, system_json = mark_breakpoint(rendered, user) or ((), "")
+    [opening] = messages(parts)[0]["content"]
     assert opening == {"type": "text", "text": "hello", "cache_control": CACHE_CONTROL}
     assert json.loads(system_json) == "You are terse."
-    _, on_system = mark_breakpoint(rendered, system) or ("", "")
+    _, on_system = mark_breakpoint(rendered, system) or ((), "")
     assert json.loads(on_system) == [{"type": "text", "text": "You are terse.", "cache_control": CACHE_CONTROL}]
-    at_end, _ = mark_breakpoint(rendered) or ("", "")
-    last = json.loads(at_end)[-1]["content"]
+    at_end, _ = mark_breakpoint(rendered) or ((), "")
+    last = messages(at_end)[-1]["content"]
     assert [("cache_control" in b) for b in last] == [True, False]  # a thinking block takes no mark
-    check_anthropic(json.loads(system_json), json.loads(at_end))
+    check_anthropic(json.loads(system_json), messages(at_end))
 
 
 def test_between_items_of_one_message_only_tool_results_in_order_are_marked() -> None:
@@ -172,12 +178,12 @@ def test_between_items_of_one_message_only_tool_results_in_order_are_marked() ->
     assert mark_breakpoint(mixed, note, shared=True) is None
     assert mark_breakpoint(mixed, calls) is not None  # the message before: nothing reordered
     results = render_anthropic([opening, calls, first, second])
-    messages_json, _ = mark_breakpoint(results, first, shared=True) or ("", "")
-    marks = ["cache_control" in b for b in json.loads(messages_json)[-1]["content"]]
+    parts, _ = mark_breakpoint(results, first, shared=True) or ((), "")
+    marks = ["cache_control" in b for b in messages(parts)[-1]["content"]]
     assert marks == [True, False]
     # Without items after it in its message, the message's last block takes the mark.
-    messages_json, _ = mark_breakpoint(results, second) or ("", "")
-    assert ["cache_control" in b for b in json.loads(messages_json)[-1]["content"]] == [False, True]
+    parts, _ = mark_breakpoint(results, second) or ((), "")
+    assert ["cache_control" in b for b in messages(parts)[-1]["content"]] == [False, True]
 
 
 def test_an_empty_text_takes_no_mark() -> None:

@@ -122,8 +122,8 @@ _UNMARKABLE = ("thinking", "redacted_thinking")  # the API takes no cache_contro
 
 def mark_breakpoint(
     rendered: Rendered, through: Renderable | None = None, shared: bool = False
-) -> tuple[str, str] | None:
-    """The messages and system JSON of `rendered` (final) with a cache breakpoint after item
+) -> tuple[tuple[str, ...], str] | None:
+    """The messages (each as JSON) and system JSON of `rendered` (final) with a cache breakpoint after item
     `through` (None: at the end of the view); None when it cannot be put there exactly.
     `shared`: items after `through` are in its message too, whose blocks the format may have
     reordered (tool results first): then only a run of tool results, kept in order, is marked
@@ -132,14 +132,13 @@ def mark_breakpoint(
     index = rendered.message_index.get(through.seq, -1) if through is not None else len(messages) - 1
     if through is not None and index < 0 and (through.role is not Role.SYSTEM or through.seq in rendered.omitted):
         return None  # left out of the view
-    messages_json = "[" + ",".join(rendered.messages_json) + "]"
     if index < 0:  # the system field
         blocks: list[JsonObject] = [{"type": "text", "text": system}] if isinstance(system, str) else list(system or ())
         at = _last_of(blocks)
         if at is None:
             return None
         blocks[at] = {**blocks[at], "cache_control": CACHE_CONTROL}
-        return messages_json, to_json(blocks)
+        return tuple(rendered.messages_json), to_json(blocks)
     content = messages[index]["content"]
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
     own = None
@@ -153,7 +152,7 @@ def mark_breakpoint(
     blocks[at] = {**blocks[at], "cache_control": CACHE_CONTROL}
     marked = list(rendered.messages_json)
     marked[index] = to_json({"role": messages[index]["role"], "content": blocks})
-    return "[" + ",".join(marked) + "]", to_json(system) if system is not None else ""
+    return tuple(marked), to_json(system) if system is not None else ""
 
 
 def _last_of(content: Sequence[JsonObject], own: Sequence[JsonObject] | None = None) -> int | None:

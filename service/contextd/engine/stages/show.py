@@ -105,5 +105,5 @@ def _with_breakpoint(
         point, marked = None, mark_breakpoint(rendered)
     if marked is None:
         return view, point
-    messages_json, system_json = marked
-    return replace(view, messages_json=messages_json, system_json=system_json), point
+    message_parts, system_json = marked
+    return replace(view, message_parts=message_parts, system_json=system_json), point
