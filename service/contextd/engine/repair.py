@@ -17,6 +17,7 @@ are applied (placeholders.with_calls), not here.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, count
@@ -57,6 +58,8 @@ class RepairRun:
     placed: set[int]
     marks: list[tuple[int, int]]
     """Before each entry of `shown`: len(ordered), len(warnings)."""
+    taken: bool = False
+    """A later render resumed this run: its lists, maps and sets are that render's now."""
 
 
 def repair(
@@ -100,58 +103,75 @@ def repair(
 
 
 def _resumed(previous: RepairRun | None, entries: Sequence[Entry], counter: TokenCounter) -> tuple[RepairRun, int]:
-    """A run over `entries` with what `previous` did that still holds; and where to go on."""
+    """A run over `entries` with what `previous` did that still holds; and where to go on.
+
+    The run takes the previous one's lists, maps and sets over, cut back to where it goes on
+    (a cost in what changed, not in the view's length), and marks it taken: a run resumed
+    once is not resumed again (another render from the same carry repairs from the start)."""
     if previous is not None and previous.counter is counter and not previous.repeated:
         same = next(compress(count(), map(is_not, previous.entries, entries)), min(len(previous.entries), len(entries)))
-        if same > previous.opening:
+        if same > previous.opening and _take(previous):
             run = RepairRun(
                 counter,
                 entries,
-                previous.shown[:same],
+                previous.shown,
                 previous.opening,
-                dict(previous.results),
-                dict(previous.answer_at),
-                dict(previous.calls_at),
-                set(previous.answers),
+                previous.results,
+                previous.answer_at,
+                previous.calls_at,
+                previous.answers,
                 False,
-                [],
-                [],
-                set(),
-                [],
+                previous.ordered,
+                previous.warnings,
+                previous.placed,
+                previous.marks,
             )
-            start, gone = same, set[str]()
-            for entry in previous.shown[same:]:
+            start, gone = same, dict[str, tuple[Entry, int]]()
+            for entry in run.shown[same:]:
                 result = entry.item.tool_result
                 if result is not None and run.results.get(result.tool_use_id) is entry:
+                    gone[result.tool_use_id] = (entry, run.answer_at.pop(result.tool_use_id))
                     del run.results[result.tool_use_id]
-                    del run.answer_at[result.tool_use_id]
                     run.answers.discard(id(entry))
-                    gone.add(result.tool_use_id)
                 for call_id in _calls(entry):
                     run.calls_at.pop(call_id, None)
+            del run.shown[same:]
             changed = _index(run, same)
-            changed.update(i for i in gone if run.results.get(i) is not previous.results[i])
+            changed.update(i for i, (was, _) in gone.items() if run.results.get(i) is not was)
             for call_id in changed:
                 # A call whose result changed is placed again, and so is everything after it.
-                start = min(start, run.calls_at.get(call_id, start), previous.answer_at.get(call_id, start))
+                before = gone[call_id][1] if call_id in gone else start
+                start = min(start, run.calls_at.get(call_id, start), before)
             if not run.repeated:
                 ordered_len, warnings_len = (
-                    previous.marks[start]
-                    if start < len(previous.marks)
+                    run.marks[start]
+                    if start < len(run.marks)
                     else (
-                        len(previous.ordered),
-                        len(previous.warnings),
+                        len(run.ordered),
+                        len(run.warnings),
                     )
                 )
-                run.ordered = previous.ordered[:ordered_len]
-                run.warnings = previous.warnings[:warnings_len]
-                run.placed = previous.placed - {e.seq for e in previous.ordered[ordered_len:]}
-                run.marks = previous.marks[:start]
+                run.placed.difference_update(e.seq for e in run.ordered[ordered_len:])
+                del run.ordered[ordered_len:]
+                del run.warnings[warnings_len:]
+                del run.marks[start:]
                 return run, start
     run = RepairRun(counter, entries, [], 0, {}, {}, {}, set(), False, [], [], set(), [])
     _index(run, 0)
     run.opening = _open_with_user(run.shown, run.warnings, counter)
     return run, 0
+
+
+_TAKING = threading.Lock()
+
+
+def _take(run: RepairRun) -> bool:
+    """Whether this render may resume `run` in place (no other render has): at most one does."""
+    with _TAKING:
+        if run.taken:
+            return False
+        run.taken = True
+        return True
 
 
 def _index(run: RepairRun, start: int) -> set[str]:

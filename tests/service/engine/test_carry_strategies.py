@@ -212,9 +212,14 @@ def test_a_carry_resumed_twice_renders_the_same_view_both_times() -> None:
         carry=first.carry,
     )
     resumed = render(inp)
-    assert first.carry is not None and first.carry.assembly.taken
+    assert first.carry is not None and first.carry.assembly.taken and first.carry.repaired.taken
     again, whole = render(inp), render(replace(inp, carry=None))
     assert resumed == again == whole
     assert resumed.carry is not None and whole.carry is not None
     assert resumed.carry.assembly.offsets == whole.carry.assembly.offsets
     assert first.state.renders[ViewFormat.OPENAI_CHAT.value].offsets() == known
+    # What a render took over is its own carry's, which the next render resumes in turn.
+    assert not resumed.carry.assembly.taken and not resumed.carry.repaired.taken
+    third = render(replace(inp, session=make_session(23), items=items[:23], state=resumed.state, carry=resumed.carry))
+    assert resumed.carry.assembly.taken and resumed.carry.repaired.taken
+    assert third == render(replace(inp, session=make_session(23), items=items[:23], state=resumed.state, carry=None))

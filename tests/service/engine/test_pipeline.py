@@ -1035,7 +1035,10 @@ def test_without_a_budget_nothing_is_offloaded() -> None:
     assert [c for c in run(items, "rules: []").certificates if c.rule == "budget"] == []
 
 
-def test_a_carry_is_not_changed_by_the_renders_that_use_it_and_repeated_call_ids_start_over() -> None:
+def test_a_carry_used_twice_renders_the_same_twice_and_repeated_call_ids_start_over() -> None:
+    """A render takes the parts of the carry it resumes over (once): a second render from the
+    same carry starts over, and renders the same."""
+
     # Histories appends would refuse (a call id used twice), which the engine still takes.
     def call(call_id: str) -> ItemContent:
         return ItemContent(role=Role.ASSISTANT, content=(ToolUseBlock(call_id, "bash", "{}"),))
