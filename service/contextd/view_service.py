@@ -438,11 +438,15 @@ def _render_events(
         ]
         decided = {"view_version": version, "decisions": listed, "total": len(certificates)}
         found.append(NewEvent(tenant, session.id, "decisions_made", decided))
+    # What this render added to the edits in force (its change's), not all of them: a long
+    # session holds thousands, and this runs on the event loop.
     waiting = {target_of(p.proposal.edit) for p in before.pending}
-    in_force = {target_of(a.edit) for a in before.applied}
-    applied = sorted(
-        seq for a in out.state.applied if (seq := target_of(a.edit)) in waiting and seq not in in_force and seq
-    )
+    added = out.change.added if out.change is not None else out.state.applied
+    candidates = [seq for a in added if (seq := target_of(a.edit)) in waiting and seq] if waiting else []
+    applied = []
+    if candidates:
+        in_force = {target_of(a.edit) for a in before.applied}
+        applied = sorted(seq for seq in candidates if seq not in in_force)
     if applied:
         found.append(NewEvent(tenant, session.id, "deferred_applied", {"view_version": version, "seqs": applied}))
     return found
