@@ -25,7 +25,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from operator import is_
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from contextd.engine.model import Item
 
@@ -58,6 +58,27 @@ class _Budget:
 
 
 _BUDGET = _Budget(DEFAULT_MEMO_BYTES)
+
+
+class Resumable(Protocol):
+    """What a render keeps for the next one to resume in place (an assembly, a repair run)."""
+
+    taken: bool
+    """A later render took it over: its lists and maps are that render's now."""
+
+
+_TAKING = threading.Lock()
+
+
+def take_over(kept: Resumable) -> bool:
+    """Whether this render may resume `kept` in place: the first to ask may, whatever the
+    threads; any later one (another render from the same carry, or one after a render that
+    failed half-way) starts over."""
+    with _TAKING:
+        if kept.taken:
+            return False
+        kept.taken = True
+        return True
 
 
 def set_memo_bytes(max_bytes: int) -> None:

@@ -17,13 +17,12 @@ are applied (placeholders.with_calls), not here.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, count
 from operator import is_not
 
-from contextd.engine.memo import IdentityMemo
+from contextd.engine.memo import IdentityMemo, take_over
 from contextd.engine.model import Representation, Role, ToolUseBlock
 from contextd.engine.placeholders import placeholder_blocks
 from contextd.engine.render.base import ViewWarning
@@ -110,7 +109,7 @@ def _resumed(previous: RepairRun | None, entries: Sequence[Entry], counter: Toke
     once is not resumed again (another render from the same carry repairs from the start)."""
     if previous is not None and previous.counter is counter and not previous.repeated:
         same = next(compress(count(), map(is_not, previous.entries, entries)), min(len(previous.entries), len(entries)))
-        if same > previous.opening and _take(previous):
+        if same > previous.opening and take_over(previous):
             run = RepairRun(
                 counter,
                 entries,
@@ -160,18 +159,6 @@ def _resumed(previous: RepairRun | None, entries: Sequence[Entry], counter: Toke
     _index(run, 0)
     run.opening = _open_with_user(run.shown, run.warnings, counter)
     return run, 0
-
-
-_TAKING = threading.Lock()
-
-
-def _take(run: RepairRun) -> bool:
-    """Whether this render may resume `run` in place (no other render has): at most one does."""
-    with _TAKING:
-        if run.taken:
-            return False
-        run.taken = True
-        return True
 
 
 def _index(run: RepairRun, start: int) -> set[str]:

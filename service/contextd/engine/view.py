@@ -7,16 +7,15 @@ the result into the provider's format and counts it.
 from __future__ import annotations
 
 import hashlib
-import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from itertools import compress, count
 from operator import attrgetter, is_not
 from typing import Any, NamedTuple
 
 from contextd.engine.codec import blocks_to_json, canonical_json
-from contextd.engine.memo import IdentityMemo
+from contextd.engine.memo import IdentityMemo, take_over
 from contextd.engine.model import Block, Representation, Session
 from contextd.engine.placeholders import handle_of
 from contextd.engine.render.anthropic import AnthropicFolder
@@ -157,9 +156,6 @@ class Assembly:
     last: int = 0
     taken: bool = False
     """A later render resumed this assembly: its lists are that render's now."""
-    redo: set[int] = field(default_factory=set)
-    """Seqs whose offsets the previous render counted and this one counts again (their first
-    segment from where it resumed on)."""
 
 
 def assemble_view(
@@ -173,8 +169,8 @@ def assemble_view(
 ) -> tuple[View, Assembly]:
     """Render the entries (in view order) and count; the assembly holds the segments a
     later render compares against, and is what a later render resumes (`previous`)."""
-    asm, folder, start = _resumed(previous, entries, request.format, counter)
-    _fold(asm, folder, start)
+    asm, folder, start, redo = _resumed(previous, entries, request.format, counter)
+    _fold(asm, folder, start, redo)
     folder.finish()
     rendered = asm.rendered
     view_items = tuple(asm.items) if asm.in_order else tuple(sorted(asm.items, key=attrgetter("seq")))
@@ -214,8 +210,10 @@ def assemble_view(
 
 def _resumed(
     previous: Assembly | None, entries: Sequence[Entry], fmt: ViewFormat, counter: TokenCounter
-) -> tuple[Assembly, Folder, int]:
-    """A new assembly of `entries`, with what `previous` already did for them; and where to go on.
+) -> tuple[Assembly, Folder, int, set[int]]:
+    """A new assembly of `entries`, with what `previous` already did for them; where to go on;
+    and the seqs whose offsets the previous render counted and this one counts again (their
+    first segment from there on).
 
     The new assembly takes the previous one's lists over, cut back to where it goes on (a
     cost in what changed, not in the view's length), and marks it taken: an assembly
@@ -225,7 +223,7 @@ def _resumed(
         same = next(compress(count(), map(is_not, previous.entries, entries)), min(len(previous.entries), len(entries)))
         # Resume at an entry both share that opened a message: the messages before it are final.
         start = next((i for i in range(same - 1, 0, -1) if previous.marks[i].opens), 0)
-        if start and _take(previous):
+        if start and take_over(previous):
             mark, rendered = previous.marks[start], previous.rendered
             del rendered.messages[mark.messages :]
             del rendered.warnings[mark.warnings :]
@@ -260,27 +258,13 @@ def _resumed(
                 mark.inserted,
                 mark.in_order,
                 mark.last,
-                redo=redo,
             )
-            return asm, folder, start
+            return asm, folder, start, redo
     rendered = Rendered()
-    return Assembly(fmt, counter, entries, rendered, [], [], {}, []), _FOLDERS[fmt](rendered), 0
+    return Assembly(fmt, counter, entries, rendered, [], [], {}, []), _FOLDERS[fmt](rendered), 0, set()
 
 
-_TAKING = threading.Lock()
-
-
-def _take(assembly: Assembly) -> bool:
-    """Whether this render may resume `assembly` in place (no other render has): at most one
-    does, whatever the threads."""
-    with _TAKING:
-        if assembly.taken:
-            return False
-        assembly.taken = True
-        return True
-
-
-def _fold(asm: Assembly, folder: Folder, start: int) -> None:
+def _fold(asm: Assembly, folder: Folder, start: int, redo: set[int]) -> None:
     """Render, count and itemize the entries from `start` on, marking the state before each.
 
     This runs over every new entry of every render (over all of them when
@@ -290,7 +274,7 @@ def _fold(asm: Assembly, folder: Folder, start: int) -> None:
     out, counter = folder.out, asm.counter
     full, left_out = Representation.FULL, Representation.OMITTED
     omitted, index_of, dropped = out.omitted, out.message_index, out.dropped
-    items, segments, offsets, marks, redo = asm.items, asm.segments, asm.offsets, asm.marks, asm.redo
+    items, segments, offsets, marks = asm.items, asm.segments, asm.offsets, asm.marks
     offset, inserted, in_order, last = asm.offset, asm.inserted, asm.in_order, asm.last
     entries = asm.entries
     for i in range(start, len(entries)):
@@ -336,7 +320,6 @@ def _fold(asm: Assembly, folder: Folder, start: int) -> None:
     asm.offset, asm.inserted, asm.in_order, asm.last = offset, inserted, in_order, last
     for seq in redo:  # no longer shown where the render resumed
         offsets.pop(seq, None)
-    redo.clear()
 
 
 class _Shown:
