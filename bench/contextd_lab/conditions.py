@@ -129,9 +129,11 @@ ANY_PREFIX = "default, priced as read to any prefix"
 ON_ENTRY = "default, nothing compressed on entry"
 DEFAULT_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "default, expected_calls 8": {"cache": {"expected_calls": 8}},
+    "default, expected_calls 12": {"cache": {"expected_calls": 12}},
+    "default, expected_calls 12, stakes unlimited": {"cache": {"expected_calls": 12, "stakes": "unlimited"}},
     "default, expected_calls 20": {"cache": {"expected_calls": 20}},
     "default, expected_calls 40": {"cache": {"expected_calls": 40}},
-    "default, expected_calls auto": {"cache": {"expected_calls": "auto"}},
+    "default, stakes unlimited": {"cache": {"stakes": "unlimited"}},
     "default, two turns protected, expected_calls 20": {
         "protection": {"last_turns": 2},
         "cache": {"expected_calls": 20},
@@ -141,8 +143,10 @@ DEFAULT_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     ON_ENTRY: {"compress": {"on_entry": []}},
     "default, the caller's breakpoint": {},
 }
-"""The shipped default with another number of calls a cache rewrite must pay for itself within
-(the default's is 12), with the last two turns protected rather than one and 20 calls (the
+"""The shipped default with a fixed number of calls a cache rewrite must pay for itself within
+(the default's is as many as the session has made so far, at least 12; 12 until 2026-12-04),
+with a rewrite's stake not held to what the session has saved so far (`stakes: unlimited`: the
+default until 2026-12-04 had that with 12 calls), with the last two turns protected rather than one and 20 calls (the
 default until 2026-11-30), or pricing a rewrite as if the provider read its cache up to the
 change (it reads only whole earlier prompts), or with the agent putting the cache breakpoint
 at the end of each call itself (the view places none), or with nothing protected, so that a

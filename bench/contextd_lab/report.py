@@ -369,6 +369,14 @@ def _false_prunes(results: Results, trace_ids: Sequence[str], conditions: Sequen
     return _table(["condition", "false prunes", "by the label's category"], rows) if rows else "None."
 
 
+def _horizon() -> str:
+    """The calls the default policy's rewrites must pay back within, in words."""
+    cache = default_policy().cache
+    if cache.expected_calls_auto:
+        return f"as many calls as the session has made so far (at least {cache.expected_calls})"
+    return f"{cache.expected_calls} calls"
+
+
 def _versus_masking(results: Results, trace_ids: Sequence[str]) -> str:
     rows = []
     for trace_id in trace_ids:
@@ -392,10 +400,9 @@ def _versus_masking(results: Results, trace_ids: Sequence[str]) -> str:
         if d.cost["anthropic"] > raw.cost("anthropic") + 1e-9:
             breaks = [n for n, c in enumerate(default.calls) if c.divergence is not None]
             left = ", ".join(str(len(default.calls) - n) for n in breaks)
-            expected = default_policy().cache.expected_calls
             why += (
                 f"; **the default costs more than raw here** (Anthropic): it rewrote the cached prefix at "
-                f"{len(breaks)} calls, each priced to pay back over {expected} calls, with {left} calls left"
+                f"{len(breaks)} calls, each priced to pay back over {_horizon()}, with {left} calls left"
             )
         rows.append(
             [trace_id, f"{default.sent:,}", f"{masking.sent:,}", _dollars(d.cost["anthropic"]),
@@ -740,13 +747,16 @@ OpenAI {_dollars(default["cost"]["openai"])} against {_dollars(default["raw_cost
 
 The default policy keeps an output whole for the call that reads it (`protection.last_turns`,
 1) and applies an edit to what the cache holds only when it pays for itself within
-{default_policy().cache.expected_calls} calls (`cache.expected_calls`): a session's end is not
-known, and a rewrite just before it is a loss. It prices the rewrite from where Anthropic reads
+{_horizon()} (`cache.expected_calls`) and, should the session end after the next call, would
+lose no more than the session's calls have saved so far against its whole history sent
+(`cache.stakes: banked`): a session's end is not known, and a rewrite just before it is a
+loss, which the bank bounds. It prices the rewrite from where Anthropic reads
 its cache back: the end of the last earlier prompt before the change (`cache.reads:
 breakpoints`), and lets the view place that breakpoint: a call caches up to the newest
 outputs the next call will compress, so that compression rewrites nothing cached. The same
-policy paying back over more or fewer calls, with two turns protected and 20 calls (the
-default until 2026-11-30), priced as if the cache were read up to the change itself
+policy paying back over a fixed number of calls (12: the default until 2026-12-04, with its
+stakes unlimited until then too), with its stakes unlimited, with two turns protected and 20
+calls (the default until 2026-11-30), priced as if the cache were read up to the change itself
 (`reads: prefix`, as OpenAI reads; the bill is still Anthropic's), with nothing protected
 (`protection.last_turns: 0`: every new output is compressed when it first enters the view,
 file reads and code included, before any cache holds it, as headroom-ai's proxy does, and the

@@ -114,6 +114,8 @@ def advance(before: ViewState, change: StateChange) -> ViewState:
         r.cached_ends,
         r.cached_through,
         r.early,
+        r.history_tokens,
+        r.banked,
     )
     return ViewState(
         view_version=change.view_version,
@@ -142,6 +144,8 @@ def change_to_json(change: StateChange) -> str:
         "cached_ends": [list(end) for end in r.cached_ends],
         "cached_through": r.cached_through,
         "early": list(r.early),
+        "history_tokens": r.history_tokens,
+        "banked": r.banked,
         "kept": change.kept,
         "segments": [list(s) for s in change.segments],
     }
@@ -159,6 +163,8 @@ def change_from_json(text: str) -> StateChange:
         tuple((offset, used_at) for offset, used_at in data["cached_ends"]),
         data["cached_through"],
         early_from_json(data.get("early")),
+        data.get("history_tokens", 0),
+        data.get("banked", 0.0),
     )
     return StateChange(
         view_version=data["view_version"],

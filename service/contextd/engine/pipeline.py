@@ -205,6 +205,7 @@ def render(inp: RenderInput) -> RenderOutput:
         pending=applied.pending,
         decided=judged.decided,
         items=len(inp.items),
+        history_tokens=draft.history_tokens,
     )
     lap("record")
     certificates = (

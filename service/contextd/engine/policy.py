@@ -69,6 +69,7 @@ PROVIDER_PRICES: Mapping[str, Prices] = {
 # engine counts no shorter earlier prompt as a breakpoint (with prefix reads it keeps the
 # change as the read point whatever its offset: a rewrite that short costs next to nothing).
 BREAKPOINTS, PREFIX = "breakpoints", "prefix"
+BANKED, UNLIMITED = "banked", "unlimited"  # what a rewrite may stake (`CachePolicy.stakes`)
 PROVIDER_READS: Mapping[str, str] = {"anthropic": BREAKPOINTS, "openai": PREFIX, "google": PREFIX}
 MIN_CACHED_TOKENS = 1024
 # Past the minimum, OpenAI caches prefixes in steps of 128 tokens (same page); the others
@@ -123,6 +124,11 @@ class CachePolicy:
     high_water: float = 0.9
     expected_calls_auto: bool = False
     """Expect as many further calls as the session has made so far (at least `expected_calls`)."""
+    stakes: str = BANKED
+    """What a rewrite of the cached prompt may put at risk: `banked`, no more than the session's
+    calls have saved so far against sending the whole history (timing.py, `banked`), so that a
+    session that ends just after a rewrite costs no more than the history sent whole; or
+    `unlimited`."""
     reads: str = BREAKPOINTS
     """Where a later call reads the cache from: `breakpoints` (only up to the end of an earlier
     prompt, cached whole) or `prefix` (up to wherever two prompts first differ)."""
@@ -370,6 +376,7 @@ def _build(data: dict[str, Any], document: str, registry: TransformRegistry, roo
             expected_calls=_expected_calls(cache_data, default.cache.expected_calls),
             expected_calls_auto=cache_data.get("expected_calls") == "auto",
             high_water=cache_data.get("high_water", default.cache.high_water),
+            stakes=cache_data.get("stakes", default.cache.stakes),
             reads=cache_data.get("reads", PROVIDER_READS[provider]),
         ),
         tools=tools,

@@ -86,6 +86,13 @@ class PreviousRender:
     early: tuple[float, float] = (0.0, 0.0)
     """The record of early breakpoints in this format so far (breakpoint.py, `judged`): how many
     the next render judged, and how many of them paid (it changed what followed the breakpoint)."""
+    history_tokens: int = 0
+    """Tokens of the whole history at this render, framed as the view's messages were: the prompt
+    an agent sending its history unedited would have sent."""
+    banked: float = 0.0
+    """Dollars the session's calls in this format so far are expected to have saved against
+    sending the history whole, each call caching its prompt (timing.py, `banked`): what a
+    rewrite of the cached prompt may stake."""
     known_offsets: Mapping[int, int] | None = field(default=None, compare=False, repr=False)
     """`offsets()`, when the render that made it counted them already (not stored)."""
     known_total: int | None = field(default=None, compare=False, repr=False)
@@ -293,6 +300,8 @@ def _render_to_json(render: PreviousRender) -> dict[str, Any]:
         **({"cached_ends": [list(end) for end in render.cached_ends]} if render.cached_ends else {}),
         **({"cached_through": render.cached_through} if render.cached_through is not None else {}),
         **({"early": list(render.early)} if render.early != (0.0, 0.0) else {}),
+        **({"history_tokens": render.history_tokens} if render.history_tokens else {}),
+        **({"banked": render.banked} if render.banked else {}),
     }
 
 
@@ -319,6 +328,8 @@ def state_from_json(text: str) -> ViewState:
                 tuple((offset, used_at) for offset, used_at in r.get("cached_ends", ())),
                 r.get("cached_through"),
                 early_from_json(r.get("early")),
+                r.get("history_tokens", 0),
+                r.get("banked", 0.0),
             )
             for name, r in data["renders"].items()
         },

@@ -13,6 +13,14 @@ calls E, with read price r and write price w per token:
 
     value(apply now) = E * saving * r  -  (radius - saving) * (w - r)
 
+A session's end is not known, so an edit that pays over E calls may still
+lose if the session ends soon after. What a rewrite puts at risk (its stake:
+what it costs if the session ends after the next call) is held to what the
+session's calls have saved so far against sending the whole history, each
+call caching its prompt (`banked`; the policy's `cache.stakes`): a session
+that ends just after a rewrite then costs no more than that history would
+have, whatever agent made it and however short it was.
+
 An edit applies now when it only touches the tail the cache has not seen,
 when the cache is cold anyway (the previous render is older than the
 cache's TTL), or as part of the batch of edits whose single invalidation
@@ -27,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from contextd.engine.policy import BREAKPOINTS, CACHE_STEPS, MIN_CACHED_TOKENS, CachePolicy
+from contextd.engine.policy import BANKED, BREAKPOINTS, CACHE_STEPS, MIN_CACHED_TOKENS, CachePolicy
 from contextd.engine.state import PreviousRender
 from contextd.engine.types import CacheState
 
@@ -142,11 +150,38 @@ def predicted_usage(
     return Usage(read, write, max(0, total - read - write))
 
 
-def value_now(saving: int, radius: int, cache: CachePolicy) -> float:
+def priced(usage: Usage, cache: CachePolicy) -> float:
+    """Dollars a call billed `usage` costs at the policy's prices."""
+    p = cache.prices
+    return (usage.cache_read * p.cache_read + usage.cache_write * p.cache_write + usage.uncached * p.input) / PER_TOKEN
+
+
+def banked(previous: PreviousRender | None, state: CacheState, history: int, usage: Usage, cache: CachePolicy) -> float:
+    """What the session's calls have saved so far, with this one billed `usage`, against an
+    agent sending its whole history (`history` tokens now; `previous.history_tokens` at the
+    previous call), each call caching its prompt to its end, with the same cache's age."""
+    before = previous.history_tokens if previous is not None else 0
+    whole_state = CacheState(
+        before if previous is not None else 0,
+        state.age_seconds,
+        state.ttl_seconds,
+        None if state.breakpoints is None else (before,) if before >= MIN_CACHED_TOKENS else (),
+    )
+    whole = predicted_usage(whole_state, before, None, history, cache)
+    return (previous.banked if previous is not None else 0.0) + priced(whole, cache) - priced(usage, cache)
+
+
+def value_now(saving: int, radius: int, cache: CachePolicy, calls: int | None = None) -> float:
+    """What applying an edit now saves over `calls` (the policy's expected calls) later calls."""
     read = cache.prices.cache_read / PER_TOKEN
     write = cache.prices.cache_write / PER_TOKEN
     rewritten = max(0, radius - max(saving, 0))
-    return cache.expected_calls * saving * read - rewritten * (write - read)
+    return (cache.expected_calls if calls is None else calls) * saving * read - rewritten * (write - read)
+
+
+def stake(saving: int, radius: int, cache: CachePolicy) -> float:
+    """What applying an edit now loses if the session ends after the next call (0: nothing)."""
+    return max(0.0, -value_now(saving, radius, cache, calls=1))
 
 
 def schedule(
@@ -155,6 +190,7 @@ def schedule(
     cache: CachePolicy,
     utilization: float,
     force: bool = False,
+    banked: float = 0.0,
 ) -> list[Timing]:
     """Decide, for each edit, whether it applies in this render.
 
@@ -163,7 +199,9 @@ def schedule(
     s on" (s where the cache stops reading for some edit), the one worth most
     (if any is worth anything) is applied. An edit that pays on its own is
     always in it: starting where the cache stops reading for that edit is
-    worth more than starting at any later such point.
+    worth more than starting at any later such point. Under `stakes: banked`
+    only a rewrite whose stake is within what the session has `banked` is
+    considered.
     """
     total = state.previous_tokens
     radii = [max(0, total - state.read_until(e.position)) for e in edits]
@@ -173,16 +211,23 @@ def schedule(
         return [Timing(True, why, r, v) for r, v in zip(radii, values, strict=True)]
 
     starts = sorted({total - r for r, e in zip(radii, edits, strict=True) if r > 0})
+    limited = cache.stakes == BANKED
     best: int | None = None
     best_value = 0.0
+    over_stake: tuple[float, int] | None = None  # the best start left out for its stake: (worth, start)
     for start in starts:
         # What the rewrite from `start` saves: the reductions from there on. An edit that grows
         # the view (an insert) rides on the rewrite, but is no reason to make it; counting it
         # here could pass over an earlier start that pays for every reduction after it.
         saving = sum(max(0, e.saving) for e, r in zip(edits, radii, strict=True) if r > 0 and e.position >= start)
         worth = value_now(saving, total - start, cache)
-        if worth > best_value:
-            best, best_value = start, worth
+        if worth <= best_value:
+            continue
+        if limited and stake(saving, total - start, cache) > banked:
+            if over_stake is None or worth > over_stake[0]:
+                over_stake = (worth, start)
+            continue
+        best, best_value = start, worth
     cause = (
         f"the edits from token {best} on pay for one invalidation (${best_value:.6f} over {cache.expected_calls} calls)"
     )
@@ -202,10 +247,14 @@ def schedule(
             timings.append(Timing(True, why, radius, value))
         else:
             calls = cache.expected_calls
-            cost = (
-                f"applying now would cost ${-value:.6f} more than it saves over {calls} calls"
-                if value < 0
-                else f"applying now would save nothing over {calls} calls"
-            )
+            if over_stake is not None and edit.position >= over_stake[1]:
+                cost = (
+                    f"the rewrite from token {over_stake[1]} would pay (${over_stake[0]:.6f} over {calls} calls) but"
+                    f" would lose more than the session has saved so far (${max(banked, 0.0):.6f}) if it ended next"
+                )
+            elif value < 0:
+                cost = f"applying now would cost ${-value:.6f} more than it saves over {calls} calls"
+            else:
+                cost = f"applying now would save nothing over {calls} calls"
             timings.append(Timing(False, cost, radius, value))
     return timings

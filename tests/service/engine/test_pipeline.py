@@ -38,6 +38,7 @@ from contextd.engine.state import (
     state_from_json,
     state_to_json,
 )
+from contextd.engine.timing import Usage, priced, stake
 from contextd.engine.types import Remove, Reorder
 from contextd.engine.view import ViewFormat, ViewRequest
 from tests.helpers import counter, make_session, stored_items, to_item
@@ -330,11 +331,10 @@ def test_a_batch_that_pays_for_one_invalidation_applies_while_the_cache_is_warm(
     # expected calls none pays for its own invalidation; together they do.
     items = big_history([2_000] * 3 + [9_800] * 10, marked={0, 1, 2})
     warm = run(items, "protection: {last_turns: 0}", now=0)
-    alone = run(
-        big_history([2_000] * 3 + [9_800] * 10, marked={0}), PRUNE_MARKED.replace("20", "300"), state=warm.state, now=60
-    )
+    priced = PRUNE_MARKED.replace("20", "300, stakes: unlimited")  # the pricing alone: whatever it stakes
+    alone = run(big_history([2_000] * 3 + [9_800] * 10, marked={0}), priced, state=warm.state, now=60)
     assert [c.decision for c in alone.certificates] == [Decision.DEFER]
-    together = run(items, PRUNE_MARKED.replace("20", "300"), state=warm.state, now=60)
+    together = run(items, priced, state=warm.state, now=60)
     assert [c.decision for c in together.certificates] == [Decision.PRUNE] * 3
     assert "pay for one invalidation" in together.certificates[0].rationale
     # The cache is read up to the last earlier prompt before the first edit: none but the whole previous one.
@@ -1076,6 +1076,8 @@ def test_the_stored_state_is_the_plain_serialization_of_the_state() -> None:
                     "segments": [[s.seq, s.digest, s.tokens] for s in r.segments],
                     "view_tokens": r.view_tokens,
                     "budget_tokens": r.budget_tokens,
+                    "history_tokens": r.history_tokens,
+                    **({"banked": r.banked} if r.banked else {}),
                 }
                 for name, r in sorted(state.renders.items())
             },
@@ -1114,8 +1116,44 @@ def test_a_session_with_many_calls_behind_it_expects_more_of_them_when_told_to()
     items = big_history(sizes, marked={0})
     warm = run(items, "protection: {last_turns: 0}", now=0)
     long_session = replace(warm.state, view_version=400)  # 400 renders so far
-    fixed = run(items, PRUNE_MARKED, state=long_session, now=60)
-    auto = run(items, PRUNE_MARKED.replace("expected_calls: 20", 'expected_calls: "auto"'), state=long_session, now=60)
+    priced = PRUNE_MARKED.replace("expected_calls: 20", "expected_calls: 20, stakes: unlimited")
+    fixed = run(items, priced, state=long_session, now=60)
+    auto = run(items, priced.replace("expected_calls: 20", 'expected_calls: "auto"'), state=long_session, now=60)
     assert [c.decision for c in fixed.certificates] == [Decision.DEFER]
     [applied] = auto.certificates
     assert applied.decision is Decision.PRUNE and "over 400 calls" in applied.rationale
+
+
+def test_a_rewrite_that_pays_waits_until_the_session_has_saved_what_it_would_lose_if_it_ended_next() -> None:
+    sizes = [2_000] + [1_500] * 10
+    items = big_history(sizes, marked={0})
+    warm = run(items, "protection: {last_turns: 0}", now=0)
+    [(fmt, render)] = warm.state.renders.items()
+    assert render.banked == 0.0  # the first call sent what the whole history would have
+    auto = PRUNE_MARKED.replace("expected_calls: 20", 'expected_calls: "auto"')
+    long_session = replace(warm.state, view_version=400)  # pays over the 400 calls expected
+    [waits] = run(items, auto, state=long_session, now=60).certificates
+    assert waits.decision is Decision.DEFER and "more than the session has saved so far" in waits.rationale
+    saving = waits.tokens_removed - waits.placeholder_tokens
+    at_risk = stake(saving, waits.mutation_radius_tokens, parse_policy(auto, REGISTRY).cache)
+    assert at_risk > 0
+    for bank, decision in ((at_risk * 0.9, Decision.DEFER), (at_risk * 1.1, Decision.PRUNE)):
+        saved = replace(long_session, renders={fmt: replace(render, banked=bank)})
+        [certificate] = run(items, auto, state=saved, now=60).certificates
+        assert certificate.decision is decision, bank
+
+
+def test_what_a_session_banks_is_what_its_calls_saved_against_its_whole_history() -> None:
+    # An edit of the tail the cache has not seen is free, and saves its tokens on this call and the next.
+    items = big_history([9_800] * 10 + [3_000], marked={10})
+    first = run(items[:-2], "protection: {last_turns: 0}", now=0)
+    second = run(items, PRUNE_MARKED, state=first.state, now=30)
+    [cert] = second.certificates
+    assert (cert.decision, cert.mutation_radius_tokens) == (Decision.PRUNE, 0)
+    grew = sent(second).history_tokens - sent(first).history_tokens
+    cache = parse_policy(PRUNE_MARKED, REGISTRY).cache
+    whole = priced(Usage(sent(first).history_tokens, grew, 0), cache)
+    assert sent(second).banked == pytest.approx(whole - priced(second.predicted, cache))
+    assert sent(second).banked > 0
+    stored = state_from_json(state_to_json(second.state))  # it is kept with the state
+    assert stored.renders[OPENAI.value].banked == sent(second).banked

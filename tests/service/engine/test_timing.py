@@ -5,12 +5,15 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contextd.engine.policy import CachePolicy
-from contextd.engine.timing import Costed, schedule, value_now
+from contextd.engine.policy import UNLIMITED, CachePolicy
+from contextd.engine.state import PreviousRender
+from contextd.engine.timing import Costed, Usage, banked, priced, schedule, stake, value_now
 from contextd.engine.types import CacheState
 
 WARM = CacheState(previous_tokens=10_000, age_seconds=10.0, ttl_seconds=300.0)
-CACHE = CachePolicy()
+CACHE = CachePolicy(stakes=UNLIMITED)
+"""The pricing alone: whatever a rewrite stakes (the default holds it to what is banked)."""
+BANKED = CachePolicy()
 
 
 def at_breakpoints(*ends: int) -> CacheState:
@@ -63,3 +66,61 @@ def test_an_edit_that_pays_on_its_own_is_never_deferred(edits: list[tuple[int, i
     for edit, timing in zip(costed, schedule(costed, cache, CACHE, utilization=0.0), strict=True):
         if timing.value > 0:
             assert timing.apply, (edit, timing)
+
+
+def test_a_rewrite_that_pays_waits_while_it_would_lose_more_than_the_session_has_saved() -> None:
+    edit = Costed(position=9_000, saving=800)  # pays over 12 calls; loses if the session ends next
+    at_risk = stake(800, 1_000, BANKED)
+    assert at_risk > 0 and value_now(800, 1_000, BANKED) > 0
+    [poor] = schedule([edit], WARM, BANKED, utilization=0.0, banked=at_risk * 0.99)
+    [rich] = schedule([edit], WARM, BANKED, utilization=0.0, banked=at_risk)
+    assert not poor.apply and "more than the session has saved so far" in poor.why
+    assert rich.apply
+    free = Costed(position=10_000, saving=800)  # the tail the cache has not seen: nothing at stake
+    assert schedule([free], WARM, BANKED, utilization=0.0)[0].apply
+    [full] = schedule([edit], WARM, BANKED, utilization=0.95)  # at the budget's high water
+    assert full.apply
+
+
+def test_of_the_rewrites_that_pay_the_best_within_the_bank_is_made() -> None:
+    early = Costed(position=2_000, saving=6_000)  # rewrites 8,000 tokens: worth most, stakes most
+    late = Costed(position=9_000, saving=800)  # rewrites 1,000
+    assert value_now(6_800, 8_000, BANKED) > value_now(800, 1_000, BANKED) > 0
+    bank = stake(800, 1_000, BANKED)
+    assert stake(6_800, 8_000, BANKED) > bank
+    timings = schedule([early, late], WARM, BANKED, utilization=0.0, banked=bank)
+    assert [t.apply for t in timings] == [False, True]
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 2_000)), max_size=8),
+    st.none() | st.lists(st.integers(1_024, 9_999), unique=True).map(sorted),
+    st.floats(0.0, 0.05),
+)
+def test_what_a_render_applies_never_stakes_more_than_is_banked(
+    edits: list[tuple[int, int]], ends: list[int] | None, bank: float
+) -> None:
+    costed = [Costed(position, saving) for position, saving in edits]
+    cache = WARM if ends is None else at_breakpoints(*ends)
+    timings = schedule(costed, cache, BANKED, utilization=0.0, banked=bank)
+    applied = [(e, t) for e, t in zip(costed, timings, strict=True) if t.apply and t.radius > 0]
+    if applied:
+        radius = max(t.radius for _, t in applied)  # one rewrite, from the earliest read point
+        assert stake(sum(e.saving for e, _ in applied), radius, BANKED) <= bank + 1e-12
+
+
+def test_the_bank_is_what_each_call_saved_against_the_whole_history_sent_and_cached() -> None:
+    warm = CacheState(20_000, 10.0, 300.0, breakpoints=(20_000,))
+    previous = PreviousRender(0.0, (), history_tokens=30_000, banked=0.01)
+    # The history grew by 2,000 tokens: sent whole, it reads 30,000 and writes 2,000.
+    whole = priced(Usage(30_000, 2_000, 0), BANKED)
+    view = Usage(20_000, 1_000, 0)  # the view reads what it shares with its own last call
+    assert banked(previous, warm, 32_000, view, BANKED) == 0.01 + whole - priced(view, BANKED)
+    # A call after the cache went cold writes the whole history again, as it writes the view.
+    cold = CacheState(20_000, 400.0, 300.0, breakpoints=(20_000,))
+    again = Usage(0, 21_000, 0)
+    assert banked(previous, cold, 32_000, again, BANKED) == 0.01 + priced(Usage(0, 32_000, 0), BANKED) - priced(
+        again, BANKED
+    )
+    assert banked(None, CacheState(0, None, 300.0), 5_000, Usage(0, 5_000, 0), BANKED) == 0.0

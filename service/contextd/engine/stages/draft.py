@@ -66,6 +66,8 @@ class Draft:
         self.patches: dict[str, Any] = {}
         self.view_tokens = sum(item.token_count for item in items)
         """Tokens of the entries shown (kept as edits are applied)."""
+        self.history_tokens = self.view_tokens
+        """Tokens of the history's items as they are, whatever is applied."""
         self.latest_results: dict[str, int] = {}
         """tool name -> seq of its latest result."""
         self.latest_user: Item | None = None
@@ -101,6 +103,7 @@ class Draft:
         draft.inserted = list(self.inserted)
         draft.patches = dict(self.patches)
         draft.view_tokens = self.view_tokens
+        draft.history_tokens = self.history_tokens
         draft.latest_results = dict(self.latest_results)
         draft.latest_user, draft.latest_calls = self.latest_user, self.latest_calls
         draft.recent_calls = self.recent_calls
@@ -115,6 +118,7 @@ class Draft:
                 item, item.content, Representation.FULL, item.token_count, turn, item.seq in pins
             )
             draft.view_tokens += item.token_count
+            draft.history_tokens += item.token_count
         seqs = [item.seq for item in new]
         draft.natural = (*self.natural, *seqs)
         draft.turns = turn + 1

@@ -14,7 +14,7 @@ from contextd.engine.changes import StateChange, change_of
 from contextd.engine.policy import Policy
 from contextd.engine.stages.show import Shown
 from contextd.engine.state import AppliedEdit, PendingEdit, PreviousRender, Slot, ViewState, slot_of
-from contextd.engine.timing import PromptCache, Usage, ends_after, predicted_usage
+from contextd.engine.timing import PromptCache, Usage, banked, ends_after, predicted_usage
 from contextd.engine.view import FRAMING_TOKENS_PER_MESSAGE, Assembly, View, ViewRequest
 
 
@@ -43,17 +43,20 @@ def record(
     pending: Sequence[PendingEdit],
     decided: frozenset[str],
     items: int,
+    history_tokens: int,
 ) -> Recorded:
     """The state after a render that kept `in_force` (`compressed`: the slots its compressions
     hold, which an edit of this render may have taken over), applied `applied` (`durable`: in
     history mode) and deferred `pending`; `decided`: the refusals certified so far; `items`:
-    the history version rendered."""
+    the history version rendered, of `history_tokens` tokens."""
     superseded = compressed & {slot_of(a.edit) for a in (*applied, *durable)}
     if superseded:
         in_force = [a for a in in_force if slot_of(a.edit) not in superseded]
     view, assembly, point, stable = shown.view, shown.assembly, shown.point, shown.stable
     previous = cache.previous
     cached = point.offset if point is not None else None
+    predicted = predicted_usage(cache.state, stable, cached, view.total_tokens, cache.pricing, _framing(assembly))
+    history = history_tokens + view.total_tokens - assembly.offset  # framed as the view's messages are
     new_state = ViewState(
         view_version=state.view_version + 1,
         policy_version=policy.version,
@@ -67,6 +70,8 @@ def record(
                 ends_after(previous, stable, point.offset if point else assembly.offset, now, policy.cache),
                 cached,
                 shown.early,
+                history,
+                banked(previous, cache.state, history, predicted, cache.pricing),
                 known_offsets=assembly.offsets,
                 known_total=assembly.offset,
             ),
@@ -82,7 +87,6 @@ def record(
         policy_version=policy.version,
         cache_breakpoint_seq=point.through if point is not None else 0,
     )
-    predicted = predicted_usage(cache.state, stable, cached, view.total_tokens, cache.pricing, _framing(assembly))
     change = change_of(state, new_state, request.format.value, items, in_force, applied)
     return Recorded(view, new_state, change, predicted)
 
