@@ -125,6 +125,8 @@ CONDITIONS: dict[str, dict[str, Any] | None] = {
 }
 """Each condition's policy (None: the shipped default), before the trace's tools are added."""
 
+TRANSFORMS = ("compress", "dedupe", "same_source")
+"""A variant's sections that patch the params of the default's rules of that transform."""
 ANY_PREFIX = "default, priced as read to any prefix"
 ON_ENTRY = "default, nothing compressed on entry"
 DEFAULT_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
@@ -141,6 +143,10 @@ DEFAULT_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     ANY_PREFIX: {"cache": {"reads": "prefix"}},
     "default, compressed on entry": {"protection": {"last_turns": 0}},
     ON_ENTRY: {"compress": {"on_entry": []}},
+    "default, copies kept for the call that made them": {
+        "dedupe": {"on_entry": False},
+        "same_source": {"on_entry": False},
+    },
     "default, the caller's breakpoint": {},
 }
 """The shipped default with a fixed number of calls a cache rewrite must pay for itself within
@@ -152,7 +158,9 @@ change (it reads only whole earlier prompts), or with the agent putting the cach
 at the end of each call itself (the view places none), or with nothing protected, so that a
 new output is compressed when it first enters the view, before any cache holds it (as
 headroom-ai's proxy does; the call that reads it reads the compressed form), or with no output
-compressed on entry (`compress`'s `params.on_entry` empty: the default until 2026-12-03): the report's
+compressed on entry (`compress`'s `params.on_entry` empty: the default until 2026-12-03), or with
+a copy of an output shown whole before it kept for the call that made it (`dedupe`'s and
+`same_source`'s `params.on_entry` false: the default until 2026-12-04): the report's
 sensitivity to them, on the real traces. Each patches sections of the default policy."""
 
 CALLER_BREAKPOINT = (
@@ -182,9 +190,9 @@ def policy_text(condition: str, tools: Mapping[str, Any] | None = None, *, at_on
         policy = yaml.safe_load(default_policy_text())
         policy["tools"] = {**policy["tools"], **(tools or {})}
         for section, patch in (variant or {}).items():
-            if section == "compress":  # the params of the compress rule
+            if section in TRANSFORMS:  # the params of that transform's rules
                 policy["rules"] = [
-                    {**r, "params": {**r.get("params", {}), **patch}} if r["transform"] == "compress" else r
+                    {**r, "params": {**r.get("params", {}), **patch}} if r["transform"] == section else r
                     for r in policy["rules"]
                 ]
             else:

@@ -11,6 +11,12 @@ the cache). Each looks its evidence up in the session's observation index
 * ``same_source`` (level 1): a read of a source at a version the client
   declared, when an earlier read of the same source at the same version,
   covering it, is shown in full.
+
+  With ``params.on_entry`` (the default policy's), either goes when it first
+  enters the view, for the very call that made it (past the protection of the
+  latest turns only, as the compress rule's ``on_entry`` kinds do): what it
+  shows is in the view already, whole, so the call reads all of it, and
+  nothing a cache holds is written twice or rewritten.
 * ``supersede`` (level 2): a read of a file that a later read shows again:
   a read of the whole file, or of lines covering it with nothing between
   that may have moved its lines (a write of a file of that name other than a
@@ -109,8 +115,19 @@ class Strategy:
         raise NotImplementedError
 
 
+def on_entry(params: Mapping[str, Any]) -> bool:
+    """Whether a rule's copies go when they first enter the view (`params.on_entry`)."""
+    return params.get("on_entry", False) is True
+
+
+def check_on_entry(params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """`on_entry`: true or false."""
+    return [] if isinstance(params.get("on_entry", False), bool) else [("on_entry", "must be true or false")]
+
+
 class Dedupe(Strategy):
     name: ClassVar[str] = "dedupe"
+    check = staticmethod(check_on_entry)
 
     def proposal(
         self, context: TransformContext, entry: Entry, seen: Observation, params: Mapping[str, Any]
@@ -122,7 +139,7 @@ class Dedupe(Strategy):
         if earlier is None:
             return None
         note = f"identical to the output of call {index.by_seq[earlier].call_id} (seq {earlier})"
-        return Proposal(Remove(entry.seq, True, note), 0, "duplicate", note, (earlier,))
+        return Proposal(Remove(entry.seq, True, note), 0, "duplicate", note, (earlier,), on_entry=on_entry(params))
 
     def rests_on(self, entry: Entry, seen: Observation, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
         return (("shown output", seen.output_hash),)
@@ -130,6 +147,7 @@ class Dedupe(Strategy):
 
 class SameSource(Strategy):
     name: ClassVar[str] = "same_source"
+    check = staticmethod(check_on_entry)
 
     def proposal(
         self, context: TransformContext, entry: Entry, seen: Observation, params: Mapping[str, Any]
@@ -155,7 +173,9 @@ class SameSource(Strategy):
             f"the same version ({seen.version}) of {read.path} "
             f"as the output of call {earlier.call_id} (seq {earlier.seq})"
         )
-        return Proposal(Remove(entry.seq, True, note), 1, "same_source", note, (earlier.seq,))
+        return Proposal(
+            Remove(entry.seq, True, note), 1, "same_source", note, (earlier.seq,), on_entry=on_entry(params)
+        )
 
     def rests_on(self, entry: Entry, seen: Observation, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
         return (("covered", entry.seq),) if self._applies(seen) else ()

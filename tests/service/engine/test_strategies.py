@@ -105,6 +105,33 @@ def test_an_identical_output_is_replaced_by_a_pointer_to_the_earlier_copy() -> N
     assert handle_of(items[seq_of(2) - 1]) in out.view.messages_json
 
 
+COPIES = """
+protection: {last_turns: 1}
+tools: {bash: {effect: shell}}
+rules: [{name: duplicates, transform: dedupe, params: {on_entry: %s}, when: {roles: [tool]}}]
+"""
+
+
+def test_a_copy_of_an_output_shown_whole_goes_when_it_enters_the_view_with_on_entry() -> None:
+    items = session(("cat src/app.py", SOURCE), ("pytest -q", "1 passed\n" + BODY), ("cat src/app.py", SOURCE))
+    copy = seq_of(3)  # the newest output, protected for the call that reads it
+    entered = run_policy(items, COPIES % "true")
+    assert pruned(entered) == {copy: (0, f"identical to the output of call c1 (seq {seq_of(1)})")}
+    assert shown(entered, seq_of(1)) is Representation.FULL  # what the call reads: all of the copy
+    assert entered.view.messages_json.count(json.dumps(SOURCE)[1:-1]) == 1
+    # Without it, the copy stays whole for that call, and goes from the next on.
+    assert pruned(run_policy(items, COPIES % "false")) == {}
+    # A copy still passes no other protection: here its tool's latest error.
+    failing = session(("make", "error: x\n" + BODY, True), ("make", "error: x\n" + BODY, True))
+    assert pruned(run_policy(failing, COPIES % "true")) == {}
+
+
+def test_on_entry_of_the_copy_rules_is_true_or_false() -> None:
+    with pytest.raises(InvalidArgument) as raised:
+        parse_policy(COPIES % "[log]", REGISTRY)
+    assert "must be true or false" in str(raised.value.violations)
+
+
 def test_the_same_command_with_another_output_is_never_deduped() -> None:
     items = session(("pytest tests", "1 failed\n" + BODY), ("pytest tests", "all passed\n" + BODY))
     assert pruned(run(items, "dedupe")) == {}
