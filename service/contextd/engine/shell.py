@@ -174,6 +174,9 @@ def words_of(command: str) -> list[str] | None:
     source = _without_heredocs(command)
     if source is None:
         return None
+    quick = _quick_words(source)
+    if quick is not None:
+        return quick
     try:
         # Unquoted newlines separate commands, like `;`: they are punctuation here.
         lexer = shlex.shlex(source, posix=True, punctuation_chars=";&|<>\n")
@@ -183,6 +186,28 @@ def words_of(command: str) -> list[str] | None:
         return list(lexer)
     except ValueError:
         return None
+
+
+_WORDS = re.compile(r"""[;&|<>\n]+|(?:[^;&|<>\n \t\r'"]+|'[^']*'|"[^"]*")+""")
+_QUOTED = re.compile("'([^']*)'|\"([^\"]*)\"")
+
+
+def _quick_words(source: str) -> list[str] | None:
+    """`words_of`'s split by two regular expressions, at C speed, for a command with no
+    backslash in it (most are): runs of operator characters, and words of plain and quoted
+    parts; None when shlex must read it (a backslash, a quote left open). The shlex reading
+    stays the reference: a test holds the two to the same words."""
+    if "\\" in source:
+        return None
+    words, end = [], 0
+    for match in _WORDS.finditer(source):
+        if source[end : match.start()].strip(" \t\r"):
+            return None  # a quote no word could close
+        word, end = match.group(), match.end()
+        if "'" in word or '"' in word:
+            word = _QUOTED.sub(lambda q: q.group(1) if q.group(1) is not None else q.group(2), word)
+        words.append(word)
+    return None if source[end:].strip(" \t\r") else words
 
 
 def _without_heredocs(command: str) -> str | None:

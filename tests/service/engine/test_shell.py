@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import shlex
 
-from contextd.engine.shell import WHOLE, Read, covers, effects
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contextd.engine.shell import WHOLE, Read, _without_heredocs, covers, effects, words_of
 
 
 @pytest.mark.parametrize(
@@ -127,3 +131,42 @@ def test_line_ranges_cover() -> None:
     assert covers(((1, 10), (11, 20)), ((5, 15),))
     assert not covers(((1, 10), (12, 20)), ((5, 15),))
     assert covers(WHOLE, ((3, 4),))
+
+
+def _shlex_words(command: str) -> list[str] | None:
+    """`words_of` by shlex alone, heredoc bodies left out first."""
+    source = _without_heredocs(command)
+    if source is None:
+        return None
+    lexer = shlex.shlex(source, posix=True, punctuation_chars=";&|<>\n")
+    lexer.whitespace = " \t\r"
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    try:
+        return list(lexer)
+    except ValueError:
+        return None
+
+
+@settings(max_examples=3_000)
+@given(st.text(st.sampled_from(list("ab1_ \t\r\n;&|<>()$*?=~-./#{}[]!%^,:@+é\x00\x0b'\"\\")), max_size=30))
+def test_a_command_splits_into_the_words_shlex_splits_it_into(command: str) -> None:
+    # The quick split (no backslash) must be shlex's: the effects of every command rest on it.
+    assert words_of(command) == _shlex_words(command)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "sed -n '10,20p' a.py",
+        'grep -rn "def  validate(" src|head',
+        "echo ''\"\"x",
+        "cat 'a b.py'>\"out file\"",
+        "echo 'open",
+        'echo "open',
+        "echo a\\ b",
+        "ls 2>&1 | sort >out",
+    ],
+)
+def test_quoted_words_split_as_shlex_splits_them(command: str) -> None:
+    assert words_of(command) == _shlex_words(command)
