@@ -213,8 +213,13 @@ def test_a_carry_resumed_twice_renders_the_same_view_both_times() -> None:
     )
     resumed = render(inp)
     assert first.carry is not None and first.carry.assembly.taken and first.carry.repaired.taken
+    assert first.carry.ledgers is not None and first.carry.ledgers.claim.taken  # the rules' pools too
     again, whole = render(inp), render(replace(inp, carry=None))
     assert resumed == again == whole
+    # Another render from that carry, with fewer items appended: the pools it would resume
+    # hold items this history does not have.
+    fewer = replace(inp, session=make_session(19), items=items[:19])
+    assert render(fewer) == render(replace(fewer, carry=None))
     assert resumed.carry is not None and whole.carry is not None
     assert resumed.carry.assembly.offsets == whole.carry.assembly.offsets
     assert first.state.renders[ViewFormat.OPENAI_CHAT.value].offsets() == known

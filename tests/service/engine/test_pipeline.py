@@ -869,8 +869,10 @@ def assert_complete(cert: CertificateBody) -> None:
         assert cert.seq > 0 and len(cert.handle) == 16 and cert.tokens_removed > 0, cert
         assert cert.first_divergence_tokens >= 0 and cert.mutation_radius_tokens >= 0
     if cert.decision is Decision.DEFER:
-        # Deferred: applying it alone would not pay (a suffix holding it would be worth more).
-        assert cert.mutation_radius_tokens > 0 and cert.cost_effect <= 0, cert
+        # Deferred: applying it alone would not pay (a suffix holding it would be worth more),
+        # or it would, but would lose more than the session has saved should it end next.
+        assert cert.mutation_radius_tokens > 0, cert
+        assert cert.cost_effect <= 0 or "more than the session has saved so far" in cert.rationale, cert
     if cert.decision is Decision.KEEP:
         assert cert.protection or cert.rationale.startswith("pinned"), cert
     if cert.decision is Decision.ABSTAIN:

@@ -23,7 +23,7 @@ carry. Either way the proposals are those of a render without the carry, in the 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from contextd.engine.observations import Observation, ObservationIndex
@@ -37,15 +37,27 @@ from contextd.engine.types import Entry, Incremental, Proposal, TransformContext
 class Ledger:
     """One rule's work in one render."""
 
-    pool: Mapping[int, Entry]
+    pool: dict[int, Entry]
     """seq -> the open entry its conditions on the entry alone hold for, as shown then."""
     waiting: frozenset[int]
     """Seqs of the pool its conditions that change with time did not hold for (and still may)."""
     proposing: frozenset[int]
     """Seqs it proposed for."""
-    by_key: Mapping[Hashable, frozenset[int]] | None
+    by_key: dict[Hashable, frozenset[int]] | None
     """key -> seqs of the pool whose proposal rests on it; None when the transform is not
     incremental."""
+
+
+class Claim:
+    """Whether a later render took one render's ledgers over (`memo.take_over`): the next
+    render updates their pools and key maps in place rather than copying maps as long as the
+    session, so a second render from the same carry must start over. Every copy of that
+    render's `Ledgers` shares it."""
+
+    __slots__ = ("taken",)
+
+    def __init__(self) -> None:
+        self.taken = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +75,7 @@ class Ledgers:
     """How many spans of completed work there were."""
     changed: frozenset[int] = frozenset()
     """The items the render's own edits showed otherwise after its rules proposed."""
+    claim: Claim = field(default_factory=Claim, compare=False, repr=False)
 
 
 def pick(when: When, entries: Iterable[Entry], context: TransformContext) -> tuple[list[Entry], list[int]]:
@@ -88,15 +101,16 @@ def recorded(
     transform: object,
     context: TransformContext,
     params: Mapping[str, Any],
-    pool: Mapping[int, Entry],
+    pool: dict[int, Entry],
     picked: Sequence[Entry],
     waiting: Iterable[int],
     proposals: Sequence[Proposal],
     earlier: Ledger | None = None,
 ) -> Ledger:
     """The ledger of a rule whose transform proposed `proposals` for `picked` of its `pool`
-    (`earlier`: the ledger of the render this one followed; every entry of its pool that
-    proposed or waited was asked again, so what proposes and waits now is this render's)."""
+    (`earlier`: the ledger of the render this one followed, taken over: its key map is
+    updated in place; every entry of its pool that proposed or waited was asked again, so
+    what proposes and waits now is this render's)."""
     if not isinstance(transform, Incremental):
         return Ledger(pool, frozenset(waiting), frozenset(), None)
     adding: dict[Hashable, list[int]] = {}
@@ -106,7 +120,7 @@ def recorded(
     proposing = frozenset(s for s in map(target_of, (p.edit for p in proposals)) if s is not None)
     if earlier is None or earlier.by_key is None:
         return Ledger(pool, frozenset(waiting), proposing, {k: frozenset(v) for k, v in adding.items()})
-    by_key = dict(earlier.by_key)
+    by_key = earlier.by_key
     for key, seqs in adding.items():
         by_key[key] = by_key.get(key, frozenset()).union(seqs)
     return Ledger(pool, frozenset(waiting), proposing, by_key)
@@ -130,8 +144,8 @@ def refreshed(
     ledger: Ledger, when: When, entries: Iterable[Entry], taken: frozenset[int | str]
 ) -> tuple[dict[int, Entry], list[int]]:
     """The rule's pool with `entries` (appended since, or shown otherwise since) matched
-    afresh, and the seqs of those in it now."""
-    pool = dict(ledger.pool)
+    afresh (in place: the ledger is taken over), and the seqs of those in it now."""
+    pool = ledger.pool
     fresh = []
     for entry in entries:
         pool.pop(entry.seq, None)

@@ -15,7 +15,7 @@ from contextd.engine.asked import searched_terms
 from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.compress.strategy import Compress
 from contextd.engine.compress.text import MAX_FOCUS_TERMS, identifiers
-from contextd.engine.memo import IdentityMemo
+from contextd.engine.memo import IdentityMemo, take_over
 from contextd.engine.model import Item, Role
 from contextd.engine.policy import Policy
 from contextd.engine.rules import holds_for
@@ -112,6 +112,8 @@ def propose(
     draft = loaded.draft
     if draft.reordered:
         ledgers = None  # the pools are in view order, which is not the items' order
+    elif ledgers is not None and not take_over(ledgers.claim):
+        ledgers = None  # another render from the same carry updated them in place
     taken = loaded.taken - loaded.compressed
     if ledgers is None:
         proposed, done = _proposed(policy, registry, context, taken)
