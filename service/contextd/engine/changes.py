@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, count
-from operator import ne
+from operator import is_not, ne
 from typing import Any
 
 from contextd.engine.state import (
@@ -80,7 +80,9 @@ def change_of(
     shared = 0
     if previous is not None:
         old, new = previous.segments, render.segments
-        shared = next(compress(count(), map(ne, old, new)), min(len(old), len(new)))
+        # A render that resumed the previous one shares its first segments: skip them by identity.
+        shared = next(compress(count(), map(is_not, old, new)), min(len(old), len(new)))
+        shared += next(compress(count(), map(ne, old[shared:], new[shared:])), min(len(old), len(new)) - shared)
     return StateChange(
         view_version=after.view_version,
         items=items,

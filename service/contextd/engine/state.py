@@ -143,11 +143,15 @@ class ViewState:
     proposes the same thing on every render is certified once."""
 
 
-def first_divergence(previous: tuple[Segment, ...], current: tuple[Segment, ...]) -> int:
-    """Tokens at the start of `current` identical to `previous` (where the two first differ)."""
+def first_divergence(previous: tuple[Segment, ...], current: tuple[Segment, ...], total: int | None = None) -> int:
+    """Tokens at the start of `current` identical to `previous` (where the two first differ);
+    `total`: the tokens of `previous`, when known."""
     # A render that resumed the previous one shares its first segments: skip them at C speed.
     same = next(compress(count(), map(is_not, previous, current)), min(len(previous), len(current)))
-    offset: int = sum(map(attrgetter("tokens"), previous[:same]))
+    if total is None:
+        offset: int = sum(map(attrgetter("tokens"), previous[:same]))
+    else:  # counted from the end: what follows the shared segments is the short part
+        offset = total - sum(map(attrgetter("tokens"), previous[same:]))
     for old, new in zip(previous[same:], current[same:], strict=False):
         # Inserted content (negative seqs, numbered per render) is told apart by its digest alone.
         if old.digest != new.digest or (old.seq != new.seq and (old.seq > 0 or new.seq > 0)):

@@ -625,6 +625,18 @@ def test_inserted_content_is_compared_by_what_it_is() -> None:
     assert first_divergence((Segment(1, "", 7), Segment(-1, "d", 5)), (Segment(1, "", 7), Segment(-1, "e", 5))) == 7
 
 
+@given(st.lists(st.integers(0, 5), max_size=12), st.lists(st.integers(0, 5), max_size=12), st.booleans())
+def test_where_two_renders_first_differ_counts_the_same_from_either_end(
+    old: list[int], new: list[int], share: bool
+) -> None:
+    before = tuple(Segment(n % 3 + 1, str(n), n + 1) for n in old)
+    after = tuple(Segment(n % 3 + 1, str(n), n + 1) for n in new)
+    if share:  # a resumed render shares the previous render's first segments themselves
+        after = before[: len(after)] + after[len(before) :]
+    total = sum(s.tokens for s in before)
+    assert first_divergence(before, after, total) == first_divergence(before, after)
+
+
 def test_decisions_are_the_sessions_whatever_the_format() -> None:
     items = history(tool_round("c1", "bash", "one"), tool_round("c2", "bash", "two"))
     openai = run(items, DROP_TOOL_OUTPUTS, fmt=OPENAI)

@@ -75,7 +75,7 @@ def show(
     )
     segments = tuple(assembly.segments)
     previous = cache.previous
-    stable = first_divergence(previous.segments, segments) if previous else 0
+    stable = first_divergence(previous.segments, segments, previous.total_tokens) if previous else 0
     point = None
     early = judged(previous, stable)
     if request.place_breakpoint:
