@@ -30,7 +30,7 @@ from typing import Protocol
 
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Item, ToolUseBlock
-from contextd.engine.shell import PYTHON, split_commands, split_pipeline, words_of
+from contextd.engine.shell_words import PYTHON, split_commands, split_pipeline, words_of
 
 MAX_SEARCHED = 12
 """Terms taken from the recent calls, the newest first."""

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from contextd.engine.shell import PYTHON, split_commands, split_pipeline, words_of
+from contextd.engine.shell_words import PYTHON, split_commands, split_pipeline, words_of
 
 Step = tuple[str, ...]
 """A program: its name and the words that say which of its commands ran."""

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from contextd.engine.compress.text import Kept
 from contextd.engine.patterns import compile_linear
-from contextd.engine.shell import number
+from contextd.engine.shell_words import number
 
 _WRAPPER = re.compile(r"</?(?:returncode|output|output_head|output_tail|elided_chars|warning|exit_code|stdout|stderr)>")
 _WRAPPER_LINE = re.compile(

@@ -27,7 +27,8 @@ from contextd.engine.checks import Check, covers, shell_check, tool_check
 from contextd.engine.failures import stopped_short
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Item, Role, TextBlock, ToolEffectKind, ToolUseBlock
-from contextd.engine.shell import UNKNOWN, WHOLE, Effects, Read, effects, number
+from contextd.engine.shell import UNKNOWN, WHOLE, Effects, Read, effects
+from contextd.engine.shell_words import number
 from contextd.engine.spans import ReadSpans, Span
 
 LAST_SEQ = 2**63 - 1

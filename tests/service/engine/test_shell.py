@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contextd.engine.shell import WHOLE, Read, _without_heredocs, covers, effects, words_of
+from contextd.engine.shell import WHOLE, Read, covers, effects
+from contextd.engine.shell_words import _without_heredocs, words_of
 
 
 @pytest.mark.parametrize(

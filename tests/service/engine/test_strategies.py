@@ -19,7 +19,7 @@ from contextd.engine.observations import parse_completion
 from contextd.engine.pipeline import RenderInput, RenderOutput, render
 from contextd.engine.placeholders import handle_of
 from contextd.engine.policy import default_policy_text, parse_policy
-from contextd.engine.shell import MAX_DIGITS, number
+from contextd.engine.shell_words import MAX_DIGITS, number
 from contextd.engine.state import ViewState
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.view import ViewFormat, ViewRequest
