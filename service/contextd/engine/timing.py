@@ -190,7 +190,7 @@ def schedule(
     cache: CachePolicy,
     utilization: float,
     force: bool = False,
-    banked: float = 0.0,
+    bank: float = 0.0,
 ) -> list[Timing]:
     """Decide, for each edit, whether it applies in this render.
 
@@ -200,8 +200,8 @@ def schedule(
     (if any is worth anything) is applied. An edit that pays on its own is
     always in it: starting where the cache stops reading for that edit is
     worth more than starting at any later such point. Under `stakes: banked`
-    only a rewrite whose stake is within what the session has `banked` is
-    considered.
+    only a rewrite whose stake is within what the session has saved so far
+    (`bank`: `banked`) is considered.
     """
     total = state.previous_tokens
     radii = [max(0, total - state.read_until(e.position)) for e in edits]
@@ -223,7 +223,7 @@ def schedule(
         worth = value_now(saving, total - start, cache)
         if worth <= best_value:
             continue
-        if limited and stake(saving, total - start, cache) > banked:
+        if limited and stake(saving, total - start, cache) > bank:
             if over_stake is None or worth > over_stake[0]:
                 over_stake = (worth, start)
             continue
@@ -250,7 +250,7 @@ def schedule(
             if over_stake is not None and edit.position >= over_stake[1]:
                 cost = (
                     f"the rewrite from token {over_stake[1]} would pay (${over_stake[0]:.6f} over {calls} calls) but"
-                    f" would lose more than the session has saved so far (${max(banked, 0.0):.6f}) if it ended next"
+                    f" would lose more than the session has saved so far (${max(bank, 0.0):.6f}) if it ended next"
                 )
             elif value < 0:
                 cost = f"applying now would cost ${-value:.6f} more than it saves over {calls} calls"

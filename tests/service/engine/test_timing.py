@@ -72,8 +72,8 @@ def test_a_rewrite_that_pays_waits_while_it_would_lose_more_than_the_session_has
     edit = Costed(position=9_000, saving=800)  # pays over 12 calls; loses if the session ends next
     at_risk = stake(800, 1_000, BANKED)
     assert at_risk > 0 and value_now(800, 1_000, BANKED) > 0
-    [poor] = schedule([edit], WARM, BANKED, utilization=0.0, banked=at_risk * 0.99)
-    [rich] = schedule([edit], WARM, BANKED, utilization=0.0, banked=at_risk)
+    [poor] = schedule([edit], WARM, BANKED, utilization=0.0, bank=at_risk * 0.99)
+    [rich] = schedule([edit], WARM, BANKED, utilization=0.0, bank=at_risk)
     assert not poor.apply and "more than the session has saved so far" in poor.why
     assert rich.apply
     free = Costed(position=10_000, saving=800)  # the tail the cache has not seen: nothing at stake
@@ -88,7 +88,7 @@ def test_of_the_rewrites_that_pay_the_best_within_the_bank_is_made() -> None:
     assert value_now(6_800, 8_000, BANKED) > value_now(800, 1_000, BANKED) > 0
     bank = stake(800, 1_000, BANKED)
     assert stake(6_800, 8_000, BANKED) > bank
-    timings = schedule([early, late], WARM, BANKED, utilization=0.0, banked=bank)
+    timings = schedule([early, late], WARM, BANKED, utilization=0.0, bank=bank)
     assert [t.apply for t in timings] == [False, True]
 
 
@@ -103,7 +103,7 @@ def test_what_a_render_applies_never_stakes_more_than_is_banked(
 ) -> None:
     costed = [Costed(position, saving) for position, saving in edits]
     cache = WARM if ends is None else at_breakpoints(*ends)
-    timings = schedule(costed, cache, BANKED, utilization=0.0, banked=bank)
+    timings = schedule(costed, cache, BANKED, utilization=0.0, bank=bank)
     applied = [(e, t) for e, t in zip(costed, timings, strict=True) if t.apply and t.radius > 0]
     if applied:
         radius = max(t.radius for _, t in applied)  # one rewrite, from the earliest read point

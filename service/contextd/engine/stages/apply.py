@@ -64,7 +64,7 @@ def time_edits(
         cache.pricing,
         utilization,
         force=force,
-        banked=previous.banked if previous is not None else 0.0,
+        bank=previous.banked if previous is not None else 0.0,
     )
     timed: list[Timed] = []
     certificates: list[CertificateBody] = []
