@@ -86,6 +86,13 @@ cache_tokens = meter.create_counter(
     description="Prompt-cache tokens of model calls: predicted at render, reported by ReportUsage; "
     "by kind (read, write, uncached).",
 )
+cost = meter.create_counter(
+    "contextd.cost",
+    unit="USD",
+    description="Model calls made with views, priced at the session policy's prices as each render predicted "
+    "them (basis view), beside the same calls sending the whole history, each caching its prompt "
+    "(basis whole_history).",
+)
 items_appended = meter.create_counter("contextd.items.appended", unit="{item}", description="Items appended.")
 bytes_appended = meter.create_counter(
     "contextd.items.appended.size", unit="By", description="Bytes of the items appended."
@@ -199,8 +206,10 @@ def record_render(
     certificates: Sequence[CertificateBody],
     waiting: int,
     predicted: Usage | None,
+    costs: tuple[float, float] | None = None,
 ) -> None:
-    """What one committed (or dry-run) render did."""
+    """What one committed (or dry-run) render did; `costs`: its model call's, with the view and
+    with the whole history (timing.call_costs)."""
     who = {TENANT: tenant}
     render_duration.record(seconds, {"contextd.stage": "all"})
     for stage, spent in stages:
@@ -219,6 +228,9 @@ def record_render(
     deferred_waiting.record(waiting, who)
     if predicted is not None:
         record_cache(tenant, "predicted", predicted.cache_read, predicted.cache_write, predicted.uncached)
+    if costs is not None:
+        cost.add(costs[0], {TENANT: tenant, "contextd.cost.basis": "view"})
+        cost.add(costs[1], {TENANT: tenant, "contextd.cost.basis": "whole_history"})
 
 
 def record_cache(tenant: str, source: str, read: int, write: int, uncached: int) -> None:

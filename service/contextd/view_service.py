@@ -22,6 +22,7 @@ from contextd.engine.pipeline import Carry, RenderInput, RenderOutput, identity_
 from contextd.engine.policy import Policy
 from contextd.engine.retraction import REDACTED, RETRACTED, certificate_of, retracted, retraction
 from contextd.engine.state import AppliedEdit, ViewState, state_to_json
+from contextd.engine.timing import call_costs
 from contextd.engine.tokens import TokenCounter
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.types import Remove, Replace, target_of
@@ -181,6 +182,8 @@ class ViewService:
                 await self.on_pruned(tenant, key, pruned)
         view = out.view
         model_call = not (dry_run or force)  # an operator's render and a dry run send no model anything
+        fmt = request.format.value
+        costs = call_costs(state.renders.get(fmt), out.state.renders[fmt], out.predicted, policy.cache)
         metrics.record_render(
             tenant,
             spent,
@@ -189,6 +192,7 @@ class ViewService:
             () if dry_run else out.certificates,
             len(out.state.pending),
             out.predicted if model_call else None,
+            costs if model_call else None,
         )
         annotate(
             session_id=session_id,

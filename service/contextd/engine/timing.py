@@ -171,6 +171,15 @@ def banked(previous: PreviousRender | None, state: CacheState, history: int, usa
     return (previous.banked if previous is not None else 0.0) + priced(whole, cache) - priced(usage, cache)
 
 
+def call_costs(
+    previous: PreviousRender | None, current: PreviousRender, usage: Usage, cache: CachePolicy
+) -> tuple[float, float]:
+    """What the call made with the render `current` (billed `usage`) is expected to cost, and
+    what the same call sending the whole history would (the bank's two sides), in dollars."""
+    view = priced(usage, cache)
+    return view, view + current.banked - (previous.banked if previous is not None else 0.0)
+
+
 def value_now(saving: int, radius: int, cache: CachePolicy, calls: int | None = None) -> float:
     """What applying an edit now saves over `calls` (the policy's expected calls) later calls."""
     read = cache.prices.cache_read / PER_TOKEN

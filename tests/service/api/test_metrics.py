@@ -69,6 +69,7 @@ def _key(name: str) -> str:
         "source": "contextd.cache.source",
         "kind": "contextd.cache.kind",
         "result": "contextd.stash.result",
+        "basis": "contextd.cost.basis",
     }.get(name, name)
 
 
@@ -147,6 +148,9 @@ def test_appends_renders_decisions_and_usage_are_counted(snapshot: Any, client: 
     assert grew("contextd.cache.tokens", source="reported", kind="uncached") == 50
     predicted = sum(grew("contextd.cache.tokens", source="predicted", kind=k) for k in ("read", "write", "uncached"))
     assert predicted > 0
+    # The call's cost with the view, and sending the whole history: the rules' prunes made it cheaper.
+    with_view, whole = grew("contextd.cost", basis="view"), grew("contextd.cost", basis="whole_history")
+    assert 0 < with_view < whole
     assert grew("contextd.session.lock.wait") >= 3  # the append, the render and the report each took the lock
     assert grew("contextd.edits.deferred", tenant="default") == 1
     assert after.total("contextd.sessions.active", tenant="default") >= 1
@@ -170,6 +174,7 @@ BOUNDED = {
     "contextd.level",
     "contextd.cache.source",
     "contextd.cache.kind",
+    "contextd.cost.basis",
     "contextd.stash.result",
     "contextd.stash.operation",
     "contextd.error_reason",
