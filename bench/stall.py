@@ -1,7 +1,7 @@
 """Can one tenant stall another? GetSession latency of tenant A while tenant B works.
 
     python bench/stall.py [--items 10000] [--seconds 8] [--postgres-url URL] [--target HOST:PORT]
-                          [--batch 800] [--phases idle,renders,incremental,appends,regex]
+                          [--batch 800] [--phases idle,renders,incremental,appends,regex,restart]
 
 Starts a real `contextd serve` (SQLite in a temporary folder unless
 `--postgres-url` names a server, on which a fresh database is made and
@@ -22,7 +22,11 @@ from its own process, in the phases `--phases` names (all by default), `--second
    back to back; "B renders" then counts B's appends and their median;
 5. hostile regex: B's policy holds a rule whose `when.regex` is `(a+)+$`,
    over 2,000 outputs of 28 `a`s and a `!` (with Python's `re` each match
-   takes seconds), and B renders that session over and over.
+   takes seconds), and B renders that session over and over;
+6. restart: B's `--items`-item session, rendered once, then the server
+   restarted (not with `--target`): B's first render loads the history, the
+   view state and the certificates from the database, then renders go on as
+   in 2 (run last: it restarts the server).
 
 Prints A's p50 / p99 / max per phase, B's renders and their median time, and
 the command that produced it. The target: A's p99 at most 20 ms.
@@ -62,6 +66,11 @@ def tool_session(n_items: int, start: int = 0, body: str | None = None) -> list[
         text = body if body is not None else "".join(f"step {call} row {k}: value={call * 31 + k}\n" for k in range(8))
         messages.append({"role": "tool", "tool_call_id": f"c{call}", "content": text})
     return messages[:n_items]
+
+
+def flags(database: str) -> tuple[str, ...]:
+    """The server's flags: its database, the two tenants' keys."""
+    return ("--database-url", database, "--api-keys", KEYS)
 
 
 def _fill(client: Any, session_id: str, messages: list[dict[str, Any]]) -> None:
@@ -170,8 +179,8 @@ def main() -> int:
     parser.add_argument("--target", default="", help="a running server that takes the keys a:key-a,b:key-b")
     parser.add_argument(
         "--phases",
-        default="idle,renders,incremental,appends,regex",
-        help="which phases to run, of idle, renders, incremental, appends, regex (comma-separated)",
+        default="idle,renders,incremental,appends,regex,restart",
+        help="which phases to run, of idle, renders, incremental, appends, regex, restart (comma-separated)",
     )
     args = parser.parse_args()
 
@@ -187,7 +196,7 @@ def main() -> int:
                 if args.postgres_url
                 else f"sqlite:///{Path(folder) / 'stall.db'}"
             )
-            server = ServerProcess("--database-url", database, "--api-keys", KEYS).wait_serving()
+            server = ServerProcess(*flags(database)).wait_serving()
         target = args.target or (server.target if server else "")
         try:
             with Client(target, api_key="key-a") as a, Client(target, api_key="key-b", timeout=300) as b:
@@ -215,6 +224,16 @@ def main() -> int:
                 phases[name] = _phase(target, a_session, args.seconds, None, 0, batch=args.batch)
             if "regex" in chosen:
                 phases["B's policy: (a+)+$"] = _phase(target, a_session, args.seconds, hostile, 2_000)
+            if "restart" in chosen and server is not None:
+                with Client(target, api_key="key-b", timeout=300) as b:
+                    rendered = b.create_session().id
+                    _fill(b, rendered, tool_session(args.items))
+                    b.render_view(rendered, ViewFormat.OPENAI_CHAT)
+                server.stop()
+                server = ServerProcess(*flags(database)).wait_serving()
+                target = server.target
+                name = f"B's first render of {args.items:,} items after a restart, then renders"
+                phases[name] = _phase(target, a_session, args.seconds, rendered, args.items)
         finally:
             if server is not None:
                 server.stop()
