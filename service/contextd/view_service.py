@@ -183,7 +183,11 @@ class ViewService:
         view = out.view
         model_call = not (dry_run or force)  # an operator's render and a dry run send no model anything
         fmt = request.format.value
-        costs = call_costs(state.renders.get(fmt), out.state.renders[fmt], out.predicted, policy.cache)
+        costs = (
+            call_costs(state.renders.get(fmt), out.state.renders[fmt], out.predicted, policy.cache)
+            if model_call
+            else None
+        )
         metrics.record_render(
             tenant,
             spent,
@@ -192,7 +196,7 @@ class ViewService:
             () if dry_run else out.certificates,
             len(out.state.pending),
             out.predicted if model_call else None,
-            costs if model_call else None,
+            costs,
         )
         annotate(
             session_id=session_id,

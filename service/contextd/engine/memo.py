@@ -67,6 +67,16 @@ class Resumable(Protocol):
     """A later render took it over: its lists and maps are that render's now."""
 
 
+class Claim:
+    """A `Resumable` for what a render keeps in a frozen value that is copied (the rules'
+    ledgers): every copy shares the one claim, so one render in all may take them over."""
+
+    __slots__ = ("taken",)
+
+    def __init__(self) -> None:
+        self.taken = False
+
+
 _TAKING = threading.Lock()
 
 

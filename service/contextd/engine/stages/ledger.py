@@ -26,6 +26,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from contextd.engine.memo import Claim
 from contextd.engine.observations import Observation, ObservationIndex
 from contextd.engine.policy import When
 from contextd.engine.rules import holds_for
@@ -48,18 +49,6 @@ class Ledger:
     incremental."""
 
 
-class Claim:
-    """Whether a later render took one render's ledgers over (`memo.take_over`): the next
-    render updates their pools and key maps in place rather than copying maps as long as the
-    session, so a second render from the same carry must start over. Every copy of that
-    render's `Ledgers` shares it."""
-
-    __slots__ = ("taken",)
-
-    def __init__(self) -> None:
-        self.taken = False
-
-
 @dataclass(frozen=True, slots=True)
 class Ledgers:
     """Every rule's work in one render, for the next render from its state."""
@@ -76,6 +65,9 @@ class Ledgers:
     changed: frozenset[int] = frozenset()
     """The items the render's own edits showed otherwise after its rules proposed."""
     claim: Claim = field(default_factory=Claim, compare=False, repr=False)
+    """Taken by the next render (`memo.take_over`), which updates the pools and key maps in
+    place rather than copying maps as long as the session: a second render from the same
+    carry proposes over everything."""
 
 
 def pick(when: When, entries: Iterable[Entry], context: TransformContext) -> tuple[list[Entry], list[int]]:
