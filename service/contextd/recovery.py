@@ -202,7 +202,8 @@ class RecoveryService:
                 where = replace(where, seqs=await self._out_of_view(conn, row["key"]))
             if pattern is not None:
                 literals = required_literals(query.query)
-                found = await search.regex(conn, row["key"], pattern, where, size + 1, offset, literals)
+                caseless = required_literals(query.query, caseless=True)
+                found = await search.regex(conn, row["key"], pattern, where, size + 1, offset, literals, caseless)
             elif query.mode is SearchMode.SUBSTRING:
                 found = await search.substring(conn, row["key"], query.query, where, size + 1, offset)
             else:

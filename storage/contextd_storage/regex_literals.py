@@ -7,7 +7,9 @@ boundaries, flags i, m, s and U), conservatively: whatever this reader is unsure
 literal there, never a wrong one, so a pattern it cannot read at all yields none and is
 matched against every text. Under case folding (``(?i)``) only ASCII characters without
 case (digits, punctuation, spaces) stay literal: RE2 folds a letter with others (``k``
-with the Kelvin sign, ``s`` with the long s) that no database index folds alike.
+with the Kelvin sign, ``s`` with the long s) that no database index folds alike. Read
+`caseless`, the literals hold up to ASCII case instead (for a case-insensitive `LIKE`):
+the ASCII letters but those two fold only with each other, so they stay literal, lowered.
 
 Hand-written because nothing installable gives these literals: RE2 computes them itself
 (FilteredRE2's atoms), but the google-re2 binding's `Filter.Compile` keeps them inside
@@ -20,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["MOST_LITERALS", "required_literals"]
+__all__ = ["MOST_LITERALS", "ascii_lower", "required_literals"]
 
 MOST_LITERALS = 8
 """Most literals returned (the longest): any subset of them narrows soundly."""
@@ -36,12 +38,24 @@ _ZERO_WIDTH_ESCAPES = frozenset("bBAz")
 _CLASS_ESCAPES = frozenset("dDsSwWC")
 _CASELESS = frozenset(chr(c) for c in range(1, 128) if not chr(c).isalpha())
 """Characters RE2 matches only as themselves under case folding (tests/storage/test_regex_literals.py)."""
+_FOLDED_BEYOND_ASCII = frozenset("kKsS")
+"""The ASCII letters RE2 folds with a character outside ASCII too (the Kelvin sign, the long s)."""
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
-def required_literals(pattern: str) -> tuple[str, ...]:
+def ascii_lower(text: str) -> str:
+    """`text` with its ASCII letters lowered and every other character as it is (as SQLite's
+    `LIKE` compares)."""
+    return text.translate(_ASCII_LOWER)
+
+
+def required_literals(pattern: str, caseless: bool = False) -> tuple[str, ...]:
     """Strings every match of `pattern` holds (at most MOST_LITERALS, longest first); none
-    when the pattern offers none this reader is sure of. `pattern` is one RE2 compiled."""
-    reader = _Reader(pattern)
+    when the pattern offers none this reader is sure of. `pattern` is one RE2 compiled.
+
+    `caseless`: strings every match holds up to ASCII case (`ascii_lower` of the match holds
+    them), lowered: under ``(?i)`` these keep the letters that fold within ASCII."""
+    reader = _Reader(pattern, caseless)
     try:
         found = reader.alternation(depth=0)
     except _Unsure:
@@ -73,8 +87,9 @@ class _Reader:
     """Reads a pattern as RE2's parser does, left to right; `folded`: whether case folding is
     on here (a flag holds to the end of its group, across its alternatives)."""
 
-    def __init__(self, pattern: str) -> None:
+    def __init__(self, pattern: str, caseless: bool = False) -> None:
         self.pattern = pattern
+        self.caseless = caseless
         self.at = 0
         self.folded = False
 
@@ -288,8 +303,16 @@ class _Reader:
 
     def literal(self, char: str) -> _Info:
         """A character matched as itself; any text when case folding may match it otherwise,
-        and for NUL (stored texts hold none, and Postgres binds none)."""
-        if char == "\x00" or (self.folded and char not in _CASELESS):
+        and for NUL (stored texts hold none, and Postgres binds none). Read `caseless`, a
+        letter is its ASCII lower case, and under folding one that folds only within ASCII
+        is literal too."""
+        if char == "\x00":
+            return _anything()
+        if self.caseless:
+            if self.folded and (not char.isascii() or char in _FOLDED_BEYOND_ASCII):
+                return _anything()
+            return _Info(exact=ascii_lower(char))
+        if self.folded and char not in _CASELESS:
             return _anything()
         return _Info(exact=char)
 

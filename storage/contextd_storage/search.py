@@ -14,7 +14,9 @@ chunk's snippet. Substring search is the database's too (`LIKE` on Postgres, `in
 on SQLite, over `item_texts`, each item's whole text). Regular expressions are RE2's,
 matched here on worker threads, on both backends alike, over the whole texts the filters
 leave: those holding every literal the pattern requires (regex_literals), when it requires
-any, else every one (a session's worth, bounded).
+any; else, for a case-insensitive pattern, those holding its literals up to ASCII case
+(`ILIKE` on Postgres where the database lowers ASCII letters as ASCII does, SQLite's
+`LIKE`, which folds ASCII alone); else every one (a session's worth, bounded).
 
 Both find their texts through a trigram index where the database has one (migration
 0007): pg_trgm's GIN index, which Postgres uses for `LIKE`; on SQLite an FTS5 table of
@@ -25,6 +27,7 @@ conditions read every text of the session: the same answers, slower.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 from collections.abc import Sequence
@@ -296,18 +299,23 @@ async def regex(
     limit: int,
     offset: int,
     literals: Sequence[str] = (),
+    caseless: Sequence[str] = (),
 ) -> list[Found]:
     """`pattern`: a compiled expression with `search` (RE2's: linear time). `literals`: strings
     every match of it holds (regex_literals.required_literals): only the texts holding them
-    all are read."""
+    all are read. `caseless`: strings every match holds up to ASCII case, lowered (the same,
+    `caseless=True`), asked for when no literal is one an index finds texts by."""
     postgres = conn.dialect.name == "postgresql"
     extra, params = _filters(where, conn.dialect.name)
     params["key"] = key
     literals = _indexable(literals, postgres)
-    held = _holding(literals, postgres, params) or "1 = 1"
+    folded = not literals and bool(caseless := _indexable(caseless, postgres)) and await _folds_ascii(conn)
+    if folded:
+        literals = list(caseless)
+    held = _holding(literals, postgres, params, folded) or "1 = 1"
     out: list[Found] = []
     skipped = 0
-    for rows, rest in await _in_order(conn, key, where, literals, params):
+    for rows, rest in await _in_order(conn, key, where, literals, params, folded):
         stream = await conn.stream(text(f"SELECT t.seq, t.text FROM {rows} WHERE {held}{extra}{rest}"), params)
         async for batch in stream.partitions(REGEX_BATCH):
             # Matching is linear but a session's texts can run to hundreds of megabytes: on a
@@ -332,7 +340,12 @@ finds every text that holds it, each read again to be sure, before the first is 
 
 
 async def _in_order(
-    conn: AsyncConnection, key: int, where: Where, literals: Sequence[str], params: dict[str, object]
+    conn: AsyncConnection,
+    key: int,
+    where: Where,
+    literals: Sequence[str],
+    params: dict[str, object],
+    folded: bool = False,
 ) -> list[tuple[str, str]]:
     """What substring and regex search read, in seq order, one statement after the other: a
     FROM clause naming the rows `t` and the end of the WHERE clause with the order. With
@@ -350,7 +363,7 @@ async def _in_order(
         "(SELECT session_key, seq, text FROM item_texts WHERE session_key = :key"
         f" AND seq BETWEEN :window_from AND :window_to{' OFFSET 0' if postgres else ''}) t"
     )
-    narrowed = "" if postgres else await _narrowed(conn, key, literals, params)
+    narrowed = "" if postgres else await _narrowed(conn, key, literals, params, folded)
     after = f" AND t.session_key = :key AND t.seq > :window_to{narrowed} ORDER BY t.seq"
     return [(window, " ORDER BY t.seq"), ("item_texts t", after)]
 
@@ -367,14 +380,18 @@ _LAST_SEQ = 2**63 - 1
 """Seqs are stored as int64."""
 
 
-def _holding(literals: Sequence[str], postgres: bool, params: dict[str, object]) -> str:
-    """SQL over the alias `t` (an item_texts row): its text holds every one of `literals`.
-    On Postgres as `LIKE`, which a pg_trgm index answers (the same test as `strpos`)."""
+def _holding(literals: Sequence[str], postgres: bool, params: dict[str, object], folded: bool = False) -> str:
+    """SQL over the alias `t` (an item_texts row): its text holds every one of `literals`
+    (`folded`: up to ASCII case). On Postgres as `LIKE` or `ILIKE`, which a pg_trgm index
+    answers (the same test as `strpos`); on SQLite as `instr`, or `LIKE`, which folds ASCII
+    letters only (as long as nothing turns its `case_sensitive_like` on, which nothing here
+    does)."""
     sql = []
     for n, literal in enumerate(literals):
         name = f"literal_{n}"
-        if postgres:
-            sql.append(f"t.text LIKE :{name} ESCAPE '\\'")
+        if postgres or folded:
+            like = "ILIKE" if postgres and folded else "LIKE"
+            sql.append(f"t.text {like} :{name} ESCAPE '\\'")
             params[name] = "%" + re.sub(r"([\\%_])", r"\\\1", literal) + "%"
         else:
             sql.append(f"instr(t.text, :{name}) > 0")
@@ -382,23 +399,44 @@ def _holding(literals: Sequence[str], postgres: bool, params: dict[str, object])
     return " AND ".join(sql)
 
 
-async def _narrowed(conn: AsyncConnection, key: int, literals: Sequence[str], params: dict[str, object]) -> str:
+_ASCII_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+async def _folds_ascii(conn: AsyncConnection) -> bool:
+    """Whether a case-insensitive comparison of the database's folds each ASCII letter to its
+    ASCII lower case, as the literals up to ASCII case assume. SQLite's `LIKE` does. Postgres'
+    `ILIKE` and pg_trgm lower by the database's locale: under a Turkish one `I` lowers to a
+    dotless `ı`, and there the literals would miss texts, so a regex reads every text."""
+    if conn.dialect.name != "postgresql":
+        return True
+    lowered = text("SELECT lower(CAST(:letters AS text)) = :lowered")
+    params = {"letters": _ASCII_LETTERS, "lowered": _ASCII_LETTERS.lower()}
+    return bool((await conn.execute(lowered, params)).scalar_one())
+
+
+async def _narrowed(
+    conn: AsyncConnection, key: int, literals: Sequence[str], params: dict[str, object], folded: bool = False
+) -> str:
     """SQLite: SQL over the alias `t` keeping the items whose trigrams include those of
-    `literals` ("" on Postgres, whose planner reads its index itself; "" without the table,
-    or without a literal of three characters)."""
+    `literals` (`folded`: in some ASCII case) ("" on Postgres, whose planner reads its index
+    itself; "" without the table, or without a literal of three characters)."""
     trigrams = list(dict.fromkeys(w[i : i + 3] for w in literals for i in range(len(w) - 2)))
     if conn.dialect.name == "postgresql" or not trigrams:
         return ""
     exists = "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'item_texts_trigrams'"
     if not (await conn.execute(text(exists))).scalar_one():
         return ""
-    if len(trigrams) > MOST_TRIGRAMS:  # any of them narrows soundly; spread over the literals
-        trigrams = [trigrams[n * len(trigrams) // MOST_TRIGRAMS] for n in range(MOST_TRIGRAMS)]
+    # The table is case-sensitive: a trigram up to case is any of its (at most 8) casings,
+    # so fewer trigrams are asked for.
+    most = MOST_TRIGRAMS // 4 if folded else MOST_TRIGRAMS
+    if len(trigrams) > most:  # any of them narrows soundly; spread over the literals
+        trigrams = [trigrams[n * len(trigrams) // most] for n in range(most)]
     low = key * FTS_ROWID_SPAN
     # Each trigram one FTS5 string ("" doubles a quote): the table keeps no positions, so
     # the query asks for every trigram, anywhere in the text.
+    quoted = (_casings(t) if folded else ['"' + t.replace('"', '""') + '"'] for t in trigrams)
     params |= {
-        "trigrams": " AND ".join('"' + t.replace('"', '""') + '"' for t in trigrams),
+        "trigrams": " AND ".join(q[0] if len(q) == 1 else "(" + " OR ".join(q) + ")" for q in quoted),
         "trigrams_low": low,
         "trigrams_high": low + FTS_ROWID_SPAN - 1,
     }
@@ -406,6 +444,12 @@ async def _narrowed(conn: AsyncConnection, key: int, literals: Sequence[str], pa
         " AND t.seq IN (SELECT rowid - :trigrams_low FROM item_texts_trigrams"
         " WHERE item_texts_trigrams MATCH :trigrams AND rowid BETWEEN :trigrams_low AND :trigrams_high)"
     )
+
+
+def _casings(trigram: str) -> list[str]:
+    """Every ASCII casing of `trigram`, each an FTS5 string."""
+    cases = ((c.lower(), c.upper()) if c.isascii() and c.isalpha() else (c,) for c in trigram)
+    return ['"' + "".join(p).replace('"', '""') + '"' for p in dict.fromkeys(itertools.product(*cases))]
 
 
 REGEX_BATCH = 64

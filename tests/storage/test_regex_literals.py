@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contextd.engine.patterns import PatternError, compile_linear
-from contextd_storage.regex_literals import MOST_LITERALS, required_literals
+from contextd_storage.regex_literals import MOST_LITERALS, ascii_lower, required_literals
 
 ALPHABET = "abAB kKſ\u212aé1_-{},:]["
 """Letters RE2 folds with others (k, K, the Kelvin sign; s with ſ), RE2's syntax as text."""
@@ -36,12 +36,16 @@ def test_every_match_holds_every_literal(pattern: str, texts: list[str]) -> None
     except PatternError:
         return
     literals = required_literals(pattern)
+    caseless = required_literals(pattern, caseless=True)
     assert len(literals) <= MOST_LITERALS and all(literals)
+    assert len(caseless) <= MOST_LITERALS and all(caseless) and all(c == ascii_lower(c) for c in caseless)
     # Texts made of the pattern's own characters, so that many of them match.
     plain = "".join(c for c in pattern if c not in "\\()[]|*+?^$.")
     for text in [*texts, plain, plain + plain, plain.swapcase(), "".join(texts) + plain]:
         for match in compiled.finditer(text):
             assert all(literal in match.group(0) for literal in literals), (pattern, text, match.group(0))
+            lowered = ascii_lower(match.group(0))
+            assert all(literal in lowered for literal in caseless), (pattern, text, match.group(0))
 
 
 @settings(max_examples=500, deadline=None)
@@ -78,6 +82,21 @@ def test_what_is_read_and_what_is_given_up() -> None:
     for pattern, literals in cases.items():
         compile_linear(pattern)
         assert required_literals(pattern) == literals, pattern
+
+
+def test_up_to_ascii_case_a_folded_letter_is_literal_unless_re2_folds_it_beyond_ascii() -> None:
+    cases = {
+        r"(?i)insufficient funds": ("ufficient fund", "in"),  # "s" matches the long s too
+        r"(?i)KEY_42": ("ey_42",),  # "k" matches the Kelvin sign too
+        r"(?i)ERR_42 (?-i)Found": ("err_42 found",),
+        r"Café(?i)Crème": ("cafécr", "me"),  # under folding, "è" is not read
+        r"(?i:abc)|(?i:ABC)": ("abc",),
+        r"\x{212A}EY": ("\u212aey",),  # the Kelvin sign itself, not folded
+        r"(?i)\d+ failed": (" failed",),
+    }
+    for pattern, literals in cases.items():
+        compile_linear(pattern)
+        assert required_literals(pattern, caseless=True) == literals, pattern
 
 
 def test_only_the_longest_literals_are_kept() -> None:

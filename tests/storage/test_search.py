@@ -8,6 +8,7 @@ import hashlib
 import random
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -70,6 +71,10 @@ REGEXES = [
     r"(?i)key_42",
     r"(?i)\x{212A}EY_42",
     r"(?i)QUOTA exceeded for tenant_\d",
+    r"(?i)DECLINED: INSUFFICIENT FUNDS",
+    r"(?i)NAÏVE CAFÉ",
+    r"(?i)ſTRAßE",
+    r"(?i)Done_OK",
     r"\d+% done_ok",
     r"caf(é|e)",
     r"ſtra(ß|ss)e",
@@ -147,6 +152,7 @@ async def answers(db: Database, key: int, literals: bool = True) -> dict[tuple[s
                         limit,
                         offset,
                         required_literals(pattern) if literals else (),
+                        required_literals(pattern, caseless=True) if literals else (),
                     )
                     out["regex " + pattern, w, limit, offset] = found
     return out
@@ -214,8 +220,46 @@ async def test_any_pattern_finds_the_same_with_its_literals_as_without(
     db, key = stored
     async with db.read() as conn:
         narrowed = await search.regex(conn, key, compiled, search.Where(), 11, 0, required_literals(pattern))
+        caseless = await search.regex(
+            conn, key, compiled, search.Where(), 11, 0, (), required_literals(pattern, caseless=True)
+        )
         every = await search.regex(conn, key, compiled, search.Where(), 11, 0)
-    assert narrowed == every
+    assert narrowed == every == caseless
+
+
+async def test_a_case_insensitive_pattern_reads_only_the_texts_holding_its_letters_up_to_case(
+    stored: tuple[Database, int], texts: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`(?i)` leaves no literal RE2 matches as itself but punctuation; up to ASCII case its
+    letters are literal (but k and s), and only the texts holding them are read."""
+    read: list[int] = []
+    matches = search._matches
+
+    def counted(pattern: Any, rows: Any) -> Any:
+        read.extend(seq for seq, _ in rows)
+        return matches(pattern, rows)
+
+    monkeypatch.setattr(search, "_matches", counted)
+    db, key = stored
+    pattern = "(?i)DECLINED: INSUFFICIENT FUNDS"
+    async with db.read() as conn:
+        found = await search.regex(
+            conn, key, compile_linear(pattern), search.Where(), 11, 0, required_literals(pattern)
+        )
+        assert len(read) == len(texts)  # its one literal, ": ", is no index's
+        read.clear()
+        folded = await search.regex(
+            conn,
+            key,
+            compile_linear(pattern),
+            search.Where(),
+            11,
+            0,
+            required_literals(pattern),
+            required_literals(pattern, caseless=True),
+        )
+    assert [f.seq for f in folded] == [f.seq for f in found] == [5, 201]
+    assert sorted(read) == [5, 201]
 
 
 async def test_deleting_a_session_takes_its_texts_out_of_the_trigram_table(tmp_path: Path) -> None:
