@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from contextd.engine.memo import Claim
 from contextd.engine.observations import Observation, ObservationIndex
@@ -121,7 +121,7 @@ def recorded(
 _INCREMENTAL: dict[type, bool] = {}
 
 
-def _incremental(transform: object) -> bool:
+def _incremental(transform: object) -> TypeGuard[Incremental]:
     """Whether `transform` is `Incremental`, asked once per class (a protocol's isinstance
     reads every member, 40 µs, for each rule of every render; a transform's class defines them)."""
     kind = type(transform)
