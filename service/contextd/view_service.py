@@ -291,8 +291,7 @@ class ViewService:
         """Queue the agent's prunes for the next render. Refused now: protected items, items
         already pruned and items already queued."""
         check_session_id(session_id)
-        if len(reason) > MAX_PROPOSAL_REASON:
-            raise LimitExceeded.at("reason", f"{len(reason):,} characters, over the maximum of {MAX_PROPOSAL_REASON}")
+        _check_reason(reason)
         async with self.store.db.write(tenant, session_id) as conn:
             row, session, items = await self.store.history_in(conn, tenant, session_id)
             _check_seqs(seqs, row["version"])
@@ -321,8 +320,7 @@ class ViewService:
         with `redact`, their content is withheld from every read too. Returns the seqs this call
         retracted (items already retracted as asked are left as they are) and their certificates."""
         check_session_id(session_id)
-        if len(reason) > MAX_PROPOSAL_REASON:
-            raise LimitExceeded.at("reason", f"{len(reason):,} characters, over the maximum of {MAX_PROPOSAL_REASON}")
+        _check_reason(reason)
         async with self.store.db.write(tenant, session_id) as conn:
             row, session, items = await self.store.history_in(conn, tenant, session_id)
             _check_seqs(seqs, row["version"])
@@ -514,6 +512,15 @@ def _tools(tools_json: str) -> tuple[dict[str, Any], ...]:
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise InvalidArgument.at("tools_json", "must be a JSON array of tool objects")
     return tuple(tools)
+
+
+def _check_reason(reason: str) -> None:
+    """A reason is stored with what it explains (a queued proposal, a certificate): bounded, and
+    free of NUL, which no Postgres text holds (that answered INTERNAL, found by scripts/fuzz.py)."""
+    if len(reason) > MAX_PROPOSAL_REASON:
+        raise LimitExceeded.at("reason", f"{len(reason):,} characters, over the maximum of {MAX_PROPOSAL_REASON}")
+    if "\x00" in reason:
+        raise InvalidArgument.at("reason", "contains a NUL character")
 
 
 MAX_TOKENS_REPORTED = 10**9

@@ -113,6 +113,7 @@ def test_bad_retractions_change_nothing(client: Client) -> None:
     _fails(lambda: client.retract(session, [3]), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
     _fails(lambda: client.retract(session, [0]), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
     _fails(lambda: client.retract(session, [1], reason="x" * 1001), grpc.StatusCode.INVALID_ARGUMENT, "LIMIT_EXCEEDED")
+    _fails(lambda: client.retract(session, [1], reason="a\x00b"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
     _fails(lambda: client.retract("no-such-session", [1]), grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND")
     assert all(c.rule != "retraction" for c in list(client.list_certificates(session)))
     assert "Check the deploy config." in str(client.render_openai(session))

@@ -165,6 +165,9 @@ def test_bad_control_requests_name_the_field(client: Client, session_id: str) ->
     with pytest.raises(InvalidArgument) as empty:
         client.propose_prune(session_id, [])
     assert empty.value.field == "seqs"
+    with pytest.raises(InvalidArgument) as nul:
+        client.propose_prune(session_id, [4], reason="a\x00b")
+    assert nul.value.field == "reason" and client.propose_prune(session_id, [4])[0].reason != "already queued"
     with pytest.raises(InvalidArgument) as tools:
         client.render_view(session_id, ViewFormat.OPENAI_CHAT, tools=["not an object"])  # type: ignore[list-item]
     assert tools.value.field == "tools_json"
