@@ -1271,12 +1271,14 @@ class ToolCall:
 @dataclass(frozen=True)
 class HistoryRender:
     """A session (default policy) of hostile tool calls and outputs, rendered in both formats, searched with
-    `pattern` in every mode, and its originals retrieved by handle with `grep`."""
+    `pattern` in every mode, and its originals retrieved by handle with `grep`; its first output then proposed
+    for pruning and retracted, each with `reason` (stored with what it explains, on a fresh item each time)."""
 
     calls: tuple[ToolCall, ...]
     budget_tokens: int
     pattern: str
     grep: str
+    reason: str = "done"
 
     def items(self) -> list[pb.Item]:
         items = [text_item(pb.ROLE_USER, "Look into the failures.")]
@@ -1310,6 +1312,7 @@ def history_renders() -> st.SearchStrategy[HistoryRender]:
         st.sampled_from([0, 200, 2_000, 2**63 - 1]),
         patterns(),
         patterns(),
+        st.one_of(st.sampled_from(SPECIAL_TEXT), hostile_texts().map(lambda t: t[:2_000])),
     )
 
 
@@ -1325,7 +1328,10 @@ def history_sweep() -> Iterator[HistoryRender]:
     tools = ("bash", "read_file", "grep", "fetch")
     for n, output in enumerate(HOSTILE_OUTPUTS):
         call = ToolCall(tools[n % len(tools)], json.dumps({"command": "run", "path": "src/a.py"}), output, n % 2 == 1)
-        yield HistoryRender((call,), (0, 2_000)[n % 2], PATTERNS[n % len(PATTERNS)], PATTERNS[-1 - n % len(PATTERNS)])
+        reason = SPECIAL_TEXT[n % len(SPECIAL_TEXT)]
+        yield HistoryRender(
+            (call,), (0, 2_000)[n % 2], PATTERNS[n % len(PATTERNS)], PATTERNS[-1 - n % len(PATTERNS)], reason
+        )
     for n, command in enumerate(HOSTILE_COMMANDS):
         call = ToolCall("bash", json.dumps({"command": command}), "value = 1\n" * 40, False)
         yield HistoryRender((call,), 0, PATTERNS[n % len(PATTERNS)], PATTERNS[-1 - n % len(PATTERNS)])

@@ -513,6 +513,11 @@ class Fuzzer:
         for handle in dict.fromkeys(handles[:3]):
             retrieve = api.RetrieveRequest(session_id=session_id, handle=handle, grep=scenario.grep)
             self.send("Retrieve", retrieve, f"retrieve from a history of outputs: {outputs}", minimize=False)
+        # The first output (seq 3), never proposed or retracted before: the reason is stored, not skipped.
+        propose = api.ProposePruneRequest(session_id=session_id, seqs=[3], reason=scenario.reason)
+        self.send("ProposePrune", propose, "propose pruning an output of a fresh session", minimize=False)
+        retract = api.RetractItemsRequest(session_id=session_id, seqs=[3], reason=scenario.reason)
+        self.send("RetractItems", retract, "retract an output of a fresh session", minimize=False)
         self.caller.call("DeleteSession", api.DeleteSessionRequest(session_id=session_id).SerializeToString())
 
     def delete_sessions(self) -> None:
