@@ -28,16 +28,6 @@ items, a fifth of the render. The youngest generation is collected every
 `YOUNG_THRESHOLD` instead, by when most of those containers are
 gone (freed by their reference counts, never visited); what waits longer is
 garbage in reference cycles, a few MB at most.
-
-And one that stalls every call after a restart: the interpreter's own full
-collections. Whatever a replica loads after it starts is in no frozen set
-yet, so the first full collection the interpreter decides on scans all of it,
-in the middle of a render: 171 ms with a 20,000-item session just loaded,
-another tenant's call waiting (bench/stall.py's restart phase, A's max 142-157
-ms, 37-43 ms without). Full collections are left to `maintain` alone
-(`FULL_NEVER`): young and middle collections still free the cycles that die
-young, and what reaches the oldest generation waits for the next maintenance,
-as frozen cycles already did (bench/memory.py: the same RSS either way).
 """
 
 from __future__ import annotations
@@ -54,17 +44,14 @@ log = logging.getLogger("contextd.interpreter")
 SWITCH_INTERVAL_SECONDS = 0.0002
 REFREEZE_SECONDS = 900.0
 YOUNG_THRESHOLD = 20_000
-FULL_NEVER = 2**31 - 1
-"""The oldest generation's threshold: middle collections before the interpreter collects in
-full, of which it makes 1 per 200,000 net container allocations here (never, in effect)."""
 
 
 def tune() -> None:
-    """Freeze the survivors of full collections from now on, collect the young less often, leave
-    full collections to `maintain`, and shorten the switch interval."""
+    """Freeze the survivors of full collections from now on, collect the young less often, and
+    shorten the switch interval."""
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
-    _, middle, _ = gc.get_threshold()
-    gc.set_threshold(YOUNG_THRESHOLD, middle, FULL_NEVER)
+    _, middle, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_THRESHOLD, middle, oldest)
     if _freeze_survivors not in gc.callbacks:
         gc.callbacks.append(_freeze_survivors)
 
@@ -74,7 +61,7 @@ def untune() -> None:
     if _freeze_survivors in gc.callbacks:
         gc.callbacks.remove(_freeze_survivors)
     gc.unfreeze()
-    gc.set_threshold(700, 10, 10)
+    gc.set_threshold(700, *gc.get_threshold()[1:])
     sys.setswitchinterval(0.005)
 
 
