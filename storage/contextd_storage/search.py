@@ -30,6 +30,7 @@ import asyncio
 import itertools
 import json
 import re
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -400,18 +401,24 @@ def _holding(literals: Sequence[str], postgres: bool, params: dict[str, object],
 
 
 _ASCII_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_FOLDS_ASCII: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+"""`_folds_ascii`'s answer per database (its engine's dialect): a locale is the database's for good."""
 
 
 async def _folds_ascii(conn: AsyncConnection) -> bool:
     """Whether a case-insensitive comparison of the database's folds each ASCII letter to its
     ASCII lower case, as the literals up to ASCII case assume. SQLite's `LIKE` does. Postgres'
     `ILIKE` and pg_trgm lower by the database's locale: under a Turkish one `I` lowers to a
-    dotless `ı`, and there the literals would miss texts, so a regex reads every text."""
+    dotless `ı`, and there the literals would miss texts, so a regex reads every text. Asked
+    of a database once."""
     if conn.dialect.name != "postgresql":
         return True
-    lowered = text("SELECT lower(CAST(:letters AS text)) = :lowered")
-    params = {"letters": _ASCII_LETTERS, "lowered": _ASCII_LETTERS.lower()}
-    return bool((await conn.execute(lowered, params)).scalar_one())
+    found = _FOLDS_ASCII.get(conn.dialect)
+    if found is None:
+        lowered = text("SELECT lower(CAST(:letters AS text)) = :lowered")
+        params = {"letters": _ASCII_LETTERS, "lowered": _ASCII_LETTERS.lower()}
+        found = _FOLDS_ASCII[conn.dialect] = bool((await conn.execute(lowered, params)).scalar_one())
+    return found
 
 
 async def _narrowed(
