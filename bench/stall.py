@@ -2,6 +2,7 @@
 
     python bench/stall.py [--items 10000] [--seconds 8] [--postgres-url URL] [--target HOST:PORT]
                           [--batch 800] [--phases idle,renders,incremental,appends,regex,restart]
+                          [--render-processes N]
 
 Starts a real `contextd serve` (SQLite in a temporary folder unless
 `--postgres-url` names a server, on which a fresh database is made and
@@ -27,6 +28,9 @@ from its own process, in the phases `--phases` names (all by default), `--second
    restarted (not with `--target`): B's first render loads the history, the
    view state and the certificates from the database, then renders go on as
    in 2 (run last: it restarts the server).
+
+With `--render-processes N` the server renders on N processes of its own
+(contextd/render_processes.py), not on threads beside A's calls.
 
 Prints A's p50 / p99 / max per phase, B's renders and their median time, and
 the command that produced it. The target: A's p99 at most 20 ms.
@@ -68,9 +72,9 @@ def tool_session(n_items: int, start: int = 0, body: str | None = None) -> list[
     return messages[:n_items]
 
 
-def flags(database: str) -> tuple[str, ...]:
-    """The server's flags: its database, the two tenants' keys."""
-    return ("--database-url", database, "--api-keys", KEYS)
+def flags(database: str, render_processes: int = 0) -> tuple[str, ...]:
+    """The server's flags: its database, the two tenants' keys, and where it renders."""
+    return ("--database-url", database, "--api-keys", KEYS, "--render-processes", str(render_processes))
 
 
 def _fill(client: Any, session_id: str, messages: list[dict[str, Any]]) -> None:
@@ -177,6 +181,7 @@ def main() -> int:
     parser.add_argument("--postgres-url", default="")
     parser.add_argument("--batch", type=int, default=800, help="items per append in the appends phase")
     parser.add_argument("--target", default="", help="a running server that takes the keys a:key-a,b:key-b")
+    parser.add_argument("--render-processes", type=int, default=0, help="the server's --render-processes")
     parser.add_argument(
         "--phases",
         default="idle,renders,incremental,appends,regex,restart",
@@ -196,7 +201,7 @@ def main() -> int:
                 if args.postgres_url
                 else f"sqlite:///{Path(folder) / 'stall.db'}"
             )
-            server = ServerProcess(*flags(database)).wait_serving()
+            server = ServerProcess(*flags(database, args.render_processes)).wait_serving()
         target = args.target or (server.target if server else "")
         try:
             with Client(target, api_key="key-a") as a, Client(target, api_key="key-b", timeout=300) as b:
@@ -230,7 +235,7 @@ def main() -> int:
                     _fill(b, rendered, tool_session(args.items))
                     b.render_view(rendered, ViewFormat.OPENAI_CHAT)
                 server.stop()
-                server = ServerProcess(*flags(database)).wait_serving()
+                server = ServerProcess(*flags(database, args.render_processes)).wait_serving()
                 target = server.target
                 name = f"B's first render of {args.items:,} items after a restart, then renders"
                 phases[name] = _phase(target, a_session, args.seconds, rendered, args.items)

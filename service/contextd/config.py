@@ -76,6 +76,18 @@ class Settings:
         "Renders that run at once in each server process, each on a thread of its own (off the event loop); "
         "one tenant takes at most all but one of them.",
     )
+    render_processes: int = _setting(
+        0,
+        "Processes beside the serving one that run the renders (each a replica on a local socket, with "
+        "--render-threads threads; a session's renders go to one of them), so that renders neither hold up the "
+        "process's other calls nor share its core. 0: renders run on this process's threads.",
+        off=True,
+    )
+    render_worker: bool = _setting(
+        False,
+        "Set by a server on the render processes it starts (--render-processes); not for operators: such a "
+        "process serves its parent alone, ends with it, and leaves the call metrics to it.",
+    )
     session_cache_bytes: int = _setting(
         512 * 1_048_576,
         "Memory each server process keeps sessions in, between calls: half for their decoded histories, half "
@@ -198,6 +210,11 @@ class Settings:
             _, colon, port = self.metrics_listen.rpartition(":")
             if not colon or not port.isdigit() or int(port) > 65535:
                 raise ConfigError(f"metrics_listen must be host:port, not {self.metrics_listen!r}")
+            if int(port) and int(port) + self.render_processes > 65535:
+                raise ConfigError(
+                    f"metrics_listen: port {port} leaves no ports for the {self.render_processes} render processes "
+                    "(each is scraped on the next port after it)"
+                )
         normalize_database_url(self.database_url)
         if self.redis_url and urlsplit(self.redis_url).scheme not in ("redis", "rediss", "unix"):
             raise ConfigError(

@@ -15,6 +15,8 @@ from opentelemetry import trace
 from contextd.config import Settings
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+RENDER_PROCESS_FORMAT = "%(asctime)s %(levelname)s %(name)s (render process %(process)d): %(message)s"
+"""A render process writes to its parent's stderr (contextd/render_processes.py): its lines say so."""
 
 
 class TraceIds(logging.Filter):
@@ -34,13 +36,14 @@ def configure_logging(settings: Settings) -> None:
 
         handler.setFormatter(
             JsonFormatter(
-                "{asctime}{levelname}{name}{message}{trace_id}{span_id}",
+                "{asctime}{levelname}{name}{message}{trace_id}{span_id}"
+                + ("{process}" if settings.render_worker else ""),
                 style="{",
                 rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
             )
         )
     else:
-        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+        handler.setFormatter(logging.Formatter(RENDER_PROCESS_FORMAT if settings.render_worker else TEXT_FORMAT))
     handler.addFilter(TraceIds())
     logging.basicConfig(level=settings.log_level.upper(), handlers=[handler], force=True)
     if settings.log_level != "debug":

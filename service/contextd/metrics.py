@@ -252,11 +252,12 @@ def configure_metrics(settings: Settings) -> MeterProvider | None:
     if not readers:
         return None
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.resources import Resource
+
+    from contextd.telemetry import resource
 
     provider = MeterProvider(
         readers,
-        resource=Resource.create({"service.name": settings.service_name}),
+        resource=resource(settings),
         exemplar_filter=_exemplar_filter(settings),
     )
     metrics.set_meter_provider(provider)

@@ -10,6 +10,8 @@ imported only when an exporter is configured.
 from __future__ import annotations
 
 import functools
+import os
+import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
@@ -18,6 +20,7 @@ from opentelemetry import trace
 from contextd.config import Settings
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -57,14 +60,28 @@ def configure_tracing(settings: Settings) -> TracerProvider | None:
     exporter = _exporter(settings)
     if exporter is None:
         return None
-    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    provider = TracerProvider(resource=Resource.create({"service.name": settings.service_name}))
+    provider = TracerProvider(resource=resource(settings))
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     return provider
+
+
+def resource(settings: Settings) -> Resource:
+    """The process as its spans and metrics name it: `service_name` (with what
+    OTEL_RESOURCE_ATTRIBUTES adds); a render process (contextd/render_processes.py) is an
+    instance of its own, or its counters would be taken for its parent's."""
+    from opentelemetry.sdk.resources import Resource
+
+    named = Resource.create({"service.name": settings.service_name})
+    if not settings.render_worker:
+        return named
+    parent = named.attributes.get("service.instance.id") or socket.gethostname()
+    return named.merge(
+        Resource({"service.instance.id": f"{parent}/render-{os.getpid()}", "contextd.process": "render"})
+    )
 
 
 def instrument_storage(engine: AsyncEngine) -> None:

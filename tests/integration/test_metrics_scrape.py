@@ -65,3 +65,30 @@ def test_a_taken_metrics_port_stops_start_up_with_one_line(tmp_path: Path) -> No
     assert second.process.returncode != 0
     assert any(f"cannot serve metrics on {taken}" in line for line in second.log), second.log
     assert not any("Traceback" in line for line in second.log)
+
+
+def test_render_processes_are_scraped_on_their_own_ports_and_calls_counted_once(tmp_path: Path) -> None:
+    """The serving process measures every call, the one it hands on included; the render
+    process measures the render (an instance of its own), not the call a second time."""
+    server = ServerProcess("--metrics-listen", "127.0.0.1:0", "--render-processes", "1", cwd=tmp_path).wait_serving()
+    try:
+        urls = [m.group(1) for line in server.log if (m := METRICS.search(line))]
+        rendering = [line for line in server.log if "(render process" in line and METRICS.search(line)]
+        assert len(urls) == 2 and len(rendering) == 1, server.log
+        worker_url = METRICS.search(rendering[0]).group(1)  # type: ignore[union-attr]
+        parent_url = next(u for u in urls if u != worker_url)
+        with Client(server.target) as client:
+            session = client.create_session("scraped").id
+            client.append_openai(session, [{"role": "user", "content": "hello"}])
+            view = client.render_view(session, ViewFormat.OPENAI_CHAT)
+        parent, worker = scrape(parent_url), scrape(worker_url)
+    finally:
+        server.stop()
+    method = "contextd.v1.ContextService/RenderView"
+    calls = "rpc_server_call_duration_seconds_count"
+    assert value(parent, calls, rpc_method=method, rpc_response_status_code="OK") == 1
+    assert value(worker, calls, rpc_method=method) == 0
+    assert value(worker, "contextd_render_duration_seconds_count", contextd_stage="all") == 1
+    assert value(worker, "contextd_view_tokens_total", contextd_tenant="default") == view.total_tokens
+    assert value(parent, "contextd_render_duration_seconds_count", contextd_stage="all") == 0
+    assert value(worker, "target_info", contextd_process="render") == 1

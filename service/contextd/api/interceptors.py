@@ -36,6 +36,7 @@ from contextd.api.outage_log import OutageLog
 from contextd.api.responses import Encoded, passing_encoded
 from contextd.config import TenantLimits
 from contextd.engine.errors import ContextdError, LimitExceeded
+from contextd.render_processes import Relayed
 from contextd.telemetry import tracer
 from contextd_client.v1 import contextd_pb2
 
@@ -51,11 +52,18 @@ Metadata = Sequence[tuple[str, str | bytes]]
 
 
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, api_keys: ApiKeys, max_request_bytes: int, admission: Admission | None = None) -> None:
+    def __init__(
+        self,
+        api_keys: ApiKeys,
+        max_request_bytes: int,
+        admission: Admission | None = None,
+        measure_calls: bool = True,
+    ) -> None:
         self._api_keys = api_keys
         self._max_request_bytes = max_request_bytes
         self._admission = admission or Admission(TenantLimits())
         self._outages = OutageLog(log)
+        self._measure = measure_calls
 
     async def intercept_service(
         self,
@@ -86,7 +94,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     ) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]:
         async def behavior(data: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             metadata: Metadata = tuple(context.invocation_metadata() or ())
-            with _Call(method, metadata, context, len(data)) as call:
+            with _Call(method, metadata, context, len(data), self._measure) as call:
                 try:
                     with self._api_keys.acting_as(metadata) as tenant:
                         call.tenant = tenant
@@ -107,7 +115,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     ) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]]:
         async def behavior(data: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             metadata: Metadata = tuple(context.invocation_metadata() or ())
-            with _Call(method, metadata, context, len(data)) as call:
+            with _Call(method, metadata, context, len(data), self._measure) as call:
                 try:
                     with self._api_keys.acting_as(metadata) as tenant:
                         call.tenant = tenant
@@ -140,10 +148,16 @@ class _Call:
     it ends, its duration and sizes under the semantic conventions for RPC, by status."""
 
     def __init__(
-        self, method: str, metadata: Metadata, context: grpc.aio.ServicerContext[Any, Any], request_bytes: int
+        self,
+        method: str,
+        metadata: Metadata,
+        context: grpc.aio.ServicerContext[Any, Any],
+        request_bytes: int,
+        measured: bool = True,
     ) -> None:
         self.method = method[1:]  # package.Service/Method
         self.context = context
+        self.measured = measured
         self.tenant = ""
         self.session_id = ""
         self.response_bytes = 0
@@ -157,7 +171,8 @@ class _Call:
             record_exception=False,  # abort() records what failed; an abort is not an exception here
             set_status_on_exception=False,
         )
-        metrics.rpc_request_size.record(request_bytes, {"rpc.system.name": "grpc", "rpc.method": self.method})
+        if measured:
+            metrics.rpc_request_size.record(request_bytes, {"rpc.system.name": "grpc", "rpc.method": self.method})
 
     def __enter__(self) -> _Call:
         self.started = time.perf_counter()
@@ -174,9 +189,13 @@ class _Call:
         self.recorded = True
         if self.tenant:
             self.span.set_attribute("contextd.tenant", self.tenant)
-            if self.session_id:
-                metrics.active_sessions.seen(self.tenant, self.session_id)
         self.span.set_attribute("rpc.response.status_code", status)
+        if status != "OK":
+            self.span.set_attribute("error.type", status)
+        if not self.measured:
+            return
+        if self.tenant and self.session_id:
+            metrics.active_sessions.seen(self.tenant, self.session_id)
         attributes = {
             "rpc.system.name": "grpc",
             "rpc.method": self.method,
@@ -185,7 +204,6 @@ class _Call:
         }
         if status != "OK":
             attributes["error.type"] = status
-            self.span.set_attribute("error.type", status)
         metrics.rpc_duration.record(time.perf_counter() - self.started, attributes)
         if status == "OK":
             metrics.rpc_response_size.record(
@@ -199,10 +217,17 @@ class _Call:
         """Answer the call with the status `exc` maps to (INTERNAL, with a reference, when it
         maps to none); never returns."""
         span = self.span
+        if isinstance(exc, Relayed):  # a render process's answer, passed on as it was given
+            if exc.reason:
+                span.set_attribute("contextd.error_reason", exc.reason)
+                self._failed(exc.reason)
+            span.set_status(Status(StatusCode.ERROR, exc.reason or exc.code.name))
+            self._record(exc.code.name)
+            await self.context.abort(exc.code, exc.details, exc.trailers)
         if isinstance(exc, ContextdError):
             code = status_code(exc)
             span.set_attribute("contextd.error_reason", exc.reason)
-            metrics.failures.add(1, {metrics.TENANT: self.tenant, "contextd.error_reason": exc.reason})
+            self._failed(exc.reason)
             if code is grpc.StatusCode.UNAVAILABLE:
                 outages.failed(exc.reason, f"/{self.method}: {status_message(exc)}")
             span.set_status(Status(StatusCode.ERROR, exc.reason))
@@ -215,6 +240,10 @@ class _Call:
         self._record(grpc.StatusCode.INTERNAL.name)
         message = f"internal error (reference {reference}); see the server log"
         await self.context.abort(grpc.StatusCode.INTERNAL, message)
+
+    def _failed(self, reason: str) -> None:
+        if self.measured:
+            metrics.failures.add(1, {metrics.TENANT: self.tenant, "contextd.error_reason": reason})
 
 
 def _status_name(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:

@@ -39,6 +39,7 @@ from contextd.engine.transforms import TransformRegistry
 from contextd.engine.validation import Limits
 from contextd.metrics import configure_metrics, serve_prometheus
 from contextd.recovery import RecoveryService
+from contextd.render_processes import RenderProcesses, RenderProcessesFailed, become_render_process
 from contextd.render_workers import RenderWorkers
 from contextd.sessions import SessionService
 from contextd.telemetry import configure_tracing, instrument_storage
@@ -67,11 +68,14 @@ class RunningServer:
     workers: RenderWorkers
     admission: Admission
     feed: EventFeed
+    renders: RenderProcesses | None = None
 
     async def stop(self, grace: float) -> None:
         await self.health.enter_graceful_shutdown()
         await self.feed.close()  # watches end now (SERVER_STOPPING) and resume elsewhere, not at the grace's end
-        await self.server.stop(grace)
+        await self.server.stop(grace)  # renders in flight on the render processes finish first
+        if self.renders is not None:
+            await self.renders.close(grace)
         await _close(self.workers, self.db, self.stash, self.admission)
 
 
@@ -146,7 +150,10 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
         interceptors=[
             *interceptors,
             ServiceInterceptor(
-                ApiKeys(settings.tenant_keys()), max_request_bytes=settings.max_message_bytes, admission=admission
+                ApiKeys(settings.tenant_keys()),
+                max_request_bytes=settings.max_message_bytes,
+                admission=admission,
+                measure_calls=not settings.render_worker,  # the serving process measures the calls it hands on
             ),
         ],
         options=[
@@ -178,16 +185,35 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     except RuntimeError as exc:  # grpc's way of saying the address is taken or invalid
         await _close(workers, db, stash, admission)
         raise StartupError(f"cannot listen on {settings.listen}: {exc}") from None
+    renders = None
+    if settings.render_processes:
+        try:
+            renders = await RenderProcesses.start(settings)
+        except RenderProcessesFailed as exc:
+            await server.stop(None)
+            await _close(workers, db, stash, admission)
+            raise StartupError(str(exc)) from None
+        servicer.renders = renders
     await server.start()
     feed.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    if settings.render_worker:
+        log.info("serving the renders of its parent on %s (database: %s)", settings.listen, db.dialect)
+        return RunningServer(server, health_servicer, db, port, stash, workers, admission, feed)
     host = settings.listen.rsplit(":", 1)[0]
     security = "mutual TLS" if settings.tls_client_ca else "TLS" if settings.tls_cert else "plaintext"
-    log.info("contextd serving on %s:%d (database: %s, %s)", host, port, db.dialect, security)
+    log.info(
+        "contextd serving on %s:%d (database: %s, %s%s)",
+        host,
+        port,
+        db.dialect,
+        security,
+        f"; render processes, pids {', '.join(map(str, renders.pids))}" if renders else "",
+    )
     if settings.api_keys and not settings.tls_cert and host not in ("127.0.0.1", "localhost", "[::1]"):
         log.warning("API keys travel in plaintext: serve TLS (--tls-cert, --tls-key) or terminate TLS in front")
-    return RunningServer(server, health_servicer, db, port, stash, workers, admission, feed)
+    return RunningServer(server, health_servicer, db, port, stash, workers, admission, feed, renders)
 
 
 async def serve(settings: Settings) -> bool:
@@ -225,6 +251,12 @@ async def serve(settings: Settings) -> bool:
     stopping, hurry = asyncio.Event(), asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: hurry.set() if stopping.is_set() else stopping.set())
+    if settings.render_worker:
+        try:
+            become_render_process(stopping.set)
+        except RenderProcessesFailed as exc:
+            await running.stop(0)
+            raise StartupError(str(exc)) from None
     await stopping.wait()
     log.info("shutting down: draining calls for up to %.1f s (signal again to stop now)", settings.grace_seconds)
     # Past the grace period, seconds for the cleanup (then the timer below ends the
@@ -232,6 +264,8 @@ async def serve(settings: Settings) -> bool:
     signalled, slack, backstop = time.monotonic(), 0.5, 0.9
 
     def exit_now() -> None:
+        if running.renders is not None:
+            running.renders.forget()  # they end on their own, at the end of their pipe from this process
         others = [
             t.name for t in threading.enumerate() if t not in (threading.main_thread(), threading.current_thread())
         ]
@@ -260,6 +294,8 @@ async def serve(settings: Settings) -> bool:
     if hurry_up:
         log.warning("second signal: cancelling the calls still in flight")
         exit_after(slack)
+        if running.renders is not None:
+            running.renders.kill()
         await running.server.stop(None)
     await draining
     hurried.cancel()

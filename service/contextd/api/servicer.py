@@ -18,6 +18,7 @@ from contextd.engine.model import Role
 from contextd.engine.validation import check_batch_size
 from contextd.engine.view import ViewFormat, ViewRequest
 from contextd.recovery import PageUnit, RecoveryService, RetrieveQuery, SearchMode, SearchQuery
+from contextd.render_processes import RenderProcesses
 from contextd.sessions import SessionService, check_session_id
 from contextd.view_service import RenderResult, ViewService
 from contextd.watch import EventFeed, Heartbeat
@@ -59,6 +60,8 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
         self.views = views
         self.recovery = recovery
         self.max_response_bytes = max_response_bytes
+        self.renders: RenderProcesses | None = None
+        """Where renders run when not here (api/server.py starts them, with `render_processes`)."""
 
     async def CreateSession(self, request: api.CreateSessionRequest, context: Context) -> api.CreateSessionResponse:
         session = await self.sessions.create_session(
@@ -100,6 +103,15 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
         return mapping.append_result_to_proto(result)
 
     async def RenderView(self, request: api.RenderViewRequest, context: Context) -> Encoded:  # type: ignore[override]
+        if self.renders is not None:
+            data = await self.renders.render(
+                current_tenant(),
+                request.session_id,
+                request.SerializeToString(),
+                tuple(context.invocation_metadata() or ()),
+                context.time_remaining(),
+            )
+            return Encoded(data)
         view_request = ViewRequest(
             format=mapping.view_format(request.format),
             budget_tokens=request.budget_tokens,
