@@ -319,10 +319,12 @@ class RenderProcesses:
             await process.wait()
 
 
-def become_render_process(stop: Any) -> None:
-    """In a render process: take the lower CPU priority, and call `stop()` once the parent is
-    gone (end of file on stdin, a pipe from it). RenderProcessesFailed when stdin is no pipe:
-    `render_worker` is for a server's own render processes, not for a process run by hand."""
+def become_render_process(listen: str, stop: Any) -> None:
+    """In a render process listening on `listen`: take the lower CPU priority, and call `stop()`
+    once the parent is gone (end of file on stdin, a pipe from it), removing its socket (and the
+    parent's socket directory, once empty: a parent killed outright could not). RenderProcessesFailed
+    when stdin is no pipe: `render_worker` is for a server's own render processes, not for a
+    process run by hand."""
     fd = sys.stdin.fileno()
     if not stat.S_ISFIFO(os.fstat(fd).st_mode):
         raise RenderProcessesFailed(
@@ -337,5 +339,9 @@ def become_render_process(stop: Any) -> None:
             loop.remove_reader(fd)
             log.info("render process: the serving process is gone; stopping")
             stop()
+            path = listen.removeprefix("unix:")
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # connections made stay open; no new one can be
+                os.rmdir(os.path.dirname(path))  # fails, as it should, while another's socket is in it
 
     loop.add_reader(fd, readable)

@@ -37,6 +37,15 @@ def pids_of(server: ServerProcess) -> list[int]:
     return [int(p) for p in found.groups()]
 
 
+SOCKET = re.compile(r"serving the renders of its parent on unix:(\S+)")
+
+
+def sockets_of(server: ServerProcess) -> set[Path]:
+    """The render processes' sockets, from their log lines (each may come just after the server's)."""
+    assert wait_until(lambda: len(SOCKET.findall("\n".join(server.log))) == 2, 10), server.log
+    return {Path(path) for path in SOCKET.findall("\n".join(server.log))}
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -239,10 +248,8 @@ def test_render_processes_end_with_their_server_however_it_ends(tmp_path: Path) 
     assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [nicer, nicer]  # calls before renders
     # An answer after the serving line means the server has taken its signals (api/server.py).
     assert _render(stopped.target, "none", None)[0] is grpc.StatusCode.NOT_FOUND
-    sockets = {
-        Path(path) for path in re.findall(r"serving the renders of its parent on unix:(\S+)", "\n".join(stopped.log))
-    }
-    assert len(sockets) == 2 and all(path.exists() for path in sockets)
+    sockets = sockets_of(stopped)
+    assert all(path.exists() for path in sockets)
     stopped.terminate()
     assert stopped.wait() == 0
     assert wait_until(lambda: not any(map(alive, pids)), 10)
@@ -250,9 +257,11 @@ def test_render_processes_end_with_their_server_however_it_ends(tmp_path: Path) 
 
     killed = ServerProcess("--database-url", database, "--render-processes", "2").wait_serving()
     pids = pids_of(killed)
+    sockets = sockets_of(killed)
     killed.process.kill()  # no chance to stop them: they see their parent's end of the pipe close
     killed.wait()
     assert wait_until(lambda: not any(map(alive, pids)), 20)
+    assert not any(path.parent.exists() for path in sockets)  # they tidied up for it
 
 
 def _two_ports(held: contextlib.ExitStack) -> tuple[socket.socket, socket.socket]:

@@ -253,7 +253,7 @@ async def serve(settings: Settings) -> bool:
         loop.add_signal_handler(sig, lambda: hurry.set() if stopping.is_set() else stopping.set())
     if settings.render_worker:
         try:
-            become_render_process(stopping.set)
+            become_render_process(settings.listen, stopping.set)
         except RenderProcessesFailed as exc:
             await running.stop(0)
             raise StartupError(str(exc)) from None
