@@ -241,27 +241,32 @@ def test_a_render_process_that_dies_is_started_again(tmp_path: Path) -> None:
 
 def test_render_processes_end_with_their_server_however_it_ends(tmp_path: Path) -> None:
     database = f"sqlite:///{tmp_path}/c.db"
-    stopped = ServerProcess("--database-url", database, "--render-processes", "2").wait_serving()
-    pids = pids_of(stopped)
-    assert all(map(alive, pids))
-    nicer = min(19, os.getpriority(os.PRIO_PROCESS, stopped.process.pid) + 10)
-    assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [nicer, nicer]  # calls before renders
-    # An answer after the serving line means the server has taken its signals (api/server.py).
-    assert _render(stopped.target, "none", None)[0] is grpc.StatusCode.NOT_FOUND
-    sockets = sockets_of(stopped)
-    assert all(path.exists() for path in sockets)
-    stopped.terminate()
-    assert stopped.wait() == 0
-    assert wait_until(lambda: not any(map(alive, pids)), 10)
-    assert not any(path.parent.exists() for path in sockets)  # nothing left behind
+    with contextlib.ExitStack() as servers:  # stopped whatever happens: a failed assertion leaves none running
+        stopped = ServerProcess("--database-url", database, "--render-processes", "2")
+        servers.callback(stopped.stop)
+        stopped.wait_serving()
+        pids = pids_of(stopped)
+        assert all(map(alive, pids))
+        nicer = min(19, os.getpriority(os.PRIO_PROCESS, stopped.process.pid) + 10)
+        assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [nicer, nicer]  # calls before renders
+        # An answer after the serving line means the server has taken its signals (api/server.py).
+        assert _render(stopped.target, "none", None)[0] is grpc.StatusCode.NOT_FOUND
+        sockets = sockets_of(stopped)
+        assert all(path.exists() for path in sockets)
+        stopped.terminate()
+        assert stopped.wait() == 0
+        assert wait_until(lambda: not any(map(alive, pids)), 10)
+        assert not any(path.parent.exists() for path in sockets)  # nothing left behind
 
-    killed = ServerProcess("--database-url", database, "--render-processes", "2").wait_serving()
-    pids = pids_of(killed)
-    sockets = sockets_of(killed)
-    killed.process.kill()  # no chance to stop them: they see their parent's end of the pipe close
-    killed.wait()
-    assert wait_until(lambda: not any(map(alive, pids)), 20)
-    assert not any(path.parent.exists() for path in sockets)  # they tidied up for it
+        killed = ServerProcess("--database-url", database, "--render-processes", "2")
+        servers.callback(killed.stop)
+        killed.wait_serving()
+        pids = pids_of(killed)
+        sockets = sockets_of(killed)
+        killed.process.kill()  # no chance to stop them: they see their parent's end of the pipe close
+        killed.wait()
+        assert wait_until(lambda: not any(map(alive, pids)), 20)
+        assert not any(path.parent.exists() for path in sockets)  # they tidied up for it
 
 
 def _two_ports(held: contextlib.ExitStack) -> tuple[socket.socket, socket.socket]:
