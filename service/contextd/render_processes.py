@@ -37,8 +37,7 @@ import stat
 import sys
 import tempfile
 import zlib
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -54,6 +53,8 @@ log = logging.getLogger("contextd.render_processes")
 RENDER_VIEW = "/" + contextd_pb2.DESCRIPTOR.services_by_name["ContextService"].full_name + "/RenderView"
 _RETRY_MS = 1000
 _FIRST_BACKOFF, _MOST_BACKOFF = 1.0, 30.0
+_READY_SECONDS = 60.0
+"""How long a render process, started or started again, gets to answer its health check."""
 _NICER = 10
 """How much lower a render process's CPU priority is than its parent's (a nice value): renders are
 long CPU work, the serving process's calls short and waited on; when they compete for a core the
@@ -178,7 +179,7 @@ class RenderProcesses:
             )
 
     @classmethod
-    async def start(cls, settings: Settings, ready_seconds: float = 60.0) -> RenderProcesses:
+    async def start(cls, settings: Settings, ready_seconds: float = _READY_SECONDS) -> RenderProcesses:
         """`settings.render_processes` processes, each answering; RenderProcessesFailed when one
         exits or does not answer within `ready_seconds` (those started are stopped)."""
         processes = cls(settings, tempfile.mkdtemp(prefix="contextd-render-"))
@@ -295,7 +296,7 @@ class RenderProcesses:
             await asyncio.sleep(backoff)
             try:
                 await self._spawn(p)
-                await self._ready(p, 60.0)
+                await self._ready(p, _READY_SECONDS)
             except (RenderProcessesFailed, OSError) as exc:
                 log.error("render process %d: %s", p.index, exc)
                 if p.process is not None and p.process.returncode is None:
@@ -319,7 +320,7 @@ class RenderProcesses:
             await process.wait()
 
 
-def become_render_process(listen: str, stop: Any) -> None:
+def become_render_process(listen: str, stop: Callable[[], None]) -> None:
     """In a render process listening on `listen`: take the lower CPU priority, and call `stop()`
     once the parent is gone (end of file on stdin, a pipe from it), removing its socket (and the
     parent's socket directory, once empty: a parent killed outright could not). RenderProcessesFailed
@@ -337,7 +338,7 @@ def become_render_process(listen: str, stop: Any) -> None:
     def readable() -> None:
         if not os.read(fd, 4096):
             loop.remove_reader(fd)
-            log.info("render process: the serving process is gone; stopping")
+            log.info("the serving process is gone: stopping")
             stop()
             path = listen.removeprefix("unix:")
             with contextlib.suppress(OSError):
