@@ -2,6 +2,7 @@
 
     python bench/scale.py [--sizes 1000,10000] [--workload unprunable|sliding] [--repeat 20]
                           [--backend sqlite|postgres] [--postgres-url URL] [--parts engine,service]
+                          [--budget-tokens N]
 
 The session is a coding agent's tool calls whose outputs the default policy can remove
 nothing of (`unprunable`: reads of different files, every output its own; so nothing
@@ -20,7 +21,9 @@ the same path, as agents do). Each size is measured in processes of its own:
   appended then a render, on the replica that made the previous render; *another
   replica*, the same, each render on the other of two replicas over one database (on
   SQLite, two processes over one file, one at a time); *after a restart*, the first
-  render of a replica started after the previous render.
+  render of a replica started after the previous render; *cold response*, the size of the
+  cold render's response (`--budget-tokens`: the service's renders ask for a budget, so the
+  first one decides about every output it compresses).
 
 Prints a Markdown table of p50s, the exponent of each column between consecutive sizes
 (cost ~ items^k), and the command. A benchmark, not a test: read ratios, on a quiet machine.
@@ -146,16 +149,18 @@ def engine(n_items: int, workload: str, repeat: int) -> dict[str, float]:
 # ----------------------------------------------------------------- service
 
 
-def service(n_items: int, workload: str, repeat: int, database: str, folder: Path) -> dict[str, float]:
+def service(n_items: int, workload: str, repeat: int, database: str, folder: Path, budget: int) -> dict[str, float]:
     import grpc
 
     from contextd_client import Client, RetryPolicy
     from contextd_client.v1 import contextd_pb2 as api
     from contextd_lab.service import ServerProcess
 
+    sizes: list[int] = []
+
     def timed(channel: Any, request: bytes) -> float:
         started = time.perf_counter()
-        channel(request, timeout=600)
+        sizes.append(len(channel(request, timeout=600)))
         return (time.perf_counter() - started) * 1000
 
     flags = ("--database-url", database, "--no-migrate-on-start", "--max-message-bytes", str(1 << 30))
@@ -176,8 +181,11 @@ def service(n_items: int, workload: str, repeat: int, database: str, folder: Pat
         session_id = clients[0].create_session().id
         for start in range(0, n_items, 500):
             clients[0].append_openai(session_id, messages[start : min(start + 500, n_items)])
-        request = api.RenderViewRequest(session_id=session_id, format=api.VIEW_FORMAT_OPENAI_CHAT).SerializeToString()
+        request = api.RenderViewRequest(
+            session_id=session_id, format=api.VIEW_FORMAT_OPENAI_CHAT, budget_tokens=budget
+        ).SerializeToString()
         results["cold_ms"] = timed(channels[0][1], request)
+        results["cold_mb"] = sizes[0] / 1e6
         same, other = [], []
         for _ in range(repeat):  # append and render on the replica that made the previous render
             clients[0].append_openai(session_id, [next(following)])
@@ -218,6 +226,7 @@ def main() -> int:
     parser.add_argument("--parts", default="engine,service")
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--postgres-url", default=os.environ.get("CONTEXTD_TEST_POSTGRES_URL", ""))
+    parser.add_argument("--budget-tokens", type=int, default=0, help="the service's renders ask for this budget")
     parser.add_argument("--engine-child", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -242,7 +251,7 @@ def main() -> int:
                 subprocess.run(
                     [sys.executable, "-m", "contextd", "migrate", "--database-url", database], check=True, cwd=folder
                 )
-                measured = service(n, args.workload, args.repeat, database, Path(folder))
+                measured = service(n, args.workload, args.repeat, database, Path(folder), args.budget_tokens)
                 row |= {f"service {k}": v for k, v in measured.items()}
         rows[n] = row
         print(f"{n:,} items: " + ", ".join(f"{k} {v:,.2f}" for k, v in row.items()), file=sys.stderr, flush=True)
@@ -260,6 +269,7 @@ def main() -> int:
         "service replica_ms": "service, on another replica",
         "service restart_ms": "service, after a restart",
         "service cold_ms": "service, cold",
+        "service cold_mb": "service, cold response",
     }
     columns = [c for c in names if c in columns]
     print("| items | " + " | ".join(names[c] for c in columns) + " |")
@@ -268,7 +278,10 @@ def main() -> int:
         cells = []
         for c in columns:
             value = rows[n][c]
-            cells.append(f"{value:.2f} s; {value * 1000 / n:.3f}" if c.endswith("cpu_s") else f"{value:,.1f} ms")
+            if c.endswith("cpu_s"):
+                cells.append(f"{value:.2f} s; {value * 1000 / n:.3f}")
+            else:
+                cells.append(f"{value:,.2f} MB" if c.endswith("_mb") else f"{value:,.1f} ms")
         print(f"| {n:,} | " + " | ".join(cells) + " |")
     for small, large in itertools.pairwise(sizes):
         cells = [f"{exponent(rows[small][c], rows[large][c], small, large):.2f}" for c in columns]

@@ -136,7 +136,10 @@ class View:
     request_patch: dict[str, Any] = field(default_factory=dict)
     """Provider request fields the view asks to set."""
     certificates: tuple[Certificate, ...] = ()
-    """The decisions this render took."""
+    """The decisions this render took, in order: all of them, or the first 1,000 when it took
+    more (``certificates_total``; ``list_certificates(session, view_version=...)`` lists every one)."""
+    certificates_total: int = 0
+    """How many decisions this render took, listed in ``certificates`` or not."""
     policy_version: str = ""
     """The version of the policy the view was produced with."""
     cache_breakpoint_seq: int = 0
@@ -196,6 +199,7 @@ class View:
             retracted_items=message.retracted_items,
             request_patch=json.loads(message.request_patch_json or "{}"),
             certificates=tuple(Certificate.from_proto(c) for c in message.certificates),
+            certificates_total=max(message.certificates_total, len(message.certificates)),
             policy_version=message.policy_version,
         )
 

@@ -220,6 +220,14 @@ def append_result_to_proto(result: AppendResult) -> api.AppendItemsResponse:
     )
 
 
+RESPONSE_CERTIFICATES = 1000
+"""The most certificates a view carries: a render's first ones, in order (the rest are
+stored as every one is, and ListCertificates lists them by view version). A first render of a
+long session under a budget decides about every item, and its certificates (about 250 bytes
+each) outweighed the view: at 50,000 items they made a response over the message limit, so
+the session could not be rendered at all."""
+
+
 def view_to_proto(view: View, certificates: Sequence[Certificate] = ()) -> api.View:
     return api.View(
         session_id=view.session_id,
@@ -250,7 +258,10 @@ def view_to_proto(view: View, certificates: Sequence[Certificate] = ()) -> api.V
         stable_prefix_tokens=view.stable_prefix_tokens,
         cache_breakpoint_seq=view.cache_breakpoint_seq,
         retracted_items=view.retracted_items,
-        certificates=[certificate_to_proto(c, view.session_id, view.format) for c in certificates],
+        certificates=[
+            certificate_to_proto(c, view.session_id, view.format) for c in certificates[:RESPONSE_CERTIFICATES]
+        ],
+        certificates_total=len(certificates),
     )
 
 

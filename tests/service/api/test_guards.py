@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
+from contextd.api import mapping
 from contextd.view_service import ViewService
 from contextd_client import (
     NO_RETRY,
@@ -75,6 +76,38 @@ def test_a_view_larger_than_a_message_is_refused_with_the_limit_named(make_serve
         assert conn.execute("SELECT count(*) FROM view_states").fetchone() == (0,)
     finally:
         conn.close()
+
+
+def test_a_renders_certificates_never_make_its_view_too_large_to_send(
+    make_server: MakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same logs sixty times over (duplicates to remove) under a budget: the first render
+    # decides about each of them, and its certificates outweigh its view.
+    server = make_server(max_message_bytes=35_000)
+    log = "".join(f"INFO worker {k}: step done\n" for k in range(40))
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Why is the worker slow?"}]
+    for k in range(60):
+        command = {"name": "bash", "arguments": '{"command": "cat w.log"}'}
+        call = {"id": f"c{k}", "type": "function", "function": command}
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{k}", "content": log},
+        ]
+    with Client(server.target) as client:
+        every, bounded = client.create_session().id, client.create_session().id
+        for start in range(0, len(messages), 20):  # appends within the message limit
+            client.append_openai(every, messages[start : start + 20])
+            client.append_openai(bounded, messages[start : start + 20])
+        # Every certificate in the response, as before the bound: refused.
+        monkeypatch.setattr(mapping, "RESPONSE_CERTIFICATES", 10_000)
+        with pytest.raises(ContextdError) as refused:
+            client.render_view(every, ViewFormat.OPENAI_CHAT, budget_tokens=2_000)
+        assert refused.value.reason == "VIEW_TOO_LARGE"
+        monkeypatch.setattr(mapping, "RESPONSE_CERTIFICATES", 5)
+        view = client.render_view(bounded, ViewFormat.OPENAI_CHAT, budget_tokens=2_000)
+        listed = list(client.list_certificates(bounded, view_version=view.view_version))
+    assert view.certificates_total == len(listed) > 5 == len(view.certificates)
+    assert [c.hash for c in view.certificates] == [c.hash for c in listed[:5]]  # the first ones, in order
 
 
 def test_an_internal_failure_reaches_the_client_without_details(

@@ -752,6 +752,7 @@ class View(_message.Message):
     CERTIFICATES_FIELD_NUMBER: _builtins.int
     CACHE_BREAKPOINT_SEQ_FIELD_NUMBER: _builtins.int
     RETRACTED_ITEMS_FIELD_NUMBER: _builtins.int
+    CERTIFICATES_TOTAL_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     version: _builtins.int
     """The history version the view was rendered from."""
@@ -806,13 +807,20 @@ class View(_message.Message):
     a view may show, so a client that keeps its own count sees another's
     retraction.
     """
+    certificates_total: _builtins.int
+    """How many decisions this render took, listed in `certificates` or not."""
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___ViewItem]: ...
     @_builtins.property
     def warnings(self) -> _containers.RepeatedCompositeFieldContainer[Global___ViewWarning]: ...
     @_builtins.property
     def certificates(self) -> _containers.RepeatedCompositeFieldContainer[Global___Certificate]:
-        """The decisions this render took (PRUNE, DEFER, ABSTAIN, KEEP, APPLY)."""
+        """The decisions this render took (PRUNE, DEFER, ABSTAIN, KEEP, APPLY), in
+        certificate order: all of them, or the first 1,000 when it took more
+        (certificates_total says how many; ListCertificates with this
+        view_version lists every one). A render's audit trail never makes its
+        view too large to send.
+        """
 
     def __init__(
         self,
@@ -837,10 +845,11 @@ class View(_message.Message):
         certificates: _abc.Iterable[Global___Certificate] | None = ...,
         cache_breakpoint_seq: _builtins.int = ...,
         retracted_items: _builtins.int = ...,
+        certificates_total: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "cache_breakpoint_seq", b"cache_breakpoint_seq", "certificates", b"certificates", "encoding", b"encoding", "format", b"format", "framing_tokens", b"framing_tokens", "item_tokens", b"item_tokens", "items", b"items", "messages_json", b"messages_json", "over_budget", b"over_budget", "policy_version", b"policy_version", "request_patch_json", b"request_patch_json", "retracted_items", b"retracted_items", "session_id", b"session_id", "stable_prefix_tokens", b"stable_prefix_tokens", "system_json", b"system_json", "total_tokens", b"total_tokens", "version", b"version", "view_version", b"view_version", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "cache_breakpoint_seq", b"cache_breakpoint_seq", "certificates", b"certificates", "certificates_total", b"certificates_total", "encoding", b"encoding", "format", b"format", "framing_tokens", b"framing_tokens", "item_tokens", b"item_tokens", "items", b"items", "messages_json", b"messages_json", "over_budget", b"over_budget", "policy_version", b"policy_version", "request_patch_json", b"request_patch_json", "retracted_items", b"retracted_items", "session_id", b"session_id", "stable_prefix_tokens", b"stable_prefix_tokens", "system_json", b"system_json", "total_tokens", b"total_tokens", "version", b"version", "view_version", b"view_version", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
