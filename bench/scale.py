@@ -22,8 +22,11 @@ the same path, as agents do). Each size is measured in processes of its own:
   replica*, the same, each render on the other of two replicas over one database (on
   SQLite, two processes over one file, one at a time); *after a restart*, the first
   render of a replica started after the previous render; *cold response*, the size of the
-  cold render's response (`--budget-tokens`: the service's renders ask for a budget, so the
-  first one decides about every output it compresses).
+  cold render's response.
+
+`--budget-tokens N`: every render, the engine's and the service's, asks for that budget (a
+session over it offloads its oldest turns to placeholders, and the first render decides about
+every output it offloads or compresses).
 
 Prints a Markdown table of p50s, the exponent of each column between consecutive sizes
 (cost ~ items^k), and the command. A benchmark, not a test: read ratios, on a quiet machine.
@@ -80,7 +83,7 @@ def tool_calls(n_items: int, workload: str, start: int = 0) -> list[dict[str, An
 # ------------------------------------------------------------------ engine
 
 
-def engine_child(n_items: int, workload: str, repeat: int) -> dict[str, float]:
+def engine_child(n_items: int, workload: str, repeat: int, budget: int) -> dict[str, float]:
     """Run in a fresh process: the engine's figures for one size (ms; CPU in s)."""
     from contextd import interpreter
     from contextd.api.mapping import items_from_proto
@@ -98,7 +101,7 @@ def engine_child(n_items: int, workload: str, repeat: int) -> dict[str, float]:
     counter.count("warm the tokenizer")
     messages = tool_calls(n_items + 2 * repeat + 2, workload)
     items = [to_item(c, seq) for seq, c in enumerate(items_from_proto(items_from_openai(messages)), start=1)]
-    view_request = ViewRequest(ViewFormat.OPENAI_CHAT, budget_tokens=0)
+    view_request = ViewRequest(ViewFormat.OPENAI_CHAT, budget_tokens=budget)
 
     def run(n: int, state: ViewState, now: float, carry: Any = None) -> Any:
         return render(
@@ -131,7 +134,7 @@ def engine_child(n_items: int, workload: str, repeat: int) -> dict[str, float]:
     }
 
 
-def engine(n_items: int, workload: str, repeat: int) -> dict[str, float]:
+def engine(n_items: int, workload: str, repeat: int, budget: int) -> dict[str, float]:
     command = [
         sys.executable,
         __file__,
@@ -141,6 +144,8 @@ def engine(n_items: int, workload: str, repeat: int) -> dict[str, float]:
         workload,
         "--repeat",
         str(repeat),
+        "--budget-tokens",
+        str(budget),
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -226,12 +231,12 @@ def main() -> int:
     parser.add_argument("--parts", default="engine,service")
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--postgres-url", default=os.environ.get("CONTEXTD_TEST_POSTGRES_URL", ""))
-    parser.add_argument("--budget-tokens", type=int, default=0, help="the service's renders ask for this budget")
+    parser.add_argument("--budget-tokens", type=int, default=0, help="every render asks for this budget")
     parser.add_argument("--engine-child", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.engine_child:
-        print(json.dumps(engine_child(args.engine_child, args.workload, args.repeat)))
+        print(json.dumps(engine_child(args.engine_child, args.workload, args.repeat, args.budget_tokens)))
         return 0
 
     from common import database as fresh_database
@@ -242,7 +247,7 @@ def main() -> int:
     for n in sizes:
         row: dict[str, float] = {}
         if "engine" in parts:
-            row |= {f"engine {k}": v for k, v in engine(n, args.workload, args.repeat).items()}
+            row |= {f"engine {k}": v for k, v in engine(n, args.workload, args.repeat, args.budget_tokens).items()}
         if "service" in parts:
             if args.backend == "postgres" and not args.postgres_url:
                 raise SystemExit("--backend postgres needs --postgres-url or CONTEXTD_TEST_POSTGRES_URL")

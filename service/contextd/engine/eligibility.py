@@ -93,6 +93,15 @@ class Protections:
             return ""
         return _protection(entry, self._policy, entry.turn + self._policy.protection.last_turns + 1, self._errors)
 
+    def lasting(self, seq: int) -> bool:
+        """Whether item `seq` is protected for as long as the session's pins and policy stand
+        (pinned, a system or user item, a protected tool or source), not for its recency or as
+        its tool's latest error."""
+        entry = self._entries.get(seq) if seq > 0 else None
+        if entry is None:
+            return False
+        return bool(_protection(entry, self._policy, entry.turn + self._policy.protection.last_turns + 1, set))
+
     def all(self) -> dict[int, str]:
         """seq -> reason, for every protected item."""
         return {seq: reason for seq in self._natural if (reason := self.of(seq))}

@@ -27,6 +27,7 @@ from contextd.engine.model import (
 from contextd.engine.pipeline import AgentProposal, RenderInput, RenderOutput, render
 from contextd.engine.placeholders import PREFIX, handle_of, placeholder_blocks
 from contextd.engine.policy import parse_policy
+from contextd.engine.stages import budget as budget_stage
 from contextd.engine.state import (
     AppliedEdit,
     ControlMode,
@@ -1035,6 +1036,53 @@ def test_over_its_budget_a_view_offloads_its_oldest_unprotected_turns_and_says_s
     # In force from then on: the next render keeps them out, certifies nothing new.
     again = run(items, "protection: {last_turns: 2}\nrules: []", state=out.state, budget=budget)
     assert again.certificates == () and again.view.messages_json == out.view.messages_json
+
+
+def test_a_budget_walk_after_appends_weighs_the_turns_it_left_unsettled_not_the_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over its budget, a session appended a round at a time offloads its oldest turn at each
+    render; a render from the carry walks the turns the last walk left unsettled (the recent,
+    protected ones) and those appended, not the turns offloaded before or a user's turn
+    (protected for good), and renders what the render from the state alone renders."""
+    rounds = [tool_round(f"c{n}", "bash", f"output {n}") for n in range(40)]
+    rounds.insert(5, [ItemContent(role=Role.USER, content=(TextBlock("Now the lexer too."),))])
+    items = history(*rounds)
+    policy = parse_policy("protection: {last_turns: 2}\nrules: []", REGISTRY)
+    walked = []
+    visited = budget_stage._Walk.visited
+
+    def counting(walk: budget_stage._Walk, seqs: list[int], settled: bool) -> None:
+        walked.append(seqs[0])
+        visited(walk, seqs, settled)
+
+    monkeypatch.setattr(budget_stage._Walk, "visited", counting)
+    previous: RenderOutput | None = None
+    offloaded, turns_walked, turns_walked_whole = 0, [], []
+    for cut in range(30, len(items) + 1, 2):
+        inp = RenderInput(
+            make_session(cut),
+            items[:cut],
+            policy,
+            ViewRequest(OPENAI, 1_500),
+            counter(),
+            REGISTRY,
+            previous.state if previous else ViewState(),
+            1_000.0 + cut,
+            carry=previous.carry if previous else None,
+        )
+        walked.clear()
+        out = render(inp)
+        turns_walked.append(len(walked))
+        walked.clear()
+        assert out == render(replace(inp, carry=None))
+        turns_walked_whole.append(len(walked))
+        offloaded += sum(c.rule == "budget" for c in out.certificates)
+        previous = out
+    assert offloaded > len(turns_walked)  # each render offloaded what was appended since
+    # From the state alone, the walk goes through every turn offloaded before: the session.
+    assert turns_walked_whole == sorted(turns_walked_whole) and turns_walked_whole[-1] > 20
+    assert max(turns_walked[1:]) <= 4, turns_walked
 
 
 def test_what_cannot_be_offloaded_leaves_the_view_over_budget_and_it_says_so() -> None:

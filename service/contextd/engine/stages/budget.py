@@ -6,7 +6,8 @@ stays, and the view says it is over (OVER_BUDGET, view.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from bisect import bisect_left
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -16,7 +17,7 @@ from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Block, Representation, Role, TextBlock
 from contextd.engine.render.base import ViewWarning
 from contextd.engine.stages.certify import certificate
-from contextd.engine.stages.draft import Draft, is_compression, new_representation
+from contextd.engine.stages.draft import BudgetWalk, Draft, is_compression, new_representation
 from contextd.engine.state import AppliedEdit, ControlMode, Slot, slot_of
 from contextd.engine.timing import PromptCache, value_now
 from contextd.engine.tokens import TokenCounter, blocks_tokens
@@ -90,9 +91,6 @@ def _offload(
     if estimate() <= budget:
         return [], (), ()
     start = estimate()
-    turns: dict[int, list[int]] = {}
-    for seq in draft.natural:
-        turns.setdefault(draft.entries[seq].turn, []).append(seq)
     offsets = cache.previous.offsets() if cache.previous is not None else {}
     total = cache.state.previous_tokens
     why = (
@@ -102,39 +100,50 @@ def _offload(
     applied: list[AppliedEdit] = []
     certificates: list[CertificateBody] = []
     offloaded_turns = 0
-    for seqs in turns.values():
+
+    def placeholder(entry: Entry) -> tuple[tuple[Block, ...], int]:
+        edit = Remove(entry.seq, True, _OFFLOADED)
+        return _offloaded.get((entry.item, counter), partial(_placeholder_of, entry, edit, counter))
+
+    def worth(entry: Entry) -> bool:
+        # (an item the size of its placeholder stays: asked again on every render, so remembered)
+        return offloadable(entry) and placeholder(entry)[1] < entry.tokens
+
+    walk = _Walk(draft, counter)
+    for seqs in walk.turns():
         if estimate() <= budget:
             break
-        if not any(offloadable(draft.entries[s]) for s in seqs) or any(protected.of(s) or s in relied for s in seqs):
-            continue  # nothing left to offload in it, or it must stay
-        offloaded_turns += 1
-        for seq in seqs:
-            entry = draft.entries[seq]
-            if not offloadable(entry):
-                continue  # reduced otherwise (its slot is taken) or out
-            edit = Remove(seq, True, _OFFLOADED)
-            content, tokens = _offloaded.get((entry.item, counter), partial(_placeholder_of, entry, edit, counter))
-            if tokens >= entry.tokens:
-                continue  # (an item the size of its placeholder: asked again on every render, so remembered)
-            position = offsets.get(seq, total)
-            radius = max(0, total - cache.state.read_until(position))
-            certificates.append(
-                certificate(
-                    entry,
-                    Decision.PRUNE,
-                    BUDGET,
-                    BUDGET,
-                    why,
-                    proposal=Proposal(edit, 4, BUDGET, why),
-                    new_tokens=tokens,
-                    position=position,
-                    radius=radius,
-                    value=value_now(entry.tokens - tokens, radius, cache.pricing),
+        if any(offloadable(draft.entries[s]) for s in seqs) and not any(protected.of(s) or s in relied for s in seqs):
+            before = len(applied)
+            for seq in seqs:
+                entry = draft.entries[seq]
+                if not worth(entry):
+                    continue  # reduced otherwise (its slot is taken), out, or no larger than its placeholder
+                content, tokens = placeholder(entry)
+                edit = Remove(seq, True, _OFFLOADED)
+                position = offsets.get(seq, total)
+                radius = max(0, total - cache.state.read_until(position))
+                certificates.append(
+                    certificate(
+                        entry,
+                        Decision.PRUNE,
+                        BUDGET,
+                        BUDGET,
+                        why,
+                        proposal=Proposal(edit, 4, BUDGET, why),
+                        new_tokens=tokens,
+                        position=position,
+                        radius=radius,
+                        value=value_now(entry.tokens - tokens, radius, cache.pricing),
+                    )
                 )
-            )
-            done = AppliedEdit(edit, BUDGET, BUDGET, content, tokens, (), ControlMode.RULE)
-            draft.apply(done)
-            applied.append(done)
+                done = AppliedEdit(edit, BUDGET, BUDGET, content, tokens, (), ControlMode.RULE)
+                draft.apply(done)
+                applied.append(done)
+            offloaded_turns += len(applied) > before
+        entries = [draft.entries[s] for s in seqs]
+        walk.visited(seqs, not any(map(worth, entries)) or any(protected.lasting(s) for s in seqs))
+    draft.budget_walk, draft.touched = walk.found(), set()
     if not applied:
         return [], (), ()
     saved = start - estimate()
@@ -143,6 +152,79 @@ def _offload(
         f"the budget of {budget:,} tokens; their handles retrieve them"
     )
     return applied, (ViewWarning("BUDGET_OFFLOADED", note),), tuple(certificates)
+
+
+class _Walk:
+    """The turns a budget walk visits, oldest first: every turn of the draft; or, when the draft
+    follows one a walk went through (`Draft.budget_walk`, with the same counter), the turns that
+    walk left unsettled, those holding an entry an edit changed since, and every turn from where
+    it stopped. A turn left out is settled: the walk would not offload from it (draft.py,
+    `BudgetWalk`), so the walk offloads what the walk of every turn offloads, in a time that
+    grows with the turns it has left to weigh, not with the session."""
+
+    def __init__(self, draft: Draft, counter: TokenCounter) -> None:
+        self.draft, self.counter = draft, counter
+        natural = draft.natural
+        last = draft.budget_walk
+        if last is None or last.counter is not counter:
+            self.starts: list[int] = []
+            self.tail = 0
+        else:
+            touched = {self._opening(s) for s in draft.touched if 0 < s < last.until}
+            self.starts = sorted(touched.union(last.unsettled))
+            self.tail = bisect_left(natural, last.until)
+        self.left: list[int] = []
+        """Visited turns found unsettled, by their first seq."""
+        self.seen: set[int] = set()
+        self.walked = self.tail
+        """Where the turns not yet visited from `tail` on begin (an index into the natural order)."""
+
+    def _opening(self, seq: int) -> int:
+        """The first seq of the turn of history item `seq`."""
+        natural, entries = self.draft.natural, self.draft.entries
+        i = bisect_left(natural, seq)
+        turn = entries[natural[i]].turn
+        while i > 0 and entries[natural[i - 1]].turn == turn:
+            i -= 1
+        return natural[i]
+
+    def _turn_at(self, i: int) -> list[int]:
+        natural, entries = self.draft.natural, self.draft.entries
+        turn, seqs = entries[natural[i]].turn, []
+        while i < len(natural) and entries[natural[i]].turn == turn:
+            seqs.append(natural[i])
+            i += 1
+        return seqs
+
+    def turns(self) -> Iterator[list[int]]:
+        natural = self.draft.natural
+        for start in self.starts:
+            yield self._turn_at(bisect_left(natural, start))
+        i = self.tail
+        while i < len(natural):
+            seqs = self._turn_at(i)
+            yield seqs
+            i += len(seqs)
+
+    def visited(self, seqs: list[int], settled: bool) -> None:
+        """The walk went through the turn of `seqs`, which is `settled` now."""
+        self.seen.add(seqs[0])
+        if not settled:
+            self.left.append(seqs[0])
+        natural = self.draft.natural
+        if self.walked < len(natural) and natural[self.walked] == seqs[0]:
+            self.walked += len(seqs)
+
+    def found(self) -> BudgetWalk:
+        """What the next walk may start from. The last turn is left unsettled whatever it holds:
+        the items appended next may join it."""
+        natural = self.draft.natural
+        if not natural:
+            return BudgetWalk(self.counter, (), 0)
+        until = natural[self.walked] if self.walked < len(natural) else self._opening(natural[-1])
+        unsettled = {s for s in self.left if s < until}
+        unsettled.update(s for s in self.starts if s not in self.seen)
+        return BudgetWalk(self.counter, tuple(sorted(unsettled)), until)
 
 
 _OFFLOADED = "offloaded to fit the view's token budget"

@@ -11,6 +11,7 @@ carry hands the finished draft to the next render, which copies it once (`follow
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -78,6 +79,11 @@ class Draft:
         self.observations = ObservationIndex(tools)
         self._note(items)
         self._ordered: list[Entry] | None = None
+        self.budget_walk: BudgetWalk | None = None
+        """The turns the budget's last walk left unsettled (stages/budget.py), for the next render
+        of a draft that follows this one to walk those alone."""
+        self.touched: set[int] = set()
+        """Seqs whose entries an edit changed since `budget_walk` was taken."""
 
     def _note(self, items: Iterable[Item]) -> None:
         """Keep the latest result of each tool, the latest user item and the latest calls."""
@@ -109,6 +115,7 @@ class Draft:
         draft.recent_calls = self.recent_calls
         draft.observations = self.observations.copy()
         draft.retracted = self.retracted
+        draft.budget_walk, draft.touched = self.budget_walk, set(self.touched)
         new = items[len(self.natural) :]
         turn = self.turns - 1
         for item in new:
@@ -165,6 +172,7 @@ class Draft:
 
     def _set(self, seq: int, content: tuple[Block, ...], kind: Representation, tokens: int) -> None:
         old = self.entries[seq]
+        self.touched.add(seq)
         self.entries[seq] = Entry(old.item, content, kind, tokens, old.turn, old.pinned)
         self.view_tokens += _shown_tokens(kind, tokens) - _shown_tokens(old.representation, old.tokens)
 
@@ -236,3 +244,17 @@ def new_representation(entry: Entry, edit: Edit, reason: str) -> tuple[Block, ..
 def is_compression(applied: AppliedEdit) -> bool:
     """Whether an edit in force is a built-in compression (it keeps the item's facts in the view)."""
     return isinstance(applied.edit, Replace) and applied.reason.startswith(COMPRESSED)
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetWalk:
+    """What a render's budget walk found (stages/budget.py): every turn of the history's seqs
+    below `until` is settled but those that open at `unsettled`. A settled turn has nothing the
+    budget may offload (each entry is left out already, reduced otherwise, or no larger than its
+    placeholder) or one of its entries is protected for good (pinned, a system or user item, a
+    protected tool or source): as long as no edit changes one of its entries, no later walk
+    offloads from it. Token figures are `counter`'s."""
+
+    counter: object
+    unsettled: tuple[int, ...]
+    until: int
