@@ -227,6 +227,12 @@ class Settings:
         if self.tls_client_ca and not self.tls_cert:
             raise ConfigError("tls_client_ca needs tls_cert and tls_key: mutual TLS is TLS first")
 
+    def receive_limit(self) -> int:
+        """gRPC's receive ceiling for the server's channels: above `max_message_bytes` (twice it,
+        within gRPC's largest), so that a request between the two is refused by the service with
+        INVALID_ARGUMENT naming the limit rather than by gRPC with a bare RESOURCE_EXHAUSTED."""
+        return min(2 * self.max_message_bytes, 2**31 - 1)
+
     def tenant_keys(self) -> dict[str, str]:
         """API key -> tenant, from `api_keys`."""
         keys: dict[str, str] = {}

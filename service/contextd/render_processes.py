@@ -154,7 +154,7 @@ class RenderProcesses:
         self._directory = directory
         self._closing = False
         self._watching: list[asyncio.Task[None]] = []
-        size = min(2 * settings.max_message_bytes, 2**31 - 1)
+        size = settings.receive_limit()
         options = [
             ("grpc.max_receive_message_length", size),
             ("grpc.max_send_message_length", size),

@@ -157,11 +157,8 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
             ),
         ],
         options=[
-            # gRPC's own receive ceiling sits above the configured limit, so a
-            # request between the two gets INVALID_ARGUMENT naming the limit
-            # rather than a bare RESOURCE_EXHAUSTED. Views are checked against
-            # the limit before they are sent (VIEW_TOO_LARGE).
-            ("grpc.max_receive_message_length", min(2 * settings.max_message_bytes, 2**31 - 1)),
+            # Views are checked against the limit before they are sent (VIEW_TOO_LARGE).
+            ("grpc.max_receive_message_length", settings.receive_limit()),
             ("grpc.max_send_message_length", settings.max_message_bytes),
             # gRPC shares ports by default (SO_REUSEPORT): a second daemon on
             # the same address would silently take half the calls. Refuse it.
