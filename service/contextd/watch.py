@@ -116,11 +116,12 @@ class EventFeed:
         self._stopping = False
         self._batch = max(1, min(READ_BATCH, self.settings.buffer_events))
 
-    def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._follow(), name="contextd-event-feed"),
-            asyncio.create_task(self._prune(), name="contextd-event-pruning"),
-        ]
+    def start(self, *, prune: bool = True) -> None:
+        """Follow the log for watchers; `prune`: and delete what is past the retention window
+        (one process of a server does: its render processes leave it to the serving one)."""
+        self._tasks = [asyncio.create_task(self._follow(), name="contextd-event-feed")]
+        if prune:
+            self._tasks.append(asyncio.create_task(self._prune(), name="contextd-event-pruning"))
 
     async def close(self) -> None:
         """End every watch (SERVER_STOPPING: its client resumes at another replica) and stop."""

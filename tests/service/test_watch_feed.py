@@ -88,3 +88,26 @@ async def test_a_lagging_watcher_does_not_hold_up_another(feed: EventFeed) -> No
     with pytest.raises(WatchLagging):
         await anext(slow)
     await quick.aclose()
+
+
+@pytest.mark.parametrize("prune", [True, False])
+async def test_only_a_feed_that_prunes_deletes_events_past_the_retention_window(tmp_path: Path, prune: bool) -> None:
+    """A server's render processes start their feed without pruning: the serving process's does."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'feed.db'}"
+    await migrate.upgrade(url)
+    db = Database(url)
+    running = EventFeed(HistoryStore(db), WatchSettings(retention_seconds=1, poll_seconds=0.05))
+    running.start(prune=prune)
+    try:
+        await _write(db, "s", 3)
+        kept: list[object] = [object()]
+        for _ in range(40):  # pruning, every tenth of the window, deletes them soon past it
+            await asyncio.sleep(0.1)
+            async with db.read() as conn:
+                kept, _ = await events.read(conn, events.OLDEST)
+            if not kept:
+                break
+        assert len(kept) == (0 if prune else 3)
+    finally:
+        await running.close()
+        await db.close()

@@ -192,7 +192,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
             raise StartupError(str(exc)) from None
         servicer.renders = renders
     await server.start()
-    feed.start()
+    feed.start(prune=not settings.render_worker)
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     if settings.render_worker:
