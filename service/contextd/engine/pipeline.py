@@ -117,11 +117,16 @@ class Carry:
     def advanced(self, changes: Sequence[StateChange], state: ViewState, items: Sequence[Item]) -> Carry | None:
         """This carry brought up to `state`, which other renders (another replica's) made from
         this carry's state by `changes`: their edits applied to the finished draft, as
-        loading `state` would apply them. None when they did more than add edits (undo one,
+        loading `state` would apply them, and as a render's own carry takes them (`_carry`): an
+        edit that takes over the slot of one in force (the budget's offload of a compressed
+        output) replaces it. None when they did more than add edits or replace some (undo one,
         reorder the view, change the policy): the render then starts from the state alone."""
         if not changes or changes[-1].view_version != state.view_version:
             return None
-        if any(c.removed or c.policy_version != self.state.policy_version for c in changes):
+        if any(
+            c.policy_version != self.state.policy_version or not c.removed <= {slot_of(a.edit) for a in c.added}
+            for c in changes
+        ):
             return None
         edits = [a for c in changes for a in c.added]
         seen = changes[-1].items

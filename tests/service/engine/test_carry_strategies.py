@@ -20,7 +20,7 @@ from contextd.engine.model import Item, ItemContent, Role, TextBlock, ToolResult
 from contextd.engine.observations import COMPLETES
 from contextd.engine.pipeline import Carry, RenderInput, RenderOutput, render
 from contextd.engine.policy import default_policy_text, parse_policy
-from contextd.engine.state import ViewState
+from contextd.engine.state import ViewState, slot_of
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.view import ViewFormat, ViewRequest
 from tests.helpers import counter, make_session, stored_items
@@ -168,8 +168,16 @@ def test_a_replica_catches_up_by_the_changes_of_the_other_replicas_renders(
         cut = min(len(items), cut + data.draw(st.integers(1, 4)))
         now += data.draw(st.sampled_from([1.0, 30.0, 400.0]))
         replica = data.draw(st.sampled_from(["a", "b"]))
+        budget = data.draw(st.sampled_from([0, 0, 3_000]))  # an offload takes over a compression's slot
         inp = RenderInput(
-            make_session(cut), items[:cut], parsed, ViewRequest(ViewFormat.OPENAI_CHAT), counter(), REGISTRY, state, now
+            make_session(cut),
+            items[:cut],
+            parsed,
+            ViewRequest(ViewFormat.OPENAI_CHAT, budget),
+            counter(),
+            REGISTRY,
+            state,
+            now,
         )
         if replica in held:
             mine, carry, seen = held[replica]
@@ -228,3 +236,39 @@ def test_a_carry_resumed_twice_renders_the_same_view_both_times() -> None:
     third = render(replace(inp, session=make_session(23), items=items[:23], state=resumed.state, carry=resumed.carry))
     assert resumed.carry.assembly.taken and resumed.carry.repaired.taken
     assert third == render(replace(inp, session=make_session(23), items=items[:23], state=resumed.state, carry=None))
+
+
+def test_a_replica_catches_up_by_an_offload_that_took_over_a_compressions_slot() -> None:
+    """Under a token budget the default policy compresses old outputs, and the budget offloads
+    the oldest of them: the offload takes the compression's slot, so the render's change both
+    removes an edit and adds one. The other replica brings its carry up by that change (it
+    started from the state alone before: the whole session derived again, 4.7 s at 50,000
+    items) and renders what a render from the state alone renders."""
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
+    for call in range(1, 40):
+        use = ToolUseBlock(f"c{call}", "bash", json.dumps({"command": f"sed -n '1,60p' src/m{call}.py"}))
+        output = "\n".join(f"value_{call}_{n} = compute({n})" for n in range(60))
+        result = ToolResultBlock(f"c{call}", (TextBlock(output),), name="bash")
+        contents += [ItemContent(role=Role.ASSISTANT, content=(use,)), ItemContent(role=Role.TOOL, content=(result,))]
+    items = stored_items(contents)
+    policy = parse_policy(default_policy_text(), REGISTRY)
+
+    def request(n: int, state: ViewState, carry: Carry | None) -> RenderInput:
+        view = ViewRequest(ViewFormat.OPENAI_CHAT, 6_000)
+        return RenderInput(make_session(n), items[:n], policy, view, counter(), REGISTRY, state, 60.0 * n, carry=carry)
+
+    # One item appended a render, as in a session: a render that offloads the oldest
+    # compressed output (the other replica's) follows this replica's last.
+    mine = render(request(30, ViewState(), None))
+    for n in range(31, len(items)):
+        theirs = render(request(n, mine.state, mine.carry))
+        assert theirs.change is not None
+        if theirs.change.removed:
+            break
+        mine = theirs
+    assert theirs.change.removed and theirs.change.removed <= {slot_of(a.edit) for a in theirs.change.added}
+    assert mine.carry is not None
+    caught_up = mine.carry.advanced([change_from_json(change_to_json(theirs.change))], theirs.state, items[: n + 1])
+    assert caught_up is not None
+    inp = request(n + 1, theirs.state, caught_up)
+    assert render(inp) == render(replace(inp, carry=None))
