@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -1038,13 +1039,15 @@ def test_over_its_budget_a_view_offloads_its_oldest_unprotected_turns_and_says_s
     assert again.certificates == () and again.view.messages_json == out.view.messages_json
 
 
+@pytest.mark.parametrize("fmt", [OPENAI, ANTHROPIC])
 def test_a_budget_walk_after_appends_weighs_the_turns_it_left_unsettled_not_the_session(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, fmt: ViewFormat
 ) -> None:
     """Over its budget, a session appended a round at a time offloads its oldest turn at each
     render; a render from the carry walks the turns the last walk left unsettled (the recent,
     protected ones) and those appended, not the turns offloaded before or a user's turn
-    (protected for good), and renders what the render from the state alone renders."""
+    (protected for good), counts the view's messages on from the first entry that changed, and
+    renders what the render from the state alone renders."""
     rounds = [tool_round(f"c{n}", "bash", f"output {n}") for n in range(40)]
     rounds.insert(5, [ItemContent(role=Role.USER, content=(TextBlock("Now the lexer too."),))])
     items = history(*rounds)
@@ -1057,14 +1060,22 @@ def test_a_budget_walk_after_appends_weighs_the_turns_it_left_unsettled_not_the_
         visited(walk, seqs, settled)
 
     monkeypatch.setattr(budget_stage._Walk, "visited", counting)
+    folded = []
+    fold = budget_stage._fold_chat if fmt is OPENAI else budget_stage._fold_merged
+
+    def folding(*args: Any, **kwargs: Any) -> Any:
+        folded.append(1)
+        return fold(*args, **kwargs)
+
+    monkeypatch.setattr(budget_stage, "_fold_chat" if fmt is OPENAI else "_fold_merged", folding)
     previous: RenderOutput | None = None
-    offloaded, turns_walked, turns_walked_whole = 0, [], []
+    offloaded, turns_walked, turns_walked_whole, counted, counted_whole = 0, [], [], [], []
     for cut in range(30, len(items) + 1, 2):
         inp = RenderInput(
             make_session(cut),
             items[:cut],
             policy,
-            ViewRequest(OPENAI, 1_500),
+            ViewRequest(fmt, 1_500),
             counter(),
             REGISTRY,
             previous.state if previous else ViewState(),
@@ -1072,17 +1083,24 @@ def test_a_budget_walk_after_appends_weighs_the_turns_it_left_unsettled_not_the_
             carry=previous.carry if previous else None,
         )
         walked.clear()
+        folded.clear()
         out = render(inp)
         turns_walked.append(len(walked))
+        counted.append(len(folded))
         walked.clear()
+        folded.clear()
         assert out == render(replace(inp, carry=None))
         turns_walked_whole.append(len(walked))
+        counted_whole.append(len(folded))
         offloaded += sum(c.rule == "budget" for c in out.certificates)
         previous = out
     assert offloaded > len(turns_walked)  # each render offloaded what was appended since
     # From the state alone, the walk goes through every turn offloaded before: the session.
     assert turns_walked_whole == sorted(turns_walked_whole) and turns_walked_whole[-1] > 20
     assert max(turns_walked[1:]) <= 4, turns_walked
+    # The messages counted on from the first entry offloaded last time: the turns kept whole,
+    # as many at every render, where the count from the state alone goes through the session.
+    assert max(counted[1:]) <= counted[0] < counted_whole[-1] / 2, (counted, counted_whole)
 
 
 def test_what_cannot_be_offloaded_leaves_the_view_over_budget_and_it_says_so() -> None:

@@ -10,6 +10,8 @@ from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import compress, count
+from operator import is_not
 
 from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.eligibility import Protections
@@ -17,7 +19,7 @@ from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Block, Representation, Role, TextBlock
 from contextd.engine.render.base import ViewWarning
 from contextd.engine.stages.certify import certificate
-from contextd.engine.stages.draft import BudgetWalk, Draft, is_compression, new_representation
+from contextd.engine.stages.draft import BudgetWalk, Draft, MessageCount, is_compression, new_representation
 from contextd.engine.state import AppliedEdit, ControlMode, Slot, slot_of
 from contextd.engine.timing import PromptCache, value_now
 from contextd.engine.tokens import TokenCounter, blocks_tokens
@@ -83,7 +85,7 @@ def _offload(
     ):
         return [], (), ()
     # Offloading leaves a placeholder in each place: the messages, and their framing, stay.
-    framing = FRAMING_TOKENS_PER_MESSAGE * _messages(draft.ordered(), request.format) + REPLY_PRIMING_TOKENS
+    framing = FRAMING_TOKENS_PER_MESSAGE * _messages(draft, request.format) + REPLY_PRIMING_TOKENS
 
     def estimate() -> int:
         return draft.view_tokens + framing
@@ -236,30 +238,61 @@ def _placeholder_of(entry: Entry, edit: Remove, counter: TokenCounter) -> tuple[
     return content, blocks_tokens(content, counter)
 
 
-def _messages(entries: Sequence[Entry], fmt: ViewFormat) -> int:
-    """How many messages (with the system field) the entries render to, for their framing:
-    one per entry for Chat Completions; for Responses, one per item an assistant turn splits
-    into; for Messages and Converse, the leading system items make one field and consecutive
-    items of one side merge (in Messages, a lone text never takes more)."""
-    shown = [e for e in entries if e.representation is not Representation.OMITTED]
-    if fmt is ViewFormat.OPENAI_CHAT:
-        return len(shown)
-    if fmt is ViewFormat.OPENAI_RESPONSES:
-        return sum(_turn_items(e.content) if e.role is Role.ASSISTANT else 1 for e in shown)
-    merges_after_text = fmt is ViewFormat.BEDROCK_CONVERSE
-    count, side, closed, leading = 0, None, True, True
-    for entry in shown:
-        if entry.role is Role.SYSTEM and leading:
-            count += 1 if side != "system" else 0
-            side = "system"
-            continue
-        leading = False
-        this = "assistant" if entry.role is Role.ASSISTANT else "user"
-        if this != side or closed:
-            count += 1
-        side = this
-        closed = not merges_after_text and len(entry.content) == 1 and isinstance(entry.content[0], TextBlock)
-    return count
+def _messages(draft: Draft, fmt: ViewFormat) -> int:
+    """How many messages (with the system field) the draft's entries render to, for their
+    framing: one per entry shown for Chat Completions; for Responses, one per item an assistant
+    turn splits into; for Messages and Converse, the leading system items make one field and
+    consecutive items of one side merge (in Messages, a lone text never takes more). Counted on
+    from where the entries first differ from those the last count of a draft this one follows
+    counted (`Draft.message_count`): the count is a fold over the entries in order."""
+    entries = draft.ordered()
+    last = draft.message_count
+    same = 0
+    if last is not None and last.format is fmt:
+        same = next(compress(count(), map(is_not, last.entries, entries)), min(len(last.entries), len(entries)))
+    after = last.after[:same] if last is not None and same else []
+    state = after[-1] if after else _OPENING
+    fold = (
+        _fold_chat
+        if fmt is ViewFormat.OPENAI_CHAT
+        else _fold_responses
+        if fmt is ViewFormat.OPENAI_RESPONSES
+        else (partial(_fold_merged, merges_after_text=fmt is ViewFormat.BEDROCK_CONVERSE))
+    )
+    for entry in entries[same:]:
+        state = fold(state, entry)
+        after.append(state)
+    draft.message_count = MessageCount(fmt, entries, after)
+    return state[0]
+
+
+_Fold = tuple[int, str | None, bool, bool]
+"""After an entry: messages so far, the side of the last one, whether it is closed (a lone text
+in Messages), whether only system items came before."""
+_OPENING: _Fold = (0, None, True, True)
+
+
+def _fold_chat(state: _Fold, entry: Entry) -> _Fold:
+    return state if entry.representation is Representation.OMITTED else (state[0] + 1, None, True, False)
+
+
+def _fold_responses(state: _Fold, entry: Entry) -> _Fold:
+    if entry.representation is Representation.OMITTED:
+        return state
+    return (state[0] + (_turn_items(entry.content) if entry.role is Role.ASSISTANT else 1), None, True, False)
+
+
+def _fold_merged(state: _Fold, entry: Entry, *, merges_after_text: bool) -> _Fold:
+    if entry.representation is Representation.OMITTED:
+        return state
+    total, side, closed, leading = state
+    if entry.role is Role.SYSTEM and leading:
+        return (total + (1 if side != "system" else 0), "system", closed, True)
+    this = "assistant" if entry.role is Role.ASSISTANT else "user"
+    if this != side or closed:
+        total += 1
+    lone_text = len(entry.content) == 1 and isinstance(entry.content[0], TextBlock)
+    return (total, this, not merges_after_text and lone_text, False)
 
 
 def _turn_items(content: Sequence[Block]) -> int:

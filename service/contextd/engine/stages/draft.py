@@ -84,6 +84,8 @@ class Draft:
         of a draft that follows this one to walk those alone."""
         self.touched: set[int] = set()
         """Seqs whose entries an edit changed since `budget_walk` was taken."""
+        self.message_count: MessageCount | None = None
+        """The budget's last count of the messages the entries render to (stages/budget.py)."""
 
     def _note(self, items: Iterable[Item]) -> None:
         """Keep the latest result of each tool, the latest user item and the latest calls."""
@@ -116,6 +118,7 @@ class Draft:
         draft.observations = self.observations.copy()
         draft.retracted = self.retracted
         draft.budget_walk, draft.touched = self.budget_walk, set(self.touched)
+        draft.message_count = self.message_count
         new = items[len(self.natural) :]
         turn = self.turns - 1
         for item in new:
@@ -258,3 +261,14 @@ class BudgetWalk:
     counter: object
     unsettled: tuple[int, ...]
     until: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageCount:
+    """How many messages the entries `entries` (in view order) render to in `format`: the state of
+    the count after each entry (its messages so far first), for a later count to go on from where
+    its entries first differ (stages/budget.py)."""
+
+    format: Any
+    entries: Sequence[Entry]
+    after: list[tuple[int, str | None, bool, bool]]
