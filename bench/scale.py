@@ -2,7 +2,7 @@
 
     python bench/scale.py [--sizes 1000,10000] [--workload unprunable|sliding] [--repeat 20]
                           [--backend sqlite|postgres] [--postgres-url URL] [--parts engine,service]
-                          [--budget-tokens N]
+                          [--budget-tokens N] [--format openai_chat|anthropic_messages|...]
 
 The session is a coding agent's tool calls whose outputs the default policy can remove
 nothing of (`unprunable`: reads of different files, every output its own; so nothing
@@ -83,7 +83,7 @@ def tool_calls(n_items: int, workload: str, start: int = 0) -> list[dict[str, An
 # ------------------------------------------------------------------ engine
 
 
-def engine_child(n_items: int, workload: str, repeat: int, budget: int) -> dict[str, float]:
+def engine_child(n_items: int, workload: str, repeat: int, budget: int, fmt: str) -> dict[str, float]:
     """Run in a fresh process: the engine's figures for one size (ms; CPU in s)."""
     from contextd import interpreter
     from contextd.api.mapping import items_from_proto
@@ -101,7 +101,7 @@ def engine_child(n_items: int, workload: str, repeat: int, budget: int) -> dict[
     counter.count("warm the tokenizer")
     messages = tool_calls(n_items + 2 * repeat + 2, workload)
     items = [to_item(c, seq) for seq, c in enumerate(items_from_proto(items_from_openai(messages)), start=1)]
-    view_request = ViewRequest(ViewFormat.OPENAI_CHAT, budget_tokens=budget)
+    view_request = ViewRequest(ViewFormat(fmt), budget_tokens=budget)
 
     def run(n: int, state: ViewState, now: float, carry: Any = None) -> Any:
         return render(
@@ -134,7 +134,7 @@ def engine_child(n_items: int, workload: str, repeat: int, budget: int) -> dict[
     }
 
 
-def engine(n_items: int, workload: str, repeat: int, budget: int) -> dict[str, float]:
+def engine(n_items: int, workload: str, repeat: int, budget: int, fmt: str) -> dict[str, float]:
     command = [
         sys.executable,
         __file__,
@@ -146,6 +146,8 @@ def engine(n_items: int, workload: str, repeat: int, budget: int) -> dict[str, f
         str(repeat),
         "--budget-tokens",
         str(budget),
+        "--format",
+        fmt,
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -154,7 +156,9 @@ def engine(n_items: int, workload: str, repeat: int, budget: int) -> dict[str, f
 # ----------------------------------------------------------------- service
 
 
-def service(n_items: int, workload: str, repeat: int, database: str, folder: Path, budget: int) -> dict[str, float]:
+def service(
+    n_items: int, workload: str, repeat: int, database: str, folder: Path, budget: int, fmt: str
+) -> dict[str, float]:
     import grpc
 
     from contextd_client import Client, RetryPolicy
@@ -187,7 +191,7 @@ def service(n_items: int, workload: str, repeat: int, database: str, folder: Pat
         for start in range(0, n_items, 500):
             clients[0].append_openai(session_id, messages[start : min(start + 500, n_items)])
         request = api.RenderViewRequest(
-            session_id=session_id, format=api.VIEW_FORMAT_OPENAI_CHAT, budget_tokens=budget
+            session_id=session_id, format=api.ViewFormat.Value(f"VIEW_FORMAT_{fmt.upper()}"), budget_tokens=budget
         ).SerializeToString()
         results["cold_ms"] = timed(channels[0][1], request)
         results["cold_mb"] = sizes[0] / 1e6
@@ -232,11 +236,13 @@ def main() -> int:
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--postgres-url", default=os.environ.get("CONTEXTD_TEST_POSTGRES_URL", ""))
     parser.add_argument("--budget-tokens", type=int, default=0, help="every render asks for this budget")
+    formats = ["openai_chat", "anthropic_messages", "openai_responses", "bedrock_converse"]
+    parser.add_argument("--format", choices=formats, default="openai_chat", help="the views' format")
     parser.add_argument("--engine-child", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.engine_child:
-        print(json.dumps(engine_child(args.engine_child, args.workload, args.repeat, args.budget_tokens)))
+        print(json.dumps(engine_child(args.engine_child, args.workload, args.repeat, args.budget_tokens, args.format)))
         return 0
 
     from common import database as fresh_database
@@ -247,7 +253,8 @@ def main() -> int:
     for n in sizes:
         row: dict[str, float] = {}
         if "engine" in parts:
-            row |= {f"engine {k}": v for k, v in engine(n, args.workload, args.repeat, args.budget_tokens).items()}
+            measured = engine(n, args.workload, args.repeat, args.budget_tokens, args.format)
+            row |= {f"engine {k}": v for k, v in measured.items()}
         if "service" in parts:
             if args.backend == "postgres" and not args.postgres_url:
                 raise SystemExit("--backend postgres needs --postgres-url or CONTEXTD_TEST_POSTGRES_URL")
@@ -256,14 +263,17 @@ def main() -> int:
                 subprocess.run(
                     [sys.executable, "-m", "contextd", "migrate", "--database-url", database], check=True, cwd=folder
                 )
-                measured = service(n, args.workload, args.repeat, database, Path(folder), args.budget_tokens)
+                measured = service(
+                    n, args.workload, args.repeat, database, Path(folder), args.budget_tokens, args.format
+                )
                 row |= {f"service {k}": v for k, v in measured.items()}
         rows[n] = row
         print(f"{n:,} items: " + ", ".join(f"{k} {v:,.2f}" for k, v in row.items()), file=sys.stderr, flush=True)
 
     print(f"command: python bench/scale.py {' '.join(sys.argv[1:])}".rstrip())
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    print(f"machine: {machine}, {time.strftime('%Y-%m-%d')}; workload: {args.workload}; service on {args.backend}")
+    setup = f"workload: {args.workload}; {args.format}; service on {args.backend}"
+    print(f"machine: {machine}, {time.strftime('%Y-%m-%d')}; {setup}")
     print()
     columns = [c for c in rows[sizes[0]] if c != "engine cold_ms"]
     names = {
