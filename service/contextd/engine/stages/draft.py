@@ -83,7 +83,8 @@ class Draft:
         """The turns the budget's last walk left unsettled (stages/budget.py), for the next render
         of a draft that follows this one to walk those alone."""
         self.touched: set[int] = set()
-        """Seqs whose entries an edit changed since `budget_walk` was taken."""
+        """Seqs whose entries an edit changed since `budget_walk` was taken (none is kept
+        without one)."""
         self.message_count: MessageCount | None = None
         """The budget's last count of the messages the entries render to (stages/budget.py)."""
 
@@ -175,7 +176,8 @@ class Draft:
 
     def _set(self, seq: int, content: tuple[Block, ...], kind: Representation, tokens: int) -> None:
         old = self.entries[seq]
-        self.touched.add(seq)
+        if self.budget_walk is not None:  # (else the next walk goes through every turn)
+            self.touched.add(seq)
         self.entries[seq] = Entry(old.item, content, kind, tokens, old.turn, old.pinned)
         self.view_tokens += _shown_tokens(kind, tokens) - _shown_tokens(old.representation, old.tokens)
 
