@@ -135,12 +135,15 @@ class Carry:
         draft = self.finished.draft.following(items[:seen], self.pins)
         for applied in edits:
             draft.apply(applied)
+        compressed = set(self.finished.compressed)
+        for applied in edits:  # in order: a later change may take a slot an earlier one compressed
+            slot = slot_of(applied.edit)
+            compressed.discard(slot)
+            if is_compression(applied):
+                compressed.add(slot)
         slots = {slot_of(a.edit) for a in edits}
         finished = Finished(
-            draft,
-            self.finished.taken | slots,
-            (self.finished.compressed - slots) | {slot_of(a.edit) for a in edits if is_compression(a)},
-            {**relied_on(edits), **self.finished.relied},
+            draft, self.finished.taken | slots, frozenset(compressed), {**relied_on(edits), **self.finished.relied}
         )
         changed = frozenset(s for s in map(target_of, (a.edit for a in edits)) if s is not None and s > 0)
         ledgers = None if self.ledgers is None else replace(self.ledgers, changed=self.ledgers.changed | changed)

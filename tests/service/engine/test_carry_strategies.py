@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from contextd.engine.changes import StateChange, advance, change_from_json, change_to_json
 from contextd.engine.model import Item, ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.observations import COMPLETES
-from contextd.engine.pipeline import Carry, RenderInput, RenderOutput, render
+from contextd.engine.pipeline import AgentProposal, Carry, RenderInput, RenderOutput, render
 from contextd.engine.policy import default_policy_text, parse_policy
 from contextd.engine.state import ViewState, slot_of
 from contextd.engine.transforms import TransformRegistry
@@ -271,4 +271,38 @@ def test_a_replica_catches_up_by_an_offload_that_took_over_a_compressions_slot()
     caught_up = mine.carry.advanced([change_from_json(change_to_json(theirs.change))], theirs.state, items[: n + 1])
     assert caught_up is not None
     inp = request(n + 1, theirs.state, caught_up)
+    assert render(inp) == render(replace(inp, carry=None))
+
+
+def test_a_replica_catching_up_by_several_changes_knows_a_compression_taken_over_since() -> None:
+    """The other replica compressed an output, then offloaded it (the offload took the
+    compression's slot): a carry brought up by both changes holds the output as offloaded, not
+    compressed, as loading the state does; an agent's proposal to drop it then finds its slot
+    taken, with the carry or without."""
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
+    for call in range(1, 20):
+        use = ToolUseBlock(f"c{call}", "bash", json.dumps({"command": f"sed -n '1,60p' src/m{call}.py"}))
+        output = "\n".join(f"value_{call}_{n} = compute({n})" for n in range(60))
+        result = ToolResultBlock(f"c{call}", (TextBlock(output),), name="bash")
+        contents += [ItemContent(role=Role.ASSISTANT, content=(use,)), ItemContent(role=Role.TOOL, content=(result,))]
+    items = stored_items(contents)
+    policy = parse_policy(default_policy_text(), REGISTRY)
+
+    def request(n: int, state: ViewState, carry: Carry | None, **given: object) -> RenderInput:
+        view = ViewRequest(ViewFormat.OPENAI_CHAT, 1_500)
+        return RenderInput(
+            make_session(n), items[:n], policy, view, counter(), REGISTRY, state, 60.0 * n, carry=carry, **given
+        )  # type: ignore[arg-type]
+
+    mine = render(request(27, ViewState(), None))  # this replica's last render
+    theirs, changes = mine, []
+    for n in (28, 29):  # the other's: item 27 compressed, then offloaded
+        theirs = render(request(n, theirs.state, theirs.carry))
+        assert theirs.change is not None
+        changes.append(change_from_json(change_to_json(theirs.change)))
+    assert 27 in changes[1].removed
+    assert mine.carry is not None
+    caught_up = mine.carry.advanced(changes, theirs.state, items[:29])
+    assert caught_up is not None and 27 not in caught_up.finished.compressed
+    inp = request(30, theirs.state, caught_up, agent_proposals=[AgentProposal(1, 27, "done with it")])
     assert render(inp) == render(replace(inp, carry=None))
