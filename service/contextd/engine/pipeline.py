@@ -111,8 +111,14 @@ class Carry:
     def footprint(self) -> int:
         """About how many bytes it holds: per item its entry and what the stages derived (the
         rules' ledgers, the observation index, the assembly: about 1.6 KB, tracemalloc on
-        bench/scale.py's sessions at 2,000 items, both formats), and the view's serialized messages."""
-        return CARRY_BYTES_PER_ITEM * len(self.items) + sum(map(len, self.assembly.rendered.messages_json))
+        bench/scale.py's sessions at 2,000 items, both formats), the view's serialized messages, and
+        under a budget the count of its messages (stages/budget.py)."""
+        counted = self.finished.draft.message_count
+        return (
+            CARRY_BYTES_PER_ITEM * len(self.items)
+            + sum(map(len, self.assembly.rendered.messages_json))
+            + (counted.footprint() if counted is not None else 0)
+        )
 
     def advanced(self, changes: Sequence[StateChange], state: ViewState, items: Sequence[Item]) -> Carry | None:
         """This carry brought up to `state`, which other renders (another replica's) made from

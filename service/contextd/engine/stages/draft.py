@@ -274,3 +274,7 @@ class MessageCount:
     format: Any
     entries: Sequence[Entry]
     after: list[tuple[int, str | None, bool, bool]]
+
+    def footprint(self) -> int:
+        """About how many bytes it holds: a state an entry (a tuple of four, its count, its slot)."""
+        return 112 * len(self.after)
