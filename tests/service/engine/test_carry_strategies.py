@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from functools import reduce
+from functools import partial, reduce
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -238,24 +239,37 @@ def test_a_carry_resumed_twice_renders_the_same_view_both_times() -> None:
     assert third == render(replace(inp, session=make_session(23), items=items[:23], state=resumed.state, carry=None))
 
 
+def file_reads(calls: int) -> list[Item]:
+    """A task, then `calls` reads of files of 60 lines each (the default policy compresses each
+    output once it is older than the last turn)."""
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
+    for call in range(1, calls + 1):
+        use = ToolUseBlock(f"c{call}", "bash", json.dumps({"command": f"sed -n '1,60p' src/m{call}.py"}))
+        output = "\n".join(f"value_{call}_{n} = compute({n})" for n in range(60))
+        result = ToolResultBlock(f"c{call}", (TextBlock(output),), name="bash")
+        contents += [ItemContent(role=Role.ASSISTANT, content=(use,)), ItemContent(role=Role.TOOL, content=(result,))]
+    return stored_items(contents)
+
+
+def budgeted(
+    items: list[Item], budget: int, n: int, state: ViewState, carry: Carry | None, **given: Any
+) -> RenderInput:
+    """A render of `items[:n]` under the default policy and `budget`, a minute a call apart."""
+    view = ViewRequest(ViewFormat.OPENAI_CHAT, budget)
+    policy = parse_policy(default_policy_text(), REGISTRY)
+    return RenderInput(
+        make_session(n), items[:n], policy, view, counter(), REGISTRY, state, 60.0 * n, carry=carry, **given
+    )
+
+
 def test_a_replica_catches_up_by_an_offload_that_took_over_a_compressions_slot() -> None:
     """Under a token budget the default policy compresses old outputs, and the budget offloads
     the oldest of them: the offload takes the compression's slot, so the render's change both
     removes an edit and adds one. The other replica brings its carry up by that change (it
     started from the state alone before: the whole session derived again, 4.7 s at 50,000
     items) and renders what a render from the state alone renders."""
-    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
-    for call in range(1, 40):
-        use = ToolUseBlock(f"c{call}", "bash", json.dumps({"command": f"sed -n '1,60p' src/m{call}.py"}))
-        output = "\n".join(f"value_{call}_{n} = compute({n})" for n in range(60))
-        result = ToolResultBlock(f"c{call}", (TextBlock(output),), name="bash")
-        contents += [ItemContent(role=Role.ASSISTANT, content=(use,)), ItemContent(role=Role.TOOL, content=(result,))]
-    items = stored_items(contents)
-    policy = parse_policy(default_policy_text(), REGISTRY)
-
-    def request(n: int, state: ViewState, carry: Carry | None) -> RenderInput:
-        view = ViewRequest(ViewFormat.OPENAI_CHAT, 6_000)
-        return RenderInput(make_session(n), items[:n], policy, view, counter(), REGISTRY, state, 60.0 * n, carry=carry)
+    items = file_reads(39)
+    request = partial(budgeted, items, 6_000)
 
     # One item appended a render, as in a session: a render that offloads the oldest
     # compressed output (the other replica's) follows this replica's last.
@@ -279,20 +293,8 @@ def test_a_replica_catching_up_by_several_changes_knows_a_compression_taken_over
     compression's slot): a carry brought up by both changes holds the output as offloaded, not
     compressed, as loading the state does; an agent's proposal to drop it then finds its slot
     taken, with the carry or without."""
-    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
-    for call in range(1, 20):
-        use = ToolUseBlock(f"c{call}", "bash", json.dumps({"command": f"sed -n '1,60p' src/m{call}.py"}))
-        output = "\n".join(f"value_{call}_{n} = compute({n})" for n in range(60))
-        result = ToolResultBlock(f"c{call}", (TextBlock(output),), name="bash")
-        contents += [ItemContent(role=Role.ASSISTANT, content=(use,)), ItemContent(role=Role.TOOL, content=(result,))]
-    items = stored_items(contents)
-    policy = parse_policy(default_policy_text(), REGISTRY)
-
-    def request(n: int, state: ViewState, carry: Carry | None, **given: object) -> RenderInput:
-        view = ViewRequest(ViewFormat.OPENAI_CHAT, 1_500)
-        return RenderInput(
-            make_session(n), items[:n], policy, view, counter(), REGISTRY, state, 60.0 * n, carry=carry, **given
-        )  # type: ignore[arg-type]
+    items = file_reads(19)
+    request = partial(budgeted, items, 1_500)
 
     mine = render(request(27, ViewState(), None))  # this replica's last render
     theirs, changes = mine, []
