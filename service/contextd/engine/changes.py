@@ -15,10 +15,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress, count
-from operator import is_not, ne
 from typing import Any
 
+from contextd.engine.memo import shared_prefix
 from contextd.engine.state import (
     AppliedEdit,
     PendingEdit,
@@ -80,9 +79,7 @@ def change_of(
     shared = 0
     if previous is not None:
         old, new = previous.segments, render.segments
-        # A render that resumed the previous one shares its first segments: skip them by identity.
-        shared = next(compress(count(), map(is_not, old, new)), min(len(old), len(new)))
-        shared += next(compress(count(), map(ne, old[shared:], new[shared:])), min(len(old), len(new)) - shared)
+        shared = shared_prefix(old, new)
     return StateChange(
         view_version=after.view_version,
         items=items,

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from operator import is_
 from time import perf_counter
 from typing import Any
 
 from contextd.engine.certificates import CertificateBody
 from contextd.engine.changes import StateChange
+from contextd.engine.memo import shared_prefix
 from contextd.engine.model import Item, Session
 from contextd.engine.policy import Policy, default_policy
 from contextd.engine.repair import RepairRun
@@ -163,7 +163,7 @@ class Carry:
             and self.pins == inp.pins
             and self.durable == inp.durable
             and len(inp.items) >= len(self.items)
-            and all(map(is_, self.items, inp.items))
+            and shared_prefix(self.items, inp.items) == len(self.items)
         )
 
 

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress, count
-from operator import is_not
 
-from contextd.engine.memo import IdentityMemo, take_over
+from contextd.engine.memo import IdentityMemo, shared_prefix, take_over
 from contextd.engine.model import Representation, Role, ToolUseBlock
 from contextd.engine.placeholders import placeholder_blocks
 from contextd.engine.render.base import ViewWarning
@@ -33,7 +31,7 @@ from contextd.engine.types import Entry
 @dataclass(slots=True, eq=False)
 class RepairRun:
     """One repair, kept so that the next render's repair resumes it: for the entries
-    both share (by identity), only what a change can reach is done again."""
+    both share (`shared_prefix`), only what a change can reach is done again."""
 
     counter: TokenCounter
     entries: Sequence[Entry]
@@ -108,7 +106,7 @@ def _resumed(previous: RepairRun | None, entries: Sequence[Entry], counter: Toke
     (a cost in what changed, not in the view's length), and marks it taken: a run resumed
     once is not resumed again (another render from the same carry repairs from the start)."""
     if previous is not None and previous.counter is counter and not previous.repeated:
-        same = next(compress(count(), map(is_not, previous.entries, entries)), min(len(previous.entries), len(entries)))
+        same = shared_prefix(previous.entries, entries)
         if same > previous.opening and take_over(previous):
             run = RepairRun(
                 counter,

@@ -13,11 +13,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from itertools import compress, count
-from operator import attrgetter, is_not
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from contextd.engine.codec import blocks_from_json, blocks_to_json, canonical_json
+from contextd.engine.memo import shared_prefix
 from contextd.engine.model import Block, ItemContent, Role
 from contextd.engine.types import Edit, Insert, PatchRequest, Proposal, Remove, Reorder, Replace
 
@@ -147,7 +147,7 @@ def first_divergence(previous: tuple[Segment, ...], current: tuple[Segment, ...]
     """Tokens at the start of `current` identical to `previous` (where the two first differ);
     `total`: the tokens of `previous`, when known."""
     # A render that resumed the previous one shares its first segments: skip them at C speed.
-    same = next(compress(count(), map(is_not, previous, current)), min(len(previous), len(current)))
+    same = shared_prefix(previous, current)
     if total is None:
         offset: int = sum(map(attrgetter("tokens"), previous[:same]))
     else:  # counted from the end: what follows the shared segments is the short part

@@ -10,12 +10,11 @@ import hashlib
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from itertools import compress, count
-from operator import attrgetter, is_not
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from contextd.engine.codec import blocks_to_json, canonical_json
-from contextd.engine.memo import IdentityMemo, take_over
+from contextd.engine.memo import IdentityMemo, shared_prefix, take_over
 from contextd.engine.model import Block, Representation, Session
 from contextd.engine.placeholders import handle_of
 from contextd.engine.render.anthropic import AnthropicFolder
@@ -122,6 +121,7 @@ class _Mark(NamedTuple):
     segments: int
     offset: int
     inserted: int
+    item_tokens: int
     in_order: bool
     last: int
     folder: Hashable
@@ -133,9 +133,9 @@ class Assembly:
     """A view rendered, counted and itemized entry by entry.
 
     A later render in the same format resumes it: everything up to the last
-    entry that opened a message before the first entry that differs (by
-    identity: entries of unchanged items are the same objects from render to
-    render) is taken as it is (in place, once: `_resumed`), and only the rest is
+    entry that opened a message before the first entry that differs (entries
+    of unchanged items are the same objects from render to render, compared at
+    pointer speed: `shared_prefix`) is taken as it is (in place, once: `_resumed`), and only the rest is
     rendered again.
     """
 
@@ -152,6 +152,8 @@ class Assembly:
     offset: int = 0
     inserted: int = 0
     """Tokens of inserted content shown."""
+    item_tokens: int = 0
+    """The items' tokens, summed as they are itemized."""
     in_order: bool = True
     last: int = 0
     taken: bool = False
@@ -174,7 +176,7 @@ def assemble_view(
     folder.finish()
     rendered = asm.rendered
     view_items = tuple(asm.items) if asm.in_order else tuple(sorted(asm.items, key=attrgetter("seq")))
-    item_tokens = sum(map(attrgetter("tokens"), view_items)) + asm.inserted
+    item_tokens = asm.item_tokens + asm.inserted
     frames = len(rendered.messages) + (1 if rendered.system is not None else 0)
     framing = frames * FRAMING_TOKENS_PER_MESSAGE + REPLY_PRIMING_TOKENS if frames else 0
     total = item_tokens + framing
@@ -220,7 +222,7 @@ def _resumed(
     resumed once is not resumed again (another render from the same carry, or one after a
     render that failed half-way, renders its view whole)."""
     if previous is not None and previous.format is fmt and previous.counter is counter:
-        same = next(compress(count(), map(is_not, previous.entries, entries)), min(len(previous.entries), len(entries)))
+        same = shared_prefix(previous.entries, entries)
         # Resume at an entry both share that opened a message: the messages before it are final.
         start = next((i for i in range(same - 1, 0, -1) if previous.marks[i].opens), 0)
         if start and take_over(previous):
@@ -256,6 +258,7 @@ def _resumed(
                 marks,
                 mark.offset,
                 mark.inserted,
+                mark.item_tokens,
                 mark.in_order,
                 mark.last,
             )
@@ -275,7 +278,7 @@ def _fold(asm: Assembly, folder: Folder, start: int, redo: set[int]) -> None:
     full, left_out = Representation.FULL, Representation.OMITTED
     omitted, index_of, dropped = out.omitted, out.message_index, out.dropped
     items, segments, offsets, marks = asm.items, asm.segments, asm.offsets, asm.marks
-    offset, inserted, in_order, last = asm.offset, asm.inserted, asm.in_order, asm.last
+    offset, inserted, item_tokens, in_order, last = asm.offset, asm.inserted, asm.item_tokens, asm.in_order, asm.last
     entries = asm.entries
     for i in range(start, len(entries)):
         entry = entries[i]
@@ -283,7 +286,19 @@ def _fold(asm: Assembly, folder: Folder, start: int, redo: set[int]) -> None:
         messages, warnings, state = len(out.messages), len(out.warnings), folder.state()
         opens = kind is not left_out and folder.feed(entry)
         marks.append(
-            _Mark(messages, warnings, len(items), len(segments), offset, inserted, in_order, last, state, opens)
+            _Mark(
+                messages,
+                warnings,
+                len(items),
+                len(segments),
+                offset,
+                inserted,
+                item_tokens,
+                in_order,
+                last,
+                state,
+                opens,
+            )
         )
         if kind is full and seq > 0:
             if seq not in omitted:
@@ -298,8 +313,10 @@ def _fold(asm: Assembly, folder: Folder, start: int, redo: set[int]) -> None:
             index = index_of.get(seq, -1)
             if index >= 0 and seq not in dropped:
                 items.append(ViewItem(seq, full, tokens, index))
+                item_tokens += tokens
             else:
                 items.append(_view_item(entry, out, counter))
+                item_tokens += items[-1].tokens
             continue
         # Inserted content has no history of its own to compare: its digest tells it apart.
         shown = _shown.get((entry.item, entry.content), lambda entry=entry: _Shown(entry))  # type: ignore[misc]
@@ -317,7 +334,8 @@ def _fold(asm: Assembly, folder: Folder, start: int, redo: set[int]) -> None:
             continue
         in_order, last = in_order and seq > last, seq
         items.append(_view_item(entry, out, counter, shown.handle))
-    asm.offset, asm.inserted, asm.in_order, asm.last = offset, inserted, in_order, last
+        item_tokens += items[-1].tokens
+    asm.offset, asm.inserted, asm.item_tokens, asm.in_order, asm.last = offset, inserted, item_tokens, in_order, last
     for seq in redo:  # no longer shown where the render resumed
         offsets.pop(seq, None)
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from contextd.engine.memo import (
     DEFAULT_MEMO_BYTES,
     ENTRY_BYTES,
+    SHARED_SCAN,
     IdentityMemo,
     clear_memos,
     memo_bytes,
     set_memo_bytes,
+    shared_prefix,
     weigh,
 )
 from contextd.engine.model import ItemContent, Role
@@ -111,3 +116,39 @@ def test_the_quick_weighing_of_common_types_agrees_with_the_general_one() -> Non
     for value in values:
         for depth in range(8):
             assert weigh(value, depth) == _weigh_other(value, depth), (value, depth)
+
+
+def _one_by_one(previous: list[tuple[int, str]], current: list[tuple[int, str]]) -> int:
+    n = min(len(previous), len(current))
+    return next((i for i in range(n) if previous[i] != current[i]), n)
+
+
+@given(
+    st.integers(0, 8 * SHARED_SCAN),
+    st.lists(st.integers(0, 8 * SHARED_SCAN), max_size=4),
+    st.integers(-3, 3),
+    st.booleans(),
+)
+def test_the_prefix_two_renders_share_is_where_they_first_differ(
+    length: int, changed: list[int], appended: int, as_tuple: bool
+) -> None:
+    previous = [(i, f"entry {i}") for i in range(length)]
+    current = previous[: max(0, length + min(appended, 0))] + [(-k, "new") for k in range(max(appended, 0))]
+    for i in changed:
+        if i < len(current):
+            current[i] = (i, "changed")
+    expected = _one_by_one(previous, current)
+    assert shared_prefix(tuple(previous) if as_tuple else previous, current) == expected
+    # Equal but distinct objects are shared: a render of equal entries is the same render.
+    assert shared_prefix(previous, [(seq, text) for seq, text in current]) == expected
+
+
+def test_the_shared_prefix_of_long_views_is_found_at_either_end() -> None:
+    previous = [object() for _ in range(10_000)]
+    assert shared_prefix(previous, [*previous, object()]) == 10_000
+    assert shared_prefix(previous, previous[:-1]) == 9_999
+    for at in (0, 1, 4_999, 9_998, 9_999):
+        current = list(previous)
+        current[at] = object()
+        assert shared_prefix(previous, current) == at
+    assert shared_prefix([], previous) == 0
