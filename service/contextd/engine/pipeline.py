@@ -16,7 +16,7 @@ from typing import Any
 
 from contextd.engine.certificates import CertificateBody
 from contextd.engine.changes import StateChange
-from contextd.engine.memo import shared_prefix
+from contextd.engine.memo import shared_prefix, take_over
 from contextd.engine.model import Item, Session
 from contextd.engine.policy import Policy, default_policy
 from contextd.engine.repair import RepairRun
@@ -138,7 +138,10 @@ class Carry:
         seen = changes[-1].items
         if any(isinstance(a.edit, Reorder) for a in edits) or not len(self.items) <= seen <= len(items):
             return None
-        draft = self.finished.draft.following(items[:seen], self.pins)
+        if not take_over(self.finished.claim):
+            return None
+        draft = self.finished.draft
+        draft.append(items[:seen], self.pins)
         for applied in edits:
             draft.apply(applied)
         compressed = set(self.finished.compressed)
@@ -172,6 +175,8 @@ def render(inp: RenderInput) -> RenderOutput:
     of its decisions, and the state the next render starts from."""
     policy, state, request, counter = inp.policy, inp.state, inp.request, inp.counter
     carry = inp.carry if inp.carry is not None and inp.carry.follows(inp) else None
+    if carry is not None and not take_over(carry.finished.claim):
+        carry = None  # another render from it appended to its draft (a dry run, a render that failed)
     cache = prompt_cache(state.renders.get(request.format.value), inp.now, policy.cache, state.view_version)
 
     lap = _Laps()

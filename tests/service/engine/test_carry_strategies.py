@@ -272,14 +272,15 @@ def test_a_replica_catches_up_by_an_offload_that_took_over_a_compressions_slot()
     request = partial(budgeted, items, 6_000)
 
     # One item appended a render, as in a session: a render that offloads the oldest
-    # compressed output (the other replica's) follows this replica's last.
+    # compressed output (the other replica's, from the state alone: a render takes the carry
+    # it follows over) follows this replica's last.
     mine = render(request(30, ViewState(), None))
     for n in range(31, len(items)):
-        theirs = render(request(n, mine.state, mine.carry))
+        theirs = render(request(n, mine.state, None))
         assert theirs.change is not None
         if theirs.change.removed:
             break
-        mine = theirs
+        mine = render(request(n, mine.state, mine.carry))
     assert theirs.change.removed and theirs.change.removed <= {slot_of(a.edit) for a in theirs.change.added}
     assert mine.carry is not None
     caught_up = mine.carry.advanced([change_from_json(change_to_json(theirs.change))], theirs.state, items[: n + 1])
@@ -297,9 +298,10 @@ def test_a_replica_catching_up_by_several_changes_knows_a_compression_taken_over
     request = partial(budgeted, items, 1_500)
 
     mine = render(request(27, ViewState(), None))  # this replica's last render
-    theirs, changes = mine, []
+    theirs, changes, carry = mine, [], None  # the other's carry: its own, not this one's
     for n in (28, 29):  # the other's: item 27 compressed, then offloaded
-        theirs = render(request(n, theirs.state, theirs.carry))
+        theirs = render(request(n, theirs.state, carry))
+        carry = theirs.carry
         assert theirs.change is not None
         changes.append(change_from_json(change_to_json(theirs.change)))
     assert 27 in changes[1].removed

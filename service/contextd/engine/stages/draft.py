@@ -5,7 +5,7 @@ The draft is the one mutable value of a render, on purpose: a render applies its
 at a time to thousands of entries (load those in force, apply this render's, budget its
 offloads, reading the view's tokens after each), and a copy per edit would cost the whole
 history every time. The stages that apply edits change it; the others only read it. A
-carry hands the finished draft to the next render, which copies it once (`following`).
+carry hands the finished draft to the next render, which appends to it in place (`append`).
 """
 
 from __future__ import annotations
@@ -104,40 +104,28 @@ class Draft:
                 self.latest_calls = item
                 self.recent_calls = (*self.recent_calls, item)[-RECENT_CALLS:]
 
-    def following(self, items: Sequence[Item], pins: frozenset[int]) -> Draft:
-        """A copy of this (finished) draft with the items appended since: what building a
-        draft from `items` and applying this one's edits in the same order would give."""
-        draft = object.__new__(type(self))
-        draft.entries = dict(self.entries)
-        draft.inserted = list(self.inserted)
-        draft.patches = dict(self.patches)
-        draft.view_tokens = self.view_tokens
-        draft.history_tokens = self.history_tokens
-        draft.latest_results = dict(self.latest_results)
-        draft.latest_user, draft.latest_calls = self.latest_user, self.latest_calls
-        draft.recent_calls = self.recent_calls
-        draft.observations = self.observations.copy()
-        draft.retracted = self.retracted
-        draft.budget_walk, draft.touched = self.budget_walk, set(self.touched)
-        draft.message_count = self.message_count
+    def append(self, items: Sequence[Item], pins: frozenset[int]) -> None:
+        """Append the items since (`items`: the whole history) to this finished draft, in place:
+        what building a draft from `items` and applying this one's edits in the same order
+        would give. The carry that held it is spent (`Finished.claim`, taken first)."""
         new = items[len(self.natural) :]
         turn = self.turns - 1
+        entries = self.entries
         for item in new:
             if item.role in (Role.USER, Role.ASSISTANT) or turn < 0:
                 turn += 1
-            draft.entries[item.seq] = Entry(
-                item, item.content, Representation.FULL, item.token_count, turn, item.seq in pins
-            )
-            draft.view_tokens += item.token_count
-            draft.history_tokens += item.token_count
+            entries[item.seq] = Entry(item, item.content, Representation.FULL, item.token_count, turn, item.seq in pins)
+            self.view_tokens += item.token_count
+            self.history_tokens += item.token_count
         seqs = [item.seq for item in new]
-        draft.natural = (*self.natural, *seqs)
-        draft.turns = turn + 1
-        draft.order = [*self.order, *seqs]  # appended items follow, whatever order is in force
-        draft.reordered = self.reordered
-        draft._note(new)
-        draft._ordered = [*self.ordered(), *(draft.entries[s] for s in seqs)]  # nothing is inserted after them
-        return draft
+        # A new list, made before the order takes the new seqs: the previous render's repair and
+        # assembly hold the one it handed them, and tell what changed by it. Nothing is inserted
+        # after the appended items.
+        self._ordered = [*self.ordered(), *(entries[s] for s in seqs)]
+        self.natural += tuple(seqs)
+        self.turns = turn + 1
+        self.order += seqs  # appended items follow, whatever order is in force
+        self._note(new)
 
     def protections(self, policy: Policy) -> Protections:
         """Why each of the draft's items is protected under `policy` (asked as needed)."""

@@ -4,16 +4,17 @@ Edits made durable come first (history, whatever pins and policy say), then the 
 state's edits in force: they stay, so the bytes a provider cached stay valid, except on
 items protected since (pinned, or protected by a changed policy), which are shown in
 full again (KEEP). A render that follows the previous one (only items appended since)
-starts from that render's finished draft instead.
+starts from that render's finished draft instead, taken over in place.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.eligibility import Protections
+from contextd.engine.memo import Claim
 from contextd.engine.model import Item
 from contextd.engine.policy import Policy
 from contextd.engine.retraction import retracted
@@ -33,6 +34,10 @@ class Finished:
     compressed: frozenset[Slot]
     """Those of `taken` a compression holds."""
     relied: Mapping[int, int]
+    claim: Claim = field(default_factory=Claim)
+    """The render that follows takes the draft over and appends to it in place: one may, and
+    another from the same carry (after a dry run, or a render that failed half-way) starts
+    from the state."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +72,8 @@ def load(
     when this render differs from its input only by items appended: its edits stand as it left
     them)."""
     if finished is not None:
-        draft = finished.draft.following(items, pins)
+        draft = finished.draft
+        draft.append(items, pins)
         return Loaded(
             draft,
             draft.protections(policy),
