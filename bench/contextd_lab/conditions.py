@@ -129,6 +129,7 @@ TRANSFORMS = ("compress", "dedupe", "same_source")
 """A variant's sections that patch the params of the default's rules of that transform."""
 ANY_PREFIX = "default, priced as read to any prefix"
 ON_ENTRY = "default, nothing compressed on entry"
+ENTRY_RATIO = "default, compressed on entry only to 0.7 of the output"
 DEFAULT_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "default, expected_calls 8": {"cache": {"expected_calls": 8}},
     "default, expected_calls 12": {"cache": {"expected_calls": 12}},
@@ -148,6 +149,7 @@ DEFAULT_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "same_source": {"on_entry": False},
     },
     "default, the caller's breakpoint": {},
+    ENTRY_RATIO: {"compress": {"on_entry_max_ratio": 0.7}},
 }
 """The shipped default with a fixed number of calls a cache rewrite must pay for itself within
 (the default's is as many as the session has made so far, at least 12; 12 until 2026-12-04),
@@ -160,7 +162,9 @@ new output is compressed when it first enters the view, before any cache holds i
 headroom-ai's proxy does; the call that reads it reads the compressed form), or with no output
 compressed on entry (`compress`'s `params.on_entry` empty: the default until 2026-12-03), or with
 a copy of an output shown whole before it kept for the call that made it (`dedupe`'s and
-`same_source`'s `params.on_entry` false: the default until 2026-12-04): the report's
+`same_source`'s `params.on_entry` false: the default until 2026-12-04), or with a compression on
+entry held to the share of the output a later rewrite must leave out (`compress`'s
+`params.on_entry_max_ratio` 0.7, as `max_ratio`: the default until 2026-12-06): the report's
 sensitivity to them, on the real traces. Each patches sections of the default policy."""
 
 CALLER_BREAKPOINT = (

@@ -720,6 +720,40 @@ def test_the_kinds_compressed_on_entry_are_checked() -> None:
     assert "unknown kinds ['logs']" in str(raised.value.violations)
 
 
+# Twenty small directories listed whole, three of fifteen names folded: the folded form keeps
+# about 0.83 of the characters, more than a later rewrite's 0.7.
+TREE = "\n\n".join(
+    [".:\ndocs\nsrc\nsetup.py"]
+    + [f"./src/part{d}:\n" + "\n".join(f"mod{d}_{k}.py" for k in range(3)) for d in range(20)]
+    + [f"./docs/guide{d}:\n" + "\n".join(f"chapter{d}_{k}.rst" for k in range(15)) for d in range(3)]
+)
+ENTRY_RATIO = ON_ENTRY.replace("params: {on_entry: %s}", "params: {on_entry: [listing], on_entry_max_ratio: %s}")
+
+
+def test_a_compression_on_entry_may_keep_more_than_a_later_rewrite() -> None:
+    items = session(("ls -R", TREE))
+    listing = seq_of(1)
+    # Read compressed by the call that made it: the whole is never cached, any saving pays.
+    out = run_policy(items, ENTRY_RATIO % "0.9")
+    assert [(c.seq, c.reason) for c in out.certificates] == [(listing, "compressed_listing")]
+    assert "mod19_2.py" in out.view.messages_json and "chapter0_14.rst" not in out.view.messages_json
+    # Without the share named, 0.7 at most, as for a later rewrite: the listing stays whole.
+    assert pruned(run_policy(items, ON_ENTRY % "[listing]")) == {}
+    # The default policy does so too.
+    out = run_policy(items, default_policy_text())
+    assert (listing, "compressed_listing") in [(c.seq, c.reason) for c in out.certificates]
+    # From the next call on it would be a rewrite of the cached prompt: held to 0.7, it is not proposed.
+    later = run_policy(session(("ls -R", TREE), ("pwd", "/repo")), ENTRY_RATIO % "0.9")
+    assert [c for c in later.certificates if c.seq == listing] == []
+
+
+@pytest.mark.parametrize("ratio", ["0", "1.5", "true", "'high'"])
+def test_the_share_a_compression_on_entry_may_keep_is_checked(ratio: str) -> None:
+    with pytest.raises(InvalidArgument) as raised:
+        parse_policy(ENTRY_RATIO % ratio, REGISTRY)
+    assert "on_entry_max_ratio" in str(raised.value.violations)
+
+
 WRITES = """
 protection: {last_turns: 0, latest_error_per_tool: false}
 tools: {write_file: {effect: write, source_arg: path}, bash: {effect: shell}}

@@ -57,7 +57,12 @@ class Compress(Strategy):
         # A read of a file is what the call that made it works from: read whole by that call,
         # whatever a compressor would read its lines as (a cut range of code reads as lines).
         on_entry = () if seen.reads else tuple(params.get("on_entry", ()))
-        key = (focus.terms, ratio, declared, seen.command, path, on_entry)
+        # A compression the call that made the output reads (the output of the latest turn) costs
+        # the cache nothing: any saving pays, and `on_entry_max_ratio` may let it keep more than a
+        # later rewrite of what the provider cached must.
+        new = context.turns - 1 - entry.turn <= 0
+        entry_ratio = max(ratio, params.get("on_entry_max_ratio", ratio)) if new else ratio
+        key = (focus.terms, ratio, declared, seen.command, path, on_entry, entry_ratio)
         if key not in held:
             if len(held) >= HELD_PER_ITEM:
                 held.clear()  # an output asked under many foci: the recent ones matter
@@ -66,9 +71,10 @@ class Compress(Strategy):
             except Exception:  # a compressor's bug must not fail the render: the output stays whole
                 log.exception("compressing the output at seq %d failed; it is left whole", entry.seq)
                 found = None
+            at_entry = found is not None and found.kind in on_entry
             held[key] = (
-                _compressed(entry, found, found.kind in on_entry)
-                if found is not None and len(found.text) <= ratio * len(text)
+                _compressed(entry, found, at_entry)
+                if found is not None and len(found.text) <= (entry_ratio if at_entry else ratio) * len(text)
                 else None
             )
             _compressions.reweigh((entry.item,))
@@ -77,14 +83,18 @@ class Compress(Strategy):
     @staticmethod
     def check(params: Mapping[str, Any]) -> list[tuple[str, str]]:
         """`on_entry`: the kinds (of those a compressor reads an output as) whose compression the
-        call that reads the output may read in its place."""
+        call that reads the output may read in its place; `on_entry_max_ratio`: the share of the
+        output's characters such a compression may keep (`max_ratio`, 0.7, for the others)."""
+        problems = []
         kinds = params.get("on_entry", [])
         if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
-            return [("on_entry", "must be a list of kinds")]
-        unknown = sorted(set(kinds) - set(READ_AS))
-        if unknown:
-            return [("on_entry", f"unknown kinds {unknown} (known: {', '.join(READ_AS)})")]
-        return []
+            problems.append(("on_entry", "must be a list of kinds"))
+        elif unknown := sorted(set(kinds) - set(READ_AS)):
+            problems.append(("on_entry", f"unknown kinds {unknown} (known: {', '.join(READ_AS)})"))
+        bar = params.get("on_entry_max_ratio", MAX_RATIO)
+        if isinstance(bar, bool) or not isinstance(bar, (int, float)) or not 0 < bar <= 1:
+            problems.append(("on_entry_max_ratio", "must be a number in (0, 1]"))
+        return problems
 
     def rests_on(self, entry: Entry, seen: Observation, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
         result = entry.item.tool_result
