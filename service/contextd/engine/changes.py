@@ -67,19 +67,21 @@ def change_of(
     items: int,
     kept_in_force: Sequence[AppliedEdit],
     added: Sequence[AppliedEdit],
+    shared: int | None = None,
 ) -> StateChange:
     """The change a render made: `after` is `before` with the edits in force `kept_in_force`
-    (in order, a part of `before.applied`), then `added`."""
+    (in order, a part of `before.applied`), then `added`; `shared`: the segments its render
+    shares with the previous one in `fmt` (`shared_prefix`), when known."""
     removed: frozenset[Slot] = frozenset()
     if len(kept_in_force) != len(before.applied):
         kept = {slot_of(a.edit) for a in kept_in_force}
         removed = frozenset(s for s in map(slot_of, (a.edit for a in before.applied)) if s not in kept)
     render = after.renders[fmt]
     previous = before.renders.get(fmt)
-    shared = 0
-    if previous is not None:
-        old, new = previous.segments, render.segments
-        shared = shared_prefix(old, new)
+    if previous is None:
+        shared = 0
+    elif shared is None:
+        shared = shared_prefix(previous.segments, render.segments)
     return StateChange(
         view_version=after.view_version,
         items=items,

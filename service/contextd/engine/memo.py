@@ -109,8 +109,8 @@ def shared_prefix(previous: Sequence[T], current: Sequence[T]) -> int:
     a render is a pure function of what it is given, so they give what the same objects give.
     """
     n = min(len(previous), len(current))
-    a: Sequence[T] = previous[:n]
-    b: Sequence[T] = current[:n]
+    a: Sequence[T] = previous if len(previous) == n else previous[:n]  # a list's slice is a copy
+    b: Sequence[T] = current if len(current) == n else current[:n]
     if type(a) is not type(b):  # a list's slice never equals a tuple's
         a, b = list(a), list(b)
     if a == b:

@@ -143,11 +143,14 @@ class ViewState:
     proposes the same thing on every render is certified once."""
 
 
-def first_divergence(previous: tuple[Segment, ...], current: tuple[Segment, ...], total: int | None = None) -> int:
+def first_divergence(
+    previous: tuple[Segment, ...], current: tuple[Segment, ...], total: int | None = None, same: int | None = None
+) -> int:
     """Tokens at the start of `current` identical to `previous` (where the two first differ);
-    `total`: the tokens of `previous`, when known."""
-    # A render that resumed the previous one shares its first segments: skip them at C speed.
-    same = shared_prefix(previous, current)
+    `total`: the tokens of `previous`, when known; `same`: the segments they share
+    (`shared_prefix`), when known."""
+    if same is None:  # a render that resumed the previous one shares its first segments
+        same = shared_prefix(previous, current)
     if total is None:
         offset: int = sum(map(attrgetter("tokens"), previous[:same]))
     else:  # counted from the end: what follows the shared segments is the short part

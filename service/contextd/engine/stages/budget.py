@@ -10,12 +10,10 @@ from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from itertools import compress, count
-from operator import is_not
 
 from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.eligibility import Protections
-from contextd.engine.memo import IdentityMemo
+from contextd.engine.memo import IdentityMemo, shared_prefix
 from contextd.engine.model import Block, Representation, Role, TextBlock
 from contextd.engine.render.base import ViewWarning
 from contextd.engine.stages.certify import certificate
@@ -249,7 +247,7 @@ def _messages(draft: Draft, fmt: ViewFormat) -> int:
     last = draft.message_count
     same = 0
     if last is not None and last.format is fmt:
-        same = next(compress(count(), map(is_not, last.entries, entries)), min(len(last.entries), len(entries)))
+        same = shared_prefix(last.entries, entries)
     after = last.after[:same] if last is not None and same else []
     state = after[-1] if after else _OPENING
     fold = (

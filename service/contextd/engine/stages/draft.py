@@ -10,6 +10,7 @@ carry hands the finished draft to the next render, which appends to it in place 
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -79,6 +80,8 @@ class Draft:
         self.observations = ObservationIndex(tools)
         self._note(items)
         self._ordered: list[Entry] | None = None
+        self._handed_out = False
+        """Whether `ordered()` gave `_ordered` out since it was made."""
         self.budget_walk: BudgetWalk | None = None
         """The turns the budget's last walk left unsettled (stages/budget.py), for the next render
         of a draft that follows this one to walk those alone."""
@@ -121,7 +124,7 @@ class Draft:
         # A new list, made before the order takes the new seqs: the previous render's repair and
         # assembly hold the one it handed them, and tell what changed by it. Nothing is inserted
         # after the appended items.
-        self._ordered = [*self.ordered(), *(entries[s] for s in seqs)]
+        self._ordered, self._handed_out = [*self.ordered(), *(entries[s] for s in seqs)], False
         self.natural += tuple(seqs)
         self.turns = turn + 1
         self.order += seqs  # appended items follow, whatever order is in force
@@ -132,7 +135,6 @@ class Draft:
         return Protections(self.entries, self.natural, self.turns, policy, self.latest_results)
 
     def apply(self, applied: AppliedEdit) -> None:
-        self._ordered = None
         edit = applied.edit
         match edit:
             case Replace(seq):
@@ -156,9 +158,11 @@ class Draft:
                 )
                 self.inserted.append((after_seq, seq))
                 self.view_tokens += applied.tokens
+                self._ordered = None
             case Reorder():
                 self.order = reordered(edit, self.order)
                 self.reordered = True
+                self._ordered = None
             case PatchRequest(name, value):
                 self.patches[name] = value
 
@@ -166,13 +170,33 @@ class Draft:
         old = self.entries[seq]
         if self.budget_walk is not None:  # (else the next walk goes through every turn)
             self.touched.add(seq)
-        self.entries[seq] = Entry(old.item, content, kind, tokens, old.turn, old.pinned)
+        entry = self.entries[seq] = Entry(old.item, content, kind, tokens, old.turn, old.pinned)
         self.view_tokens += _shown_tokens(kind, tokens) - _shown_tokens(old.representation, old.tokens)
+        if self._ordered is not None:
+            self._place(seq, entry)
+
+    def _place(self, seq: int, entry: Entry) -> None:
+        """Put `entry` where `seq` stands in the entries in view order: while nothing is
+        reordered or inserted, that is its place in history (bisected); else they are listed
+        again when asked. A list handed out is never changed (the previous render's repair and
+        assembly, and the budget's count, tell what changed by the lists they were given): it
+        is copied first, at C speed, where listing the entries again costs a lookup each."""
+        ordered, natural = self._ordered, self.natural
+        at = bisect_left(natural, seq)
+        if ordered is None or self.reordered or self.inserted or at == len(natural) or natural[at] != seq:
+            self._ordered = None
+            return
+        if self._handed_out:
+            ordered = self._ordered = list(ordered)
+            self._handed_out = False
+        ordered[at] = entry
 
     def ordered(self) -> list[Entry]:
-        """The entries in view order (the same list until an edit is applied: not to be changed)."""
+        """The entries in view order (a list not to be changed: the draft's later edits go to
+        a copy)."""
         if self._ordered is None:
             self._ordered = self._in_view_order()
+        self._handed_out = True
         return self._ordered
 
     def _in_view_order(self) -> list[Entry]:

@@ -87,7 +87,7 @@ def record(
         policy_version=policy.version,
         cache_breakpoint_seq=point.through if point is not None else 0,
     )
-    change = change_of(state, new_state, request.format.value, items, in_force, applied)
+    change = change_of(state, new_state, request.format.value, items, in_force, applied, shown.shared)
     return Recorded(view, new_state, change, predicted)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from contextd.engine import volatile
 from contextd.engine.breakpoint import Breakpoint, judged, paid_share, place
+from contextd.engine.memo import shared_prefix
 from contextd.engine.model import Session
 from contextd.engine.policy import BREAKPOINTS, Policy
 from contextd.engine.render.anthropic import mark_breakpoint
@@ -33,6 +34,8 @@ class Shown:
     repaired: RepairRun
     """What a later render's repair resumes."""
     segments: tuple[Segment, ...]
+    shared: int
+    """Segments it shares with the previous render in its format (`memo.shared_prefix`)."""
     stable: int
     """Tokens it shares with the previous render in its format."""
     point: Breakpoint | None
@@ -75,7 +78,8 @@ def show(
     )
     segments = tuple(assembly.segments)
     previous = cache.previous
-    stable = first_divergence(previous.segments, segments, previous.total_tokens) if previous else 0
+    shared = shared_prefix(previous.segments, segments) if previous else 0
+    stable = first_divergence(previous.segments, segments, previous.total_tokens, shared) if previous else 0
     point = None
     early = judged(previous, stable)
     if request.place_breakpoint:
@@ -83,7 +87,7 @@ def show(
         paid = paid_share(early)
         point = place(segments, shrinks, cache.pricing, read, assembly.offset, paid) if shrinks else None
         view, point = _with_breakpoint(view, assembly, draft, point)
-    return Shown(view, assembly, run, segments, stable, point, early)
+    return Shown(view, assembly, run, segments, shared, stable, point, early)
 
 
 def _with_breakpoint(

@@ -1,0 +1,82 @@
+"""The draft a render applies its edits to (service/contextd/engine/stages/draft.py): the lists
+it hands out stay as they were given, and a draft appended to in place is the draft of the
+whole history."""
+
+from __future__ import annotations
+
+from contextd.engine.model import Item, ItemContent, Role, TextBlock
+from contextd.engine.stages.draft import Draft
+from contextd.engine.state import AppliedEdit
+from contextd.engine.types import Insert, Remove, Replace
+from tests.helpers import stored_items
+
+
+def _items(n: int) -> list[Item]:
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
+    contents += [
+        ItemContent(role=Role.ASSISTANT if i % 2 else Role.USER, content=(TextBlock(f"turn {i}: " + "word " * i),))
+        for i in range(1, n)
+    ]
+    return stored_items(contents)
+
+
+def _reduced(seq: int) -> AppliedEdit:
+    reduced = (TextBlock(f"[{seq} reduced]"),)
+    return AppliedEdit(Replace(seq, reduced), "rule", "reason", reduced, 1)
+
+
+def _listed(draft: Draft) -> list[object]:
+    """The entries in view order, listed from the draft's maps afresh."""
+    return list(draft._in_view_order())
+
+
+def test_an_edit_leaves_the_entries_handed_out_as_they_were() -> None:
+    draft = Draft(_items(12), frozenset(), {})
+    given = draft.ordered()
+    before = list(given)
+    draft.apply(_reduced(5))
+    assert given == before  # the previous render's repair and assembly hold such a list
+    after = draft.ordered()
+    assert after is not given and after == _listed(draft)
+    assert after[4].content == (TextBlock("[5 reduced]"),)
+    draft.apply(_reduced(7))
+    draft.apply(_reduced(8))  # the copy the first made is the draft's own: changed in place
+    assert after[6].content != (TextBlock("[7 reduced]"),)
+    assert draft.ordered() == _listed(draft)
+    draft.apply(AppliedEdit(Remove(9), "rule", "reason", (TextBlock("gone"),), 1))
+    assert draft.ordered() == _listed(draft)
+
+
+def test_once_content_is_inserted_the_entries_are_listed_again() -> None:
+    draft = Draft(_items(8), frozenset(), {})
+    draft.ordered()
+    inserted = ItemContent(role=Role.USER, content=(TextBlock("a note"),))
+    draft.apply(AppliedEdit(Insert(3, inserted), "rule", "reason", inserted.content, 2))
+    draft.apply(_reduced(6))
+    ordered = draft.ordered()
+    assert ordered == _listed(draft) and [e.seq for e in ordered][:5] == [1, 2, 3, -1, 4]
+
+
+def test_a_draft_appended_to_in_place_is_the_draft_of_the_whole_history() -> None:
+    items = _items(20)
+    edits = [_reduced(3), _reduced(8)]
+    carried = Draft(items[:10], frozenset(), {})
+    for edit in edits:
+        carried.apply(edit)
+    handed = carried.ordered()
+    kept = list(handed)
+    carried.append(items, frozenset())
+    fresh = Draft(items, frozenset(), {})
+    for edit in edits:
+        fresh.apply(edit)
+    assert handed == kept
+    assert carried.ordered() == fresh.ordered() == _listed(carried)
+    assert carried.entries == fresh.entries and carried.natural == fresh.natural and carried.order == fresh.order
+    assert (carried.turns, carried.view_tokens, carried.history_tokens) == (
+        fresh.turns,
+        fresh.view_tokens,
+        fresh.history_tokens,
+    )
+    carried.apply(_reduced(15))
+    fresh.apply(_reduced(15))
+    assert carried.ordered() == fresh.ordered()
