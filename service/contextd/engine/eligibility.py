@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import ChainMap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -182,8 +183,10 @@ class Judge:
         """The history's seqs in their natural order."""
         self._protected = protected
         self._policy = policy
-        self._relied_on = dict(relied_on)
-        """evidence seq -> the seq whose reduction rests on it."""
+        # (A ChainMap writes to its first map only: the one below it is never changed.)
+        self._relied_on: ChainMap[int, int] = ChainMap({}, relied_on)  # type: ignore[arg-type]
+        """evidence seq -> the seq whose reduction rests on it: what this render accepts, over
+        what the edits in force rest on (which grows with the session: read, not copied)."""
         self._reduced: set[int] = set()
 
     @functools.cached_property

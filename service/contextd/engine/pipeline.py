@@ -22,10 +22,10 @@ from contextd.engine.policy import Policy, default_policy
 from contextd.engine.repair import RepairRun
 from contextd.engine.stages.apply import apply, time_edits
 from contextd.engine.stages.budget import fit_budget
-from contextd.engine.stages.draft import Draft, is_compression
+from contextd.engine.stages.draft import Draft
 from contextd.engine.stages.eligible import judge
 from contextd.engine.stages.ledger import Ledgers
-from contextd.engine.stages.load import Finished, Loaded, load, relied_on
+from contextd.engine.stages.load import Finished, Loaded, load, take
 from contextd.engine.stages.propose import AgentProposal, propose, transform_context
 from contextd.engine.stages.record import record
 from contextd.engine.stages.show import Shown, looks_ahead, show
@@ -144,16 +144,9 @@ class Carry:
         draft.append(items[:seen], self.pins)
         for applied in edits:
             draft.apply(applied)
-        compressed = set(self.finished.compressed)
-        for applied in edits:  # in order: a later change may take a slot an earlier one compressed
-            slot = slot_of(applied.edit)
-            compressed.discard(slot)
-            if is_compression(applied):
-                compressed.add(slot)
-        slots = {slot_of(a.edit) for a in edits}
-        finished = Finished(
-            draft, self.finished.taken | slots, frozenset(compressed), {**relied_on(edits), **self.finished.relied}
-        )
+        held = self.finished
+        take(held.taken, held.compressed, held.relied, edits)  # in order: later changes take over slots
+        finished = Finished(draft, held.taken, held.compressed, held.relied)
         changed = frozenset(s for s in map(target_of, (a.edit for a in edits)) if s is not None and s > 0)
         ledgers = None if self.ledgers is None else replace(self.ledgers, changed=self.ledgers.changed | changed)
         return replace(self, state=state, items=tuple(items[:seen]), finished=finished, ledgers=ledgers)
@@ -269,14 +262,9 @@ def _carry(
     inp: RenderInput, state: ViewState, loaded: Loaded, ledgers: Ledgers, applied: Sequence[AppliedEdit], shown: Shown
 ) -> Carry:
     """What the next render from `state` may start from, after a render that applied `applied`."""
-    slots = {slot_of(a.edit) for a in applied}
-    finished = Finished(
-        loaded.draft,
-        loaded.taken | slots,
-        # An edit of this render may have taken over a compression's slot (record.py).
-        (loaded.compressed - slots) | {slot_of(a.edit) for a in applied if is_compression(a)},
-        {**relied_on(applied), **loaded.relied},  # the first edit to rely on an item is named
-    )
+    # An edit of this render may have taken over a compression's slot (record.py).
+    take(loaded.taken, loaded.compressed, loaded.relied, applied)
+    finished = Finished(loaded.draft, loaded.taken, loaded.compressed, loaded.relied)
     # The rules proposed for entries as shown before this render's edits: the next render
     # matches those it changed afresh.
     changed = frozenset(s for s in map(target_of, (a.edit for a in applied)) if s is not None and s > 0)

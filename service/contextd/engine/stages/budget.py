@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import partial
 
@@ -41,7 +42,7 @@ class Fitted:
 def fit_budget(
     draft: Draft,
     applied: Sequence[AppliedEdit],
-    compressed: frozenset[Slot],
+    compressed: AbstractSet[Slot],
     request: ViewRequest,
     counter: TokenCounter,
     protected: Protections,
@@ -53,8 +54,8 @@ def fit_budget(
     the slots a compression in force holds; or one of `applied`) is offloaded; one reduced
     otherwise stays as it is; so does a protected one, and one a reduction rests on
     (`relied`)."""
-    compressed_now = compressed | {slot_of(a.edit) for a in applied if is_compression(a)}
-    offloaded, warnings, certificates = _offload(draft, compressed_now, request, counter, protected, relied, cache)
+    just = {slot_of(a.edit) for a in applied if is_compression(a)}  # (the others grow with the session)
+    offloaded, warnings, certificates = _offload(draft, compressed, just, request, counter, protected, relied, cache)
     if not offloaded:
         return Fitted(tuple(applied), (), ())
     gone = {slot_of(a.edit) for a in offloaded}
@@ -64,7 +65,8 @@ def fit_budget(
 
 def _offload(
     draft: Draft,
-    compressed: frozenset[Slot],
+    compressed: AbstractSet[Slot],
+    just: set[Slot],
     request: ViewRequest,
     counter: TokenCounter,
     protected: Protections,
@@ -73,7 +75,9 @@ def _offload(
 ) -> tuple[list[AppliedEdit], tuple[ViewWarning, ...], tuple[CertificateBody, ...]]:
     def offloadable(entry: Entry) -> bool:
         shown = entry.representation
-        return shown is Representation.FULL or (shown is Representation.REDUCED and entry.seq in compressed)
+        return shown is Representation.FULL or (
+            shown is Representation.REDUCED and (entry.seq in compressed or entry.seq in just)
+        )
 
     budget = request.budget_tokens
     # At most a message per entry: a view under that bound fits without counting messages.

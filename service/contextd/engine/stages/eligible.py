@@ -19,7 +19,7 @@ from contextd.engine.stages.certify import certificate, refusal_key
 from contextd.engine.stages.draft import new_representation
 from contextd.engine.stages.load import Loaded
 from contextd.engine.stages.propose import Candidate
-from contextd.engine.state import ControlMode, slot_of
+from contextd.engine.state import ControlMode, Slot, slot_of
 from contextd.engine.tokens import TokenCounter, blocks_tokens
 from contextd.engine.types import Edit, Entry, Insert, Proposal, Remove, target_of
 
@@ -68,7 +68,11 @@ def judge(
     are found too (for the cache breakpoint: show.py)."""
     draft = loaded.draft
     judging = Judge(draft.entries, draft.natural, loaded.protected, policy, loaded.relied)
-    taken, compressed, decided = set(loaded.taken), set(loaded.compressed), set(loaded.decided)
+    # What this render takes and decides, beside what the edits in force took and the state
+    # decided (those sets grow with the session: they are read, not copied).
+    taken, compressed, decided = loaded.taken, loaded.compressed, loaded.decided
+    claimed: set[Slot] = set()
+    certified: set[str] = set()
     shrinks: dict[int, int] | None = {} if look_ahead else None
     out: list[Eligible] = []
     certificates: list[CertificateBody] = []
@@ -76,7 +80,7 @@ def judge(
         proposal = candidate.proposal
         edit = _normalized(proposal.edit, draft.entries)
         slot = slot_of(edit)
-        if slot in taken and (slot not in compressed or proposal.compression):
+        if slot in claimed or (slot in taken and (slot not in compressed or proposal.compression)):
             continue
         seq = target_of(edit)
         entry = draft.entries.get(seq) if seq is not None else None
@@ -114,15 +118,16 @@ def judge(
                 certificates.append(body)  # the agent asked: it hears back every time
             else:
                 key = refusal_key(decision, edit, candidate.rule, proposal.reason)
-                if key not in decided:
-                    decided.add(key)
+                if key not in decided and key not in certified:
+                    certified.add(key)
                     certificates.append(body)
             continue
-        taken.add(slot)
-        compressed.discard(slot)
+        claimed.add(slot)
         judging.accept(proposal)
         out.append(Eligible(candidate, edit, content, tokens, saving))
-    return Judged(tuple(out), tuple(certificates), frozenset(decided), judging.relied_on, shrinks)
+    return Judged(
+        tuple(out), tuple(certificates), decided | certified if certified else decided, judging.relied_on, shrinks
+    )
 
 
 def _normalized(edit: Edit, entries: Mapping[int, Entry]) -> Edit:

@@ -9,7 +9,7 @@ starts from that render's finished draft instead, taken over in place.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from contextd.engine.certificates import CertificateBody, Decision
@@ -30,10 +30,10 @@ class Finished:
     the next render from its state starts, when only items were appended since (the carry)."""
 
     draft: Draft
-    taken: frozenset[Slot]
-    compressed: frozenset[Slot]
+    taken: set[Slot]
+    compressed: set[Slot]
     """Those of `taken` a compression holds."""
-    relied: Mapping[int, int]
+    relied: dict[int, int]
     claim: Claim = field(default_factory=Claim)
     """The render that follows takes the draft over and appends to it in place: one may, and
     another from the same carry (after a dry run, or a render that failed half-way) starts
@@ -47,13 +47,16 @@ class Loaded:
     protected: Protections
     in_force: tuple[AppliedEdit, ...]
     """The view state's edits that stay in force (those made durable are history)."""
-    taken: frozenset[Slot]
+    taken: set[Slot]
     """The slots of every edit in force, durable ones included."""
-    compressed: frozenset[Slot]
+    compressed: set[Slot]
     """Those held by a compression: it keeps an item's facts, and a prune its evidence
     allows later may still take its slot."""
-    relied: Mapping[int, int]
-    """What the edits in force rest on: evidence seq -> the seq whose reduction rests on it."""
+    relied: dict[int, int]
+    """What the edits in force rest on: evidence seq -> the seq whose reduction rests on it.
+
+    These three grow with the session and are read, not copied, during the render; the carry
+    it hands on takes its edits into them, in place, once it is done (`take`)."""
     certificates: tuple[CertificateBody, ...]
     """KEEP for each edit undone on an item protected since."""
     decided: frozenset[str]
@@ -94,8 +97,8 @@ def load(
         draft,
         protected,
         in_force,
-        frozenset(slot_of(a.edit) for a in (*durable, *in_force)),
-        _compressions(in_force),
+        {slot_of(a.edit) for a in (*durable, *in_force)},
+        {slot_of(a.edit) for a in in_force if is_compression(a)},
         relied_on([*durable, *in_force]),
         certificates,
         state.decided | undone,
@@ -142,8 +145,21 @@ def _carry_over(
     return tuple(in_force), tuple(certificates), frozenset(undone)
 
 
-def _compressions(in_force: Iterable[AppliedEdit]) -> frozenset[Slot]:
-    return frozenset(slot_of(a.edit) for a in in_force if is_compression(a))
+def take(taken: set[Slot], compressed: set[Slot], relied: dict[int, int], applied: Iterable[AppliedEdit]) -> None:
+    """Take the slots of `applied` (edits made after those `taken` holds, in order) into the
+    three, in place: a later edit may take over the slot of a compression (the budget's offload
+    of a compressed output), which then holds the output as that edit left it; the first edit
+    to rely on an item is the one named."""
+    applied = list(applied)
+    for a in applied:
+        slot = slot_of(a.edit)
+        taken.add(slot)
+        if is_compression(a):
+            compressed.add(slot)
+        else:
+            compressed.discard(slot)
+    for evidence, seq in relied_on(applied).items():
+        relied.setdefault(evidence, seq)
 
 
 def relied_on(in_force: Iterable[AppliedEdit]) -> dict[int, int]:

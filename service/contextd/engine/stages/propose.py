@@ -114,13 +114,15 @@ def propose(
         ledgers = None  # the pools are in view order, which is not the items' order
     elif ledgers is not None and not take_over(ledgers.claim):
         ledgers = None  # another render from the same carry updated them in place
-    taken = loaded.taken - loaded.compressed
+    # What the edits in force hold but for a compression's slot (which an edit may take over).
+    taken, compressed = loaded.taken, loaded.compressed
     if ledgers is None:
-        proposed, done = _proposed(policy, registry, context, taken)
+        proposed, done = _proposed(policy, registry, context, frozenset(taken - compressed))
     else:
         new = [draft.entries[s] for s in draft.natural[ledgers.items :]]
         changed = [draft.entries[s] for s in sorted(ledgers.changed) if s in draft.entries]
-        proposed, done = _proposed_since(policy, registry, context, taken, ledgers, new, changed)
+        held = frozenset(e.seq for e in (*changed, *new) if e.seq in taken and e.seq not in compressed)
+        proposed, done = _proposed_since(policy, registry, context, held, ledgers, new, changed)
     waiting, certificates = _waiting(draft, policy, pending, agent_proposals)
     focus = (context.requested_focus, context.searched, context.focus)
     made = Ledgers(tuple(done), len(draft.natural), focus, len(context.observations.completions))

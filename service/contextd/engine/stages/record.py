@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from operator import attrgetter
 
@@ -37,7 +38,7 @@ def record(
     cache: PromptCache,
     *,
     in_force: Sequence[AppliedEdit],
-    compressed: frozenset[Slot],
+    compressed: AbstractSet[Slot],
     applied: Sequence[AppliedEdit],
     durable: Sequence[AppliedEdit],
     pending: Sequence[PendingEdit],
