@@ -116,7 +116,7 @@ class Carry:
         counted = self.finished.draft.message_count
         return (
             CARRY_BYTES_PER_ITEM * len(self.items)
-            + sum(map(len, self.assembly.rendered.messages_json))
+            + self.assembly.rendered.json_chars
             + (counted.footprint() if counted is not None else 0)
         )
 

@@ -229,7 +229,7 @@ def _resumed(
             mark, rendered = previous.marks[start], previous.rendered
             del rendered.messages[mark.messages :]
             del rendered.warnings[mark.warnings :]
-            del rendered.messages_json[mark.messages :]
+            rendered.cut_json(mark.messages)
             redo = set()
             for entry in previous.entries[start:]:
                 seq = entry.item.seq

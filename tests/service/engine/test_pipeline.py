@@ -961,6 +961,9 @@ def follow(
     out = render(inp)
     assert out == render(replace(inp, carry=None))
     assert_change_makes(inp.state, out)
+    if out.carry is not None:  # the characters the carry counts it holds, kept as the view is resumed
+        rendered = out.carry.assembly.rendered
+        assert rendered.json_chars == sum(map(len, rendered.messages_json))
     return out, inp.carry is not None and inp.carry.follows(inp)
 
 

@@ -113,7 +113,7 @@ class AnthropicFolder:
                 # The API wants a turn's tool results before anything else in it;
                 # a stable sort keeps each group in history order.
                 message["content"].sort(key=lambda block: block["type"] != "tool_result")
-            out.messages_json.append(_message_json(message))
+            out.add_json((_message_json(message),))
 
 
 CACHE_CONTROL: JsonObject = {"type": "ephemeral"}

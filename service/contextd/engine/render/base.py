@@ -58,6 +58,17 @@ class Rendered:
     messages_json: list[str] = field(default_factory=list)
     """Each message serialized, once it is final (all of them after `Folder.finish`):
     the view's JSON is their join."""
+    json_chars: int = 0
+    """The characters of `messages_json`, kept as they are added (`add_json`) and cut."""
+
+    def add_json(self, texts: Sequence[str]) -> None:
+        self.messages_json.extend(texts)
+        self.json_chars += sum(map(len, texts))
+
+    def cut_json(self, messages: int) -> None:
+        """Keep the first `messages` serialized messages."""
+        self.json_chars -= sum(map(len, self.messages_json[messages:]))
+        del self.messages_json[messages:]
 
     def warn(self, code: str, message: str) -> None:
         self.warnings.append(ViewWarning(code, message))
@@ -122,7 +133,7 @@ class ItemwiseFolder:
             return False
         out.message_index[item.seq] = len(out.messages)
         out.messages.extend(piece.messages)
-        out.messages_json.extend(piece.texts)
+        out.add_json(piece.texts)
         return True
 
     def state(self) -> Hashable:

@@ -184,7 +184,7 @@ class ConverseFolder:
                 content.sort(key=lambda block: "toolResult" not in block)
                 if any("document" in b for b in content) and not any("text" in b for b in content):
                     content.append(DOCUMENT_NOTE)
-            out.messages_json.append(_message_json(message))
+            out.add_json((_message_json(message),))
 
     def _named(self, block: JsonObject) -> JsonObject:
         """`block` with each document in it named apart from every document before it
