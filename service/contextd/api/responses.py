@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from operator import is_
 from typing import Any
 
 from contextd.api.mapping import REPRESENTATION_TO_PROTO, view_to_proto
@@ -80,24 +79,36 @@ def _joined(blocks: Iterator[tuple[str, ...]]) -> Iterator[bytes]:
 
 
 def _message_block(block: tuple[str, ...]) -> bytes:
-    """The block's messages joined and encoded, remembered by its first message: a block is
-    found again by checking its messages are the same objects (one pass at C speed, where a
-    key of every message's identity would build one number per message)."""
-    variants = _message_blocks.get((block[0],), list)
+    """The block's messages joined and encoded."""
+    return _remembered(_message_blocks, block, lambda: ",".join(block).encode("utf-8"))
+
+
+def _block(items: tuple[ViewItem, ...]) -> bytes:
+    """The block's items encoded, one after another."""
+    return _remembered(_blocks, items, lambda: b"".join([_item(v) for v in items]))
+
+
+def _remembered(
+    memo: IdentityMemo[list[tuple[tuple[Any, ...], bytes]]], block: tuple[Any, ...], encode: Callable[[], bytes]
+) -> bytes:
+    """A block's bytes, remembered by its first element: a block is found again by comparing
+    it with those held (a tuple's equality tests identity first: one pass at C speed, where
+    a key of every element's identity would build one number per element)."""
+    variants = memo.get((block[0],), list)
     for held, data in variants:
-        if len(held) == len(block) and all(map(is_, held, block)):
+        if held == block:
             return data
-    data = ",".join(block).encode("utf-8")
-    if len(variants) >= MESSAGE_BLOCK_VARIANTS:
+    data = encode()
+    if len(variants) >= BLOCK_VARIANTS:
         del variants[0]
     variants.append((block, data))
-    _message_blocks.reweigh((block[0],))
+    memo.reweigh((block[0],))
     return data
 
 
-MESSAGE_BLOCK_VARIANTS = 4
-"""Blocks remembered that open with the same message (the last block grows a message a
-render; a cache breakpoint marks a message of the block before it)."""
+BLOCK_VARIANTS = 4
+"""Blocks remembered that open with the same element (the last block grows an element a
+render; a cache breakpoint marks a message of the block before it; an edit changes an item)."""
 
 
 BLOCK = 256
@@ -105,10 +116,6 @@ BLOCK = 256
 objects at the same places but for the last and the few an edit changed, so most blocks
 come back whole. Looking each item up (a memo's get, about a microsecond) cost 10 ms of a
 10,000-item view's 13 (the interpreter lock held in small steps all the while)."""
-
-
-def _block(items: tuple[ViewItem, ...]) -> bytes:
-    return _blocks.get(items, lambda: b"".join([_item(v) for v in items]))
 
 
 def _item(item: ViewItem) -> bytes:
@@ -128,8 +135,8 @@ def _encode(v: ViewItem) -> bytes:
 
 _items: IdentityMemo[bytes] = IdentityMemo(200_000)
 """Each view item's bytes (a few dozen each), as the next render shows most of them again."""
-_blocks: IdentityMemo[bytes] = IdentityMemo(200_000 // BLOCK)
-"""Each block's bytes (the items' bytes joined)."""
+_blocks: IdentityMemo[list[tuple[tuple[ViewItem, ...], bytes]]] = IdentityMemo(200_000 // BLOCK)
+"""Blocks of items' bytes, joined, by their first item."""
 _message_blocks: IdentityMemo[list[tuple[tuple[str, ...], bytes]]] = IdentityMemo(200_000 // BLOCK)
 """Blocks of messages' JSON, joined and encoded, by their first message."""
 
