@@ -30,6 +30,17 @@ class ControlMode(StrEnum):
     """The client itself: a retraction (RetractItems)."""
 
 
+class Counted:
+    """The offsets a render counted (view.py's assembly): the map is the render's until a later
+    render takes the assembly over and counts its own in it (`taken`)."""
+
+    __slots__ = ("offsets", "taken")
+
+    def __init__(self, offsets: dict[int, int]) -> None:
+        self.offsets = offsets
+        self.taken = False
+
+
 class Segment(NamedTuple):
     """One entry of a rendered view, in order."""
 
@@ -93,8 +104,8 @@ class PreviousRender:
     """Dollars the session's calls in this format so far are expected to have saved against
     sending the history whole, each call caching its prompt (timing.py, `banked`): what a
     rewrite of the cached prompt may stake."""
-    known_offsets: Mapping[int, int] | None = field(default=None, compare=False, repr=False)
-    """`offsets()`, when the render that made it counted them already (not stored)."""
+    counted: Counted | None = field(default=None, compare=False, repr=False)
+    """What the render that made it counted its offsets in, while that holds them (not stored)."""
     known_total: int | None = field(default=None, compare=False, repr=False)
     """`total_tokens`, likewise."""
 
@@ -111,9 +122,10 @@ class PreviousRender:
         return self.total_tokens if self.cached_through is None else self.cached_through
 
     def offsets(self) -> Mapping[int, int]:
-        """seq -> token offset where the item started."""
-        if self.known_offsets is not None:
-            return self.known_offsets
+        """seq -> token offset where the item started (not to be changed)."""
+        counted = self.counted
+        if counted is not None and not counted.taken:
+            return counted.offsets
         offset, found = 0, dict[int, int]()
         for segment in self.segments:
             found.setdefault(segment.seq, offset)

@@ -22,7 +22,7 @@ from contextd.engine.render.base import Folder, Rendered, ViewWarning, to_json
 from contextd.engine.render.converse import ConverseFolder
 from contextd.engine.render.openai import OpenAIFolder
 from contextd.engine.render.responses import ResponsesFolder
-from contextd.engine.state import Segment
+from contextd.engine.state import Counted, Segment
 from contextd.engine.tokens import TokenCounter, block_tokens
 from contextd.engine.types import Entry
 
@@ -158,6 +158,9 @@ class Assembly:
     last: int = 0
     taken: bool = False
     """A later render resumed this assembly: its lists are that render's now."""
+    counted: Counted | None = None
+    """Its offsets, for the state's record of the render (`PreviousRender.counted`): marked
+    taken with the assembly."""
 
 
 def assemble_view(
@@ -173,6 +176,7 @@ def assemble_view(
     later render compares against, and is what a later render resumes (`previous`)."""
     asm, folder, start, redo = _resumed(previous, entries, request.format, counter)
     _fold(asm, folder, start, redo)
+    asm.counted = Counted(asm.offsets)
     folder.finish()
     rendered = asm.rendered
     view_items = tuple(asm.items) if asm.in_order else tuple(sorted(asm.items, key=attrgetter("seq")))
@@ -226,6 +230,8 @@ def _resumed(
         # Resume at an entry both share that opened a message: the messages before it are final.
         start = next((i for i in range(same - 1, 0, -1) if previous.marks[i].opens), 0)
         if start and take_over(previous):
+            if previous.counted is not None:
+                previous.counted.taken = True
             mark, rendered = previous.marks[start], previous.rendered
             del rendered.messages[mark.messages :]
             del rendered.warnings[mark.warnings :]
@@ -243,10 +249,9 @@ def _resumed(
             del items[mark.items :]
             del segments[mark.segments :]
             del marks[start:]
-            # The offsets are copied: the state's record of the previous render holds them
-            # (`PreviousRender.known_offsets`), and a render from that state reads them. The
-            # seqs from `start` on are counted again (`redo`) rather than popped, so the map
-            # keeps no deleted slots and its copy is a copy of memory.
+            # The offsets are taken over with the rest: the state's record of the previous
+            # render reads them only until now (`PreviousRender.counted`, marked taken above),
+            # and counts them from its segments after.
             asm = Assembly(
                 fmt,
                 counter,
@@ -254,7 +259,7 @@ def _resumed(
                 rendered,
                 items,
                 segments,
-                dict(previous.offsets),
+                previous.offsets,
                 marks,
                 mark.offset,
                 mark.inserted,

@@ -231,7 +231,12 @@ def test_a_carry_resumed_twice_renders_the_same_view_both_times() -> None:
     assert render(fewer) == render(replace(fewer, carry=None))
     assert resumed.carry is not None and whole.carry is not None
     assert resumed.carry.assembly.offsets == whole.carry.assembly.offsets
-    assert first.state.renders[ViewFormat.OPENAI_CHAT.value].offsets() == known
+    # The state's record of the last render read the offsets its assembly counted; taken over,
+    # they are the next render's, and the record counts its own from its segments.
+    before = first.state.renders[ViewFormat.OPENAI_CHAT.value]
+    assert before.counted is not None and before.counted.taken
+    assert before.offsets() == known and before.offsets() is not resumed.carry.assembly.offsets
+    assert resumed.state.renders[ViewFormat.OPENAI_CHAT.value].offsets() is resumed.carry.assembly.offsets
     # What a render took over is its own carry's, which the next render resumes in turn.
     assert not resumed.carry.assembly.taken and not resumed.carry.repaired.taken
     third = render(replace(inp, session=make_session(23), items=items[:23], state=resumed.state, carry=resumed.carry))

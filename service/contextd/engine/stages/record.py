@@ -73,7 +73,7 @@ def record(
                 shown.early,
                 history,
                 banked(previous, cache.state, history, predicted, cache.pricing),
-                known_offsets=assembly.offsets,
+                counted=assembly.counted,
                 known_total=assembly.offset,
             ),
         },
