@@ -192,6 +192,90 @@ def test_a_python_skeleton_keeps_signatures_and_the_focus_function_whole() -> No
     assert "[… lines 34-39 left out …]" in out.text  # said by range, to be asked for
 
 
+TEST_MODULE = textwrap.dedent(
+    """
+    import pytest
+
+    from shop.models import Author, Book, Shelf
+
+
+    class ShelfTests(TestCase):
+        @classmethod
+        def setUpTestData(cls):
+            cls.author = Author.objects.create(name="Ann")
+            cls.book = Book.objects.create(title="Poems", author=cls.author)
+            cls.other_book = Book.objects.create(title="Prose", author=cls.author)
+            cls.shelf = Shelf.objects.create(label="new")
+            cls.shelf.books.add(cls.book)
+            cls.reader = Author.objects.create(name="Bo")
+            cls.reader.set_password("secret")
+            cls.reader.save()
+
+        def test_books_of_an_author(self):
+            self.client.force_login(self.author)
+            with self.assertNumQueries(1):
+                books = list(Book.objects.filter(author=self.author))
+            self.assertEqual(books, [self.book, self.other_book])
+            self.assertEqual(books[0].title, "Poems")
+
+        def test_shelves_of_a_book(self):
+            self.client.force_login(self.reader)
+            with self.assertNumQueries(1):
+                shelves = list(Shelf.objects.filter(books=self.book))
+            self.assertEqual(shelves, [self.shelf, self.shelf])
+            self.assertEqual(shelves[0].label, "new")
+
+        def test_an_empty_shelf(self):
+            empty = Shelf.objects.create(label="empty")
+            self.assertFalse(empty.books.exists())
+            self.assertEqual(str(empty), "empty")
+            self.assertEqual(Shelf.objects.count(), 2)
+
+        def test_moving_a_book(self):
+            other = Shelf.objects.create(label="other")
+            self.shelf.books.remove(self.book)
+            other.books.add(self.book)
+            self.assertEqual(list(other.books.all()), [self.book])
+            self.assertFalse(self.shelf.books.exists())
+            self.book.refresh_from_db()
+            self.assertEqual(self.book.shelf_set.get(), other)
+            self.assertEqual(Shelf.objects.count(), 2)
+
+
+    @pytest.fixture
+    def client_of_a_reader(client):
+        reader = Author.objects.create(name="Reader")
+        reader.set_password("secret")
+        reader.save()
+        shelf = Shelf.objects.create(label="reading")
+        shelf.books.add(Book.objects.create(title="Odes"))
+        client.force_login(reader)
+        client.cookies["shelf"] = str(shelf.pk)
+        return client
+    """
+)
+
+
+@pytest.mark.parametrize("tail", ["", "\n    def test_cut_off(self, shelf"], ids=["ast", "by indentation"])
+def test_a_skeleton_read_by_the_call_that_read_the_file_keeps_what_new_code_is_written_from(tail: str) -> None:
+    source = TEST_MODULE + tail
+    plain = compress(source, NO_FOCUS, command="cat tests/test_shelf.py")
+    out = compress(source, NO_FOCUS, command="cat tests/test_shelf.py", examples=True)
+    assert plain is not None and out is not None and out.kind == plain.kind == "code"
+    kept = (
+        'cls.author = Author.objects.create(name="Ann")',  # the setup of the tests: how objects are built
+        'shelf.books.add(Book.objects.create(title="Odes"))',  # a fixture
+        "books = list(Book.objects.filter(author=self.author))",  # a short body
+        'empty = Shelf.objects.create(label="empty")',  # a short body of another shape
+    )
+    for line in kept:
+        assert line in out.text
+        assert line not in plain.text  # the skeleton of a file read before: bodies left out
+    assert "shelves = list(Shelf.objects.filter(books=self.book))" not in out.text  # alike the one shown
+    assert "self.book.refresh_from_db()" not in out.text  # a long body
+    assert len(out.text) < len(source)
+
+
 def test_a_cut_range_of_numbered_python_is_read_by_indentation() -> None:
     numbered = "\n".join(f"{n:6d}\t{line}" for n, line in enumerate(_PY_SOURCE.splitlines()[14:], start=15))
     out = compress(numbered, Focus(("render",)), command="nl -ba billing/invoices.py | sed -n '15,40p'")

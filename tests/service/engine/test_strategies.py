@@ -720,6 +720,84 @@ def test_the_kinds_compressed_on_entry_are_checked() -> None:
     assert "unknown kinds ['logs']" in str(raised.value.violations)
 
 
+ON_ENTRY_READS = """
+protection: {last_turns: 1}
+tools: {bash: {effect: shell}}
+rules:
+  - {name: superseded-reads, transform: supersede, when: {roles: [tool]}}
+  - {name: compress-outputs, transform: compress, params: {on_entry_reads: %s}, when: {roles: [tool]}}
+"""
+# Three short handlers alike but for their names, and a long one.
+HANDLERS = "\n".join(
+    [
+        *(
+            f"def handler_{n}(request):\n"
+            + "".join(f"    value_{k} = request.get('field_{n}_{k}', {k})\n" for k in range(5))
+            + "    return value_0\n"
+            for n in range(3)
+        ),
+        "def dispatch(request):\n" + "".join(f"    route_{k} = request.route('step_{k}')\n" for k in range(12)),
+    ]
+)
+
+
+def test_a_read_of_a_whole_file_of_code_is_read_as_a_skeleton_by_the_call_that_made_it() -> None:
+    read = seq_of(1)
+    out = run_policy(session(("cat src/handlers.py", HANDLERS)), ON_ENTRY_READS % "[code]")
+    assert [(c.seq, c.reason) for c in out.certificates] == [(read, "compressed_code")]
+    view = out.view.messages_json
+    assert "field_0_4" in view  # a short body: one use, shown as the example
+    assert "field_1_4" not in view and "field_2_4" not in view  # alike the one shown
+    assert "step_11" not in view  # a long body
+    # Without the kind named, a read of a file is read whole by the call that made it.
+    assert pruned(run_policy(session(("cat src/handlers.py", HANDLERS)), ON_ENTRY_READS % "[]")) == {}
+    # So is a read of a range of lines: what the agent asked to see.
+    ranged = session(("sed -n 1,40p src/handlers.py", HANDLERS))
+    assert pruned(run_policy(ranged, ON_ENTRY_READS % "[code]")) == {}
+    # The default policy compresses a whole file on entry.
+    out = run_policy(session(("cat src/handlers.py", HANDLERS)), default_policy_text())
+    assert (read, "compressed_code") in [(c.seq, c.reason) for c in out.certificates]
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["cache warm", "cache cold"])
+def test_a_compression_on_entry_goes_before_an_edit_that_would_rest_on_its_output(warm: bool) -> None:
+    head = "\n".join(SOURCE.split("\n")[:20])
+    items = session(("sed -n 1,20p src/app.py", head), ("cat src/app.py", SOURCE))
+    part, whole = seq_of(1), seq_of(2)
+    # A system prompt long enough for the provider to cache the call that read the part.
+    rules = "\n".join(f"Rule {n}: keep the change to what rule {n} of the task asks." for n in range(120))
+    system = ItemContent(role=Role.SYSTEM, content=(TextBlock(rules),))
+    items = stored_items([system, *(ItemContent(role=i.role, content=i.content) for i in items[1:])])
+
+    def rendered(policy: str) -> RenderOutput:
+        early = run_policy(items[:part], policy)  # the call that read the part
+        return render(policy_input(items, policy, early.state, now=10.0 if warm else 1_000.0))
+
+    # Without the compression on entry, the whole read is the evidence the part read is superseded
+    # (a rewrite of the cached prompt, when the cache is warm: it waits).
+    out = rendered(ON_ENTRY_READS % "[]")
+    assert shown(out, whole) is Representation.FULL
+    assert [c.decision for c in out.certificates if c.seq == part] == [Decision.DEFER if warm else Decision.PRUNE]
+    out = rendered(ON_ENTRY_READS % "[code]")
+    if warm:
+        # With it, the whole read goes compressed as it enters, at no cost to the cache; the
+        # supersede would rest on an output no longer shown whole, and the part read stays.
+        assert reasons(out) == {whole: "compressed_code"} and shown(out, part) is Representation.FULL
+    else:
+        # The cache cold, the rewrite costs nothing: the supersede applies, as the policy orders.
+        assert reasons(out) == {part: "superseded"} and shown(out, whole) is Representation.FULL
+
+
+def reasons(out: RenderOutput) -> dict[int, str]:
+    return {c.seq: c.reason for c in out.certificates if c.decision is Decision.PRUNE}
+
+
+def test_the_kinds_a_read_of_a_whole_file_is_compressed_as_on_entry_are_checked() -> None:
+    with pytest.raises(InvalidArgument) as raised:
+        parse_policy(ON_ENTRY_READS % "[python]", REGISTRY)
+    assert "unknown kinds ['python']" in str(raised.value.violations)
+
+
 # Twenty small directories listed whole, three of fifteen names folded: the folded form keeps
 # about 0.83 of the characters, more than a later rewrite's 0.7.
 TREE = "\n\n".join(

@@ -168,11 +168,16 @@ def _sniffed(text: str) -> str:
     return SNIFFED.get(key, lambda: sniff(text))
 
 
-def compress(text: str, focus: Focus, *, declared: str = "", command: str = "", path: str = "") -> Compressed | None:
-    """The compressed form of a tool output, or None when no compressor reads it or it saves nothing."""
+def compress(
+    text: str, focus: Focus, *, declared: str = "", command: str = "", path: str = "", examples: bool = False
+) -> Compressed | None:
+    """The compressed form of a tool output, or None when no compressor reads it or it saves nothing.
+    `examples`: read by the call that made the output, which has seen none of it whole (a
+    skeleton of code keeps what an agent writes new code from: code.py)."""
     opening, inner, closing = envelope(text)
     kind, language = route(inner, declared=declared, command=command, path=path)
-    reading = Reading(kind, language or hint("", _path_of(_last_command(command)))[1], opening.count("\n") + 1)
+    language = language or hint("", _path_of(_last_command(command)))[1]
+    reading = Reading(kind, language, opening.count("\n") + 1, examples)
     cut = _ELIDED.search(inner) if kind not in _LINES and "</output_head>" in inner else None
     found = _read(inner, focus, reading) if cut is None else _read_cut(inner, cut, focus, reading)
     if found is None:
@@ -234,6 +239,8 @@ class Reading:
     language: str
     first_line: int
     """The number of the content's first line in the whole output (after a tool's envelope)."""
+    examples: bool = False
+    """A skeleton of code keeps what an agent writes new code from (code.py)."""
 
 
 Reader = Callable[[str, Focus, Reading], "Compressed | None"]
@@ -256,7 +263,7 @@ TEXT_MIN_LINES = 20
 
 
 def _code(text: str, focus: Focus, reading: Reading) -> Compressed | None:
-    return code.compress_code(text, focus, reading.language, reading.first_line)
+    return code.compress_code(text, focus, reading.language, reading.first_line, reading.examples)
 
 
 def _json(text: str, focus: Focus, _: Reading) -> Compressed | None:

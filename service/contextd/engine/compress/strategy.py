@@ -6,7 +6,10 @@ repetition was folded, else 4; the policy's ``compression`` switch allows it wha
 maximum level.
 
 `params.on_entry` names the kinds an output may be read as compressed by the very call that
-made it, unless the output is a read of a file (what that call works from): such a
+made it, unless the output is a read of a file (what that call works from), and
+`params.on_entry_reads` the kinds a read of a whole file may be (`cat f.py`: the call reads a
+skeleton of the module that keeps what an agent writes new code from, code.py's `examples`; a
+read of a range of lines is what the agent asked to see, and stays whole): such a
 compression applies while the output is protected only for being among the latest turns
 (never past a pin, a user turn or its tool's latest error), so the whole is never written to
 the cache nor rewritten there. The focus is then that call's own: its arguments, what it
@@ -25,6 +28,7 @@ from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Item, Representation, TextBlock, ToolUseBlock
 from contextd.engine.observations import Observation
 from contextd.engine.placeholders import PREFIX, describe, handle_of
+from contextd.engine.shell import WHOLE
 from contextd.engine.strategies import Strategy, output_text
 from contextd.engine.types import Entry, Proposal, Replace, TransformContext
 
@@ -55,19 +59,24 @@ class Compress(Strategy):
         held = _compressions.get((entry.item,), dict)
         ratio = params.get("max_ratio", MAX_RATIO)
         # A read of a file is what the call that made it works from: read whole by that call,
-        # whatever a compressor would read its lines as (a cut range of code reads as lines).
-        on_entry = () if seen.reads else tuple(params.get("on_entry", ()))
+        # whatever a compressor would read its lines as (a cut range of code reads as lines),
+        # but a whole file of the kinds `on_entry_reads` names.
+        whole = bool(seen.reads) and all(read.span == WHOLE for read in seen.reads)
+        kinds = "on_entry_reads" if whole else "" if seen.reads else "on_entry"
+        on_entry = tuple(params.get(kinds, ())) if kinds else ()
         # A compression the call that made the output reads (the output of the latest turn) costs
         # the cache nothing: any saving pays, and `on_entry_max_ratio` may let it keep more than a
         # later rewrite of what the provider cached must.
         new = context.turns - 1 - entry.turn <= 0
         entry_ratio = max(ratio, params.get("on_entry_max_ratio", ratio)) if new else ratio
-        key = (focus.terms, ratio, declared, seen.command, path, on_entry, entry_ratio)
+        # The call that read a whole file and reads its compression instead has seen none of it.
+        examples = whole and new and bool(on_entry)
+        key = (focus.terms, ratio, declared, seen.command, path, on_entry, entry_ratio, examples)
         if key not in held:
             if len(held) >= HELD_PER_ITEM:
                 held.clear()  # an output asked under many foci: the recent ones matter
             try:
-                found = compress(text, focus, declared=declared, command=seen.command, path=path)
+                found = compress(text, focus, declared=declared, command=seen.command, path=path, examples=examples)
             except Exception:  # a compressor's bug must not fail the render: the output stays whole
                 log.exception("compressing the output at seq %d failed; it is left whole", entry.seq)
                 found = None
@@ -83,14 +92,16 @@ class Compress(Strategy):
     @staticmethod
     def check(params: Mapping[str, Any]) -> list[tuple[str, str]]:
         """`on_entry`: the kinds (of those a compressor reads an output as) whose compression the
-        call that reads the output may read in its place; `on_entry_max_ratio`: the share of the
-        output's characters such a compression may keep (`max_ratio`, 0.7, for the others)."""
+        call that reads the output may read in its place, but for reads of files; `on_entry_reads`:
+        the same, for reads of whole files; `on_entry_max_ratio`: the share of the output's
+        characters such a compression may keep (`max_ratio`, 0.7, for the others)."""
         problems = []
-        kinds = params.get("on_entry", [])
-        if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
-            problems.append(("on_entry", "must be a list of kinds"))
-        elif unknown := sorted(set(kinds) - set(READ_AS)):
-            problems.append(("on_entry", f"unknown kinds {unknown} (known: {', '.join(READ_AS)})"))
+        for name in ("on_entry", "on_entry_reads"):
+            kinds = params.get(name, [])
+            if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
+                problems.append((name, "must be a list of kinds"))
+            elif unknown := sorted(set(kinds) - set(READ_AS)):
+                problems.append((name, f"unknown kinds {unknown} (known: {', '.join(READ_AS)})"))
         bar = params.get("on_entry_max_ratio", MAX_RATIO)
         if isinstance(bar, bool) or not isinstance(bar, (int, float)) or not 0 < bar <= 1:
             problems.append(("on_entry_max_ratio", "must be a number in (0, 1]"))

@@ -1,6 +1,8 @@
 """Propose (DESIGN section 4): the candidate edits of one render, in the order they are
-judged: the edits deferred earlier, then the agent's prunes (ProposePrune), then each
-rule's proposals in policy order. A rule's `when` picks the entries its transform sees;
+judged: the edits deferred earlier, then the agent's prunes (ProposePrune), then each rule's
+proposals in policy order (the rules' edits of the latest turn's outputs that apply on entry
+first, while a rewrite of the cached prompt costs something). A rule's `when` picks the
+entries its transform sees;
 an entry an edit in force holds (but for a compression) is not proposed for again. A render
 that follows another asks each rule only about what that one did not settle (ledger.py).
 """
@@ -53,7 +55,7 @@ class Candidate:
 @dataclass(frozen=True, slots=True)
 class Proposed:
     candidates: tuple[Candidate, ...]
-    """Deferred edits, the agent's, then the rules' in policy order."""
+    """Deferred edits, the agent's, then the rules' in policy order (`_entering_first`)."""
     ledgers: Ledgers
     """What each rule did: what the next render from this one's state may start from."""
     certificates: tuple[CertificateBody, ...]
@@ -126,7 +128,30 @@ def propose(
     waiting, certificates = _waiting(draft, policy, pending, agent_proposals)
     focus = (context.requested_focus, context.searched, context.focus)
     made = Ledgers(tuple(done), len(draft.natural), focus, len(context.observations.completions))
+    prices = policy.cache.prices
+    if not context.cache.cold and prices.cache_write > prices.cache_read:  # a rewrite costs
+        proposed = _entering_first(proposed, draft, context.turns)
     return Proposed((*waiting, *proposed), made, certificates)
+
+
+def _entering_first(candidates: Sequence[Candidate], draft: Draft, turns: int) -> list[Candidate]:
+    """The rules' edits of the latest turn's outputs that may apply on entry (`Proposal.on_entry`),
+    before the rules' others, each group in policy order; for a render whose rewrites of the
+    cached prompt cost something (the cache warm, writes dearer than reads). Such an edit costs
+    the cache nothing: the output is in no cache yet. Judged after the others, it would lose to
+    any that rests on the output as its evidence (a supersede of the part of a file an earlier
+    read showed, by a read of the whole file), and that one, a rewrite of what the cache holds,
+    mostly waits: then neither applies, and the output is written to the cache whole. Judged
+    first, it applies; the other abstains, its evidence no longer shown whole, and what it would
+    have removed stays. Where a rewrite costs nothing, the other applies as well: the policy's
+    order stands."""
+    entering: list[Candidate] = []
+    others: list[Candidate] = []
+    for candidate in candidates:
+        seq = target_of(candidate.proposal.edit) if candidate.proposal.on_entry else None
+        entry = draft.entries.get(seq) if seq is not None else None
+        (entering if entry is not None and turns - 1 - entry.turn <= 0 else others).append(candidate)
+    return [*entering, *others] if entering else list(candidates)
 
 
 def _waiting(
