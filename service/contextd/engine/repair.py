@@ -105,7 +105,7 @@ def _resumed(previous: RepairRun | None, entries: Sequence[Entry], counter: Toke
     The run takes the previous one's lists, maps and sets over, cut back to where it goes on
     (a cost in what changed, not in the view's length), and marks it taken: a run resumed
     once is not resumed again (another render from the same carry repairs from the start)."""
-    if previous is not None and previous.counter is counter and not previous.repeated:
+    if previous is not None and not previous.taken and previous.counter is counter and not previous.repeated:
         same = shared_prefix(previous.entries, entries)
         if same > previous.opening and take_over(previous):
             run = RepairRun(

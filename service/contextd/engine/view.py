@@ -225,7 +225,9 @@ def _resumed(
     cost in what changed, not in the view's length), and marks it taken: an assembly
     resumed once is not resumed again (another render from the same carry, or one after a
     render that failed half-way, renders its view whole)."""
-    if previous is not None and previous.format is fmt and previous.counter is counter:
+    # A taken assembly is another render's (or was cut back by one that failed half-way): its
+    # lists say nothing of this one's entries.
+    if previous is not None and not previous.taken and previous.format is fmt and previous.counter is counter:
         same = shared_prefix(previous.entries, entries)
         # Resume at an entry both share that opened a message: the messages before it are final.
         start = next((i for i in range(same - 1, 0, -1) if previous.marks[i].opens), 0)

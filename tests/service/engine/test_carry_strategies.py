@@ -13,6 +13,7 @@ from dataclasses import replace
 from functools import partial, reduce
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -242,6 +243,29 @@ def test_a_carry_resumed_twice_renders_the_same_view_both_times() -> None:
     third = render(replace(inp, session=make_session(23), items=items[:23], state=resumed.state, carry=resumed.carry))
     assert resumed.carry.assembly.taken and resumed.carry.repaired.taken
     assert third == render(replace(inp, session=make_session(23), items=items[:23], state=resumed.state, carry=None))
+
+
+@pytest.mark.parametrize("fails", ["contextd.engine.view._fold", "contextd.engine.repair._index"])
+@pytest.mark.parametrize("pins", [frozenset(), frozenset({21})])
+def test_a_render_after_one_that_failed_half_way_renders_its_view_whole(
+    fails: str, pins: frozenset[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A render that took the last render's assembly or repair over and failed while refilling
+    them leaves them cut back: the next render from that state (the same again, or one that
+    does not follow the carry, whose entries are equal all the same) renders its view whole."""
+    items = file_reads(12)
+    first = render(budgeted(items, 0, 17, ViewState(), None))
+    second = budgeted(items, 0, 21, first.state, first.carry)
+
+    def half_way(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("half-way")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(fails, half_way)
+        with pytest.raises(RuntimeError):
+            render(second)
+    then = replace(second, pins=pins)
+    assert render(then) == render(replace(then, carry=None))
 
 
 def file_reads(calls: int) -> list[Item]:
