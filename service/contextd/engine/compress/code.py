@@ -27,25 +27,19 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
-import keyword
 import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from contextd.engine.compress.examples import FIXTURE, SETUP, SHORT_BODY, body_shape, builds
 from contextd.engine.compress.text import Compressed, Focus, Kept, Lines, Remembered, elided
 
 _NUMBERED = re.compile(r"^\s*\d+(?:\t|  )")
 _NUMBER = re.compile(r"^\s*(\d+)(?:\t|  )")
 _MIN_BODY = 4
 """Bodies shorter than this many lines are shown: a marker would save little."""
-SHORT_BODY = 8
-"""With `examples`, bodies shorter than this many lines are shown (but one alike a body shown
-before it). In Python's standard library such bodies are 35% of those a skeleton leaves out
-and 11% of their lines (30% and 7% in the packages of contextd's environment, 36% and 13% in
-their tests): most of the module's uses for a tenth of what it costs."""
-
 EXTENSIONS = {
     ".py": "python",
     ".pyi": "python",
@@ -102,7 +96,7 @@ def compress_code(
         if examples and body.setup:
             continue
         if examples and body.stop - body.start < SHORT_BODY:
-            shape = _shape(source_lines[body.start : body.stop])
+            shape = body_shape(source_lines[body.start : body.stop])
             if shape not in shown:
                 shown.add(shape)
                 continue
@@ -134,20 +128,6 @@ def compress_code(
 
     summary = f"skeleton ({language}, {how}): {len(lines) - hidden:,} of {len(lines):,} lines kept, bodies left out"
     return Compressed("code", kept.write(marker), summary)
-
-
-_SHAPE_STRING = re.compile(r"""[rRbBuUfF]*("[^"\n]*"|'[^'\n]*')""")
-_SHAPE_NUMBER = re.compile(r"\b\d[\w.]*")
-_SHAPE_WORD = re.compile(r"[A-Za-z_]\w*")
-_KEYWORDS = frozenset(keyword.kwlist)
-
-
-def _shape(lines: Sequence[str]) -> str:
-    """A body's statements with their names, strings and numbers said alike (keywords and
-    punctuation kept): two bodies of one shape differ only in what they name."""
-    text = "\n".join(line.strip() for line in lines)
-    text = _SHAPE_NUMBER.sub("0", _SHAPE_STRING.sub('""', text))
-    return _SHAPE_WORD.sub(lambda m: m.group(0) if m.group(0) in _KEYWORDS else "n", text)
 
 
 def _numbered(lines: Sequence[str]) -> bool:
@@ -273,7 +253,7 @@ def _python_bodies(tree: ast.Module, lines: Sequence[str]) -> Iterator[Body]:
         # A body on the signature's own line (def f(): return 1) has nothing to elide.
         if start >= stop or start <= node.lineno - 1:
             continue
-        yield Body(node.name, start, stop, setup=_builds(node))
+        yield Body(node.name, start, stop, setup=builds(node))
 
 
 _BLOCKS = (
@@ -327,39 +307,6 @@ def _long_statements(body: Sequence[ast.stmt], lines: Sequence[str]) -> Iterator
         yield Body("", start, end)
 
 
-SETUP = frozenset(
-    {
-        "setUp",
-        "setUpClass",
-        "setUpTestData",
-        "setUpModule",
-        "asyncSetUp",
-        "setup_method",
-        "setup_class",
-        "setup_module",
-        "setup_function",
-    }
-)
-"""The setup of unittest's, Django's and pytest's test classes and modules."""
-
-
-def _builds(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    """Whether a function is a test module's setup or a pytest fixture (``@pytest.fixture``,
-    ``@fixture(...)``)."""
-    if node.name in SETUP:
-        return True
-    for decorator in node.decorator_list:
-        target = decorator.func if isinstance(decorator, ast.Call) else decorator
-        if isinstance(target, ast.Attribute) and target.attr == "fixture":
-            return True
-        if isinstance(target, ast.Name) and target.id == "fixture":
-            return True
-    return False
-
-
-_FIXTURE = re.compile(r"\s*@(?:[\w.]*\.)?fixture\b")
-
-
 def _is_docstring(statement: ast.stmt) -> bool:
     return (
         isinstance(statement, ast.Expr)
@@ -410,7 +357,7 @@ def _indented_bodies(lines: Sequence[str]) -> Iterator[Body]:
             yield Body(match.group(2), i, stop, elidable=False)
         elif stop > start:
             name = match.group(2)
-            setup = name in SETUP or (i > 0 and _FIXTURE.match(lines[i - 1]) is not None)
+            setup = name in SETUP or (i > 0 and FIXTURE.match(lines[i - 1]) is not None)
             yield Body(name, start, stop, setup=setup)
 
 
