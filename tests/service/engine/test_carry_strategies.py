@@ -22,8 +22,10 @@ from contextd.engine.model import Item, ItemContent, Role, TextBlock, ToolResult
 from contextd.engine.observations import COMPLETES
 from contextd.engine.pipeline import AgentProposal, Carry, RenderInput, RenderOutput, render
 from contextd.engine.policy import default_policy_text, parse_policy
+from contextd.engine.stages.ledger import STALE_SLACK
 from contextd.engine.state import ViewState, slot_of
 from contextd.engine.transforms import TransformRegistry
+from contextd.engine.types import target_of
 from contextd.engine.view import ViewFormat, ViewRequest
 from tests.helpers import counter, make_session, stored_items
 from tests.service.engine.test_changes import assert_change_makes
@@ -339,3 +341,31 @@ def test_a_replica_catching_up_by_several_changes_knows_a_compression_taken_over
     assert caught_up is not None and 27 not in caught_up.finished.compressed
     inp = request(30, theirs.state, caught_up, agent_proposals=[AgentProposal(1, 27, "done with it")])
     assert render(inp) == render(replace(inp, carry=None))
+
+
+def test_a_key_every_compressed_output_rested_on_is_read_as_long_as_the_pool_not_the_session() -> None:
+    """The compressor's proposals rest on the focus, which moves with every call: its key names
+    every output proposed for since the session began, though the outputs compressed have left
+    the rule's pool. A render asks about that key's entries in proportion to the pool (what
+    has left it is dropped from the key), and renders from the carry what it renders without,
+    an output that comes back to the pool (pinned, then not) included."""
+    items = file_reads(140)
+    policy = parse_policy(default_policy_text(), REGISTRY)
+    slot = next(k for k, rule in enumerate(policy.rules) if rule.transform == "compress")
+
+    def at(n: int, previous: RenderOutput, pins: frozenset[int] = frozenset()) -> RenderOutput:
+        inp = budgeted(items, 0, n, previous.state, previous.carry, pins=pins)
+        out = render(inp)
+        assert out == render(replace(inp, carry=None))
+        return out
+
+    out = render(budgeted(items, 0, 200, ViewState(), None))
+    out = at(201, out)  # every output but the last turn's compressed: out of the rule's pool
+    for n in range(202, 232):
+        out = at(n, out, frozenset({3}) if n in (210, 211) else frozenset())  # seq 3 back, whole, for a while
+        assert out.carry is not None and out.carry.ledgers is not None
+        ledger = out.carry.ledgers.rules[slot]
+        assert ledger.by_key is not None
+        assert len(ledger.by_key[("focus",)]) <= 2 * len(ledger.pool) + STALE_SLACK
+    compressing = policy.rules[slot].name  # seq 3 proposed again once unpinned (waiting for the cache)
+    assert 3 in {target_of(p.proposal.edit) for p in out.state.pending if p.rule == compressing}

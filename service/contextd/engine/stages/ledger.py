@@ -44,9 +44,10 @@ class Ledger:
     """Seqs of the pool its conditions that change with time did not hold for (and still may)."""
     proposing: frozenset[int]
     """Seqs it proposed for."""
-    by_key: dict[Hashable, frozenset[int]] | None
-    """key -> seqs of the pool whose proposal rests on it; None when the transform is not
-    incremental."""
+    by_key: dict[Hashable, set[int]] | None
+    """key -> seqs of the pool whose proposal rests on it (and of entries that have left the
+    pool since, dropped once they outnumber it: `to_ask`); None when the transform is not
+    incremental. Updated in place by the render that takes the ledger over."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,10 +112,14 @@ def recorded(
             adding.setdefault(key, []).append(entry.seq)
     proposing = frozenset(s for s in map(target_of, (p.edit for p in proposals)) if s is not None)
     if earlier is None or earlier.by_key is None:
-        return Ledger(pool, frozenset(waiting), proposing, {k: frozenset(v) for k, v in adding.items()})
+        return Ledger(pool, frozenset(waiting), proposing, {k: set(v) for k, v in adding.items()})
     by_key = earlier.by_key
     for key, seqs in adding.items():
-        by_key[key] = by_key.get(key, frozenset()).union(seqs)
+        found = by_key.get(key)
+        if found is None:
+            by_key[key] = set(seqs)
+        else:
+            found.update(seqs)
     return Ledger(pool, frozenset(waiting), proposing, by_key)
 
 
@@ -140,9 +145,20 @@ def to_ask(ledger: Ledger, pool: Mapping[int, Entry], fresh: Iterable[int], touc
     by_key = ledger.by_key
     for key in touched:
         found = by_key.get(key)
-        if found:
-            seqs |= found
+        if not found:
+            continue
+        if len(found) > 2 * len(pool) + STALE_SLACK:
+            # Most of what the key names has left the pool (shown otherwise, say: compressed),
+            # for good unless it comes back, and what comes back is asked about as new. A key
+            # every entry rests on (the focus) would otherwise be read whole at each render.
+            found.intersection_update(pool)
+        seqs |= found
     return [pool[s] for s in sorted(seqs) if s in pool]
+
+
+STALE_SLACK = 64
+"""Seqs that have left a rule's pool a key may name before they are dropped from it (at twice
+the pool's size and this many more: dropping them costs the pool's size, once in a while)."""
 
 
 def refreshed(
