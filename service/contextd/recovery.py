@@ -42,6 +42,7 @@ from contextd_storage import events, search, views
 from contextd_storage.events import NewEvent
 from contextd_storage.history import HistoryStore
 from contextd_storage.regex_literals import required_literals
+from contextd_storage.rows import searchable
 from contextd_storage.stash import Stash, Stashed, scope_of
 from contextd_storage.state_cache import StateCache
 
@@ -203,7 +204,10 @@ class RecoveryService:
             if pattern is not None:
                 literals = required_literals(query.query)
                 caseless = required_literals(query.query, caseless=True)
-                found = await search.regex(conn, row["key"], pattern, where, size + 1, offset, literals, caseless)
+                texts = _EncodedTexts(items)
+                found = await search.regex(
+                    conn, row["key"], pattern, where, size + 1, offset, literals, caseless, texts
+                )
             elif query.mode is SearchMode.SUBSTRING:
                 found = await search.substring(conn, row["key"], query.query, where, size + 1, offset)
             else:
@@ -464,6 +468,27 @@ def _check_search(query: SearchQuery) -> None:
             raise InvalidArgument.at(name, "past any seq" if number > 0 else "negative")
     if query.page_size < 0:
         raise InvalidArgument.at("page_size", "negative")
+
+
+class _EncodedTexts:
+    """The texts search reads of `items` (`rows.searchable`'s), UTF-8 encoded as RE2 reads them,
+    by index (`search.HeldTexts`): what a regex no index narrows is matched over. Remembered per
+    item, as items never change."""
+
+    def __init__(self, items: list[Item]) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> bytes:
+        item = self.items[index]
+        return _ENCODED.get((item,), lambda: searchable(item).encode())
+
+
+_ENCODED: IdentityMemo[bytes] = IdentityMemo(200_000)
+"""Items' search texts, encoded (a regex search over 10,000 items asks for each; the memos'
+byte budget bounds them with the engine's)."""
 
 
 def _grep(lines: list[str], pattern: str, context: int, first: int) -> list[str]:

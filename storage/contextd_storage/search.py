@@ -16,7 +16,10 @@ matched here on worker threads, on both backends alike, over the whole texts the
 leave: those holding every literal the pattern requires (regex_literals), when it requires
 any; else, for a case-insensitive pattern, those holding its literals up to ASCII case
 (`ILIKE` on Postgres where the database lowers ASCII letters as ASCII does, SQLite's
-`LIKE`, which folds ASCII alone); else every one (a session's worth, bounded).
+`LIKE`, which folds ASCII alone); else every one (a session's worth, bounded). A pattern
+no index narrows reads no text from the database when the caller holds the session's texts
+(`regex(texts=...)`): the database says which items the filters leave, the texts are matched
+where they are already held.
 
 Both find their texts through a trigram index where the database has one (migration
 0007): pg_trgm's GIN index, which Postgres uses for `LIKE`; on SQLite an FTS5 table of
@@ -33,7 +36,7 @@ import re
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -96,6 +99,14 @@ class Where:
     """Only these (the items out of the view)."""
     excluded: tuple[int, ...] = ()
     """Never these (the items the client retracted)."""
+
+
+class HeldTexts(Protocol):
+    """A session's texts as `rows.searchable` gives them, UTF-8 encoded, by seq - 1."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int, /) -> bytes: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,11 +312,14 @@ async def regex(
     offset: int,
     literals: Sequence[str] = (),
     caseless: Sequence[str] = (),
+    texts: HeldTexts | None = None,
 ) -> list[Found]:
     """`pattern`: a compiled expression with `search` (RE2's: linear time). `literals`: strings
     every match of it holds (regex_literals.required_literals): only the texts holding them
     all are read. `caseless`: strings every match holds up to ASCII case, lowered (the same,
-    `caseless=True`), asked for when no literal is one an index finds texts by."""
+    `caseless=True`), asked for when no literal is one an index finds texts by. `texts`: the
+    session's texts in seq order (`rows.searchable`'s, UTF-8 encoded), where the caller holds
+    them: a pattern no index narrows is matched over those, not over texts read again."""
     postgres = conn.dialect.name == "postgresql"
     extra, params = _filters(where, conn.dialect.name)
     params["key"] = key
@@ -313,25 +327,50 @@ async def regex(
     folded = not literals and bool(caseless := _indexable(caseless, postgres)) and await _folds_ascii(conn)
     if folded:
         literals = list(caseless)
+    page = _Page(limit, offset)
+    if not literals and texts is not None:
+        # Every text the filters leave is read: 13 MB for a session of 10,000 tool outputs,
+        # which took longer to read over again than to match. The database says which.
+        seqs: Sequence[int] = range(1, len(texts) + 1)
+        if extra:
+            left = text(f"SELECT t.seq FROM item_texts t WHERE t.session_key = :key{extra}")
+            seqs = sorted(int(seq) for (seq,) in await conn.execute(left, params))
+        for k in range(0, len(seqs), HELD_BATCH):  # on a worker thread, as below
+            if page.add(await asyncio.to_thread(_held_matches, pattern, seqs[k : k + HELD_BATCH], texts)):
+                break
+        return page.found
     held = _holding(literals, postgres, params, folded) or "1 = 1"
-    out: list[Found] = []
-    skipped = 0
     for rows, rest in await _in_order(conn, key, where, literals, params, folded):
         stream = await conn.stream(text(f"SELECT t.seq, t.text FROM {rows} WHERE {held}{extra}{rest}"), params)
         async for batch in stream.partitions(REGEX_BATCH):
             # Matching is linear but a session's texts can run to hundreds of megabytes: on a
             # worker thread, a batch at a time, so the event loop goes on serving meanwhile.
-            for seq, body, match in await asyncio.to_thread(_matches, pattern, batch):
-                if skipped < offset:
-                    skipped += 1
-                    continue
-                start = max(0, match.start() - 80)
-                out.append(Found(seq, 0.0, _mark(body[start : match.end() + 80], match.group(0))))
-                if len(out) >= limit:
-                    await stream.close()
-                    return out
+            if page.add(await asyncio.to_thread(_matches, pattern, batch)):
+                await stream.close()
+                return page.found
         await stream.close()
-    return out
+    return page.found
+
+
+class _Page:
+    """Matches in seq order, a page of them: the first `offset` skipped, then `limit` kept."""
+
+    def __init__(self, limit: int, offset: int) -> None:
+        self.found: list[Found] = []
+        self.limit = limit
+        self.skip = offset
+
+    def add(self, matched: Sequence[tuple[int, str, Any]]) -> bool:
+        """Take `matched` (seq, text, match) in; whether the page is full."""
+        for seq, body, match in matched:
+            if self.skip:
+                self.skip -= 1
+                continue
+            start = max(0, match.start() - 80)
+            self.found.append(Found(seq, 0.0, _mark(body[start : match.end() + 80], match.group(0))))
+            if len(self.found) >= self.limit:
+                return True
+        return False
 
 
 WINDOW_ITEMS = 200
@@ -469,6 +508,23 @@ def _matches(pattern: Any, rows: Sequence[Any]) -> list[tuple[int, str, Any]]:
         match = pattern.search(row.text)
         if match is not None:
             found.append((int(row.seq), row.text, match))
+    return found
+
+
+HELD_BATCH = 1_000
+"""Held texts matched per trip to a worker thread."""
+
+
+def _held_matches(pattern: Any, seqs: Sequence[int], texts: HeldTexts) -> list[tuple[int, str, Any]]:
+    """Matched as UTF-8, as RE2 matches a str (it encodes it first): the text is decoded, and
+    matched again for the match's place in it, only where there is one."""
+    found = []
+    for seq in seqs:
+        if pattern.search(texts[seq - 1]) is not None:
+            body = texts[seq - 1].decode()
+            match = pattern.search(body)
+            if match is not None:
+                found.append((seq, body, match))
     return found
 
 

@@ -132,11 +132,19 @@ def stored_text(body: str) -> str:
     return body.replace("\x00", "\ufffd")
 
 
+def held_texts(texts: list[str]) -> list[bytes]:
+    return [stored_text(t).encode() for t in texts]
+
+
 WHERES = [search.Where(), search.Where(min_seq=150), search.Where(seqs=(*range(1, 451, 3), 5, 200, 320))]
 
 
-async def answers(db: Database, key: int, literals: bool = True) -> dict[tuple[str, int, int, int], list[search.Found]]:
-    """Every needle and pattern, in every filter and page."""
+async def answers(
+    db: Database, key: int, literals: bool = True, held: list[str] | None = None
+) -> dict[tuple[str, int, int, int], list[search.Found]]:
+    """Every needle and pattern, in every filter and page; `held`: the texts, as the caller of
+    a regex search holds them (the session's items)."""
+    given = None if held is None else held_texts(held)
     out = {}
     async with db.read() as conn:
         for w, where in enumerate(WHERES):
@@ -153,6 +161,7 @@ async def answers(db: Database, key: int, literals: bool = True) -> dict[tuple[s
                         offset,
                         required_literals(pattern) if literals else (),
                         required_literals(pattern, caseless=True) if literals else (),
+                        given,
                     )
                     out["regex " + pattern, w, limit, offset] = found
     return out
@@ -189,8 +198,11 @@ async def test_the_trigram_index_is_there_and_answers_what_reading_every_text_an
     assert [f.seq for f in indexed["regex (?i)key_42", 0, 11, 0]] == [320, 430]
     assert "«\ufffd stored»" in indexed["\ufffd stored", 0, 11, 0][0].snippet
 
-    # Patterns read without their literals (every text, as before the index) answer the same.
+    # Patterns read without their literals (every text, as before the index) answer the same,
+    # read from the database or matched over the texts the caller holds.
     assert await answers(db, key, literals=False) == indexed
+    assert await answers(db, key, literals=False, held=texts) == indexed
+    assert await answers(db, key, held=texts) == indexed
 
     # And without the index (a database that cannot have one): the same again.
     async with db.engine.begin() as conn:
@@ -211,7 +223,7 @@ async def test_the_trigram_index_is_there_and_answers_what_reading_every_text_an
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(patterns())
 async def test_any_pattern_finds_the_same_with_its_literals_as_without(
-    stored: tuple[Database, int], pattern: str
+    stored: tuple[Database, int], texts: list[str], pattern: str
 ) -> None:
     try:
         compiled = compile_linear(pattern)
@@ -224,7 +236,8 @@ async def test_any_pattern_finds_the_same_with_its_literals_as_without(
             conn, key, compiled, search.Where(), 11, 0, (), required_literals(pattern, caseless=True)
         )
         every = await search.regex(conn, key, compiled, search.Where(), 11, 0)
-    assert narrowed == every == caseless
+        held = await search.regex(conn, key, compiled, search.Where(), 11, 0, texts=held_texts(texts))
+    assert narrowed == every == caseless == held
 
 
 async def test_a_case_insensitive_pattern_reads_only_the_texts_holding_its_letters_up_to_case(
