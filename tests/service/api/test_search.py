@@ -224,6 +224,10 @@ def test_a_tools_filter_is_bounded_and_bound_as_one_parameter(server: ServerThre
         assert client.search(session, "ch_7Hq2LwQz", tools=many[:-1]).hits == ()
         for mode in ("substring", "regex"):
             assert [h.seq for h in client.search(session, "req_55Z1", mode=mode, tools=many).hits] == [planted]
+        # A pattern no index narrows (no literal of three characters) is matched over the texts
+        # the search holds; the filter is the database's still.
+        assert [h.seq for h in client.search(session, r"\d\dZ\d", mode="regex", tools=many).hits] == [planted]
+        assert client.search(session, r"\d\dZ\d", mode="regex", tools=many[:-1]).hits == ()
         with pytest.raises(ContextdError) as refused:
             client.search(session, "ch_7Hq2LwQz", tools=[f"tool-{n}" for n in range(40_000)])
         assert refused.value.code == "INVALID_ARGUMENT" and refused.value.reason == "LIMIT_EXCEEDED"
