@@ -135,7 +135,8 @@ def redis_server() -> Iterator[str]:
 
         url = worker_database(url)
         try:
-            redis.Redis.from_url(url, socket_connect_timeout=2).ping()
+            with redis.Redis.from_url(url, socket_connect_timeout=2) as probe:
+                probe.ping()
         except Exception as exc:
             unavailable("Redis", f"{REDIS_ENV}={url} does not answer ({type(exc).__name__}: {exc})")
         yield url

@@ -41,6 +41,10 @@ R = TypeVar("R")
 
 MAX_PROPOSAL_REASON = 1000
 MAX_SEQS = 1000
+MAX_TOOLS = 1000
+"""Tools in a RenderView's `tools_json`: far past what a provider takes in one call (OpenAI's
+chat API takes 128), so a longer array is refused before the render reads it (200,000 empty
+objects took 1.2-2.3 s of a render thread, docs/fuzz.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,7 +513,11 @@ def _tools(tools_json: str) -> tuple[dict[str, Any], ...]:
         tools = load_json(tools_json)
     except ValueError as exc:
         raise InvalidArgument.at("tools_json", f"not valid JSON: {exc}") from None
-    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+    if not isinstance(tools, list):
+        raise InvalidArgument.at("tools_json", "must be a JSON array of tool objects")
+    if len(tools) > MAX_TOOLS:
+        raise LimitExceeded.at("tools_json", f"{len(tools):,} tools, over the maximum of {MAX_TOOLS:,}")
+    if not all(isinstance(t, dict) for t in tools):
         raise InvalidArgument.at("tools_json", "must be a JSON array of tool objects")
     return tuple(tools)
 

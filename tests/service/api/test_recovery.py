@@ -188,7 +188,8 @@ class OwnRedis:
         deadline = time.monotonic() + 10
         while True:
             try:
-                redis.Redis.from_url(self.url).ping()
+                with redis.Redis.from_url(self.url) as probe:  # its socket closed, not left to the collector
+                    probe.ping()
                 return
             except redis.ConnectionError:
                 if time.monotonic() > deadline:

@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
+from contextd.view_service import MAX_TOOLS
 from contextd_client import Client, InvalidArgument, ViewFormat, completes
 from contextd_client.v1 import content_pb2 as pb
 from contextd_client.v1 import contextd_pb2 as api
@@ -171,6 +172,11 @@ def test_bad_control_requests_name_the_field(client: Client, session_id: str) ->
     with pytest.raises(InvalidArgument) as tools:
         client.render_view(session_id, ViewFormat.OPENAI_CHAT, tools=["not an object"])  # type: ignore[list-item]
     assert tools.value.field == "tools_json"
+    with pytest.raises(InvalidArgument) as many:  # refused before the render reads them
+        client.render_view(session_id, ViewFormat.OPENAI_CHAT, tools=[{}] * (MAX_TOOLS + 1))
+    assert many.value.field == "tools_json" and many.value.reason == "LIMIT_EXCEEDED"
+    assert f"over the maximum of {MAX_TOOLS:,}" in many.value.message
+    assert client.render_view(session_id, ViewFormat.OPENAI_CHAT, tools=[{}] * MAX_TOOLS).version
 
 
 def stored_content(database_url: str, session_id: str, seq: int) -> str:
