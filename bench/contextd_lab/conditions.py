@@ -131,6 +131,7 @@ ANY_PREFIX = "default, priced as read to any prefix"
 ON_ENTRY = "default, nothing compressed on entry"
 ENTRY_RATIO = "default, compressed on entry only to 0.7 of the output"
 WHOLE_READS = "default, whole-file reads kept whole on entry"
+OPENAI_TIMING = "default, timed by OpenAI's cache"
 DEFAULT_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "default, expected_calls 8": {"cache": {"expected_calls": 8}},
     "default, expected_calls 12": {"cache": {"expected_calls": 12}},
@@ -152,6 +153,7 @@ DEFAULT_VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "default, the caller's breakpoint": {},
     ENTRY_RATIO: {"compress": {"on_entry_max_ratio": 0.7}},
     WHOLE_READS: {"compress": {"on_entry_reads": []}},
+    OPENAI_TIMING: {"cache": {"provider": "openai"}},
 }
 """The shipped default with a fixed number of calls a cache rewrite must pay for itself within
 (the default's is as many as the session has made so far, at least 12; 12 until 2026-12-04),
@@ -168,8 +170,10 @@ a copy of an output shown whole before it kept for the call that made it (`dedup
 entry held to the share of the output a later rewrite must leave out (`compress`'s
 `params.on_entry_max_ratio` 0.7, as `max_ratio`: the default until 2026-12-06), or with a read
 of a whole file of code kept whole for the call that made it (`compress`'s
-`params.on_entry_reads` empty: the default until 2026-12-06, later): the report's sensitivity
-to them, on the real traces. Each patches sections of the default policy."""
+`params.on_entry_reads` empty: the default until 2026-12-06, later), or with its rewrites timed
+by OpenAI's cache (`cache.provider: openai`: its prices, no write premium, a prefix read in
+128-token steps; the default times them by Anthropic's, whatever the view's format): the
+report's sensitivity to them, on the real traces. Each patches sections of the default policy."""
 
 CALLER_BREAKPOINT = (
     "A-raw",
