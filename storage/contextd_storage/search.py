@@ -520,8 +520,9 @@ def _held_matches(pattern: Any, seqs: Sequence[int], texts: HeldTexts) -> list[t
     matched again for the match's place in it, only where there is one."""
     found = []
     for seq in seqs:
-        if pattern.search(texts[seq - 1]) is not None:
-            body = texts[seq - 1].decode()
+        encoded = texts[seq - 1]
+        if pattern.search(encoded) is not None:
+            body = encoded.decode()
             match = pattern.search(body)
             if match is not None:
                 found.append((seq, body, match))

@@ -111,8 +111,8 @@ def shared_prefix(previous: Sequence[T], current: Sequence[T]) -> int:
     n = min(len(previous), len(current))
     a: Sequence[T] = previous if len(previous) == n else previous[:n]  # a list's slice is a copy
     b: Sequence[T] = current if len(current) == n else current[:n]
-    if type(a) is not type(b):  # a list's slice never equals a tuple's
-        a, b = list(a), list(b)
+    if type(a) is not type(b):  # a list's slice never equals a tuple's: the other side a list too
+        a, b = (a if type(a) is list else list(a)), (b if type(b) is list else list(b))
     if a == b:
         return n
     lo, hi = 0, n  # they differ in [lo, hi)
