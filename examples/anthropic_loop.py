@@ -49,7 +49,7 @@ def text_of(content: str | list[dict[str, Any]]) -> str:
 
 def fake_model(system: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
     """A scripted model: the next assistant message (the response's ``role`` and ``content``), chosen by
-    the tool results it has seen so far."""
+    the latest call it made (the view always shows the latest turn; older ones may have left it)."""
     results = [
         text_of(block["content"])
         for message in messages
@@ -57,19 +57,28 @@ def fake_model(system: Any, messages: list[dict[str, Any]], tools: list[dict[str
         for block in message["content"]
         if block["type"] == "tool_result"
     ]
+    made = [
+        block
+        for message in messages
+        if message["role"] == "assistant" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block["type"] == "tool_use"
+    ]
     offered = {t["name"] for t in tools}
 
     def call(name: str, **arguments: Any) -> dict[str, Any]:
         assert name in offered, f"{name} is not among the tools"
-        block = {"type": "tool_use", "id": f"toolu_{len(results) + 1}", "name": name, "input": arguments}
+        number = int(made[-1]["id"].removeprefix("toolu_")) + 1 if made else 1
+        block = {"type": "tool_use", "id": f"toolu_{number}", "name": name, "input": arguments}
         return {"role": "assistant", "content": [block]}
 
-    if not results:
+    latest = (made[-1]["name"], made[-1]["input"]) if made else None
+    if latest is None:
         return call("run", command="pytest -q")
-    if len(results) == 1:
+    if latest == ("run", {"command": "pytest -q"}):
         return call("run", command="sed -n 40,42p src/parser.py")
-    placeholder = re.search(r"retrieve with handle ([0-9a-f]+)", results[0])
-    if len(results) == 2 and placeholder:  # the test run has left the view: grep its original for the error
+    placeholder = re.search(r"retrieve with handle ([0-9a-f]+)", "\n".join(results))
+    if latest[0] == "run" and placeholder:  # the test run has left the view: grep its original for the error
         return call("contextd_retrieve", handle=placeholder.group(1), grep="Error")
     error = next((line for line in results[-1].splitlines() if "Error" in line), "?")
     answer = f"parse() adds 1 to the month; the test run says: {error}"

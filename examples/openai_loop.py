@@ -47,24 +47,24 @@ def run_tool(call: dict[str, Any]) -> dict[str, Any]:
 
 def fake_model(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
     """A scripted model: the next assistant message (as the provider returns it), chosen by the
-    tool results it has seen so far."""
+    latest call it made (the view always shows the latest turn; older ones may have left it)."""
     results = [m["content"] for m in messages if m["role"] == "tool"]
+    made = [c for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []]
     offered = {t["function"]["name"] for t in tools}
 
     def call(name: str, **arguments: Any) -> dict[str, Any]:
         assert name in offered, f"{name} is not among the tools"
         function = {"name": name, "arguments": json.dumps(arguments)}
-        return {
-            "role": "assistant",
-            "tool_calls": [{"id": f"call_{len(results) + 1}", "type": "function", "function": function}],
-        }
+        number = int(made[-1]["id"].removeprefix("call_")) + 1 if made else 1
+        return {"role": "assistant", "tool_calls": [{"id": f"call_{number}", "type": "function", "function": function}]}
 
-    if not results:
+    latest = (made[-1]["function"]["name"], json.loads(made[-1]["function"]["arguments"])) if made else None
+    if latest is None:
         return call("run", command="pytest -q")
-    if len(results) == 1:
+    if latest == ("run", {"command": "pytest -q"}):
         return call("run", command="sed -n 40,42p src/parser.py")
-    placeholder = re.search(r"retrieve with handle ([0-9a-f]+)", results[0])
-    if len(results) == 2 and placeholder:  # the test run has left the view: grep its original for the error
+    placeholder = re.search(r"retrieve with handle ([0-9a-f]+)", "\n".join(results))
+    if latest[0] == "run" and placeholder:  # the test run has left the view: grep its original for the error
         return call("contextd_retrieve", handle=placeholder.group(1), grep="Error")
     error = next((line for line in results[-1].splitlines() if "Error" in line), "?")
     return {"role": "assistant", "content": f"parse() adds 1 to the month; the test run says: {error}"}

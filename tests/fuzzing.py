@@ -284,6 +284,8 @@ POLICY_DOCUMENTS = (
     hostile("YAML two documents", "protection: {last_turns: 1}\n---\nevidence: {max_level: 1}\n"),
     hostile("YAML integer of 5,000 digits", "evidence: {max_level: " + "9" * 5_000 + "}"),
     hostile("YAML .nan and .inf", "cache: {high_water: .nan, expected_calls: .inf}"),
+    hostile("a low water of nothing", "cache: {low_water: 0}"),
+    hostile("a low water past the budget", "cache: {low_water: 1.5}"),
     hostile("YAML expected_calls 1e300", "cache: {expected_calls: 1e300}"),
     hostile("YAML expected_calls 10**30", "cache: {expected_calls: 1000000000000000000000000000000}"),
     hostile(
@@ -609,6 +611,7 @@ def policies() -> st.SearchStrategy[str]:
                     "prices": prices,
                     "expected_calls": numbers | st.just("auto"),
                     "high_water": numbers,
+                    "low_water": numbers,
                     "reads": st.sampled_from(["breakpoints", "prefix", "x"]),
                 },
             ),

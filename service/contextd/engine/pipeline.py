@@ -211,7 +211,7 @@ def render(inp: RenderInput) -> RenderOutput:
         inp.now,
         cache,
         in_force=loaded.in_force,
-        compressed=loaded.compressed,
+        compressed=loaded.compressed | fitted.remarked if fitted.remarked else loaded.compressed,
         applied=fitted.applied,
         durable=applied.durable,
         pending=applied.pending,

@@ -13,6 +13,7 @@ answer and every answer its call.
 from __future__ import annotations
 
 import hashlib
+import re
 
 from contextd.engine.codec import canonical_json, item_to_json
 from contextd.engine.memo import IdentityMemo
@@ -59,6 +60,31 @@ def describe(item: Item) -> str:
 def placeholder_text(item: Item, reason: str, handle: str, note: str = "") -> str:
     why = f"{reason}: {note}" if note else reason
     return f"{PREFIX} {describe(item)} removed ({why}); retrieve with handle {handle}]"
+
+
+def turns_text(first: int, last: int, turns: int, reason: str, note: str) -> str:
+    """The marker that stands for whole turns left out together (items `first` to `last`, calls
+    and their results alike): what they were by their seqs, since a handle each would cost as
+    much as the turns' own calls."""
+    return (
+        f"{PREFIX} items {first} to {last} ({turns} turn{'s' if turns != 1 else ''}) removed ({reason}: {note});"
+        " retrieve any of them by its seq]"
+    )
+
+
+def turns_note(first: int, last: int) -> str:
+    """The note of the edit that puts the marker of whole turns, items `first` to `last`, in
+    place of the first: the run's identity in the view state."""
+    return f"items {first} to {last}"
+
+
+_TURNS = re.compile(r"items (\d+) to (\d+)")
+
+
+def turns_in(note: str) -> range | None:
+    """The seqs a marker of whole turns stands for, from its edit's note (None for another note)."""
+    found = _TURNS.fullmatch(note)
+    return range(int(found[1]), int(found[2]) + 1) if found else None
 
 
 def placeholder_blocks(item: Item, reason: str, note: str = "") -> tuple[Block, ...]:

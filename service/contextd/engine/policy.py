@@ -122,6 +122,11 @@ class CachePolicy:
     """Calls a rewrite of the cached prompt must pay for itself within (a session's calls to come
     are not known: the shorter this, the less a rewrite just before its end can cost)."""
     high_water: float = 0.9
+    low_water: float = 0.8
+    """When a view over its token budget must offload turns, it offloads down to this share of the
+    budget: the offload rewrites the cached prompt from the oldest turn it takes on, and the room it
+    leaves lets the calls after it read that prompt from the cache instead of rewriting it each
+    time (1: exactly down to the budget, a rewrite at every call that goes over it)."""
     expected_calls_auto: bool = False
     """Expect as many further calls as the session has made so far (at least `expected_calls`)."""
     stakes: str = BANKED
@@ -376,6 +381,7 @@ def _build(data: dict[str, Any], document: str, registry: TransformRegistry, roo
             expected_calls=_expected_calls(cache_data, default.cache.expected_calls),
             expected_calls_auto=cache_data.get("expected_calls") == "auto",
             high_water=cache_data.get("high_water", default.cache.high_water),
+            low_water=cache_data.get("low_water", default.cache.low_water),
             stakes=cache_data.get("stakes", default.cache.stakes),
             reads=cache_data.get("reads", PROVIDER_READS[provider]),
         ),

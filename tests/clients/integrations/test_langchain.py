@@ -84,10 +84,18 @@ def model_for(replies: Any) -> ScriptedModel:
 
 
 def stored(client: Client, session_id: str) -> list[tuple[str, str]]:
-    """Each item of the session as (role, the tool call ids it makes or answers), from a view without budget."""
-    view = client.render_view(session_id, "openai_chat")
-    assert [i.seq for i in view.items] == list(range(1, view.version + 1))
-    return pairs(view.messages)
+    """Each item of the session as (role, the tool call ids it makes or answers), from the history
+    (a view keeps the budget's offloads in force: whole turns may have left it)."""
+    items = [client.explain_item(session_id, seq).item for seq in range(1, client.get_session(session_id).version + 1)]
+    role = {1: "system", 2: "user", 3: "assistant", 4: "tool"}
+    return [
+        (
+            role[item.role],
+            " ".join(b.tool_use.id for b in item.content if b.HasField("tool_use"))
+            or next((b.tool_result.tool_use_id for b in item.content if b.HasField("tool_result")), ""),
+        )
+        for item in items
+    ]
 
 
 def given(messages: Sequence[BaseMessage]) -> list[tuple[str, str]]:

@@ -283,11 +283,21 @@ def file_reads(calls: int) -> list[Item]:
 
 
 def budgeted(
-    items: list[Item], budget: int, n: int, state: ViewState, carry: Carry | None, **given: Any
+    items: list[Item],
+    budget: int,
+    n: int,
+    state: ViewState,
+    carry: Carry | None,
+    low_water: float | None = None,
+    **given: Any,
 ) -> RenderInput:
-    """A render of `items[:n]` under the default policy and `budget`, a minute a call apart."""
+    """A render of `items[:n]` under the default policy and `budget`, a minute a call apart
+    (`low_water`: the policy's, instead of the default's)."""
     view = ViewRequest(ViewFormat.OPENAI_CHAT, budget)
-    policy = parse_policy(default_policy_text(), REGISTRY)
+    text = default_policy_text()
+    if low_water is not None:
+        text = text.replace("cache: {", f"cache: {{low_water: {low_water}, ", 1)
+    policy = parse_policy(text, REGISTRY)
     return RenderInput(
         make_session(n), items[:n], policy, view, counter(), REGISTRY, state, 60.0 * n, carry=carry, **given
     )
@@ -326,7 +336,7 @@ def test_a_replica_catching_up_by_several_changes_knows_a_compression_taken_over
     compressed, as loading the state does; an agent's proposal to drop it then finds its slot
     taken, with the carry or without."""
     items = file_reads(19)
-    request = partial(budgeted, items, 1_500)
+    request = partial(budgeted, items, 600, low_water=1)  # offloads the turn before the last, at each render
 
     mine = render(request(27, ViewState(), None))  # this replica's last render
     theirs, changes, carry = mine, [], None  # the other's carry: its own, not this one's

@@ -32,6 +32,7 @@ cache:
   provider: openai
   expected_calls: 5
   high_water: 0.8
+  low_water: 0.6
 tools:
   read_file: {effect: read, source_arg: path}
   bash: {effect: volatile}
@@ -91,6 +92,7 @@ def test_every_field_is_read() -> None:
     assert policy.protection.sources.patterns == ("file:///repo/SPEC.md",)
     assert policy.max_level == 2
     assert (policy.cache.provider, policy.cache.expected_calls, policy.cache.high_water) == ("openai", 5, 0.8)
+    assert policy.cache.low_water == 0.6 and default_policy().cache.low_water == 0.8
     assert policy.cache.prices == PROVIDER_PRICES["openai"]
     assert policy.tools["read_file"].effect is ToolEffectKind.READ and policy.tools["read_file"].source_arg == "path"
     assert [r.name for r in policy.rules] == ["mask-old-bash"]  # the disabled rule is left out

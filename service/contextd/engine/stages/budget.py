@@ -1,7 +1,8 @@
 """The budget (DESIGN section 4, after apply): a view still over its token budget after every
-other step offloads its oldest unprotected whole turns to placeholders (a call and its
-results together) until it fits, and says so (BUDGET_OFFLOADED). What cannot be offloaded
-stays, and the view says it is over (OVER_BUDGET, view.py).
+other step offloads its oldest unprotected turns until it fits, each item to a placeholder with
+its handle, then, if that is not enough, whole turns behind one marker (`_Offload`), down to the
+cache's low water, and says so (BUDGET_OFFLOADED). What cannot be offloaded stays, and the view
+says it is over (OVER_BUDGET, view.py).
 """
 
 from __future__ import annotations
@@ -14,19 +15,18 @@ from functools import partial
 
 from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.eligibility import Protections
-from contextd.engine.memo import IdentityMemo, shared_prefix
+from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Block, Representation, Role, TextBlock
+from contextd.engine.placeholders import turns_note, turns_text
 from contextd.engine.render.base import ViewWarning
 from contextd.engine.stages.certify import certificate
-from contextd.engine.stages.draft import BudgetWalk, Draft, MessageCount, is_compression, new_representation
+from contextd.engine.stages.draft import BUDGET, BudgetWalk, Draft, is_compression, new_representation
+from contextd.engine.stages.messages import count_messages
 from contextd.engine.state import AppliedEdit, ControlMode, Slot, slot_of
 from contextd.engine.timing import PromptCache, value_now
 from contextd.engine.tokens import TokenCounter, blocks_tokens
 from contextd.engine.types import Entry, Proposal, Remove
 from contextd.engine.view import FRAMING_TOKENS_PER_MESSAGE, REPLY_PRIMING_TOKENS, ViewFormat, ViewRequest
-
-BUDGET = "budget"
-"""The rule and reason of what is offloaded to fit a view's token budget."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +37,9 @@ class Fitted:
     warnings: tuple[ViewWarning, ...]
     certificates: tuple[CertificateBody, ...]
     """PRUNE, rule and reason `budget`, for each item offloaded."""
+    remarked: frozenset[Slot] = frozenset()
+    """Items holding the marker of an earlier render's run of whole turns that this one grew: the
+    edit in force there gives way to the new marker's (in `applied`)."""
 
 
 def fit_budget(
@@ -55,12 +58,14 @@ def fit_budget(
     otherwise stays as it is; so does a protected one, and one a reduction rests on
     (`relied`)."""
     just = {slot_of(a.edit) for a in applied if is_compression(a)}  # (the others grow with the session)
-    offloaded, warnings, certificates = _offload(draft, compressed, just, request, counter, protected, relied, cache)
+    offloaded, warnings, certificates, remarked = _offload(
+        draft, compressed, just, request, counter, protected, relied, cache
+    )
     if not offloaded:
         return Fitted(tuple(applied), (), ())
     gone = {slot_of(a.edit) for a in offloaded}
     kept = [a for a in applied if slot_of(a.edit) not in gone]  # (a compression just made)
-    return Fitted((*kept, *offloaded), warnings, certificates)
+    return Fitted((*kept, *offloaded), warnings, certificates, frozenset(remarked))
 
 
 def _offload(
@@ -72,90 +77,298 @@ def _offload(
     protected: Protections,
     relied: Mapping[int, int],
     cache: PromptCache,
-) -> tuple[list[AppliedEdit], tuple[ViewWarning, ...], tuple[CertificateBody, ...]]:
-    def offloadable(entry: Entry) -> bool:
-        shown = entry.representation
-        return shown is Representation.FULL or (
-            shown is Representation.REDUCED and (entry.seq in compressed or entry.seq in just)
-        )
-
+) -> tuple[list[AppliedEdit], tuple[ViewWarning, ...], tuple[CertificateBody, ...], set[Slot]]:
     budget = request.budget_tokens
     # At most a message per entry: a view under that bound fits without counting messages.
     if (
         budget <= 0
         or draft.view_tokens + FRAMING_TOKENS_PER_MESSAGE * len(draft.entries) + REPLY_PRIMING_TOKENS <= budget
     ):
-        return [], (), ()
-    # Offloading leaves a placeholder in each place: the messages, and their framing, stay.
-    framing = FRAMING_TOKENS_PER_MESSAGE * _messages(draft, request.format) + REPLY_PRIMING_TOKENS
-
-    def estimate() -> int:
-        return draft.view_tokens + framing
-
-    if estimate() <= budget:
-        return [], (), ()
-    start = estimate()
-    offsets = cache.previous.offsets() if cache.previous is not None else {}
-    total = cache.state.previous_tokens
-    why = (
-        f"the view was {start:,} tokens, over its budget of {budget:,}, after every other step: "
-        "the oldest unprotected turns go first"
-    )
-    applied: list[AppliedEdit] = []
-    certificates: list[CertificateBody] = []
-    offloaded_turns = 0
-
-    def placeholder(entry: Entry) -> tuple[tuple[Block, ...], int]:
-        edit = Remove(entry.seq, True, _OFFLOADED)
-        return _offloaded.get((entry.item, counter), partial(_placeholder_of, entry, edit, counter))
-
-    def worth(entry: Entry) -> bool:
-        # (an item the size of its placeholder stays: asked again on every render, so remembered)
-        return offloadable(entry) and placeholder(entry)[1] < entry.tokens
-
-    walk = _Walk(draft, counter)
-    for seqs in walk.turns():
-        if estimate() <= budget:
-            break
-        if any(offloadable(draft.entries[s]) for s in seqs) and not any(protected.of(s) or s in relied for s in seqs):
-            before = len(applied)
-            for seq in seqs:
-                entry = draft.entries[seq]
-                if not worth(entry):
-                    continue  # reduced otherwise (its slot is taken), out, or no larger than its placeholder
-                content, tokens = placeholder(entry)
-                edit = Remove(seq, True, _OFFLOADED)
-                position = offsets.get(seq, total)
-                radius = max(0, total - cache.state.read_until(position))
-                certificates.append(
-                    certificate(
-                        entry,
-                        Decision.PRUNE,
-                        BUDGET,
-                        BUDGET,
-                        why,
-                        proposal=Proposal(edit, 4, BUDGET, why),
-                        new_tokens=tokens,
-                        position=position,
-                        radius=radius,
-                        value=value_now(entry.tokens - tokens, radius, cache.pricing),
-                    )
-                )
-                done = AppliedEdit(edit, BUDGET, BUDGET, content, tokens, (), ControlMode.RULE)
-                draft.apply(done)
-                applied.append(done)
-            offloaded_turns += len(applied) > before
-        entries = [draft.entries[s] for s in seqs]
-        walk.visited(seqs, not any(map(worth, entries)) or any(protected.lasting(s) for s in seqs))
-    draft.budget_walk, draft.touched = walk.found(), set()
-    if not applied:
-        return [], (), ()
-    saved = start - estimate()
+        return [], (), (), set()
+    walk = _Offload(draft, compressed, just, request, counter, protected, relied, cache)
+    if walk.estimate() <= budget:
+        return [], (), (), set()
+    walk.each_item()
+    if not walk.within(budget):  # (else it fits, if with less room than the low water's)
+        walk.whole_turns()
+    if not walk.applied:
+        return [], (), (), set()
+    saved, runs = walk.start - walk.estimate(), len(walk.runs)
+    whole = f", {runs} run{'s' if runs != 1 else ''} of whole turns behind one marker each" if runs else ""
     note = (
-        f"{len(applied)} items of {offloaded_turns} turns ({saved:,} tokens) offloaded to placeholders to fit "
-        f"the budget of {budget:,} tokens; their handles retrieve them"
+        f"{len(walk.applied)} items of {len(walk.turns)} turns ({saved:,} tokens) offloaded to fit the budget of "
+        f"{budget:,} tokens, down to {walk.goal:,} so that the calls after this one read the prompt from the cache"
+        f"{whole}; their handles or seqs retrieve them"
     )
-    return applied, (ViewWarning("BUDGET_OFFLOADED", note),), tuple(certificates)
+    return walk.applied, (ViewWarning("BUDGET_OFFLOADED", note),), tuple(walk.certificates), walk.remarked
+
+
+class _Offload:
+    """One walk of the budget, in two passes, oldest turns first, down to the cache's low water
+    (`CachePolicy.low_water`: the room left lets the calls after it read the rewritten prompt):
+
+    * each item to a placeholder with its handle (`each_item`): a turn keeps its calls, which
+      the placeholders of their results need (pairs go together);
+    * then, if the view does not fit even so, whole turns (`whole_turns`): calls and results
+      leave together, placeholders made before included, behind one marker for each run of
+      turns left out one after another. The calls of a long session alone outgrow any budget;
+      a short one keeps each call beside its result's handle.
+    """
+
+    def __init__(
+        self,
+        draft: Draft,
+        compressed: AbstractSet[Slot],
+        just: AbstractSet[Slot],
+        request: ViewRequest,
+        counter: TokenCounter,
+        protected: Protections,
+        relied: Mapping[int, int],
+        cache: PromptCache,
+    ) -> None:
+        self.draft, self.compressed, self.just, self.request, self.counter = draft, compressed, just, request, counter
+        self.protected, self.relied, self.cache = protected, relied, cache
+        # A placeholder leaves its message in place; a turn left out whole takes its messages.
+        self.framing = FRAMING_TOKENS_PER_MESSAGE * count_messages(draft, request.format) + REPLY_PRIMING_TOKENS
+        self.left_out = 0
+        """Entries left out since `framing` was counted: a message fewer each in Chat Completions,
+        at least that in Responses; in the formats that merge a side's items into one message,
+        perhaps none (those are counted again before the walk stops)."""
+        self.merged = request.format in (ViewFormat.ANTHROPIC_MESSAGES, ViewFormat.BEDROCK_CONVERSE)
+        budget = request.budget_tokens
+        self.start = self.estimate()
+        self.goal = min(budget, int(budget * cache.pricing.low_water))
+        self.offsets = cache.previous.offsets() if cache.previous is not None else {}
+        self.why = (
+            f"the view was {self.start:,} tokens, over its budget of {budget:,}, after every other step: "
+            f"the oldest unprotected turns go first, down to {self.goal:,} tokens (the cache's low water)"
+        )
+        self.applied: list[AppliedEdit] = []
+        self.certificates: list[CertificateBody] = []
+        self.placed: dict[int, int] = {}
+        """seq -> where this walk's edit of it is among `applied`."""
+        self.certified: dict[int, int] = {}
+        """seq -> where its certificate is among `certificates`."""
+        self.shown: dict[int, Entry] = {}
+        """What this walk changed, as shown before it."""
+        self.remarked: set[Slot] = set()
+        """Items an earlier render's offload holds (a placeholder, a marker) that this walk took
+        into a run: certified then, their edits give way to this walk's."""
+        self.runs: list[_Run] = []
+        self.waiting: list[list[int]] = []
+        """Turns one after another that may begin a run, until there are enough of them."""
+        self.turns: set[int] = set()
+
+    def estimate(self) -> int:
+        return self.draft.view_tokens + self.framing - FRAMING_TOKENS_PER_MESSAGE * self.left_out
+
+    def within(self, tokens: int) -> bool:
+        """Whether the view is down to `tokens` (its messages counted again where merged)."""
+        if self.estimate() > tokens:
+            return False
+        if self.merged and self.left_out:
+            self.framing = FRAMING_TOKENS_PER_MESSAGE * count_messages(self.draft, self.request.format)
+            self.framing += REPLY_PRIMING_TOKENS
+            self.left_out = 0
+        return self.estimate() <= tokens
+
+    def offloadable(self, entry: Entry) -> bool:
+        """Shown whole or compressed (a compression gives way to the budget)."""
+        shown = entry.representation
+        return shown is Representation.FULL or (
+            shown is Representation.REDUCED and (entry.seq in self.compressed or entry.seq in self.just)
+        )
+
+    def put(self, entry: Entry, edit: Remove, content: tuple[Block, ...], tokens: int) -> None:
+        """Apply `edit` to `entry`'s item (in place of this walk's earlier edit of it) and
+        certify it, unless an earlier render's offload holds the item."""
+        seq = entry.seq
+        done = AppliedEdit(edit, BUDGET, BUDGET, content, tokens, (), ControlMode.RULE)
+        if seq in self.placed:
+            self.applied[self.placed[seq]] = done
+        else:
+            self.shown[seq] = entry
+            self.placed[seq] = len(self.applied)
+            self.applied.append(done)
+            if seq in self.draft.offloaded or seq in self.draft.runs:
+                self.remarked.add(seq)
+        self.draft.apply(done)
+        if seq in self.remarked:
+            return
+        before = self.shown[seq]
+        position = self.offsets.get(seq, self.cache.state.previous_tokens)
+        radius = max(0, self.cache.state.previous_tokens - self.cache.state.read_until(position))
+        body = certificate(
+            before,
+            Decision.PRUNE,
+            BUDGET,
+            BUDGET,
+            self.why,
+            proposal=Proposal(edit, 4, BUDGET, self.why),
+            new_tokens=tokens,
+            position=position,
+            radius=radius,
+            value=value_now(before.tokens - tokens, radius, self.cache.pricing),
+        )
+        if seq in self.certified:
+            self.certificates[self.certified[seq]] = body
+        else:
+            self.certified[seq] = len(self.certificates)
+            self.certificates.append(body)
+
+    # ------------------------------------------------------------ each item
+
+    def placeholder(self, entry: Entry) -> tuple[tuple[Block, ...], int]:
+        edit = Remove(entry.seq, True, _OFFLOADED)
+        return _offloaded.get((entry.item, self.counter), partial(_placeholder_of, entry, edit, self.counter))
+
+    def worth(self, entry: Entry) -> bool:
+        # (an item the size of its placeholder stays: asked again on every render, so remembered)
+        return self.offloadable(entry) and self.placeholder(entry)[1] < entry.tokens
+
+    def each_item(self) -> None:
+        draft, protected = self.draft, self.protected
+        walk = _Walk(draft, self.counter)
+        for seqs in walk.turns():
+            if self.within(self.goal):
+                break
+            entries = [draft.entries[s] for s in seqs]
+            if any(map(self.worth, entries)) and not any(protected.of(s) or s in self.relied for s in seqs):
+                self.turns.add(entries[0].turn)
+                for entry in entries:
+                    if self.worth(entry):  # (else reduced otherwise, its slot taken; out; or small)
+                        content, tokens = self.placeholder(entry)
+                        self.put(entry, Remove(entry.seq, True, _OFFLOADED), content, tokens)
+            entries = [draft.entries[s] for s in seqs]
+            walk.visited(seqs, not any(map(self.worth, entries)) or any(protected.lasting(s) for s in seqs))
+        draft.budget_walk, draft.touched = walk.found(), set()
+
+    # ------------------------------------------------------------ whole turns
+
+    def whole_turns(self) -> None:
+        """Oldest first, past the runs left out before, turns whose every item may go."""
+        draft = self.draft
+        natural, i = draft.natural, 0
+        while i < len(natural) and not self.within(self.goal):
+            last = draft.run_starts.get(natural[i])
+            if last is not None:
+                i = bisect_left(natural, last) + 1
+                continue
+            seqs = _turn_at(draft, i)
+            i += len(seqs)
+            self.leave_out(seqs)
+        draft.touched = set()  # (every turn it changed is left out: settled for the next walk)
+
+    def goes(self, entry: Entry) -> bool:
+        """Whether an item may leave with its turn: shown whole or compressed, left out already,
+        or behind the budget's own placeholder."""
+        return (
+            self.offloadable(entry)
+            or entry.representation is Representation.OMITTED
+            or entry.seq in self.draft.offloaded
+        )
+
+    def holds(self, entry: Entry) -> bool:
+        """Whether an item may hold a run's marker (no other rule's edit holds it)."""
+        return entry.role in _OPENS and (self.offloadable(entry) or entry.seq in self.draft.offloaded)
+
+    def leave_out(self, seqs: list[int]) -> None:
+        """Take the turn of `seqs` into a run, if every item of it may go: the run it follows,
+        or a new one once `MIN_RUN_TURNS` turns one after another may begin it."""
+        draft = self.draft
+        entries = [draft.entries[s] for s in seqs]
+        if (
+            any(self.protected.of(s) or s in self.relied for s in seqs)
+            or entries[0].role not in _OPENS
+            or not all(map(self.goes, entries))
+        ):
+            self.waiting = []
+            return
+        run = self.joins(seqs)
+        if run is not None:
+            self.take(run, seqs)
+            return
+        if self.waiting and bisect_left(draft.natural, seqs[0]) != bisect_left(draft.natural, self.waiting[-1][-1]) + 1:
+            self.waiting = []
+        if not self.waiting and not self.holds(entries[0]):
+            return  # (a run opens with an item its marker may stand on)
+        self.waiting.append(seqs)
+        if len(self.waiting) < MIN_RUN_TURNS:
+            return
+        waiting, self.waiting = self.waiting, []
+        run = _Run(waiting[0][0], waiting[0][-1])
+        self.runs.append(run)
+        for turn in waiting:
+            self.take(run, turn)
+
+    def take(self, run: _Run, seqs: list[int]) -> None:
+        """Leave the turn of `seqs` out with `run`, whose marker moves to the turn's opening
+        (right before the turns still shown: a run that grows changes the view from there, not
+        from where it begins), unless another edit holds that item."""
+        draft = self.draft
+        entries = [draft.entries[s] for s in seqs]
+        at = entries[0] if self.holds(entries[0]) else run.marker
+        assert at is not None
+        self.turns.add(entries[0].turn)
+        moved = [run.marker] if run.marker is not None and run.marker.seq != at.seq else []
+        for entry in (*moved, *entries):
+            if entry.seq != at.seq and entry.representation is not Representation.OMITTED:
+                self.left_out += 1
+                self.put(entry, Remove(entry.seq, False), (), 0)
+        run.last, run.marker = seqs[-1], draft.entries[at.seq]
+        turns = draft.entries[run.last].turn - draft.entries[run.first].turn + 1
+        content: tuple[Block, ...] = (TextBlock(turns_text(run.first, run.last, turns, BUDGET, _OFFLOADED)),)
+        marker = Remove(at.seq, True, turns_note(run.first, run.last))
+        self.put(at, marker, content, blocks_tokens(content, self.counter))
+
+    def joins(self, seqs: list[int]) -> _Run | None:
+        """The run, this walk's or an earlier one's, that the turn of `seqs` follows with
+        nothing shown between."""
+        natural, entries = self.draft.natural, self.draft.entries
+        k = bisect_left(natural, seqs[0]) - 1
+        while k >= 0:
+            marker = self.draft.run_ends.get(natural[k])
+            if marker is not None:
+                for run in self.runs:
+                    if run.marker is not None and run.marker.seq == marker:
+                        return run
+                self.runs.append(_Run(self.draft.runs[marker][0], natural[k], entries[marker]))
+                return self.runs[-1]
+            if entries[natural[k]].representation is not Representation.OMITTED:
+                return None
+            k -= 1
+        return None
+
+
+@dataclass(slots=True)
+class _Run:
+    """Whole turns left out together, one after another, behind one marker."""
+
+    first: int
+    last: int
+    """The seqs the run begins and ends with."""
+    marker: Entry | None = None
+    """The item that holds the marker (None until it is placed)."""
+
+
+MIN_RUN_TURNS = 8
+"""The fewest turns a run begins with. A marker stands in for its turns' calls, what the agent did:
+worth it when the budget's pressure is the count of turns (a long session), where turns go by the
+hundred; a short session over its budget keeps each call beside its result's handle (the view's
+shape that agents and their frameworks read), over budget if it must be."""
+
+_OPENS = (Role.USER, Role.ASSISTANT)
+"""Who may open a turn that goes whole: its marker is a message of theirs."""
+
+
+def _turn_at(draft: Draft, i: int) -> list[int]:
+    """The seqs of the turn that opens at index `i` of the draft's history."""
+    natural, entries = draft.natural, draft.entries
+    turn, seqs = entries[natural[i]].turn, []
+    while i < len(natural) and entries[natural[i]].turn == turn:
+        seqs.append(natural[i])
+        i += 1
+    return seqs
 
 
 class _Walk:
@@ -192,21 +405,13 @@ class _Walk:
             i -= 1
         return natural[i]
 
-    def _turn_at(self, i: int) -> list[int]:
-        natural, entries = self.draft.natural, self.draft.entries
-        turn, seqs = entries[natural[i]].turn, []
-        while i < len(natural) and entries[natural[i]].turn == turn:
-            seqs.append(natural[i])
-            i += 1
-        return seqs
-
     def turns(self) -> Iterator[list[int]]:
         natural = self.draft.natural
         for start in self.starts:
-            yield self._turn_at(bisect_left(natural, start))
+            yield _turn_at(self.draft, bisect_left(natural, start))
         i = self.tail
         while i < len(natural):
-            seqs = self._turn_at(i)
+            seqs = _turn_at(self.draft, i)
             yield seqs
             i += len(seqs)
 
@@ -238,70 +443,3 @@ _offloaded: IdentityMemo[tuple[tuple[Block, ...], int]] = IdentityMemo(100_000)
 def _placeholder_of(entry: Entry, edit: Remove, counter: TokenCounter) -> tuple[tuple[Block, ...], int]:
     content = new_representation(entry, edit, BUDGET)
     return content, blocks_tokens(content, counter)
-
-
-def _messages(draft: Draft, fmt: ViewFormat) -> int:
-    """How many messages (with the system field) the draft's entries render to, for their
-    framing: one per entry shown for Chat Completions; for Responses, one per item an assistant
-    turn splits into; for Messages and Converse, the leading system items make one field and
-    consecutive items of one side merge (in Messages, a lone text never takes more). Counted on
-    from where the entries first differ from those the last count of a draft this one follows
-    counted (`Draft.message_count`): the count is a fold over the entries in order."""
-    entries = draft.ordered()
-    last = draft.message_count
-    same = 0
-    if last is not None and last.format is fmt:
-        same = shared_prefix(last.entries, entries)
-    after = last.after[:same] if last is not None and same else []
-    state = after[-1] if after else _OPENING
-    fold = (
-        _fold_chat
-        if fmt is ViewFormat.OPENAI_CHAT
-        else _fold_responses
-        if fmt is ViewFormat.OPENAI_RESPONSES
-        else (partial(_fold_merged, merges_after_text=fmt is ViewFormat.BEDROCK_CONVERSE))
-    )
-    for entry in entries[same:]:
-        state = fold(state, entry)
-        after.append(state)
-    draft.message_count = MessageCount(fmt, entries, after)
-    return state[0]
-
-
-_Fold = tuple[int, str | None, bool, bool]
-"""After an entry: messages so far, the side of the last one, whether it is closed (a lone text
-in Messages), whether only system items came before."""
-_OPENING: _Fold = (0, None, True, True)
-
-
-def _fold_chat(state: _Fold, entry: Entry) -> _Fold:
-    return state if entry.representation is Representation.OMITTED else (state[0] + 1, None, True, False)
-
-
-def _fold_responses(state: _Fold, entry: Entry) -> _Fold:
-    if entry.representation is Representation.OMITTED:
-        return state
-    return (state[0] + (_turn_items(entry.content) if entry.role is Role.ASSISTANT else 1), None, True, False)
-
-
-def _fold_merged(state: _Fold, entry: Entry, *, merges_after_text: bool) -> _Fold:
-    if entry.representation is Representation.OMITTED:
-        return state
-    total, side, closed, leading = state
-    if entry.role is Role.SYSTEM and leading:
-        return (total + (1 if side != "system" else 0), "system", closed, True)
-    this = "assistant" if entry.role is Role.ASSISTANT else "user"
-    if this != side or closed:
-        total += 1
-    lone_text = len(entry.content) == 1 and isinstance(entry.content[0], TextBlock)
-    return (total, this, not merges_after_text and lone_text, False)
-
-
-def _turn_items(content: Sequence[Block]) -> int:
-    """Responses items of an assistant turn: each reasoning and call, and each run of text."""
-    count, texting = 0, False
-    for block in content:
-        text = isinstance(block, TextBlock)
-        count += 0 if text and texting else 1
-        texting = text
-    return count

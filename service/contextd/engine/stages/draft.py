@@ -22,7 +22,7 @@ from contextd.engine.compress.strategy import COMPRESSED
 from contextd.engine.eligibility import Protections
 from contextd.engine.model import Block, Item, Representation, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.observations import ObservationIndex
-from contextd.engine.placeholders import placeholder_blocks, with_calls
+from contextd.engine.placeholders import placeholder_blocks, turns_in, with_calls
 from contextd.engine.policy import Policy, ToolDeclaration
 from contextd.engine.state import AppliedEdit
 from contextd.engine.types import Edit, Entry, Insert, PatchRequest, Remove, Reorder, Replace
@@ -38,6 +38,10 @@ def turn_indexes(items: Sequence[Item]) -> list[int]:
             current += 1
         turns.append(current)
     return turns
+
+
+BUDGET = "budget"
+"""The rule and reason of what is offloaded to fit a view's token budget (stages/budget.py)."""
 
 
 class Draft:
@@ -89,7 +93,16 @@ class Draft:
         """Seqs whose entries an edit changed since `budget_walk` was taken (none is kept
         without one)."""
         self.message_count: MessageCount | None = None
-        """The budget's last count of the messages the entries render to (stages/budget.py)."""
+        """The budget's last count of the messages the entries render to (stages/messages.py)."""
+        self.offloaded: set[int] = set()
+        """Items the budget left behind a placeholder each (stages/budget.py)."""
+        self.runs: dict[int, tuple[int, int]] = {}
+        """The runs of whole turns the budget left out behind one marker: the seq of the item
+        holding the marker -> the run's first and last seqs."""
+        self.run_starts: dict[int, int] = {}
+        """A run's first seq -> its last."""
+        self.run_ends: dict[int, int] = {}
+        """A run's last seq -> its marker's."""
 
     def _note(self, items: Iterable[Item]) -> None:
         """Keep the latest result of each tool, the latest user item and the latest calls."""
@@ -139,9 +152,11 @@ class Draft:
         match edit:
             case Replace(seq):
                 self._set(seq, applied.content, Representation.REDUCED, applied.tokens)
-            case Remove(seq, placeholder):
+                self._budget(seq, False, "")
+            case Remove(seq, placeholder, note):
                 kind = Representation.PLACEHOLDER if placeholder else Representation.OMITTED
                 self._set(seq, applied.content, kind, applied.tokens)
+                self._budget(seq, applied.rule == BUDGET and placeholder, note)
             case Insert(after_seq, content):
                 seq = -(len(self.inserted) + 1)
                 anchor = self.entries.get(after_seq)
@@ -165,6 +180,22 @@ class Draft:
                 self._ordered = None
             case PatchRequest(name, value):
                 self.patches[name] = value
+
+    def _budget(self, seq: int, placeholder: bool, note: str) -> None:
+        """Keep what the budget holds: `seq` behind its placeholder (`placeholder`, with `note`),
+        or not (any other edit)."""
+        if seq in self.runs:  # (a run that grew: its marker is said again, or moved on)
+            first, last = self.runs.pop(seq)
+            del self.run_starts[first], self.run_ends[last]
+        run = turns_in(note) if placeholder else None
+        if run is not None:
+            self.runs[seq] = run[0], run[-1]
+            self.run_starts[run[0]], self.run_ends[run[-1]] = run[-1], seq
+            self.offloaded.discard(seq)
+        elif placeholder:
+            self.offloaded.add(seq)
+        else:
+            self.offloaded.discard(seq)
 
     def _set(self, seq: int, content: tuple[Block, ...], kind: Representation, tokens: int) -> None:
         old = self.entries[seq]
@@ -281,7 +312,7 @@ class BudgetWalk:
 class MessageCount:
     """How many messages the entries `entries` (in view order) render to in `format`: the state of
     the count after each entry (its messages so far first), for a later count to go on from where
-    its entries first differ (stages/budget.py)."""
+    its entries first differ (stages/messages.py)."""
 
     format: Any
     entries: Sequence[Entry]

@@ -16,12 +16,13 @@ from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.eligibility import Protections
 from contextd.engine.memo import Claim
 from contextd.engine.model import Item
+from contextd.engine.placeholders import turns_in
 from contextd.engine.policy import Policy
 from contextd.engine.retraction import retracted
 from contextd.engine.stages.certify import certificate, refusal_key
 from contextd.engine.stages.draft import Draft, is_compression
 from contextd.engine.state import AppliedEdit, Slot, ViewState, slot_of
-from contextd.engine.types import target_of
+from contextd.engine.types import Remove, target_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,18 +124,26 @@ def _carry_over(
     # Under the same policy only a pin can protect an item an edit reduced:
     # an item out of the last turns, or not the latest error, stays so.
     recheck = state.policy_version != policy.version
+    back = _runs_back(state.applied, protected, pins, recheck)
     for applied in state.applied:
         if durable_slots and slot_of(applied.edit) in durable_slots:
             continue
         seq = target_of(applied.edit)
         protection = protected.of(seq) if seq is not None and (recheck or seq in pins) else ""
         gone = sorted(withdrawn.intersection(applied.evidence_seqs))
-        if protection or gone:
+        run = next((r for r in back if seq in r.seqs and applied.rule == r.rule), None) if back else None
+        if protection or gone or run is not None:
             entry = draft.entries[seq] if seq is not None else None
             if protection:
                 why = f"protected: {protection}; shown in full again"
-            else:
+            elif gone:
                 why = f"its evidence, item {gone[0]}, was retracted; shown in full again"
+            else:
+                assert run is not None
+                why = (
+                    f"left out with the whole turns of items {run.seqs.start} to {run.seqs.stop - 1}, of which"
+                    f" item {run.held} is protected since; shown again"
+                )
             certificates.append(
                 certificate(entry, Decision.KEEP, applied.rule, applied.reason, why, protection=protection)
             )
@@ -143,6 +152,36 @@ def _carry_over(
         draft.apply(applied)
         in_force.append(applied)
     return tuple(in_force), tuple(certificates), frozenset(undone)
+
+
+@dataclass(frozen=True, slots=True)
+class _RunBack:
+    seqs: range
+    rule: str
+    held: int
+    """The item of the run protected since."""
+
+
+def _runs_back(
+    applied: Iterable[AppliedEdit], protected: Protections, pins: frozenset[int], recheck: bool
+) -> list[_RunBack]:
+    """The runs of whole turns left out together (stages/budget.py) that come back whole: one of
+    their items is protected since (pinned; or by a changed policy, `recheck`), and shown alone it
+    would lack its call or its results, and the items around it their marker."""
+    back = []
+    for a in applied:
+        edit = a.edit
+        seqs = turns_in(edit.note) if isinstance(edit, Remove) and edit.placeholder else None
+        if seqs is None:
+            continue
+        held = (
+            next((s for s in seqs if protected.of(s)), None)
+            if recheck
+            else next((p for p in sorted(pins) if p in seqs), None)
+        )
+        if held is not None:
+            back.append(_RunBack(seqs, a.rule, held))
+    return back
 
 
 def take(taken: set[Slot], compressed: set[Slot], relied: dict[int, int], applied: Iterable[AppliedEdit]) -> None:

@@ -46,10 +46,11 @@ def record(
     items: int,
     history_tokens: int,
 ) -> Recorded:
-    """The state after a render that kept `in_force` (`compressed`: the slots its compressions
-    hold, which an edit of this render may have taken over), applied `applied` (`durable`: in
-    history mode) and deferred `pending`; `decided`: the refusals certified so far; `items`:
-    the history version rendered, of `history_tokens` tokens."""
+    """The state after a render that kept `in_force` (`compressed`: the slots an edit of this
+    render may have taken over: its compressions', and the markers of runs the budget grew),
+    applied `applied` (`durable`: in history mode) and deferred `pending`; `decided`: the
+    refusals certified so far; `items`: the history version rendered, of `history_tokens`
+    tokens."""
     superseded = compressed & {slot_of(a.edit) for a in (*applied, *durable)}
     if superseded:
         in_force = [a for a in in_force if slot_of(a.edit) not in superseded]
