@@ -7,8 +7,9 @@ The session is `bench/scale.py`'s (a coding agent's shell reads of different fil
 its own: the default policy compresses each once it is older than the last turn, and removes
 nothing). One round (a call and its output) is appended before each render, a minute apart, as
 an agent goes; every render asks for `--budget` tokens and resumes from the previous one's carry,
-as the service does. Each view is priced as the lab prices a call (bench/contextd_lab/cache.py:
-Anthropic reads back to an earlier call's breakpoint, the view's own; OpenAI any shared prefix).
+as the service does. Each view is priced as the lab prices its default condition's calls
+(bench/contextd_lab/cache.py: Anthropic reads back to an earlier call's breakpoint, which the view
+places, `place_cache_breakpoint`; OpenAI any shared prefix).
 
 `--low-water X` sets the policy's `cache.low_water` (the share of the budget an offload goes
 down to); without it, the default policy as it ships (a commit that predates the setting takes
@@ -60,7 +61,7 @@ def main() -> int:
     policy = parse_policy(text, registry)
     messages = tool_calls(2 + 2 * args.rounds, "unprunable")
     items = [to_item(c, seq) for seq, c in enumerate(items_from_proto(items_from_openai(messages)), start=1)]
-    request = ViewRequest(ViewFormat(args.format), budget_tokens=args.budget)
+    request = ViewRequest(ViewFormat(args.format), budget_tokens=args.budget, place_breakpoint=True)
     caches = {p: PromptCache(p) for p in ("anthropic", "openai")}
     dollars = dict.fromkeys(caches, 0.0)
     written = {p: 0 for p in caches}

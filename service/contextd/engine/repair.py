@@ -71,7 +71,13 @@ def repair(
         entry = shown[index]
         marks.append((len(ordered), len(warnings)))
         if id(entry) in answers:
-            continue  # placed right after its call, below
+            result = entry.item.tool_result
+            if entry.representation is Representation.OMITTED and result and result.tool_use_id not in run.calls_at:
+                # Left out with its call: in place, where a later render resumes after it (at the
+                # end, every render would go through the results of the turns left out again).
+                ordered.append(entry)
+                placed.add(entry.seq)
+            continue  # else placed right after its call, below
         ordered.append(entry)
         if entry.representation is Representation.OMITTED or entry.item.role is not Role.ASSISTANT:
             continue
