@@ -2,7 +2,7 @@
 
     python bench/stall.py [--items 10000] [--seconds 8] [--postgres-url URL] [--target HOST:PORT]
                           [--batch 800] [--phases idle,renders,incremental,appends,regex,restart]
-                          [--render-processes N]
+                          [--render-processes N] [--budget-tokens N]
 
 Starts a real `contextd serve` (SQLite in a temporary folder unless
 `--postgres-url` names a server, on which a fresh database is made and
@@ -30,7 +30,9 @@ from its own process, in the phases `--phases` names (all by default), `--second
    in 2 (run last: it restarts the server).
 
 With `--render-processes N` the server renders on N processes of its own
-(contextd/render_processes.py), not on threads beside A's calls.
+(contextd/render_processes.py), not on threads beside A's calls. With
+`--budget-tokens N` B's renders ask for a budget (a view sized to a model's
+window, not the whole history).
 
 Prints A's p50 / p99 / max per phase, B's renders and their median time, and
 the command that produced it. The target: A's p99 at most 20 ms.
@@ -82,7 +84,7 @@ def _fill(client: Any, session_id: str, messages: list[dict[str, Any]]) -> None:
         client.append_openai(session_id, messages[start : start + 800])
 
 
-def _render_loop(target: str, session_id: str, seconds: float, next_call: int, out: Any) -> None:
+def _render_loop(target: str, session_id: str, seconds: float, next_call: int, out: Any, budget: int = 0) -> None:
     """Tenant B: append one call and its output, render, again, for `seconds`. The view comes
     back as bytes, not decoded: this process shares the machine's two cores with the server,
     and what is measured is the server."""
@@ -91,7 +93,9 @@ def _render_loop(target: str, session_id: str, seconds: float, next_call: int, o
     from contextd_client import Client, RetryPolicy
     from contextd_client.v1 import contextd_pb2 as api
 
-    request = api.RenderViewRequest(session_id=session_id, format=api.VIEW_FORMAT_OPENAI_CHAT).SerializeToString()
+    request = api.RenderViewRequest(
+        session_id=session_id, format=api.VIEW_FORMAT_OPENAI_CHAT, budget_tokens=budget
+    ).SerializeToString()
     times: list[float] = []
     with (
         Client(target, api_key="key-b", timeout=120, retry=RetryPolicy(budget=120)) as client,
@@ -145,7 +149,7 @@ def _probe(target: str, session_id: str, seconds: float) -> list[float]:
 
 
 def _phase(
-    target: str, a_session: str, seconds: float, b_session: str | None, next_call: int, batch: int = 0
+    target: str, a_session: str, seconds: float, b_session: str | None, next_call: int, batch: int = 0, budget: int = 0
 ) -> dict[str, Any]:
     """A's latency while B renders `b_session` (or, with `batch`, appends batches of that many items)."""
     context = multiprocessing.get_context("spawn")
@@ -155,7 +159,7 @@ def _phase(
     if batch:
         worker = context.Process(target=_append_loop, args=(target, seconds + 2, batch, queue))
     elif b_session is not None:
-        worker = context.Process(target=_render_loop, args=(target, b_session, seconds + 2, next_call, queue))
+        worker = context.Process(target=_render_loop, args=(target, b_session, seconds + 2, next_call, queue, budget))
     if worker is not None:
         worker.start()
         time.sleep(1.0)  # B's first call is under way
@@ -182,6 +186,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=800, help="items per append in the appends phase")
     parser.add_argument("--target", default="", help="a running server that takes the keys a:key-a,b:key-b")
     parser.add_argument("--render-processes", type=int, default=0, help="the server's --render-processes")
+    parser.add_argument("--budget-tokens", type=int, default=0, help="B's renders ask for this budget (0: none)")
     parser.add_argument(
         "--phases",
         default="idle,renders,incremental,appends,regex,restart",
@@ -216,14 +221,17 @@ def main() -> int:
             if "idle" in chosen:
                 phases["idle"] = _phase(target, a_session, args.seconds, None, 0)
             if "renders" in chosen:
-                phases[f"B renders {args.items:,} items"] = _phase(target, a_session, args.seconds, big, args.items)
+                phases[f"B renders {args.items:,} items"] = _phase(
+                    target, a_session, args.seconds, big, args.items, budget=args.budget_tokens
+                )
             if "incremental" in chosen:
                 with Client(target, api_key="key-b", timeout=300) as b:
                     warm = b.create_session().id
                     _fill(b, warm, tool_session(args.items))
-                    b.render_view(warm, ViewFormat.OPENAI_CHAT)  # the cold render, before the window
+                    # the cold render, before the window
+                    b.render_view(warm, ViewFormat.OPENAI_CHAT, budget_tokens=args.budget_tokens)
                 name = f"B renders {args.items:,} items, each resuming the last"
-                phases[name] = _phase(target, a_session, args.seconds, warm, args.items)
+                phases[name] = _phase(target, a_session, args.seconds, warm, args.items, budget=args.budget_tokens)
             if "appends" in chosen:
                 name = f"B appends {args.batch:,} items a call"
                 phases[name] = _phase(target, a_session, args.seconds, None, 0, batch=args.batch)
@@ -233,12 +241,12 @@ def main() -> int:
                 with Client(target, api_key="key-b", timeout=300) as b:
                     rendered = b.create_session().id
                     _fill(b, rendered, tool_session(args.items))
-                    b.render_view(rendered, ViewFormat.OPENAI_CHAT)
+                    b.render_view(rendered, ViewFormat.OPENAI_CHAT, budget_tokens=args.budget_tokens)
                 server.stop()
                 server = ServerProcess(*flags(database, args.render_processes)).wait_serving()
                 target = server.target
                 name = f"B's first render of {args.items:,} items after a restart, then renders"
-                phases[name] = _phase(target, a_session, args.seconds, rendered, args.items)
+                phases[name] = _phase(target, a_session, args.seconds, rendered, args.items, budget=args.budget_tokens)
         finally:
             if server is not None:
                 server.stop()
