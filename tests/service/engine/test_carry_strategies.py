@@ -330,6 +330,38 @@ def test_a_replica_catches_up_by_an_offload_that_took_over_a_compressions_slot()
     assert render(inp) == render(replace(inp, carry=None))
 
 
+def test_replicas_taking_turns_render_what_one_renders_while_whole_turns_leave_in_runs() -> None:
+    """A long session over its budget: the placeholders are not enough, and the oldest turns
+    leave whole behind a marker that moves with the run's end (its old item left out, the edit
+    in force there giving way). Two replicas take the renders in turn, each bringing its carry
+    up by the other's changes, as stored: each renders what a render from the state alone does."""
+    items = file_reads(90)
+    request = partial(budgeted, items, 2_500)
+    outputs = [render(request(40, ViewState(), None))]
+    carries = [outputs[0].carry, None]
+    changes: list[list[StateChange]] = [[], []]
+    followed = 0
+    for k, n in enumerate(range(41, len(items) + 1)):
+        mine = k % 2
+        last = outputs[-1]
+        carry = carries[mine]
+        if carry is not None and changes[mine]:
+            carry = carry.advanced(changes[mine], last.state, items[:n])
+        followed += carry is not None
+        inp = request(n, last.state, carry)
+        out = render(inp)
+        assert out == render(replace(inp, carry=None)), n
+        assert out.change is not None
+        stored = change_from_json(change_to_json(out.change))
+        changes[mine], carries[mine] = [], out.carry
+        changes[1 - mine].append(stored)
+        outputs.append(out)
+    last = outputs[-1].view
+    assert not last.over_budget and "[contextd: items " in last.messages_json
+    assert any(o.change is not None and o.change.removed for o in outputs)  # a marker moved on, or grew
+    assert followed >= len(outputs) - 3, followed  # each replica resumed from its carry, brought up
+
+
 def test_a_replica_catching_up_by_several_changes_knows_a_compression_taken_over_since() -> None:
     """The other replica compressed an output, then offloaded it (the offload took the
     compression's slot): a carry brought up by both changes holds the output as offloaded, not
