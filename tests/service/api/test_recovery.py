@@ -4,6 +4,7 @@ back to the exact original, grep with context, and handles that never cross sess
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
@@ -252,6 +253,23 @@ def test_status_says_what_is_out_of_the_view_and_how_to_get_it_back(client: Clie
     assert first.arguments_digest.startswith("sha256:") and first.tokens > 0
     assert client.retrieve(session, first.handle).content == "output number 0\n" * 20
     assert status.pending_deferred == 0 and 0.0 <= status.stash_hit_rate <= 1.0
+
+
+def test_turns_a_budget_left_out_whole_come_back_by_the_seqs_their_marker_names(client: Client) -> None:
+    """A long session over a small budget: its oldest turns leave whole, behind one marker that
+    names their seqs; each comes back by its seq (and by the handle its certificate names)."""
+    session = client.create_session(f"runs-{uuid.uuid4().hex[:10]}").id
+    conversation(client, session, rounds=60)
+    view = client.render_view(session, ViewFormat.OPENAI_CHAT, budget_tokens=1_500)
+    assert not view.over_budget and view.total_tokens <= 1_500
+    markers = [m["content"] for m in view.messages if "[contextd: items " in str(m.get("content"))]
+    assert len(markers) == 1
+    first, last = map(int, re.findall(r"items (\d+) to (\d+) ", markers[0])[0])
+    handles = {c.seq: c.handle for c in view.certificates if c.decision == "prune" and c.rule == "budget"}
+    for seq in (first + 1, (first + last) // 2 // 2 * 2, last):  # outputs have even seqs
+        back = client.retrieve(session, seq=seq)
+        assert back.seq == seq and back.content == f"output number {seq // 2 - 2}\n" * 20
+        assert client.retrieve(session, handles[seq]).content == back.content
 
 
 def test_a_render_that_prunes_many_items_stashes_them_all(make_server: object, redis_url: str) -> None:
