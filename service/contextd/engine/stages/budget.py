@@ -38,8 +38,9 @@ class Fitted:
     certificates: tuple[CertificateBody, ...]
     """PRUNE, rule and reason `budget`, for each item offloaded."""
     remarked: frozenset[Slot] = frozenset()
-    """Items holding the marker of an earlier render's run of whole turns that this one grew: the
-    edit in force there gives way to the new marker's (in `applied`)."""
+    """Items an earlier render's offload holds (a placeholder, a run's marker) that this render
+    took into a run of whole turns: the edit in force there gives way to this one's (in
+    `applied`)."""
 
 
 def fit_budget(

@@ -47,7 +47,8 @@ def record(
     history_tokens: int,
 ) -> Recorded:
     """The state after a render that kept `in_force` (`compressed`: the slots an edit of this
-    render may have taken over: its compressions', and the markers of runs the budget grew),
+    render may have taken over: its compressions', and the budget's earlier offloads it took
+    into a run of whole turns),
     applied `applied` (`durable`: in history mode) and deferred `pending`; `decided`: the
     refusals certified so far; `items`: the history version rendered, of `history_tokens`
     tokens."""
