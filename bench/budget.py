@@ -12,8 +12,9 @@ as the service does. Each view is priced as the lab prices its default condition
 places, `place_cache_breakpoint`; OpenAI any shared prefix).
 
 `--low-water X` sets the policy's `cache.low_water` (the share of the budget an offload goes
-down to); without it, the default policy as it ships (a commit that predates the setting takes
-no other). Prints what it measured and the command; a benchmark, not a test.
+down to); without it, the default policy as it ships (the only choice when measuring a commit
+from before the setting existed). Prints what it measured and the command; a benchmark, not a
+test.
 """
 
 from __future__ import annotations
