@@ -23,6 +23,7 @@ from pydantic import Field
 
 from contextd_client import AsyncClient, Client
 from contextd_client.integrations.langchain import ContextdMiddleware, SessionMismatch, session_for_thread
+from contextd_client.v1 import content_pb2
 from tests.conftest import ServerThread
 
 SYSTEM = "You fix bugs."
@@ -87,10 +88,9 @@ def stored(client: Client, session_id: str) -> list[tuple[str, str]]:
     """Each item of the session as (role, the tool call ids it makes or answers), from the history
     (a view keeps the budget's offloads in force: whole turns may have left it)."""
     items = [client.explain_item(session_id, seq).item for seq in range(1, client.get_session(session_id).version + 1)]
-    role = {1: "system", 2: "user", 3: "assistant", 4: "tool"}
     return [
         (
-            role[item.role],
+            content_pb2.Role.Name(item.role).removeprefix("ROLE_").lower(),
             " ".join(b.tool_use.id for b in item.content if b.HasField("tool_use"))
             or next((b.tool_result.tool_use_id for b in item.content if b.HasField("tool_result")), ""),
         )

@@ -168,7 +168,9 @@ def _runs_back(
     """The runs of whole turns left out together (stages/budget.py) that come back whole: one of
     their items is protected since (pinned; or by a changed policy, `recheck`), and shown alone it
     would lack its call or its results, and the items around it their marker."""
-    back = []
+    back: list[_RunBack] = []
+    if not (recheck or pins):
+        return back  # (nothing can be protected since: no pass over the edits in force)
     for a in applied:
         edit = a.edit
         seqs = turns_in(edit.note) if isinstance(edit, Remove) and edit.placeholder else None
