@@ -12,7 +12,9 @@ agent's own focus, used as they are:
   to the words it matches (``def\\s+validate\\(`` → ``validate``);
 * the names in a ``python -c`` snippet (``from app.forms import validate`` →
   ``app.forms``, ``validate``);
-* the file of a ``sed -n``/``head``/``tail``/``cat`` range, whatever its name.
+* the file of a ``sed -n``/``head``/``tail``/``cat`` range, whatever its name;
+  and the range itself (`ranges_read`): those lines of the file, in another
+  output that shows them (an earlier ``cat`` of it), are kept as they are.
 
 Keywords of the languages searched (``def``, ``class``, ``import`` ...) are
 left out: every line of code holds them.
@@ -24,13 +26,16 @@ import json
 import keyword
 import posixpath
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Protocol
 
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Item, ToolUseBlock
+from contextd.engine.observations import Observation
+from contextd.engine.shell import WHOLE
 from contextd.engine.shell_words import PYTHON, split_commands, split_pipeline, words_of
+from contextd.engine.types import ReadAgain
 
 MAX_SEARCHED = 12
 """Terms taken from the recent calls, the newest first."""
@@ -68,6 +73,19 @@ def searched_terms(calls: Iterable[Item], tools: Mapping[str, Declared]) -> tupl
     for item in reversed(list(calls)):
         found.extend(_searched.get((item, tools), partial(_of_item, item, tools)))
     return tuple(dict.fromkeys(found))[:MAX_SEARCHED]
+
+
+def ranges_read(calls: Iterable[Item], answer: Callable[[str], Observation | None]) -> ReadAgain:
+    """The line ranges the calls of `calls` (assistant items) read of files, as their outputs'
+    observations say (``sed -n 5,40p f``, ``head -n 20 f``; not a whole file, not a search):
+    per read, its path, the seq of its output and its lines, the newest call's first."""
+    found = []
+    for item in reversed(list(calls)):
+        for call in item.tool_uses:
+            seen = answer(call.id)
+            if seen is not None:
+                found += [(r.path, seen.seq, r.span) for r in seen.reads if r.span is not None and r.span != WHOLE]
+    return tuple(found)
 
 
 def _of_item(item: Item, tools: Mapping[str, Declared]) -> tuple[str, ...]:

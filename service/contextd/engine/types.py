@@ -19,6 +19,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 from contextd.engine.model import Block, Item, ItemContent, Representation, Role, ToolResultBlock, ToolUseBlock
 from contextd.engine.observations import ObservationIndex
+from contextd.engine.spans import Span
 
 # ------------------------------------------------------------------ edits
 
@@ -182,6 +183,10 @@ class CacheState:
         return self.breakpoints[at - 1] if at else 0
 
 
+ReadAgain = tuple[tuple[str, int, Span], ...]
+"""Reads of line ranges: (path, the seq of the output, the lines read)."""
+
+
 @dataclass(frozen=True, slots=True)
 class TransformContext:
     entries: tuple[Entry, ...]
@@ -198,6 +203,9 @@ class TransformContext:
     searched: tuple[str, ...] = ()
     """What the recent calls searched for or named, as a shell user means it (asked.py): taken
     as the agent's own focus, however plain the word."""
+    read_again: ReadAgain = ()
+    """The line ranges the recent calls read of files (asked.py, `ranges_read`): those lines,
+    in another output of the same file, are what the agent looked at again."""
     tools: tuple[Mapping[str, Any], ...] = ()
     """The provider tool schemas sent with the request, when the client gave them."""
     tool_effects: Mapping[str, Any] = field(default_factory=dict)

@@ -666,6 +666,43 @@ def test_what_the_agent_grepped_for_stays_whole_in_the_file_it_read_next_however
     assert "render_value_7" not in view  # the others' bodies left out
 
 
+RANGE = "\n".join(PLAIN_SOURCE.split("\n")[27:31])  # lines 28-31: four lines of `render`'s body
+HEAD = "\n".join(PLAIN_SOURCE.split("\n")[:31])
+
+
+def _numbered(text: str) -> str:
+    return "\n".join(f"{n:6}\t{line}" for n, line in enumerate(text.split("\n"), start=1))
+
+
+def message_of(out: RenderOutput, seq: int) -> str:
+    """The text of the view's message showing `seq`."""
+    index = next(i.message_index for i in out.view.items if i.seq == seq)
+    return json.dumps(json.loads(out.view.messages_json)[index])
+
+
+@pytest.mark.parametrize(
+    ("calls", "kept"),
+    [
+        # The agent went back to some lines of a file it had read whole: they stay in that read.
+        ((("cat src/forms.py", PLAIN_SOURCE), ("sed -n '28,31p' src/forms.py", RANGE)), True),
+        ((("cat -n src/forms.py", _numbered(PLAIN_SOURCE)), ("sed -n 28,31p src/forms.py", RANGE)), True),
+        ((("cat src/forms.py", PLAIN_SOURCE), ("head -n 31 src/forms.py", HEAD)), True),
+        # A command whose effects are unknown, between the two, may have moved the file's lines.
+        ((("cat src/forms.py", PLAIN_SOURCE), ("python fix.py", "done"), ("sed -n '28,31p' src/forms.py", RANGE)),
+         False),
+    ],
+)  # fmt: skip
+def test_the_lines_a_recent_call_read_by_range_stay_in_another_read_of_the_file(
+    calls: tuple[tuple[str, str], ...], kept: bool
+) -> None:
+    out = run_policy(session(*calls, ("ls", "src\ntests")), READ_THEN_COMPRESS)
+    assert (seq_of(1), "compressed_code") in [(c.seq, c.reason) for c in out.certificates]
+    text = message_of(out, seq_of(1))
+    assert ("render_value_1 = request.get('field_1', 1)" in text) is kept, text
+    assert ("render_value_4 = request.get('field_4', 4)" in text) is kept
+    assert "render_value_6" not in text and "submit_value_3" not in text  # the rest of the bodies: left out
+
+
 @pytest.mark.parametrize(
     ("command", "terms"),
     [

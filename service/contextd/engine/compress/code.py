@@ -86,7 +86,7 @@ def compress_code(
         return None
     kept = Kept(lines, first_line)
     kept.add_range(0, len(lines))
-    mentioned = focus.lines_mentioning(Lines(source, source_lines))
+    mentioned = focus.lines_mentioning(Lines(source, source_lines)) | focus.lines_read(first_line, len(lines))
     whole = [(b.start, b.stop) for b in bodies if b.name in focus.names]
     hidden = 0
     shown: set[str] = set()  # with `examples`, the shapes of the short bodies shown

@@ -48,7 +48,7 @@ def looks_like_html(text: str) -> bool:
 def compress_html(text: str, focus: Focus, first_line: int = 1) -> Compressed | None:
     found = Lines(text)
     lines = found.lines
-    mentioned = focus.lines_mentioning(found)
+    mentioned = focus.lines_mentioning(found) | focus.lines_read(first_line, len(lines))
     kept = Kept(lines, first_line)
     kept.add_range(0, len(lines))
     said: list[str] = []

@@ -66,7 +66,7 @@ def compress_log(text: str, focus: Focus, *, kind: str = "log", first_line: int 
     managed = _tracebacks(found, kept) if _TRACEBACK in text else set()
     if kind == "test" or "::" in text or " passed" in text:
         managed |= _tests(lines, kept)
-    kept.add(*focus.lines_mentioning(found))
+    kept.add(*focus.lines_mentioning(found), *focus.lines_read(first_line, len(lines)))
     errors = found.reporting_errors()
     errors.update(found.line_of(i + 1) for i in _offsets(text, "\nE "))
     errors.update(i for i in found.holding("^") if _CARET.match(lines[i]))

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Hashable, Mapping
 from typing import Any, ClassVar
 
-from contextd.engine.compress.router import compress
+from contextd.engine.compress.router import compress, envelope
 from contextd.engine.compress.text import WORD, Compressed, Focus, identifiers
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Item, Representation, TextBlock, ToolUseBlock
@@ -47,7 +47,11 @@ class Compress(Strategy):
         if result is None or not all(isinstance(p, TextBlock) for p in result.content):
             return None  # images and documents are not read here
         text = output_text(entry)
-        focus = Focus((*context.requested_focus, *context.searched), (*_reason(context, seen), *context.focus))
+        focus = Focus(
+            (*context.requested_focus, *context.searched),
+            (*_reason(context, seen), *context.focus),
+            _read_again(context, seen, text),
+        )
         if "\\" not in text:
             # Only the focus terms that may occur in the output change its compression: the
             # key. (Escapes, as in JSON, hide words from this reading: the whole focus then.)
@@ -71,7 +75,7 @@ class Compress(Strategy):
         entry_ratio = max(ratio, params.get("on_entry_max_ratio", ratio)) if new else ratio
         # The call that read a whole file and reads its compression instead has seen none of it.
         examples = whole and new and bool(on_entry)
-        key = (focus.terms, ratio, declared, seen.command, path, on_entry, entry_ratio, examples)
+        key = (focus.terms, focus.lines, ratio, declared, seen.command, path, on_entry, entry_ratio, examples)
         if key not in held:
             if len(held) >= HELD_PER_ITEM:
                 held.clear()  # an output asked under many foci: the recent ones matter
@@ -112,6 +116,36 @@ class Compress(Strategy):
         if entry.representation is not Representation.FULL or result is None:
             return ()
         return (("focus",),) if all(isinstance(p, TextBlock) for p in result.content) else ()
+
+
+def _read_again(context: TransformContext, seen: Observation, text: str) -> frozenset[int]:
+    """The lines of this output (numbered from 1, as a compressor's `first_line`) that a recent
+    call read again by a range of the same file (`sed -n 120,160p f` after `cat f`, or before
+    it): those the output shows, unless a write between the two reads may have moved them."""
+    if len(seen.reads) != 1 or seen.reads[0].span is None:
+        return frozenset()
+    path, shown = seen.reads[0].path, seen.reads[0].span
+    ranges = [
+        span
+        for read_path, seq, span in context.read_again
+        if read_path == path
+        and seq != seen.seq
+        and not context.observations.may_have_moved_lines(path, min(seq, seen.seq), max(seq, seen.seq))
+    ]
+    if not ranges:
+        return frozenset()
+    first = envelope(text)[0].count("\n") + 1  # the file's lines start after a tool's wrapping
+    count = text.count("\n") + 1
+    lines: set[int] = set()
+    at = first  # the output's line showing the first line of each range it shows
+    for low, high in shown:
+        for wanted_low, wanted_high in (r for span in ranges for r in span):
+            start, stop = max(low, wanted_low), min(high, wanted_high, low + count)
+            lines.update(range(at + start - low, at + stop - low + 1))
+        at += high - low + 1
+        if at > count:
+            break
+    return frozenset(n for n in lines if n <= count)
 
 
 def _compressed(entry: Entry, found: Compressed, on_entry: bool) -> Proposal:

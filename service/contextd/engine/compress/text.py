@@ -84,6 +84,10 @@ class Focus:
 
     given: tuple[str, ...] = ()
     derived: tuple[str, ...] = ()
+    lines: frozenset[int] = frozenset()
+    """Lines of the output the recent calls read again (a `sed -n` range of the same file):
+    kept, whatever they mention. Numbered as a compressor's `first_line` numbers them (the
+    output's first line is 1)."""
 
     @cached_property
     def terms(self) -> tuple[str, ...]:
@@ -109,6 +113,7 @@ class Focus:
         return Focus(
             tuple(t for t in self.given if _words_of_last(t) <= words),
             tuple(t for t in self.derived if _words_of_last(t) <= words),
+            self.lines,
         )
 
     @cached_property
@@ -120,6 +125,10 @@ class Focus:
 
     def lines_mentioning(self, text: Lines) -> set[int]:
         return set(text.having(self.terms)) if self.terms else set()
+
+    def lines_read(self, first_line: int, count: int) -> set[int]:
+        """Of `count` lines numbered from `first_line`, the indexes of those read again (`lines`)."""
+        return {n - first_line for n in self.lines if first_line <= n < first_line + count}
 
     def mentions(self, text: str) -> bool:
         return self._pattern is not None and self._pattern.search(text) is not None
@@ -137,7 +146,7 @@ class Focus:
         keep = {t for t in self.terms if seen.get(t, 0) <= limit}
         if len(keep) == len(self.terms):
             return self
-        return Focus(tuple(t for t in self.given if t in keep), tuple(t for t in self.derived if t in keep))
+        return Focus(tuple(t for t in self.given if t in keep), tuple(t for t in self.derived if t in keep), self.lines)
 
 
 NO_FOCUS = Focus()

@@ -31,7 +31,7 @@ from contextd.engine.observations import Observation, ObservationIndex
 from contextd.engine.policy import When
 from contextd.engine.rules import holds_for
 from contextd.engine.shell import WHOLE
-from contextd.engine.types import Entry, Incremental, Proposal, TransformContext, target_of
+from contextd.engine.types import Entry, Incremental, Proposal, ReadAgain, TransformContext, target_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +58,9 @@ class Ledgers:
     """In policy order."""
     items: int
     """How many of the history's items they were made over."""
-    focus: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
-    """The request's focus, what the recent calls searched for, and the render's focus, as the
-    transforms saw them."""
+    focus: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], ReadAgain]
+    """The request's focus, what the recent calls searched for, the render's focus and the
+    ranges the recent calls read, as the transforms saw them."""
     completions: int
     """How many spans of completed work there were."""
     changed: frozenset[int] = frozenset()
@@ -201,7 +201,7 @@ def touched(
             keys.add(("completions",))
     if len(index.completions) != ledgers.completions:
         keys.add(("completions",))
-    if (context.requested_focus, context.searched, context.focus) != ledgers.focus:
+    if (context.requested_focus, context.searched, context.focus, context.read_again) != ledgers.focus:
         keys.add(("focus",))
     return keys
 

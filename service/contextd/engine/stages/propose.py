@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from contextd.engine.asked import searched_terms
+from contextd.engine.asked import ranges_read, searched_terms
 from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.compress.strategy import Compress
 from contextd.engine.compress.text import MAX_FOCUS_TERMS, identifiers
@@ -92,6 +92,7 @@ def transform_context(
         focus=focus_terms((draft.latest_calls, draft.latest_user), request.focus),
         requested_focus=tuple(request.focus),
         searched=searched_terms(draft.recent_calls, policy.tools),
+        read_again=ranges_read(draft.recent_calls, draft.observations.answer),
         tools=tools,
         tool_effects=policy.tools,
         turns=draft.turns,
@@ -126,7 +127,7 @@ def propose(
         held = frozenset(e.seq for e in (*changed, *new) if e.seq in taken and e.seq not in compressed)
         proposed, done = _proposed_since(policy, registry, context, held, ledgers, new, changed)
     waiting, certificates = _waiting(draft, policy, pending, agent_proposals)
-    focus = (context.requested_focus, context.searched, context.focus)
+    focus = (context.requested_focus, context.searched, context.focus, context.read_again)
     made = Ledgers(tuple(done), len(draft.natural), focus, len(context.observations.completions))
     prices = policy.cache.prices
     if not context.cache.cold and prices.cache_write > prices.cache_read:  # a rewrite costs
