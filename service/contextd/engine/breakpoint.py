@@ -39,6 +39,15 @@ agent was editing one file may pay while it reads logs). The breakpoint goes bef
 where the sum of what follows is largest, when it is positive, what it caches
 is long enough for the provider to cache at all, and it leaves out nothing
 the call reads from the cache; else at the end, as an agent puts it.
+
+A guess is still a guess, and the record starts with one that paid: under
+`cache.stakes: banked` an early breakpoint also stakes no more than the
+session has saved so far against sending its history whole (timing.py,
+`banked`), as a rewrite of the cache does. What it stakes is what it loses
+when no expected reduction comes, (i - r) T over every item after it: a
+session whose reductions never come then pays for its guesses out of what
+its other edits saved, never beyond, and costs no more than the agent's own
+breakpoint at the end would.
 """
 
 from __future__ import annotations
@@ -94,13 +103,15 @@ def place(
     floor: int = 0,
     total: int | None = None,
     paid: float = 1.0,
+    stake: float | None = None,
 ) -> Breakpoint | None:
     """Where to end the cache entry of a render of `segments` (in view order; `total`: their
     tokens, when known), given the items the next render expects to reduce (`shrinks`: seq ->
     its tokens then); None: at the end. Never before `floor`, the tokens this call reads from
     the cache: a provider reads no entry that ends past the call's breakpoint. `paid`: the chance
-    an expected reduction comes (`paid_share`). Read from the end: what lapses is the newest
-    outputs, so a render looks at its tail only."""
+    an expected reduction comes (`paid_share`); `stake`: the most the breakpoint may lose if none
+    comes (None: no bound). Read from the end: what lapses is the newest outputs, so a render
+    looks at its tail only."""
     if not shrinks:
         return None
     prices = cache.prices
@@ -109,6 +120,7 @@ def place(
     bound = max(floor, MIN_CACHED_TOKENS)
     best: Breakpoint | None = None
     following = 0.0  # the value of the items after the one looked at
+    lost = 0.0  # what they lose if no reduction comes
     end = sum(s.tokens for s in segments) if total is None else total
     index = len(segments) - 1
     while index > 0:
@@ -123,10 +135,14 @@ def place(
             after = min(shrinks[seq], tokens)
             reduced = (w + r - i) * tokens - w * after + later * r * (tokens - after)
             following += paid * reduced - (1 - paid) * (i - r) * tokens
+            lost += (i - r) * tokens
+            if stake is not None and lost > stake:
+                break  # and earlier only stakes more
             through = segments[index - 1].seq
             if through > 0 and following > (best.value if best else 0.0):
                 best = Breakpoint(through, seq, start, following)
         else:
             following -= (i - r) * tokens
+            lost += (i - r) * tokens
         end, index = start, index - 1
     return best

@@ -10,9 +10,11 @@ from dataclasses import replace
 
 import grpc
 import pytest
+import yaml
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import error_details_pb2, status_pb2
 
+from contextd.engine.policy import default_policy_text
 from contextd_client import (
     AlreadyExists,
     Client,
@@ -102,7 +104,11 @@ def test_the_view_places_the_cache_breakpoint_before_what_the_next_render_compre
         opening = [text(pb.ROLE_SYSTEM, "You fix bugs."), text(pb.ROLE_USER, task)]
         return [*opening, pb.Item(role=pb.ROLE_ASSISTANT, content=[command]), result("c1", SOURCE)]
 
-    session = client.create_session().id
+    # The first call of a session has saved nothing an early breakpoint may stake (`stakes:
+    # banked`, the engine's tests): here its stake is not bounded, to see where it goes.
+    policy = yaml.safe_load(default_policy_text())
+    policy["cache"]["stakes"] = "unlimited"
+    session = client.create_session(policy=json.dumps(policy)).id
     client.append_items(session, reads(session))
     view = client.render_view(session, ViewFormat.ANTHROPIC_MESSAGES, place_cache_breakpoint=True)
     assert view.cache_breakpoint_seq == 3  # the call: its output, which the next render compresses, is not cached

@@ -76,6 +76,9 @@ FIRST_LINE = """
 protection: {last_turns: 1}
 rules: [{name: first-line, transform: first_line, when: {roles: [tool]}}]
 """
+PLACING = FIRST_LINE + "cache: {stakes: unlimited}\n"
+"""The same, an early breakpoint staking any amount: where the guess alone puts it (the bound on
+its stake, `stakes: banked`, is the last tests')."""
 BODY = "\n".join(f"body line {n}: value {n * 7} of the long listing" for n in range(300))
 
 
@@ -91,7 +94,7 @@ def task(n: int) -> list[Item]:
 def go(n: int, state: ViewState, now: float, fmt: ViewFormat, placed: bool = True) -> RenderOutput:
     items = task(n)
     request = ViewRequest(fmt, place_breakpoint=placed)
-    policy = parse_policy(FIRST_LINE, REGISTRY)
+    policy = parse_policy(PLACING, REGISTRY)
     return render(RenderInput(make_session(len(items)), items, policy, request, counter(), REGISTRY, state, now))
 
 
@@ -282,7 +285,7 @@ def test_the_record_judges_each_early_breakpoint_by_the_render_after_it() -> Non
 def test_a_session_whose_expected_reductions_never_come_stops_placing_the_breakpoint_early() -> None:
     """The agent pins each output after the call that reads it: the reduction the view placed its
     breakpoint for never comes, and each such breakpoint costs more than one at the end."""
-    policy = parse_policy(FIRST_LINE, REGISTRY)
+    policy = parse_policy(PLACING, REGISTRY)
     state, placed = ViewState(), []
     for n in range(2, 14):
         items = task(n)
@@ -300,3 +303,51 @@ def test_a_session_whose_expected_reductions_never_come_stops_placing_the_breakp
     assert placed[:2] == [True, False] and sum(placed) <= 3, placed
     count, paid = sent(out, ANTHROPIC).early
     assert paid == 0 and count > 0  # every one judged, none paid
+
+
+@pytest.mark.parametrize("calls", [12, 38])
+def test_a_session_whose_expected_reductions_never_come_costs_no_more_than_the_breakpoint_at_the_end(
+    calls: int,
+) -> None:
+    """As above, priced as the provider bills it: each early breakpoint that does not pay is paid
+    for out of what the session saved, never beyond it, so the session costs at most what the
+    agent's own breakpoint at the end (here, raw's prompts) costs."""
+    policy = parse_policy(FIRST_LINE, REGISTRY)
+
+    def bill(placed: bool) -> tuple[float, int]:
+        state, cache, dollars, early = ViewState(), PromptCache("anthropic"), 0.0, 0
+        for n in range(2, calls + 2):
+            items = task(n)
+            newest = items[-1].seq
+            pins = frozenset(i.seq for i in items if i.role is Role.TOOL and i.seq != newest)
+            request = ViewRequest(OPENAI, place_breakpoint=placed)  # (the lab's digest of a message
+            now = 30.0 * n  # counts a moved mark as a change; the provider does not)
+            out = render(
+                RenderInput(
+                    make_session(len(items)), items, policy, request, counter(), REGISTRY, state, now, pins=pins
+                )
+            )
+            early += out.view.cache_breakpoint_seq not in (0, newest)
+            prompt = _segments(json.loads(out.view.messages_json), out.view.items, out.view.framing_tokens)
+            dollars += cache.call(prompt, now, cached_messages(out.view)).dollars
+            state = out.state
+        return dollars, early
+
+    (placed, early), (at_end, _) = bill(placed=True), bill(placed=False)
+    assert placed <= at_end * (1 + 1e-9), (placed / at_end - 1, early)
+
+
+def test_with_its_stake_bounded_the_breakpoint_still_goes_early_once_the_session_has_saved() -> None:
+    policy = parse_policy(FIRST_LINE, REGISTRY)  # `stakes: banked`, the default
+    state, early = ViewState(), []
+    for n in range(2, 14):
+        items = task(n)
+        request = ViewRequest(OPENAI, place_breakpoint=True)
+        out = render(
+            RenderInput(make_session(len(items)), items, policy, request, counter(), REGISTRY, state, 30.0 * n)
+        )
+        early.append(out.view.cache_breakpoint_seq not in (0, items[-1].seq))
+        state = out.state
+    # Nothing saved at the first call: at the end, as the agent would put it. Then, the outputs
+    # reduced call after call, early nearly every time.
+    assert not early[0] and sum(early) >= 9, early

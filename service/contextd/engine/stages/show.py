@@ -14,7 +14,7 @@ from contextd.engine import volatile
 from contextd.engine.breakpoint import Breakpoint, judged, paid_share, place
 from contextd.engine.memo import shared_prefix
 from contextd.engine.model import Session
-from contextd.engine.policy import BREAKPOINTS, Policy
+from contextd.engine.policy import BANKED, BREAKPOINTS, Policy
 from contextd.engine.render.anthropic import mark_breakpoint
 from contextd.engine.render.base import ViewWarning
 from contextd.engine.repair import RepairRun, repair
@@ -85,7 +85,8 @@ def show(
     if request.place_breakpoint:
         read = cache.state.read_until(stable) if previous is not None else 0
         paid = paid_share(early)
-        point = place(segments, shrinks, cache.pricing, read, assembly.offset, paid) if shrinks else None
+        stake = (previous.banked if previous is not None else 0.0) if cache.pricing.stakes == BANKED else None
+        point = place(segments, shrinks, cache.pricing, read, assembly.offset, paid, stake) if shrinks else None
         view, point = _with_breakpoint(view, assembly, draft, point)
     return Shown(view, assembly, run, segments, shared, stable, point, early)
 
