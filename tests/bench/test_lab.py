@@ -85,6 +85,15 @@ def test_contextd_lab_report_runs_end_to_end(
         assert heading in text
     assert "## Cost against hidden facts: the Pareto frontier" in text and "| context-editing-30k | " in text
     assert "| F-oracle | " in text and "| masking | " in text and f"| {trace['id']} | " in text
+    # The targets, measured: the default's savings over the traces read as the traces' table reads them.
+    targets = text.split("## The targets", 1)[1].split("\n## ", 1)[0]
+    for row in ("no trace above raw's cost (Anthropic)", "the default on the frontier (OpenAI)", "no probe lost"):
+        assert f"| {row}" in targets
+    assert "| fixtures: precision 1.00 for `default` | 1.00 | met |" in targets
+    default = next(line for line in text.splitlines() if line.startswith("| default | ") and "$" in line)
+    for provider in ("Anthropic", "OpenAI"):
+        saving = next(line for line in targets.splitlines() if line.startswith(f"| all traces, {provider}"))
+        assert saving.split(" | ")[1].split(" ")[0] in default  # e.g. "-10.3%", beside the dollars
     for plot in ("tokens-per-call", "cost-vs-saved", "precision-recall", "pareto"):
         assert (tmp_path / "lab" / f"{plot}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
