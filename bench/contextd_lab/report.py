@@ -356,29 +356,29 @@ TARGET_PRECISION = ("B-duplicates", "C-errors", "D-superseded", "default")
 
 def _targets(results: Results, trace_ids: Sequence[str], fixture_ids: Sequence[str], conditions: Sequence[str]) -> str:
     """Each target of the default on the real traces and the fixtures: the figure measured, met or
-    not, and where one is not, how near the conditions the lab ran come within the others."""
+    not, and where one is not, how near the conditions the lab ran come within the others. Each
+    verdict is of the figure as printed beside it (a ratio to two decimals of a percent)."""
     rows: list[list[str]] = []
     default = _summed(results, trace_ids, "default")
     for provider in PROVIDERS:
         dearer = []
         for t in trace_ids:
             cost, raw = results.summary(t, "default").cost[provider], results.runs[t, RAW].cost(provider)
-            if raw and cost > raw + 1e-9:
-                dearer.append(f"`{t}` {cost / raw - 1:+.1%}")
+            if cost > raw + 1e-9:
+                dearer.append(f"`{t}` {_change(cost, raw)}")
         figure = ", ".join(dearer) if dearer else f"none of {len(trace_ids)}"
         rows.append([f"no trace above raw's cost ({_PROVIDER_NAMES[provider]})", figure, _met(not dearer)])
     untouched = [f"`{t}`" for t in trace_ids if _untouched(results, t)]
     if untouched:
-        figure = ", ".join(untouched) + ": raw's prompts, so raw's cost"
+        figure = ", ".join(untouched) + ": raw's prompts and raw's cost on both bills"
         rows.append(["a trace where nothing can be removed on evidence costs exactly raw's", figure, "said"])
     for provider in PROVIDERS:
         cost, raw, target = default["cost"][provider], default["raw_cost"][provider], TARGET_SAVINGS[provider]
-        verdict = _met(cost / raw - 1 <= target + 1e-12)
-        if cost / raw - 1 > target + 1e-12:
-            verdict += ": " + _nearest(results, trace_ids, conditions, provider, target)
-        figure = f"{cost / raw - 1:+.1%} ({_dollars(cost)} against {_dollars(raw)})"
+        met = raw > 0 and round(cost / raw - 1, 4) <= target
+        verdict = _met(met) if met else f"{_met(False)}: {_nearest(results, trace_ids, conditions, provider, target)}"
+        figure = f"{_change(cost, raw)} ({_dollars(cost)} against {_dollars(raw)})"
         rows.append([f"all traces, {_PROVIDER_NAMES[provider]}: at most {target:.0%} against raw", figure, verdict])
-    share = default["hidden"] / max(1, default["used"])
+    share = round(default["hidden"] / max(1, default["used"]), 4)
     figure = f"{default['hidden']} of {default['used']:,} ({share:.2%})"
     target_hidden = f"identifiers hidden: at most {TARGET_HIDDEN:.1%} of those used"
     rows.append([target_hidden, figure, _met(share <= TARGET_HIDDEN)])
@@ -386,27 +386,38 @@ def _targets(results: Results, trace_ids: Sequence[str], fixture_ids: Sequence[s
     rows.append(["no probe lost (at the end and when used)", f"{lost} lost", _met(not lost)])
     for provider in PROVIDERS:
         points = _pareto_points(results, trace_ids, conditions, provider)
+        if "default" not in points:
+            continue
         cost, hidden = points["default"]
         better = [c for c, (k, h) in points.items() if k < cost - 1e-12 and h < hidden]
-        figure = f"cheaper and hiding fewer: {_names(better)}" if better else "none both cheaper and hiding fewer"
+        figure = f"cheaper and hiding fewer: {_names(better)}" if better else "none"
         if not better and frontier(points)["default"]:
-            figure += "; no dearer, hiding no more and better on one: " + ", ".join(
+            figure += "; no dearer, hiding no more and better on one (the frontier's table): " + ", ".join(
                 f"`{c}` (${cost - points[c][0]:.4f} cheaper, {points[c][1] - hidden:+.0f} hidden)"
                 for c in frontier(points)["default"]
             )
-        rows.append([f"the default on the frontier ({_PROVIDER_NAMES[provider]})", figure, _met(not better)])
+        target_front = f"no condition both cheaper and hiding fewer than the default ({_PROVIDER_NAMES[provider]})"
+        rows.append([target_front, figure, _met(not better)])
     for condition in TARGET_PRECISION:
         qualities = _qualities(results, fixture_ids, condition)
+        prunes = sum(q.prunes for q in qualities)
+        false = sum(len(q.false_prunes) for q in qualities)
         if qualities:
-            precision = _precision(qualities)
-            rows.append([f"fixtures: precision 1.00 for `{condition}`", f"{precision:.2f}", _met(precision >= 1.0)])
+            figure = f"{false} false of {prunes} prunes" if prunes else "nothing pruned"
+            rows.append([f"fixtures: precision 1.00 for `{condition}`", figure, _met(not false)])
     return _table(["target", "measured", "verdict"], rows)
 
 
+def _change(cost: float, raw: float) -> str:
+    return f"{cost / raw - 1:+.2%}" if raw > 0 else "-"
+
+
 def _untouched(results: Results, trace_id: str) -> bool:
-    """Whether the default changed nothing of a trace: no rule found an edit it may make."""
-    decided = results.runs[trace_id, "default"].decisions
-    same = results.summary(trace_id, "default").sent == results.runs[trace_id, RAW].sent
+    """Whether the default changed nothing of a trace: no rule found an edit it may make, and it
+    sent raw's prompts at raw's cost."""
+    run, raw = results.runs[trace_id, "default"], results.runs[trace_id, RAW]
+    decided = run.decisions
+    same = run.sent == raw.sent and all(abs(run.cost(p) - raw.cost(p)) < 1e-9 for p in PROVIDERS)
     return same and not decided["prune"] + decided["defer"] + decided["apply"]
 
 
@@ -424,8 +435,10 @@ def _nearest(
         summed = _summed(results, trace_ids, condition)
         if not summed["raw"] or condition == RAW:
             continue
-        change = summed["cost"][provider] / summed["raw_cost"][provider] - 1
-        hidden = summed["hidden"] / max(1, summed["used"])
+        if not summed["raw_cost"][provider]:
+            continue
+        change = round(summed["cost"][provider] / summed["raw_cost"][provider] - 1, 4)
+        hidden = round(summed["hidden"] / max(1, summed["used"]), 4)
         lost = summed["probes"].get("lost", 0) + summed["needed"].get("lost", 0)
         if hidden <= TARGET_HIDDEN and not lost:
             allowed.append((change, condition))
@@ -434,10 +447,10 @@ def _nearest(
     said = []
     if allowed:
         change, condition = min(allowed)
-        said.append(f"within the bound on hidden identifiers the cheapest condition is `{condition}`, {change:+.1%}")
+        said.append(f"within the bound on hidden identifiers the cheapest condition is `{condition}`, {change:+.2%}")
     if reaching:
         hidden, condition, change = min(reaching)
-        said.append(f"of those that reach it, `{condition}` hides the fewest: {hidden:.1%} ({change:+.1%})")
+        said.append(f"of those that reach it, `{condition}` hides the fewest: {hidden:.2%} ({change:+.2%})")
     else:
         said.append("no condition reaches it")
     return "; ".join(said)
@@ -764,7 +777,6 @@ the newest outputs the next call will reduce, when that pays, else at the end). 
 Token figures are the service's own (cl100k_base). Render times are whole RenderView calls
 seen by the client, on a shared 2-core machine.
 
-{_targets_section(results, trace_ids, fixture_ids)}
 Probes are facts needed late: **visible** in the last view, **recoverable** through a handle
 the last view shows (fetched back with Retrieve), or **lost**. In brackets, the same for the
 probes whose answer is only in tool outputs (the others also sit in user, system or assistant
@@ -772,7 +784,7 @@ text, which no tool-output rule touches, so they say little). *When used*: the s
 view of the model call that used the fact (the call that wrote its last sighting, when that
 is an assistant turn): a deletion is safe only relative to the use that follows it.
 
-## Fixtures: correctness against ground truth
+{_targets_section(results, trace_ids, fixture_ids)}## Fixtures: correctness against ground truth
 
 {len(fixture_ids)} generated fixtures (`contextd-lab fixtures`, seeds in the command), every
 message labelled (what a view must keep of it, what it needs, its category) with probes, and

@@ -43,7 +43,8 @@ the call reads from the cache; else at the end, as an agent puts it.
 A guess is still a guess, and the record starts with one that paid: under
 `cache.stakes: banked` an early breakpoint also stakes no more than the
 session has saved so far against sending its history whole (timing.py,
-`banked`), as a rewrite of the cache does. What it stakes is what it loses
+`banked`), less what a rewrite in the same render stakes, as a rewrite of
+the cache does. What it stakes is what it loses
 when no expected reduction comes, (i - r) T over every item after it: a
 session whose reductions never come then pays for its guesses out of what
 its other edits saved, never beyond, and costs no more than the agent's own

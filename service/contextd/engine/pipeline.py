@@ -201,6 +201,7 @@ def render(inp: RenderInput) -> RenderOutput:
         judged.shrinks,
         repaired=last.repaired if last else None,
         assembled=last.assembly if last else None,
+        staked=timed.staked,
     )
     lap("show")
     recorded = record(

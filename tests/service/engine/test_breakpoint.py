@@ -339,15 +339,16 @@ def test_a_session_whose_expected_reductions_never_come_costs_no_more_than_the_b
 
 def test_with_its_stake_bounded_the_breakpoint_still_goes_early_once_the_session_has_saved() -> None:
     policy = parse_policy(FIRST_LINE, REGISTRY)  # `stakes: banked`, the default
-    state, early = ViewState(), []
-    for n in range(2, 14):
+    state, cache, early, dollars = ViewState(), PromptCache("anthropic"), [], 0.0
+    for n in range(2, 32):
         items = task(n)
-        request = ViewRequest(OPENAI, place_breakpoint=True)
-        out = render(
-            RenderInput(make_session(len(items)), items, policy, request, counter(), REGISTRY, state, 30.0 * n)
-        )
+        request, now = ViewRequest(OPENAI, place_breakpoint=True), 30.0 * n
+        out = render(RenderInput(make_session(len(items)), items, policy, request, counter(), REGISTRY, state, now))
         early.append(out.view.cache_breakpoint_seq not in (0, items[-1].seq))
+        prompt = _segments(json.loads(out.view.messages_json), out.view.items, out.view.framing_tokens)
+        dollars += cache.call(prompt, now, cached_messages(out.view)).dollars
         state = out.state
-    # Nothing saved at the first call: at the end, as the agent would put it. Then, the outputs
-    # reduced call after call, early nearly every time.
-    assert not early[0] and sum(early) >= 9, early
+    # Nothing saved at first: at the end, as the agent would put it, while each reduction is a
+    # rewrite that stakes what was saved. Once the savings cover the stake, early every time.
+    assert not early[0] and early[-10:] == [True] * 10, early
+    assert state.renders[OPENAI.value].banked > 0

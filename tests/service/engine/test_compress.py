@@ -1161,6 +1161,21 @@ def test_content_that_parses_as_json_is_read_as_json_whatever_the_command_sugges
             assert fact in out.text, (command, fact, out.text)
 
 
+def test_a_bulky_anomalous_objects_status_like_fields_stay_when_the_json_is_compressed() -> None:
+    pods = json.loads(_pods(broken=5))
+    for pod in pods["items"]:  # specs and annotations that dwarf the status
+        pod["spec"]["containers"][0]["env"] = [
+            {"name": f"VAR_{k}", "value": f"value-{k}-" + "x" * 40} for k in range(60)
+        ]
+        pod["metadata"]["annotations"] = {f"note/{k}": "y" * 80 for k in range(20)}
+    text = json.dumps(pods, indent=2)
+    out = compress(text, NO_FOCUS, command="kubectl get pods -n shop -o json")
+    assert out is not None and out.kind == "json" and len(out.text) < len(text) / 4
+    for fact in ('"phase": "Running"', '"ready": false', '"restartCount": 7', '"exitCode": 1', '"reason": "Error"'):
+        assert fact in out.text, fact
+    assert "CrashLoopBackOff" in out.text and "back-off 5m0s restarting failed container" in out.text
+
+
 def _verbose_run(failing: int, lines: int = 1500) -> str:
     """A verbose test run (a line per test, status after it) by a command no hint knows, its
     summary past the head a sniffer reads."""

@@ -674,6 +674,21 @@ def _numbered(text: str) -> str:
     return "\n".join(f"{n:6}\t{line}" for n, line in enumerate(text.split("\n"), start=1))
 
 
+def test_of_an_output_cut_to_its_head_and_tail_only_the_heads_lines_are_known() -> None:
+    lines = PLAIN_SOURCE.split("\n")
+    cut = (
+        "<returncode>0</returncode>\n<output_head>\n" + "\n".join(lines[:24]) + "\n</output_head>\n"
+        "<elided_chars>\n900 characters elided\n</elided_chars>\n<output_tail>\n"
+        + "\n".join(lines[48:]) + "\n</output_tail>"
+    )  # fmt: skip
+    # Lines 16-18 are in the head; lines 41-46 were left out by the tool, not shown in the tail.
+    for low, high, shown, kept in ((16, 18, "normalize_value_1", True), (41, 46, "persist_value_1", False)):
+        read = (f"sed -n '{low},{high}p' src/forms.py", "\n".join(lines[low - 1 : high]))
+        out = run_policy(session(("cat src/forms.py", cut), read, ("ls", "src\ntests")), READ_THEN_COMPRESS)
+        text = message_of(out, seq_of(1))
+        assert "compressed as code" in text and (shown in text) is kept, (low, text)
+
+
 def message_of(out: RenderOutput, seq: int) -> str:
     """The text of the view's message showing `seq`."""
     index = next(i.message_index for i in out.view.items if i.seq == seq)
@@ -687,9 +702,14 @@ def message_of(out: RenderOutput, seq: int) -> str:
         ((("cat src/forms.py", PLAIN_SOURCE), ("sed -n '28,31p' src/forms.py", RANGE)), True),
         ((("cat -n src/forms.py", _numbered(PLAIN_SOURCE)), ("sed -n 28,31p src/forms.py", RANGE)), True),
         ((("cat src/forms.py", PLAIN_SOURCE), ("head -n 31 src/forms.py", HEAD)), True),
-        # A command whose effects are unknown, between the two, may have moved the file's lines.
+        # A command whose effects are unknown, between the two, may have moved the file's lines;
+        # so may a write in the range read's own command.
         ((("cat src/forms.py", PLAIN_SOURCE), ("python fix.py", "done"), ("sed -n '28,31p' src/forms.py", RANGE)),
          False),
+        ((("cat src/forms.py", PLAIN_SOURCE), ("sed -i '1d' src/forms.py && sed -n '28,31p' src/forms.py", RANGE)),
+         False),
+        # sed prints in the file's order: a read of ranges out of order says nothing of its lines.
+        ((("sed -n '40,72p;1,39p' src/forms.py", PLAIN_SOURCE), ("sed -n '28,31p' src/forms.py", RANGE)), False),
     ],
 )  # fmt: skip
 def test_the_lines_a_recent_call_read_by_range_stay_in_another_read_of_the_file(
@@ -700,7 +720,8 @@ def test_the_lines_a_recent_call_read_by_range_stay_in_another_read_of_the_file(
     text = message_of(out, seq_of(1))
     assert ("render_value_1 = request.get('field_1', 1)" in text) is kept, text
     assert ("render_value_4 = request.get('field_4', 4)" in text) is kept
-    assert "render_value_6" not in text and "submit_value_3" not in text  # the rest of the bodies: left out
+    for elsewhere in ("render_value_6", "submit_value_3", "persist_value_1"):  # the rest of the bodies: left out
+        assert elsewhere not in text
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable, Mapping
+from itertools import pairwise
 from typing import Any, ClassVar
 
 from contextd.engine.compress.router import compress, envelope
@@ -50,7 +51,7 @@ class Compress(Strategy):
         focus = Focus(
             (*context.requested_focus, *context.searched),
             (*_reason(context, seen), *context.focus),
-            _read_again(context, seen, text),
+            _read_again(context, entry, seen, text),
         )
         if "\\" not in text:
             # Only the focus terms that may occur in the output change its compression: the
@@ -118,24 +119,32 @@ class Compress(Strategy):
         return (("focus",),) if all(isinstance(p, TextBlock) for p in result.content) else ()
 
 
-def _read_again(context: TransformContext, seen: Observation, text: str) -> frozenset[int]:
+def _read_again(context: TransformContext, entry: Entry, seen: Observation, text: str) -> frozenset[int]:
     """The lines of this output (numbered from 1, as a compressor's `first_line`) that a recent
     call read again by a range of the same file (`sed -n 120,160p f` after `cat f`, or before
-    it): those the output shows, unless a write between the two reads may have moved them."""
-    if len(seen.reads) != 1 or seen.reads[0].span is None:
+    it): those the output shows, unless a write between the two reads, or in either's own
+    command, may have moved them. Only a shell command's read says which lines it shows (a
+    declared read tool's is taken as the whole file, whatever its arguments); one whose tool
+    cut it to a head and a tail says it of its head only."""
+    spec = context.tool_effects.get(seen.tool)
+    shell = entry.item.tool_effect is None and getattr(spec, "effect", "") == "shell"
+    if not shell or len(seen.reads) != 1 or seen.reads[0].span is None:
         return frozenset()
     path, shown = seen.reads[0].path, seen.reads[0].span
+    if any(a[1] >= b[0] for a, b in pairwise(shown)):
+        return frozenset()  # sed prints in the file's order, an overlapped line once per range
     ranges = [
         span
         for read_path, seq, span in context.read_again
         if read_path == path
         and seq != seen.seq
-        and not context.observations.may_have_moved_lines(path, min(seq, seen.seq), max(seq, seen.seq))
+        and not context.observations.may_have_moved_lines(path, min(seq, seen.seq) - 1, max(seq, seen.seq) + 1)
     ]
     if not ranges:
         return frozenset()
     first = envelope(text)[0].count("\n") + 1  # the file's lines start after a tool's wrapping
-    count = text.count("\n") + 1
+    cut = text.find("</output_head>")
+    count = text.count("\n", 0, cut) if cut >= 0 else text.count("\n") + 1  # (the cut line: neither)
     lines: set[int] = set()
     at = first  # the output's line showing the first line of each range it shows
     for low, high in shown:

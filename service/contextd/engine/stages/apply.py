@@ -15,7 +15,7 @@ from contextd.engine.stages.certify import certificate
 from contextd.engine.stages.draft import Draft, reordered
 from contextd.engine.stages.eligible import Eligible
 from contextd.engine.state import AppliedEdit, ControlMode, PendingEdit, PreviousRender
-from contextd.engine.timing import Costed, PromptCache, Timing, schedule
+from contextd.engine.timing import Costed, PromptCache, Timing, schedule, stake
 from contextd.engine.types import Edit, Insert, Remove, Reorder, Replace, target_of
 
 
@@ -34,6 +34,9 @@ class Scheduled:
     timed: tuple[Timed, ...]
     """The eligible edits in their order, each with its timing."""
     certificates: tuple[CertificateBody, ...]
+    staked: float = 0.0
+    """What the rewrite applied now puts at risk of the session's bank (`timing.stake`): an
+    early cache breakpoint may stake only the rest (breakpoint.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +94,18 @@ def time_edits(
                 )
             )
         timed.append(Timed(e, position, timing, control))
-    return Scheduled(tuple(timed), tuple(certificates))
+    return Scheduled(tuple(timed), tuple(certificates), _staked(timed, cache))
+
+
+def _staked(timed: Sequence[Timed], cache: PromptCache) -> float:
+    """The stake of the rewrite the schedule applies: its edits' savings against what they make
+    the next call write again (none when the cache is cold: nothing cached to lose)."""
+    rewrites = [t for t in timed if t.timing.apply and t.timing.radius > 0]
+    if not rewrites or cache.state.cold:
+        return 0.0
+    return stake(
+        sum(max(0, t.eligible.saving) for t in rewrites), max(t.timing.radius for t in rewrites), cache.pricing
+    )
 
 
 def apply(timed: Sequence[Timed], draft: Draft, policy: Policy) -> Applied:

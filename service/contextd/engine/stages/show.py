@@ -62,10 +62,12 @@ def show(
     shrinks: Mapping[int, int] | None,
     repaired: RepairRun | None = None,
     assembled: Assembly | None = None,
+    staked: float = 0.0,
 ) -> Shown:
     """The view of the draft (`warnings`: the budget's; `shrinks`: what the next render is
-    expected to reduce, for the breakpoint). `repaired` and `assembled`: the last render's,
-    from the same state, which repair and rendering resume where the entries are the same."""
+    expected to reduce, for the breakpoint; `staked`: what this render's rewrite already put at
+    risk of the session's bank). `repaired` and `assembled`: the last render's, from the same
+    state, which repair and rendering resume where the entries are the same."""
     ordered, repair_warnings, run = repair(draft.ordered(), counter, repaired)
     view, assembly = assemble_view(
         session,
@@ -85,7 +87,8 @@ def show(
     if request.place_breakpoint:
         read = cache.state.read_until(stable) if previous is not None else 0
         paid = paid_share(early)
-        stake = (previous.banked if previous is not None else 0.0) if cache.pricing.stakes == BANKED else None
+        bank = previous.banked if previous is not None else 0.0
+        stake = bank - staked if cache.pricing.stakes == BANKED else None
         point = place(segments, shrinks, cache.pricing, read, assembly.offset, paid, stake) if shrinks else None
         view, point = _with_breakpoint(view, assembly, draft, point)
     return Shown(view, assembly, run, segments, shared, stable, point, early)
