@@ -40,13 +40,13 @@ where the sum of what follows is largest, when it is positive, what it caches
 is long enough for the provider to cache at all, and it leaves out nothing
 the call reads from the cache; else at the end, as an agent puts it.
 
-A guess is still a guess, and the record starts with one that paid: under
+A guess is still a guess, and the record starts with one that paid. Under
 `cache.stakes: banked` an early breakpoint also stakes no more than the
 session has saved so far against sending its history whole (timing.py,
-`banked`), less what a rewrite in the same render stakes, as a rewrite of
-the cache does. What it stakes is what it loses
-when no expected reduction comes, (i - r) T over every item after it: a
-session whose reductions never come then pays for its guesses out of what
+`banked`), as a rewrite of the cache does, less what a rewrite applied in the
+same render stakes (both can fail at the next call). What it stakes is what
+it loses when no expected reduction comes, (i - r) T over every item after
+it: a session whose reductions never come pays for its guesses out of what
 its other edits saved, never beyond, and costs no more than the agent's own
 breakpoint at the end would.
 """
