@@ -256,10 +256,9 @@ def _condition_table(results: Results, trace_ids: Sequence[str], conditions: Seq
         row = [condition, f"{summed['sent']:,}", f"{1 - summed['sent'] / summed['raw']:.1%}"]
         if labelled:  # what the rules find; their timing is off here, so no cost is shown
             qualities = _qualities(results, trace_ids, condition)
-            prunes = sum(q.prunes for q in qualities)
-            false = sum(len(q.false_prunes) for q in qualities)
+            prunes, false = _prunes(qualities)
             oracle, taken = sum(q.oracle for q in qualities), sum(q.taken for q in qualities)
-            precision = f"{_precision(qualities):.2f}"
+            precision = f"{_precision(prunes, false):.2f}"
             categories: Counter[str] = Counter()
             for q in qualities:
                 categories.update(q.by_category)
@@ -340,10 +339,14 @@ def _qualities(results: Results, ids: Sequence[str], condition: str) -> list[Qua
     return [q for t in ids if (t, condition) in results.runs and (q := results.quality(t, condition)) is not None]
 
 
-def _precision(qualities: Sequence[Quality]) -> float:
-    """True prunes / prunes over labelled replays (1.0 when nothing was pruned)."""
-    prunes = sum(q.prunes for q in qualities)
-    return 1 - sum(len(q.false_prunes) for q in qualities) / prunes if prunes else 1.0
+def _prunes(qualities: Sequence[Quality]) -> tuple[int, int]:
+    """Prunes and false prunes, over labelled replays."""
+    return sum(q.prunes for q in qualities), sum(len(q.false_prunes) for q in qualities)
+
+
+def _precision(prunes: int, false: int) -> float:
+    """True prunes / prunes (1.0 when nothing was pruned)."""
+    return 1 - false / prunes if prunes else 1.0
 
 
 TARGET_SAVINGS = {"anthropic": -0.12, "openai": -0.15}
@@ -400,16 +403,16 @@ def _targets(results: Results, trace_ids: Sequence[str], fixture_ids: Sequence[s
         rows.append([target_front, figure, _met(not better)])
     for condition in TARGET_PRECISION:
         qualities = _qualities(results, fixture_ids, condition)
-        prunes = sum(q.prunes for q in qualities)
-        false = sum(len(q.false_prunes) for q in qualities)
+        prunes, false = _prunes(qualities)
         if qualities:
             figure = f"{false} false of {prunes} prunes" if prunes else "nothing pruned"
             rows.append([f"fixtures: precision 1.00 for `{condition}`", figure, _met(not false)])
     return _table(["target", "measured", "verdict"], rows)
 
 
-def _change(cost: float, raw: float) -> str:
-    return f"{cost / raw - 1:+.2%}" if raw > 0 else "-"
+def _change(cost: float, raw: float, places: int = 2) -> str:
+    """`cost` against `raw`'s, as a signed percentage."""
+    return f"{cost / raw - 1:+.{places}%}" if raw > 0 else "-"
 
 
 def _untouched(results: Results, trace_id: str) -> bool:
@@ -473,8 +476,7 @@ def _hidden_by_trace(results: Results, trace_ids: Sequence[str]) -> str:
 
 
 def _relative(summed: Mapping[str, Any], provider: str) -> str:
-    raw = summed["raw_cost"][provider]
-    return f"{summed['cost'][provider] / raw - 1:+.1%}" if raw else "-"
+    return _change(summed["cost"][provider], summed["raw_cost"][provider], places=1)
 
 
 def _false_prunes(results: Results, trace_ids: Sequence[str], conditions: Sequence[str]) -> str:
@@ -661,9 +663,8 @@ def _plots(
     names = [c for c in FIXTURE_CONDITIONS if c != RAW]
     precision, recall = [], []
     for condition in names:
-        qualities = [q for f in fixture_ids if (q := results.quality(f, condition)) is not None]
-        prunes, false = sum(q.prunes for q in qualities), sum(len(q.false_prunes) for q in qualities)
-        precision.append(1 - false / prunes if prunes else 1.0)
+        qualities = _qualities(results, fixture_ids, condition)
+        precision.append(_precision(*_prunes(qualities)))
         recall.append(sum(q.taken for q in qualities) / max(1, sum(q.oracle for q in qualities)))
     positions = range(len(names))
     axes.bar([p - 0.2 for p in positions], precision, width=0.4, label="precision")
