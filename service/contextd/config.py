@@ -58,6 +58,15 @@ class Settings:
     stash_session_bytes: int = _setting(
         64 * 1_048_576, "Most bytes of originals one session keeps in the stash (least recently used go first)."
     )
+    carry_secret: str = _setting(
+        "",
+        "Secret (16 or more characters, the same on every replica) that signs the engine's work on each session "
+        "kept in Redis (--redis-url), so that a restarted or new replica resumes a session without deriving it "
+        "again; empty: nothing is kept. What is kept is read as a pickle: only bytes this secret signed are read.",
+    )
+    carry_ttl_seconds: float = _setting(
+        3600.0, "How long a session's kept work (--carry-secret) stays in Redis after it was written."
+    )
     max_page_tokens: int = _setting(2000, "Most tokens one Retrieve page holds, whatever the client asks.")
     migrate_on_start: bool = _setting(
         True, "Upgrade the database schema when the server starts (one replica at a time on Postgres)."
@@ -220,6 +229,10 @@ class Settings:
             raise ConfigError(
                 f"redis_url must be redis://, rediss:// or unix://, not {_hide_password(self.redis_url)!r}"
             )
+        if self.carry_secret and not self.redis_url:
+            raise ConfigError("carry_secret signs what is kept in Redis: set redis_url too, or no carry_secret")
+        if self.carry_secret and len(self.carry_secret) < 16:
+            raise ConfigError(f"carry_secret must be 16 characters or more, not {len(self.carry_secret)}")
         self.tenant_keys()
         self.limits_of_tenants()
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -281,8 +294,9 @@ class Settings:
     def redacted(self) -> dict[str, Any]:
         """The settings with secrets (API keys, URL passwords) masked, for display."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        if values["api_keys"]:
-            values["api_keys"] = "***"
+        for name in ("api_keys", "carry_secret"):
+            if values[name]:
+                values[name] = "***"
         for name in ("database_url", "redis_url"):
             values[name] = _hide_password(values[name])
         return values

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from contextd.engine.certificates import CertificateBody
     from contextd.engine.timing import Usage
+    from contextd_storage.kept_carries import KeptCarries
 
 meter = metrics.get_meter("contextd")
 
@@ -150,6 +151,28 @@ meter.create_observable_counter(
     [_stash_work],
     unit="{operation}",
     description="Stash writes, evictions, and calls skipped because Redis did not answer (degraded mode).",
+)
+
+_carries: weakref.WeakSet[KeptCarries] = weakref.WeakSet()
+
+
+def watch_carries(carries: KeptCarries) -> None:
+    """Report the counts of `carries` (its own, kept as it works) at each collection."""
+    _carries.add(carries)
+
+
+def _carry_counts(_: CallbackOptions) -> Iterable[Observation]:
+    live = list(_carries)
+    for what in ("kept", "loaded", "resumed", "missed", "refused", "dropped"):
+        yield Observation(sum(getattr(c.stats, what) for c in live), {"contextd.carry.operation": what})
+
+
+meter.create_observable_counter(
+    "contextd.carries",
+    [_carry_counts],
+    unit="{carry}",
+    description="Sessions' carries kept in Redis for other replicas and restarts: written, read, resumed from, "
+    "not found, refused, or not written.",
 )
 
 

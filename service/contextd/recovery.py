@@ -22,7 +22,7 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -45,6 +45,9 @@ from contextd_storage.regex_literals import required_literals
 from contextd_storage.rows import searchable
 from contextd_storage.stash import Stash, Stashed, scope_of
 from contextd_storage.state_cache import StateCache
+
+if TYPE_CHECKING:
+    from contextd_storage.kept_carries import KeptCarries
 
 MAX_PAGE_TOKENS = 2000
 _INLINE_PAGE_CHARS = 64 * 1024
@@ -115,6 +118,8 @@ class RecoveryService:
         self.states = states
         """The view states this process's renders saved (the view service's): what is out of a
         view is read from them."""
+        self.carries: KeptCarries | None = None
+        """The renders' carries kept in Redis: a session's is dropped with its redacted items."""
         self._reduced: OrderedDict[int, tuple[int, array[int]]] = OrderedDict()
         """Per session, its view state's version and the items that state's edits reduce."""
         self._reduced_seqs = 0
@@ -138,6 +143,8 @@ class RecoveryService:
         """Drop the originals of redacted `items` from the stash (Retrieve refuses them anyway,
         by the history's record; this frees them now rather than at their TTL)."""
         scope = scope_of(tenant, session_key)
+        if self.carries is not None:  # its rendered messages hold them
+            await self.carries.drop(session_key)
         for start in range(0, len(items), STASH_WRITES_AT_ONCE):
             batch = items[start : start + STASH_WRITES_AT_ONCE]
             await asyncio.gather(*(self.stash.delete(scope, handle_of(item)) for item in batch))
@@ -146,6 +153,8 @@ class RecoveryService:
         """Drop a deleted session's stash (what it held is unreachable anyway: a new session of
         the same name has another key; this frees it now rather than at its TTL)."""
         await self.stash.delete(scope_of(tenant, session_key))
+        if self.carries is not None:
+            await self.carries.drop(session_key)
 
     async def retrieve(self, tenant: str, session_id: str, query: RetrieveQuery) -> Page:
         check_session_id(session_id)

@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import asdict, dataclass, replace
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -35,6 +35,9 @@ from contextd_storage import certificate_log, events, views
 from contextd_storage.events import NewEvent
 from contextd_storage.history import HistoryStore
 from contextd_storage.state_cache import MEMORY_PER_STORED_BYTE, StateCache
+
+if TYPE_CHECKING:
+    from contextd_storage.kept_carries import KeptCarries
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -81,6 +84,7 @@ class ViewService:
         on_redacted: Callable[[str, int, list[Item]], Awaitable[None]] | None = None,
         workers: RenderWorkers | None = None,
         states: StateCache | None = None,
+        carries: KeptCarries | None = None,
     ) -> None:
         self.store = store
         self.counter = counter
@@ -95,6 +99,8 @@ class ViewService:
         self._policies: dict[str, Policy] = {}
         self._states = states if states is not None else StateCache()
         """The states this process's renders saved (shared with the recovery service)."""
+        self.carries = carries
+        """Where the renders' carries are kept for other replicas and restarts (None: nowhere)."""
 
     async def policy_of(self, session: Session) -> Policy:
         """The session's parsed policy, parsed once per version (a large document off the loop)."""
@@ -130,6 +136,7 @@ class ViewService:
         async with self._slot(tenant), self.store.db.write(tenant, session_id) as conn:
             row, session, items = await self.store.history_in(conn, tenant, session_id)
             key = row["key"]
+            kept = await self._resume_kept(key, items) if self.carries and not self._states.holds_carry(key) else None
             policy = await self.policy_of(session)
             reads = await views.render_reads(conn, key, self._states)
             stored = reads.stored
@@ -154,6 +161,8 @@ class ViewService:
             earlier = self._states.carry(key, stored.since) if stored.since is not None else None
             started = time.perf_counter()
             out, change_json, carry_bytes = await self._run(_render, render_input, earlier, stored.changes)
+            if kept is not None and kept.finished.claim.taken and self.carries is not None:
+                self.carries.stats.resumed += 1
             spent = time.perf_counter() - started
             stamp = Stamp(out.state.view_version, request.format.value, policy.version)
             stored_bytes = 0
@@ -216,6 +225,20 @@ class ViewService:
             volatile_content=sum(w.code == "VOLATILE_CONTENT" for w in view.warnings),
         )
         return result
+
+    async def _resume_kept(self, key: int, items: Sequence[Item]) -> Carry | None:
+        """Hold the session's kept carry as if this process had made its render, unless this
+        process holds a later state of the session: the render resumes from it, or catches
+        it up by the changes stored since, as it would its own (views.render_reads)."""
+        assert self.carries is not None
+        carry = await self.carries.load(key, items)
+        if carry is None:
+            return None
+        held = self._states.latest(key)
+        if held is not None and held.view_version > carry.state.view_version:
+            return None
+        self._states.put(key, carry.state, carry)
+        return carry
 
     async def render_as_stored(self, tenant: str, session_id: str, request: ViewRequest) -> RenderResult:
         """The history as stored, in `request`'s format: every item in full but the durable edits

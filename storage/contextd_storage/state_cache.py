@@ -4,6 +4,7 @@ by bytes and a number of sessions)."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from contextd.engine.pipeline import Carry
 from contextd.engine.state import ViewState
@@ -29,6 +30,8 @@ class StateCache:
         self.max_states = max_states
         self._entries: OrderedDict[int, tuple[ViewState, Carry | None, int]] = OrderedDict()
         self._held = 0
+        self.on_evict: Callable[[int, Carry], None] | None = None
+        """Told of each carry let go of to stay in the bounds (to keep it elsewhere: kept_carries.py)."""
 
     @property
     def held_bytes(self) -> int:
@@ -45,6 +48,14 @@ class StateCache:
             return None
         self._entries.move_to_end(key)
         return found[0]
+
+    def holds_carry(self, key: int) -> bool:
+        found = self._entries.get(key)
+        return found is not None and found[1] is not None
+
+    def carries(self) -> list[tuple[int, Carry]]:
+        """The carries held, the most recently used first."""
+        return [(key, carry) for key, (_, carry, _) in reversed(self._entries.items()) if carry is not None]
 
     def carry(self, key: int, state: ViewState) -> Carry | None:
         """The carry of the render that produced `state`, if it is still held."""
@@ -73,8 +84,10 @@ class StateCache:
         self._entries[key] = (state, carry, weight)
         self._held += weight
         while len(self._entries) > 1 and (self._held > self.max_bytes or len(self._entries) > self.max_states):
-            _, (_, _, evicted) = self._entries.popitem(last=False)
+            gone, (_, gone_carry, evicted) = self._entries.popitem(last=False)
             self._held -= evicted
+            if gone_carry is not None and self.on_evict is not None:
+                self.on_evict(gone, gone_carry)
 
 
 def estimated_bytes(state: ViewState) -> int:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import grpc
@@ -55,6 +56,12 @@ from contextd_storage.state_cache import StateCache
 
 log = logging.getLogger("contextd")
 
+if TYPE_CHECKING:
+    from contextd_storage.kept_carries import KeptCarries
+
+STOP_SLACK_SECONDS = 0.25
+"""Of the grace period, what keeping the carries as the server stops leaves for closing the rest."""
+
 SERVICE_NAME = contextd_pb2.DESCRIPTOR.services_by_name["ContextService"].full_name
 
 
@@ -69,13 +76,22 @@ class RunningServer:
     admission: Admission
     feed: EventFeed
     renders: RenderProcesses | None = None
+    states: StateCache | None = None
+    carries: KeptCarries | None = None
 
     async def stop(self, grace: float) -> None:
+        started = time.monotonic()
         await self.health.enter_graceful_shutdown()
         await self.feed.close()  # watches end now (SERVER_STOPPING) and resume elsewhere, not at the grace's end
         await self.server.stop(grace)  # renders in flight on the render processes finish first
         if self.renders is not None:
             await self.renders.close(grace)
+        if self.carries is not None and self.states is not None:
+            # What the renders worked out, for whichever replica renders these sessions next.
+            left = grace - (time.monotonic() - started) - STOP_SLACK_SECONDS
+            kept = await self.carries.keep_now(self.states.carries(), max(0.0, left))
+            log.info("kept the carries of %d sessions in Redis", kept)
+            await self.carries.close()
         await _close(self.workers, self.db, self.stash, self.admission)
 
 
@@ -111,6 +127,22 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
         else MemoryStash(settings.stash_ttl_seconds, settings.stash_session_bytes)
     )
     states = StateCache(settings.session_cache_bytes // 2)  # what the renders saved, read by Search too
+    if settings.carry_secret:
+        from contextd_storage.kept_carries import KeptCarries  # (redis, as above)
+    carries = (
+        KeptCarries.from_url(
+            settings.redis_url,
+            settings.carry_secret,
+            counter,
+            settings.carry_ttl_seconds,
+            cluster=settings.redis_cluster,
+        )
+        if settings.carry_secret
+        else None
+    )
+    if carries is not None:
+        states.on_evict = carries.keep
+        metrics.watch_carries(carries)
     recovery = RecoveryService(store, stash, counter, settings.max_page_tokens, states)
     admission = Admission(
         settings.limits_of_tenants(),
@@ -128,7 +160,9 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
         on_redacted=recovery.unstash_items,
         workers=workers,
         states=states,
+        carries=carries,
     )
+    recovery.carries = carries
     db.on_lock_wait = metrics.lock_wait.record
     feed = EventFeed(
         store,
@@ -197,7 +231,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     if settings.render_worker:
         log.info("serving the renders of its parent on %s (database: %s)", settings.listen, db.dialect)
-        return RunningServer(server, health_servicer, db, port, stash, workers, admission, feed)
+        return RunningServer(server, health_servicer, db, port, stash, workers, admission, feed, None, states, carries)
     host = settings.listen.rsplit(":", 1)[0]
     security = "mutual TLS" if settings.tls_client_ca else "TLS" if settings.tls_cert else "plaintext"
     log.info(
@@ -210,7 +244,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     )
     if settings.api_keys and not settings.tls_cert and host not in ("127.0.0.1", "localhost", "[::1]"):
         log.warning("API keys travel in plaintext: serve TLS (--tls-cert, --tls-key) or terminate TLS in front")
-    return RunningServer(server, health_servicer, db, port, stash, workers, admission, feed, renders)
+    return RunningServer(server, health_servicer, db, port, stash, workers, admission, feed, renders, states, carries)
 
 
 async def serve(settings: Settings) -> bool:

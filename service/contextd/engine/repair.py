@@ -46,7 +46,8 @@ class RepairRun:
     calls_at: dict[str, int]
     """tool_use id -> index of the entry that makes the call."""
     answers: set[int]
-    """ids of the result entries (placed after their call, not where history put them)."""
+    """ids of the result entries (placed after their call, not where history put them): those
+    of `results` (engine/carry_pickle.py builds it so for a run read back)."""
     repeated: bool
     """A tool_use id is called twice or has two results: resuming could place the wrong
     one, so it is not done (appends refuse such histories; the engine still takes them)."""

@@ -177,6 +177,7 @@ BOUNDED = {
     "contextd.cost.basis",
     "contextd.stash.result",
     "contextd.stash.operation",
+    "contextd.carry.operation",
     "contextd.error_reason",
 }
 

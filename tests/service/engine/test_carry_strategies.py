@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contextd.engine.carry_pickle import UnusableCarry, dump_carry, load_carry
 from contextd.engine.changes import StateChange, advance, change_from_json, change_to_json
 from contextd.engine.model import Item, ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.observations import COMPLETES
@@ -31,6 +32,7 @@ from tests.helpers import counter, make_session, stored_items
 from tests.service.engine.test_changes import assert_change_makes
 
 REGISTRY = TransformRegistry.default()
+COUNTER = counter()
 PATHS = ("src/app.py", "/repo/src/util.py", "app.py")
 CODE = "\n".join(f"def handler_{n}(request):\n    return parse_header(request, {n})  # value_{n}" for n in range(30))
 SMALL = "\n".join(
@@ -411,3 +413,52 @@ def test_a_key_every_compressed_output_rested_on_is_read_as_long_as_the_pool_not
         assert len(ledger.by_key[("focus",)]) <= 2 * len(ledger.pool) + STALE_SLACK
     compressing = policy.rules[slot].name  # seq 3 proposed again once unpinned (waiting for the cache)
     assert 3 in {target_of(p.proposal.edit) for p in out.state.pending if p.rule == compressing}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sessions(), st.sampled_from(POLICIES), st.data())
+def test_a_carry_written_and_read_back_renders_what_the_process_that_made_it_would(
+    items: list[Item], policy: str, data: st.DataObject
+) -> None:
+    """Each render's carry is written as bytes and read back over the history as another
+    process would read it (equal items, not the same objects): the render from it renders what
+    a render from the state alone does, and takes it over as a render takes over its own."""
+    parsed, state, carry, now, cut = parse_policy(policy, REGISTRY), ViewState(), None, 0.0, 2
+    while cut < len(items):
+        cut = min(len(items), cut + data.draw(st.integers(1, 4)))
+        now += data.draw(st.sampled_from([1.0, 30.0, 400.0]))
+        budget = data.draw(st.sampled_from([0, 0, 3_000]))
+        read = [replace(i) for i in items[:cut]]  # the history as a restarted process decodes it: equal items
+        if carry is not None:
+            written = dump_carry(carry, COUNTER)
+            assert written is not None and dump_carry(carry, COUNTER) is None  # claimed as it was written
+            carry = load_carry(written, read, COUNTER)
+            state = carry.state
+        inp = RenderInput(
+            make_session(cut), read, parsed, ViewRequest(ViewFormat.OPENAI_CHAT, budget), COUNTER, REGISTRY, state, now
+        )
+        out = render(replace(inp, carry=carry))
+        assert out == render(inp)
+        if carry is not None:
+            assert carry.finished.claim.taken  # resumed, not derived again
+        state, carry = out.state, out.carry
+
+
+def test_a_carry_is_read_back_only_over_the_history_it_was_written_from() -> None:
+    items = file_reads(6)
+    out = render(budgeted(items, 0, len(items), ViewState(), None))
+    assert out.carry is not None
+    written = dump_carry(out.carry, COUNTER)
+    assert written is not None
+    assert load_carry(written, items, COUNTER).state == out.state
+    other = [*items[:-1], replace(items[-1], content_hash="another")]
+    for history in (items[:-1], other):
+        with pytest.raises(UnusableCarry, match=f"item {len(items)} is not in the history"):
+            load_carry(written, history, COUNTER)
+
+
+def test_a_carry_a_render_has_taken_over_is_not_written() -> None:
+    items = file_reads(6)
+    first = render(budgeted(items, 0, 9, ViewState(), None))
+    render(budgeted(items, 0, len(items), first.state, first.carry))
+    assert first.carry is not None and dump_carry(first.carry, COUNTER) is None

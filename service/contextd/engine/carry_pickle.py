@@ -1,0 +1,115 @@
+"""A render's carry as bytes, and back: so that a process that did not make the render (a
+restarted or new replica) resumes from it as the process that made it would.
+
+The bytes hold what the render derived, not the history: an item is written as its seq
+and content hash, and read back as the item of that seq in the history the reader holds
+(refused when the hash differs), and the token counter as the reader's own. They are a
+pickle, so they must come from a trusted writer: the caller signs and checks them
+(storage's `KeptCarries`), and names them by the code that wrote them, since a pickle
+rebuilds objects by their classes' names and a carry of other code is not this code's.
+
+A pickle, hand-built into nothing else: the carry is dozens of the engine's own types
+(drafts, ledgers, assemblies, the view state), each of which a codec would have to be
+written for and kept in step with; pickle writes them as they are, keeps the objects
+they share shared, and is C code on both sides.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from collections.abc import Sequence
+
+from contextd.engine.memo import take_over
+from contextd.engine.model import Item
+from contextd.engine.pipeline import Carry
+from contextd.engine.tokens import TokenCounter
+
+__all__ = ["UnusableCarry", "dump_carry", "load_carry"]
+
+_COUNTER = "counter"
+
+
+class UnusableCarry(Exception):
+    """The bytes are not a carry of this history: an item they name is missing or differs."""
+
+
+def dump_carry(carry: Carry, counter: TokenCounter) -> bytes | None:
+    """The carry as bytes; None when a render holds part of it (took it over, or is taking it
+    over): what it would write could be half that render's.
+
+    The carry is claimed first, as the render that follows would claim it, so no render takes
+    it over while it is written; it serves no render in this process afterwards (the caller
+    writes the carries this process lets go of, or all of them as it stops)."""
+    if not _claim(carry):
+        return None
+    out = io.BytesIO()
+    _Writer(out, counter).dump(carry)
+    return out.getvalue()
+
+
+def load_carry(data: bytes, items: Sequence[Item], counter: TokenCounter) -> Carry:
+    """The carry `data` holds, over `items` (the session's history as this process read it),
+    ready to be taken over by the next render from its state. Raises UnusableCarry when an
+    item it names is not in `items` as it was written; pickle's own errors when the bytes
+    are not a carry."""
+    carry = _Reader(io.BytesIO(data), items, counter).load()
+    if not isinstance(carry, Carry):
+        raise UnusableCarry(f"the bytes hold a {type(carry).__name__}, not a carry")
+    _release(carry)
+    return carry
+
+
+def _parts(carry: Carry) -> list[object]:
+    """Each part of the carry a render takes over (memo.take_over), in the order a render does."""
+    parts: list[object] = [carry.finished.claim]
+    if carry.ledgers is not None:
+        parts.append(carry.ledgers.claim)
+    parts += [carry.repaired, carry.assembly]
+    return parts
+
+
+def _claim(carry: Carry) -> bool:
+    # What was claimed before a part found taken stays so: a render holds the rest, and
+    # this carry is done with.
+    return all(take_over(part) for part in _parts(carry))  # type: ignore[arg-type]
+
+
+def _release(carry: Carry) -> None:
+    """Undo `_claim` on a carry read back: it is as its render left it. What it keyed by the
+    identity of its objects is keyed again by theirs in this process (the repair's answers:
+    the result entries it indexed)."""
+    for part in _parts(carry):
+        part.taken = False  # type: ignore[attr-defined]
+    run = carry.repaired
+    run.answers = {id(entry) for entry in run.results.values()}
+
+
+class _Writer(pickle.Pickler):
+    def __init__(self, out: io.BytesIO, counter: TokenCounter) -> None:
+        super().__init__(out, protocol=pickle.HIGHEST_PROTOCOL)
+        self._counter = counter
+
+    def persistent_id(self, obj: object) -> object:
+        if type(obj) is Item:
+            return (obj.seq, obj.content_hash)
+        if obj is self._counter:
+            return _COUNTER
+        return None
+
+
+class _Reader(pickle.Unpickler):
+    def __init__(self, data: io.BytesIO, items: Sequence[Item], counter: TokenCounter) -> None:
+        super().__init__(data)
+        self._items = items
+        self._counter = counter
+
+    def persistent_load(self, pid: object) -> object:
+        if pid == _COUNTER:
+            return self._counter
+        if not (isinstance(pid, tuple) and len(pid) == 2 and isinstance(pid[0], int)):
+            raise UnusableCarry(f"an unknown reference: {pid!r}")
+        seq, content_hash = pid
+        if not 1 <= seq <= len(self._items) or self._items[seq - 1].content_hash != content_hash:
+            raise UnusableCarry(f"item {seq} is not in the history as the carry was written")
+        return self._items[seq - 1]

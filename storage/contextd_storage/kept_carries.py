@@ -1,0 +1,251 @@
+"""The engine's carries, kept in Redis: a replica that did not make a session's last render
+(restarted, new, or one that let the session go to stay in its memory budget) resumes from
+what that render worked out instead of deriving the whole session again.
+
+Redis, not Postgres: a carry is derived from the history, which Postgres holds durably, and
+is worth keeping only while its session is in use (a TTL); it is large (a few MB for a
+10,000-item session, compressed), rewritten whole, and read when a replica first renders the
+session. Losing one costs one render the time of deriving it; Postgres would keep such
+blobs in its write-ahead log and tables for nothing.
+
+What a replica keeps: the carry of each session it lets go of to stay in its memory budget
+(`StateCache`'s least recently used), and as it stops, the carries it still holds, the most
+recently used first, for as long as its stop allows. Each is pickled off the event loop, one
+at a time, by a thread of its own that rests between carries as long as the last one took
+(at most half of a core). What a replica reads: the session's carry, when it holds none of
+its own, before its first render of the session; it is used when it is of the stored view
+state or one the stored changes lead on from (as another replica's carry would be), and
+refused otherwise, or when its bytes fail their signature or name items not in the history.
+
+The bytes are a pickle (engine/carry_pickle.py), which runs code as it is read: each is
+signed with an HMAC of the deployment's secret (`--carry-secret`), checked before it is
+read, and stamped with the fingerprint of the code that wrote it, so a carry of other code
+(a deploy) is not read. A session's carry is dropped when the session is deleted or items of
+it are redacted.
+
+Redis being down fails no call: a carry not read is derived, one not written is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import pickle
+import sys
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
+
+from contextd.engine.carry_pickle import UnusableCarry, dump_carry, load_carry
+from contextd.engine.model import Item
+from contextd.engine.pipeline import Carry
+from contextd.engine.tokens import TokenCounter
+from contextd_storage.stash.redis_stash import redis_client
+
+log = logging.getLogger(__name__)
+
+PREFIX = "contextd:carry"
+MAGIC = b"contextd-carry-1\n"
+DEFAULT_TTL_SECONDS = 3600.0
+MIN_SECRET_CHARS = 16
+QUEUED = 64
+"""Carries waiting to be written, at most; past it the oldest waiting is not written."""
+TIMEOUT_SECONDS = 5.0
+"""For one carry's read or write (tens of MB for the longest sessions)."""
+ZLIB_LEVEL = 1
+"""A 10,000-item carry: 11 MB -> 2 MB in 80 ms, read back in 30 ms (bench/scale.py's sessions)."""
+
+
+def key_of(secret: str, session_key: int) -> str:
+    """Named by the secret too (a digest of it): deployments that share a Redis with secrets of
+    their own keep their sessions' carries apart, whatever their sessions' keys."""
+    deployment = hashlib.sha256(b"contextd carries\0" + secret.encode()).hexdigest()[:16]
+    return f"{PREFIX}:{deployment}:{{{session_key}}}"
+
+
+def code_fingerprint() -> str:
+    """A digest of the code a pickle's objects are rebuilt with: every file of the `contextd`
+    package and the interpreter's version (any change, and a carry is derived again)."""
+    import contextd
+
+    digest = hashlib.sha256(sys.version.encode())
+    root = Path(contextd.__file__).parent
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".yaml", ".json") and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+@dataclass(slots=True)
+class KeptStats:
+    kept: int = 0
+    """Carries written."""
+    loaded: int = 0
+    """Carries read back."""
+    resumed: int = 0
+    """Of those, carries the render that read them resumed from (not refused by the engine:
+    of an earlier state the stored changes do not lead on from, another policy, ...)."""
+    missed: int = 0
+    """Reads that found none (or Redis did not answer)."""
+    refused: int = 0
+    """Carries read but not used: a bad signature, another code's, or not of this history."""
+    dropped: int = 0
+    """Carries not written: a render held them, the queue was full, the write failed, or the
+    process stopped first."""
+
+
+class KeptCarries:
+    def __init__(
+        self,
+        client: Redis | RedisCluster,
+        secret: str,
+        counter: TokenCounter,
+        ttl_seconds: float = DEFAULT_TTL_SECONDS,
+        fingerprint: str | None = None,
+    ) -> None:
+        self._client = client
+        self._secret = secret.encode()
+        self._counter = counter
+        self.ttl_seconds = ttl_seconds
+        self._stamp = MAGIC + (fingerprint or code_fingerprint()).encode() + b"\n"
+        self.stats = KeptStats()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="contextd-carries")
+        self._queue: OrderedDict[int, Carry] = OrderedDict()
+        self._wake = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+
+    @classmethod
+    def from_url(
+        cls, url: str, secret: str, counter: TokenCounter, ttl_seconds: float, *, cluster: bool = False
+    ) -> KeptCarries:
+        return cls(redis_client(url, cluster, timeout=TIMEOUT_SECONDS), secret, counter, ttl_seconds)
+
+    # ------------------------------------------------------------------ reading
+
+    async def load(self, session_key: int, items: Sequence[Item]) -> Carry | None:
+        """The session's kept carry over `items`, or None (none kept, or not usable)."""
+        try:
+            data = await self._client.get(self._key(session_key))
+        except (RedisError, OSError) as exc:
+            log.debug("carry of session %d not read: %s", session_key, exc)
+            data = None
+        if not isinstance(data, bytes):
+            self.stats.missed += 1
+            return None
+        try:
+            carry = await asyncio.get_running_loop().run_in_executor(self._thread, self._read, session_key, data, items)
+        except (UnusableCarry, pickle.UnpicklingError, zlib.error, ValueError, EOFError) as exc:
+            log.info("the kept carry of session %d is not used: %s", session_key, exc)
+            self.stats.refused += 1
+            return None
+        self.stats.loaded += 1
+        return carry
+
+    def _read(self, session_key: int, data: bytes, items: Sequence[Item]) -> Carry:
+        n = len(self._stamp)
+        if data[:n] != self._stamp:
+            raise UnusableCarry("written by other code (or not a carry)")
+        signature, body = data[n : n + 32], data[n + 32 :]
+        if not hmac.compare_digest(signature, self._sign(session_key, body)):
+            raise UnusableCarry("its signature does not hold (another secret, or altered)")
+        return load_carry(zlib.decompress(body), items, self._counter)
+
+    def _key(self, session_key: int) -> str:
+        return key_of(self._secret.decode(), session_key)
+
+    def _sign(self, session_key: int, body: bytes) -> bytes:
+        return hmac.new(self._secret, self._stamp + str(session_key).encode() + b"\n" + body, hashlib.sha256).digest()
+
+    # ------------------------------------------------------------------ writing
+
+    def keep(self, session_key: int, carry: Carry) -> None:
+        """Write the carry, later, off the event loop (the session's earlier one waiting is
+        replaced). Call from the event loop."""
+        self._queue.pop(session_key, None)
+        self._queue[session_key] = carry
+        if len(self._queue) > QUEUED:
+            self._queue.popitem(last=False)
+            self.stats.dropped += 1
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(self._write_queued())
+        self._wake.set()
+
+    async def keep_now(self, held: Sequence[tuple[int, Carry]], seconds: float) -> int:
+        """Write `held` (and what waits) now, in order, for at most `seconds`: as the process
+        stops. Returns how many were written."""
+        for session_key, carry in held:
+            self._queue.pop(session_key, None)
+            self._queue[session_key] = carry
+        if self._writer is not None:
+            self._writer.cancel()
+            self._writer = None
+        deadline = time.monotonic() + seconds
+        written = 0
+        while self._queue and time.monotonic() < deadline:
+            session_key, carry = self._queue.popitem(last=False)
+            written += await self._write(session_key, carry)
+        self.stats.dropped += len(self._queue)
+        self._queue.clear()
+        return written
+
+    async def _write_queued(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                session_key, carry = self._queue.popitem(last=False)
+                started = time.monotonic()
+                await self._write(session_key, carry)
+                await asyncio.sleep(time.monotonic() - started)  # at most half of a core
+
+    async def _write(self, session_key: int, carry: Carry) -> int:
+        data = await asyncio.get_running_loop().run_in_executor(self._thread, self._bytes, session_key, carry)
+        if data is None:
+            self.stats.dropped += 1
+            return 0
+        try:
+            await self._client.set(self._key(session_key), data, px=max(1, round(self.ttl_seconds * 1000)))
+        except (RedisError, OSError) as exc:
+            log.info("the carry of session %d is not kept: %s", session_key, exc)
+            self.stats.dropped += 1
+            return 0
+        self.stats.kept += 1
+        return 1
+
+    def _bytes(self, session_key: int, carry: Carry) -> bytes | None:
+        try:
+            pickled = dump_carry(carry, self._counter)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:  # a policy's object that does not pickle
+            log.info("the carry of session %d cannot be kept: %s", session_key, exc)
+            return None
+        if pickled is None:
+            return None
+        body = zlib.compress(pickled, ZLIB_LEVEL)
+        return self._stamp + self._sign(session_key, body) + body
+
+    # ------------------------------------------------------------------ forgetting
+
+    async def drop(self, session_key: int) -> None:
+        """Forget the session's carry (deleted, or items of it redacted)."""
+        self._queue.pop(session_key, None)
+        try:
+            await self._client.delete(self._key(session_key))
+        except (RedisError, OSError) as exc:
+            log.info("the carry of session %d is not dropped (its TTL ends it): %s", session_key, exc)
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.cancel()
+            self._writer = None
+        self._thread.shutdown(wait=False, cancel_futures=True)
+        await self._client.aclose()

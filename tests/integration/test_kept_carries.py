@@ -1,0 +1,84 @@
+"""A session's carry kept in Redis: a replica started after the one that rendered the session
+stopped resumes from what that one worked out, and renders what a replica that never stopped
+renders."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+
+import redis
+
+from contextd_client import Client, ViewFormat
+from contextd_lab.service import ServerProcess
+from contextd_storage import migrate
+from contextd_storage.kept_carries import key_of
+from tests import backends
+from tests.integration.test_metrics_scrape import METRICS, scrape, value
+from tests.integration.test_replicas import _agent_turn
+
+PROMPT = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix test_parse."}]
+
+
+def test_a_restarted_replica_resumes_a_session_from_its_kept_carry(postgres_server_url: str, redis_url: str) -> None:
+    url = backends.create_database(postgres_server_url, "contextd_kept_carries")
+    asyncio.run(migrate.upgrade(url))
+    secret = uuid.uuid4().hex  # this test's deployment: no other's carries
+    args = ("--database-url", url, "--no-migrate-on-start", "--redis-url", redis_url)
+    kept = (*args, "--carry-secret", secret, "--metrics-listen", "127.0.0.1:0")
+    steady = ServerProcess(*args).wait_serving()  # renders the twin session, never stops
+    first = ServerProcess(*kept).wait_serving()
+    later: ServerProcess | None = None
+    try:
+        with Client(steady.target, timeout=60) as on_steady:
+            restarted, twin = (on_steady.create_session(metadata={"twin": n}).id for n in ("restarted", "twin"))
+            for session in (restarted, twin):
+                on_steady.append_openai(session, PROMPT)
+
+            def turn(n: int, renderer: Client) -> None:
+                for session in (restarted, twin):
+                    on_steady.append_openai(session, _agent_turn(n))
+                resumed, alone = (
+                    renderer.render_view(restarted, ViewFormat.OPENAI_CHAT),
+                    on_steady.render_view(twin, ViewFormat.OPENAI_CHAT),
+                )
+                assert resumed.messages_json == alone.messages_json, n
+                assert (resumed.items, resumed.total_tokens) == (alone.items, alone.total_tokens), n
+                assert [(c.seq, c.decision, c.rule, c.reason) for c in resumed.certificates] == [
+                    (c.seq, c.decision, c.rule, c.reason) for c in alone.certificates
+                ], n
+
+            with Client(first.target, timeout=60) as on_first:
+                for n in range(1, 16):
+                    turn(n, on_first)
+            first.terminate()
+            assert first.wait() == 0
+            assert any(re.search(r"kept the carries of 1 sessions", line) for line in first.log), first.log
+            keys = _kept(redis_url, secret)
+            assert len(keys) == 1
+            assert redis.Redis.from_url(redis_url).get(keys[0]).startswith(b"contextd-carry-1\n")  # type: ignore[union-attr]
+
+            later = ServerProcess(*kept).wait_serving()
+            with Client(later.target, timeout=60) as on_later:
+                for n in range(16, 22):
+                    turn(n, on_later)
+            metrics_url = next(m.group(1) for line in later.log if (m := METRICS.search(line)))
+            samples = scrape(metrics_url)
+            assert value(samples, "contextd_carries_total", contextd_carry_operation="loaded") == 1
+            assert value(samples, "contextd_carries_total", contextd_carry_operation="resumed") == 1
+            assert value(samples, "contextd_carries_total", contextd_carry_operation="refused") == 0
+            with Client(later.target, timeout=60) as on_later:
+                on_later.delete_session(restarted)
+            assert _kept(redis_url, secret) == []  # what it showed goes with it
+    finally:
+        for server in (steady, first, later):
+            if server is not None:
+                server.stop()
+        backends.drop_database(postgres_server_url, url)
+
+
+def _kept(redis_url: str, secret: str) -> list[bytes]:
+    """The keys of the carries this deployment (its secret) keeps."""
+    deployment = key_of(secret, 0).rsplit(":", 1)[0]
+    return list(redis.Redis.from_url(redis_url).scan_iter(match=f"{deployment}:*"))
