@@ -21,7 +21,9 @@ the same path, as agents do). Each size is measured in processes of its own:
   appended then a render, on the replica that made the previous render; *another
   replica*, the same, each render on the other of two replicas over one database (on
   SQLite, two processes over one file, one at a time); *after a restart*, the first
-  render of a replica started after the previous render; *cold response*, the size of the
+  render of a replica started after the previous render; *after a restart, from the kept
+  carry* (with `--redis-url`: the replicas keep their carries in Redis, `--carry-secret`), the
+  first render of the other replica, stopped (keeping its carry) and started again; *cold response*, the size of the
   cold render's response.
 
 `--budget-tokens N`: every render, the engine's and the service's, asks for that budget (a
@@ -40,6 +42,7 @@ import json
 import math
 import os
 import platform
+import secrets
 import statistics
 import subprocess
 import sys
@@ -157,7 +160,7 @@ def engine(n_items: int, workload: str, repeat: int, budget: int, fmt: str) -> d
 
 
 def service(
-    n_items: int, workload: str, repeat: int, database: str, folder: Path, budget: int, fmt: str
+    n_items: int, workload: str, repeat: int, database: str, folder: Path, budget: int, fmt: str, redis_url: str = ""
 ) -> dict[str, float]:
     import grpc
 
@@ -174,7 +177,7 @@ def service(
 
     flags = ("--database-url", database, "--no-migrate-on-start", "--max-message-bytes", str(1 << 30))
     options = [("grpc.max_receive_message_length", 1 << 30)]
-    messages = tool_calls(n_items + 2 * repeat + 1, workload)
+    messages = tool_calls(n_items + 2 * repeat + 2, workload)
     following = iter(messages[n_items:])  # appended one at a time: a call, then its output, ...
     results: dict[str, float] = {}
 
@@ -183,7 +186,8 @@ def service(
         grpc.channel_ready_future(channel).result(timeout=30)
         return channel, channel.unary_unary("/contextd.v1.ContextService/RenderView")
 
-    replicas = [ServerProcess(*flags, cwd=folder).wait_serving() for _ in range(2)]
+    kept = ("--redis-url", redis_url, "--carry-secret", secrets.token_hex(16)) if redis_url else ()
+    replicas = [ServerProcess(*flags, *kept, cwd=folder).wait_serving() for _ in range(2)]
     clients = [Client(r.target, timeout=600, retry=RetryPolicy(budget=60)) for r in replicas]
     channels = [renderer(r.target) for r in replicas]
     try:
@@ -208,11 +212,20 @@ def service(
         channels[0][0].close()
         clients[0].close()
         replicas[0].stop()
-        replicas[0] = ServerProcess(*flags, cwd=folder).wait_serving()
+        replicas[0] = ServerProcess(*flags, cwd=folder).wait_serving()  # derives the session again
         clients[0] = Client(replicas[0].target, timeout=600, retry=RetryPolicy(budget=60))
         channels[0] = renderer(replicas[0].target)
         clients[0].append_openai(session_id, [next(following)])
         results["restart_ms"] = timed(channels[0][1], request)
+        if kept:  # the other replica stops (keeping its carry) and starts again: it resumes from it
+            channels[1][0].close()
+            clients[1].close()
+            replicas[1].stop()
+            replicas[1] = ServerProcess(*flags, *kept, cwd=folder).wait_serving()
+            clients[1] = Client(replicas[1].target, timeout=600, retry=RetryPolicy(budget=60))
+            channels[1] = renderer(replicas[1].target)
+            clients[1].append_openai(session_id, [next(following)])
+            results["kept_ms"] = timed(channels[1][1], request)
     finally:
         for channel, _ in channels:
             channel.close()
@@ -236,6 +249,9 @@ def main() -> int:
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--postgres-url", default=os.environ.get("CONTEXTD_TEST_POSTGRES_URL", ""))
     parser.add_argument("--budget-tokens", type=int, default=0, help="every render asks for this budget")
+    parser.add_argument(
+        "--redis-url", default="", help="replicas keep their carries there (--carry-secret): one more restart measured"
+    )
     formats = ["openai_chat", "anthropic_messages", "openai_responses", "bedrock_converse"]
     parser.add_argument("--format", choices=formats, default="openai_chat", help="the views' format")
     parser.add_argument("--engine-child", type=int, default=0, help=argparse.SUPPRESS)
@@ -264,7 +280,14 @@ def main() -> int:
                     [sys.executable, "-m", "contextd", "migrate", "--database-url", database], check=True, cwd=folder
                 )
                 measured = service(
-                    n, args.workload, args.repeat, database, Path(folder), args.budget_tokens, args.format
+                    n,
+                    args.workload,
+                    args.repeat,
+                    database,
+                    Path(folder),
+                    args.budget_tokens,
+                    args.format,
+                    args.redis_url,
                 )
                 row |= {f"service {k}": v for k, v in measured.items()}
         rows[n] = row
@@ -283,6 +306,7 @@ def main() -> int:
         "service appended_ms": "service, one appended",
         "service replica_ms": "service, on another replica",
         "service restart_ms": "service, after a restart",
+        "service kept_ms": "service, after a restart, from the kept carry",
         "service cold_ms": "service, cold",
         "service cold_mb": "service, cold response",
     }

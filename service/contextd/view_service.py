@@ -231,7 +231,7 @@ class ViewService:
         process holds a later state of the session: the render resumes from it, or catches
         it up by the changes stored since, as it would its own (views.render_reads)."""
         assert self.carries is not None
-        carry = await self.carries.load(key, items)
+        carry = await self.carries.load(key, items, self._run)
         if carry is None:
             return None
         held = self._states.latest(key)

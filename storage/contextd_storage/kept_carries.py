@@ -37,7 +37,7 @@ import sys
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +86,10 @@ def code_fingerprint() -> str:
     return digest.hexdigest()
 
 
+class OtherCode(UnusableCarry):
+    """A carry another version of the code wrote (or no carry at all)."""
+
+
 @dataclass(slots=True)
 class KeptStats:
     kept: int = 0
@@ -115,6 +119,7 @@ class KeptCarries:
     ) -> None:
         self._client = client
         self._secret = secret.encode()
+        self._prefix = key_of(secret, 0).rsplit(":", 1)[0]
         self._counter = counter
         self.ttl_seconds = ttl_seconds
         self._stamp = MAGIC + (fingerprint or code_fingerprint()).encode() + b"\n"
@@ -123,6 +128,12 @@ class KeptCarries:
         self._queue: OrderedDict[int, Carry] = OrderedDict()
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
+        self._writing = False
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waits to be written, nor is being written."""
+        return not self._queue and not self._writing
 
     @classmethod
     def from_url(
@@ -132,8 +143,12 @@ class KeptCarries:
 
     # ------------------------------------------------------------------ reading
 
-    async def load(self, session_key: int, items: Sequence[Item]) -> Carry | None:
-        """The session's kept carry over `items`, or None (none kept, or not usable)."""
+    async def load(
+        self, session_key: int, items: Sequence[Item], run: Callable[..., Awaitable[Carry]] | None = None
+    ) -> Carry | None:
+        """The session's kept carry over `items`, or None (none kept, or not usable). `run(fn,
+        *args)` reads it off the event loop (the caller's render thread; by default a thread of
+        this store's, which may be writing a carry)."""
         try:
             data = await self._client.get(self._key(session_key))
         except (RedisError, OSError) as exc:
@@ -143,25 +158,35 @@ class KeptCarries:
             self.stats.missed += 1
             return None
         try:
-            carry = await asyncio.get_running_loop().run_in_executor(self._thread, self._read, session_key, data, items)
-        except (UnusableCarry, pickle.UnpicklingError, zlib.error, ValueError, EOFError) as exc:
+            carry = await (run or self._in_thread)(self._read, session_key, data, items)
+        except OtherCode as exc:  # every session's once, after a deploy: expected
+            log.debug("the kept carry of session %d is not used: %s", session_key, exc)
+            self.stats.refused += 1
+            return None
+        except UnusableCarry as exc:
             log.info("the kept carry of session %d is not used: %s", session_key, exc)
             self.stats.refused += 1
             return None
         self.stats.loaded += 1
         return carry
 
+    async def _in_thread(self, fn: Callable[..., Carry], *args: object) -> Carry:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
     def _read(self, session_key: int, data: bytes, items: Sequence[Item]) -> Carry:
         n = len(self._stamp)
         if data[:n] != self._stamp:
-            raise UnusableCarry("written by other code (or not a carry)")
+            raise OtherCode("written by other code (or not a carry)")
         signature, body = data[n : n + 32], data[n + 32 :]
         if not hmac.compare_digest(signature, self._sign(session_key, body)):
             raise UnusableCarry("its signature does not hold (another secret, or altered)")
-        return load_carry(zlib.decompress(body), items, self._counter)
+        try:
+            return load_carry(zlib.decompress(body), items, self._counter)
+        except (pickle.UnpicklingError, zlib.error, AttributeError, ImportError, EOFError, ValueError) as exc:
+            raise UnusableCarry(f"it does not read back: {exc}") from exc
 
     def _key(self, session_key: int) -> str:
-        return key_of(self._secret.decode(), session_key)
+        return f"{self._prefix}:{{{session_key}}}"
 
     def _sign(self, session_key: int, body: bytes) -> bytes:
         return hmac.new(self._secret, self._stamp + str(session_key).encode() + b"\n" + body, hashlib.sha256).digest()
@@ -209,16 +234,19 @@ class KeptCarries:
                 await asyncio.sleep(time.monotonic() - started)  # at most half of a core
 
     async def _write(self, session_key: int, carry: Carry) -> int:
-        data = await asyncio.get_running_loop().run_in_executor(self._thread, self._bytes, session_key, carry)
-        if data is None:
-            self.stats.dropped += 1
-            return 0
+        self._writing = True
         try:
+            data = await asyncio.get_running_loop().run_in_executor(self._thread, self._bytes, session_key, carry)
+            if data is None:
+                self.stats.dropped += 1
+                return 0
             await self._client.set(self._key(session_key), data, px=max(1, round(self.ttl_seconds * 1000)))
         except (RedisError, OSError) as exc:
             log.info("the carry of session %d is not kept: %s", session_key, exc)
             self.stats.dropped += 1
             return 0
+        finally:
+            self._writing = False
         self.stats.kept += 1
         return 1
 

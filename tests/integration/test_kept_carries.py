@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 import uuid
+from dataclasses import replace
+from pathlib import Path
 
 import redis
 
@@ -15,6 +18,8 @@ from contextd_lab.service import ServerProcess
 from contextd_storage import migrate
 from contextd_storage.kept_carries import key_of
 from tests import backends
+from tests.conftest import ServerThread
+from tests.conftest import test_settings as settings_for
 from tests.integration.test_metrics_scrape import METRICS, scrape, value
 from tests.integration.test_replicas import _agent_turn
 
@@ -82,3 +87,52 @@ def _kept(redis_url: str, secret: str) -> list[bytes]:
     """The keys of the carries this deployment (its secret) keeps."""
     deployment = key_of(secret, 0).rsplit(":", 1)[0]
     return list(redis.Redis.from_url(redis_url).scan_iter(match=f"{deployment}:*"))
+
+
+def test_a_session_let_go_of_to_stay_in_the_memory_budget_is_resumed_from_its_kept_carry(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """A replica whose memory holds one session's carry renders two by turns: each render lets
+    the other session's carry go, and keeps it in Redis; another replica (nothing of either in
+    its memory) resumes each from there, and renders what a replica that never let go renders."""
+    database = f"sqlite+aiosqlite:///{tmp_path / 'kept.db'}"
+    asyncio.run(migrate.upgrade(database))
+    secret = uuid.uuid4().hex
+    small = settings_for(database, redis_url=redis_url, carry_secret=secret, session_cache_bytes=2 * 60_000)
+    tight, later = ServerThread(small).start(), ServerThread(replace(small, session_cache_bytes=1 << 28)).start()
+    plain = ServerThread(settings_for(database)).start()
+    try:
+        with Client(tight.target) as on_tight, Client(later.target) as on_later, Client(plain.target) as on_plain:
+            ids = {name: on_plain.create_session(metadata={"twin": name}).id for name in ("a", "b", "a2", "b2")}
+            for session in ids.values():
+                on_plain.append_openai(session, PROMPT)
+            carries = tight._running.carries  # type: ignore[union-attr]
+            assert carries is not None
+            for n in range(1, 13):
+                for session in ids.values():
+                    on_plain.append_openai(session, _agent_turn(n))
+                for name in ("a", "b"):  # by turns on the tight replica: each render lets the other go
+                    resumed = on_tight.render_view(ids[name], ViewFormat.OPENAI_CHAT)
+                    alone = on_plain.render_view(ids[name + "2"], ViewFormat.OPENAI_CHAT)
+                    assert resumed.messages_json == alone.messages_json, (n, name)
+                    for _ in range(200):  # written off the loop: the next render resumes from it
+                        if carries.idle:
+                            break
+                        time.sleep(0.02)
+            # Once the sessions outgrow the budget, every render lets the other session go, and its
+            # next render resumes from what was kept.
+            assert carries.stats.resumed == carries.stats.loaded >= 15 and carries.stats.refused == 0
+            for name in ("a", "b"):
+                on_plain.append_openai(ids[name], _agent_turn(13))
+                on_plain.append_openai(ids[name + "2"], _agent_turn(13))
+                resumed = on_later.render_view(ids[name], ViewFormat.OPENAI_CHAT)
+                alone = on_plain.render_view(ids[name + "2"], ViewFormat.OPENAI_CHAT)
+                assert resumed.messages_json == alone.messages_json
+                assert [(c.seq, c.decision, c.reason) for c in resumed.certificates] == [
+                    (c.seq, c.decision, c.reason) for c in alone.certificates
+                ]
+        stats = later._running.carries.stats  # type: ignore[union-attr]
+        assert (stats.loaded, stats.resumed, stats.refused) == (2, 2, 0)
+    finally:
+        for server in (tight, later, plain):
+            server.stop()

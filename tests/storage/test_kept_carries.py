@@ -1,0 +1,124 @@
+"""Carries kept in a real Redis (kept_carries.py): what comes back is the carry written, over
+the history it was written from, signed by this deployment and written by this code; anything
+else is refused, counted, and never read as a pickle."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+
+import pytest
+import redis.asyncio
+
+from contextd.engine.pipeline import Carry, RenderOutput, render
+from contextd.engine.state import ViewState
+from contextd_storage.kept_carries import KeptCarries, key_of
+from tests.helpers import counter
+from tests.service.engine.test_carry_strategies import budgeted, file_reads
+
+
+def carried(calls: int = 6) -> tuple[list, RenderOutput]:  # type: ignore[type-arg]
+    items = file_reads(calls)
+    out = render(budgeted(items, 0, len(items), ViewState(), None))
+    assert out.carry is not None
+    return items, out
+
+
+Make = Callable[..., KeptCarries]
+
+
+@pytest.fixture
+async def kept(redis_url: str) -> AsyncIterator[Make]:
+    """KeptCarries on the test Redis (`secret`: a new one unless given), closed after the test."""
+    made: list[KeptCarries] = []
+
+    def make(secret: str = "", fingerprint: str = "code-a") -> KeptCarries:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        made.append(KeptCarries(client, secret or uuid.uuid4().hex, counter(), 60, fingerprint=fingerprint))
+        return made[-1]
+
+    yield make
+    for carries in made:
+        await carries.close()
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    connection = redis.asyncio.Redis.from_url(redis_url)
+    yield connection
+    await connection.aclose()
+
+
+async def written(carries: KeptCarries, session_key: int, carry: Carry) -> None:
+    assert await carries.keep_now([(session_key, carry)], seconds=30) == 1
+
+
+async def test_a_kept_carry_comes_back_over_its_history(kept: Make, client: redis.asyncio.Redis) -> None:
+    items, out = carried()
+    carries = kept()
+    await written(carries, 7, out.carry)  # type: ignore[arg-type]
+    back = await carries.load(7, [*items])
+    assert back is not None and back.state == out.state and back.items == out.carry.items  # type: ignore[union-attr]
+    assert await carries.load(8, items) is None  # another session's: none
+    assert (carries.stats.kept, carries.stats.loaded, carries.stats.missed) == (1, 1, 1)
+    ttl = await client.pttl(carries._key(7))
+    assert 0 < ttl <= 60_000
+    await carries.drop(7)
+    assert await carries.load(7, items) is None
+
+
+@pytest.mark.parametrize("what", ["another secret", "another code", "altered", "another history", "another session"])
+async def test_a_carry_not_of_this_deployment_code_or_history_is_refused(
+    kept: Make, client: redis.asyncio.Redis, what: str
+) -> None:
+    items, out = carried()
+    secret = uuid.uuid4().hex
+    writer = kept(secret)
+    await written(writer, 3, out.carry)  # type: ignore[arg-type]
+    reader = kept(secret)
+    history = items
+    if what == "another secret":
+        reader = kept()
+        await client.copy(writer._key(3), reader._key(3))  # the same bytes where the other would look
+    elif what == "another code":
+        reader = kept(secret, fingerprint="code-b")
+    elif what == "altered":
+        data = bytearray(await client.get(writer._key(3)))  # type: ignore[arg-type]
+        data[-5] ^= 1
+        await client.set(writer._key(3), bytes(data))
+    elif what == "another history":
+        history = [*items[:-1], replace(items[-1], content_hash="another")]  # its last item is not the one read
+    else:  # the bytes of session 3 under session 4's key: the signature names the session
+        await client.copy(writer._key(3), writer._key(4))
+        assert await reader.load(4, items) is None
+        assert reader.stats.refused == 1
+        return
+    assert await reader.load(3, history) is None
+    assert reader.stats.refused == 1 and reader.stats.loaded == 0
+
+
+async def test_carries_let_go_of_are_written_in_the_background(kept: Make) -> None:
+    items, out = carried()
+    carries = kept()
+    carries.keep(11, out.carry)  # type: ignore[arg-type]
+    for _ in range(200):
+        if carries.stats.kept:
+            break
+        await asyncio.sleep(0.05)
+    assert carries.stats.kept == 1
+    assert await carries.load(11, items) is not None
+
+
+async def test_a_carry_a_render_took_over_is_not_written(kept: Make) -> None:
+    items, first = carried()
+    render(budgeted(items, 0, len(items), first.state, first.carry))
+    carries = kept()
+    assert await carries.keep_now([(5, first.carry)], seconds=30) == 0  # type: ignore[list-item]
+    assert carries.stats.dropped == 1
+
+
+def test_deployments_sharing_a_redis_keep_their_carries_apart() -> None:
+    assert key_of("secret-one-0123456789", 1) != key_of("secret-two-0123456789", 1)
+    assert key_of("secret-one-0123456789", 1).endswith(":{1}")
