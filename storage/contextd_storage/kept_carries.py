@@ -62,6 +62,8 @@ QUEUED = 64
 """Carries waiting to be written, at most; past it the oldest waiting is not written."""
 TIMEOUT_SECONDS = 5.0
 """For one carry's read or write (tens of MB for the longest sessions)."""
+REST_SECONDS = 1.0
+"""After Redis fails to answer, how long it is not asked (reads miss, writes are dropped)."""
 ZLIB_LEVEL = 1
 """A 10,000-item carry: 11 MB -> 2 MB in 80 ms, read back in 30 ms (bench/scale.py's sessions)."""
 
@@ -129,6 +131,8 @@ class KeptCarries:
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._writing = False
+        self._resting_until = 0.0
+        """After Redis fails to answer, it is not asked until then (a down Redis costs no timeouts)."""
 
     @property
     def idle(self) -> bool:
@@ -149,11 +153,13 @@ class KeptCarries:
         """The session's kept carry over `items`, or None (none kept, or not usable). `run(fn,
         *args)` reads it off the event loop (the caller's render thread; by default a thread of
         this store's, which may be writing a carry)."""
-        try:
-            data = await self._client.get(self._key(session_key))
-        except (RedisError, OSError) as exc:
-            log.debug("carry of session %d not read: %s", session_key, exc)
-            data = None
+        data = None
+        if time.monotonic() >= self._resting_until:
+            try:
+                data = await self._client.get(self._key(session_key))
+            except (RedisError, OSError) as exc:
+                log.info("the carry of session %d is not read: %s", session_key, exc)
+                self._rest()
         if not isinstance(data, bytes):
             self.stats.missed += 1
             return None
@@ -233,7 +239,13 @@ class KeptCarries:
                 await self._write(session_key, carry)
                 await asyncio.sleep(time.monotonic() - started)  # at most half of a core
 
+    def _rest(self) -> None:
+        self._resting_until = time.monotonic() + REST_SECONDS
+
     async def _write(self, session_key: int, carry: Carry) -> int:
+        if time.monotonic() < self._resting_until:
+            self.stats.dropped += 1
+            return 0
         self._writing = True
         try:
             data = await asyncio.get_running_loop().run_in_executor(self._thread, self._bytes, session_key, carry)
@@ -244,6 +256,7 @@ class KeptCarries:
         except (RedisError, OSError) as exc:
             log.info("the carry of session %d is not kept: %s", session_key, exc)
             self.stats.dropped += 1
+            self._rest()
             return 0
         finally:
             self._writing = False

@@ -59,7 +59,9 @@ def test_a_restarted_replica_resumes_a_session_from_its_kept_carry(postgres_serv
                     turn(n, on_first)
             first.terminate()
             assert first.wait() == 0
-            assert any(re.search(r"kept the carries of 1 sessions", line) for line in first.log), first.log
+            assert any(
+                re.search(r"kept in Redis the carries of 1 of the 1 sessions held", line) for line in first.log
+            ), first.log
             keys = _kept(redis_url, secret)
             assert len(keys) == 1
             assert redis.Redis.from_url(redis_url).get(keys[0]).startswith(b"contextd-carry-1\n")  # type: ignore[union-attr]

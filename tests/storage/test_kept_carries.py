@@ -122,3 +122,14 @@ async def test_a_carry_a_render_took_over_is_not_written(kept: Make) -> None:
 def test_deployments_sharing_a_redis_keep_their_carries_apart() -> None:
     assert key_of("secret-one-0123456789", 1) != key_of("secret-two-0123456789", 1)
     assert key_of("secret-one-0123456789", 1).endswith(":{1}")
+
+
+async def test_an_unreachable_redis_costs_a_miss_and_a_dropped_carry_never_an_error() -> None:
+    items, out = carried()
+    carries = KeptCarries(redis.asyncio.Redis.from_url("redis://127.0.0.1:9/0"), uuid.uuid4().hex, counter(), 60)
+    try:
+        assert await carries.keep_now([(1, out.carry)], seconds=5) == 0  # type: ignore[list-item]
+        assert await carries.load(1, items) is None
+        assert (carries.stats.dropped, carries.stats.missed) == (1, 1)
+    finally:
+        await carries.close()

@@ -89,8 +89,10 @@ class RunningServer:
         if self.carries is not None and self.states is not None:
             # What the renders worked out, for whichever replica renders these sessions next.
             left = grace - (time.monotonic() - started) - STOP_SLACK_SECONDS
-            kept = await self.carries.keep_now(self.states.carries(), max(0.0, left))
-            log.info("kept the carries of %d sessions in Redis", kept)
+            held = self.states.carries()
+            kept = await self.carries.keep_now(held, max(0.0, left))
+            if held:
+                log.info("kept in Redis the carries of %d of the %d sessions held", kept, len(held))
             await self.carries.close()
         await _close(self.workers, self.db, self.stash, self.admission)
 
