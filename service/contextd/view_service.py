@@ -136,6 +136,8 @@ class ViewService:
         async with self._slot(tenant), self.store.db.write(tenant, session_id) as conn:
             row, session, items = await self.store.history_in(conn, tenant, session_id)
             key = row["key"]
+            if self.carries is not None:
+                await self.carries.settled(key)  # (a carry of it being written is taken over after)
             kept = await self._resume_kept(key, items) if self.carries and not self._states.holds_carry(key) else None
             policy = await self.policy_of(session)
             reads = await views.render_reads(conn, key, self._states)
@@ -160,8 +162,8 @@ class ViewService:
             # Another replica rendered since this one's last render: its carry, caught up.
             earlier = self._states.carry(key, stored.since) if stored.since is not None else None
             started = time.perf_counter()
-            out, change_json, carry_bytes = await self._run(_render, render_input, earlier, stored.changes)
-            if kept is not None and kept.finished.claim.taken and self.carries is not None:
+            out, change_json, carry_bytes, resumed = await self._run(_render, render_input, earlier, stored.changes)
+            if kept is not None and resumed and self.carries is not None:
                 self.carries.stats.resumed += 1
             spent = time.perf_counter() - started
             stamp = Stamp(out.state.view_version, request.format.value, policy.version)
@@ -190,6 +192,10 @@ class ViewService:
         if not dry_run:
             in_memory = int(MEMORY_PER_STORED_BYTE * stored_bytes)
             self._states.put(key, out.state, out.carry, in_memory, carry_bytes)  # committed now
+            if not resumed and out.carry is not None and self.carries and len(items) >= KEEP_DERIVED_FROM:
+                # This render derived the session whole: what it worked out is kept for any replica
+                # that renders the session without it (restarted, new, or one that never did).
+                self.carries.keep_held(key, out.carry)
             pruned = [items[c.seq - 1] for c in out.certificates if c.decision is Decision.PRUNE and c.seq > 0]
             if pruned and self.on_pruned is not None:
                 await self.on_pruned(tenant, key, pruned)
@@ -420,18 +426,26 @@ class ViewService:
 
 def _render(
     render_input: RenderInput, earlier: Carry | None = None, changes: Sequence[StateChange] = ()
-) -> tuple[RenderOutput, str, int]:
-    """The engine's render, its change to the view state as stored and its carry's weight
-    (bytes held): the CPU work of a render, for a thread (`earlier`: this process's carry of
-    the state `changes`, other replicas' renders, were made from)."""
+) -> tuple[RenderOutput, str, int, bool]:
+    """The engine's render, its change to the view state as stored, its carry's weight (bytes
+    held), and whether it resumed from a carry (else it derived the session whole): the CPU
+    work of a render, for a thread (`earlier`: this process's carry of the state `changes`,
+    other replicas' renders, were made from)."""
     if earlier is not None and render_input.carry is None:
         render_input = replace(render_input, carry=earlier.advanced(changes, render_input.state, render_input.items))
+    given = render_input.carry
+    claimed = given is not None and given.finished.claim.taken
     out = render(render_input)
     assert out.change is not None
-    return out, change_to_json(out.change), out.carry.footprint() if out.carry is not None else 0
+    resumed = given is not None and not claimed and given.finished.claim.taken
+    return out, change_to_json(out.change), out.carry.footprint() if out.carry is not None else 0, resumed
 
 
 MAX_LISTED_DECISIONS = 100
+
+KEEP_DERIVED_FROM = 1000
+"""A render that derives a session of at least these many items keeps its carry (kept_carries.py):
+below it, deriving costs a replica little more than reading the carry back (bench/scale.py)."""
 
 
 def _render_events(

@@ -8,14 +8,17 @@ is worth keeping only while its session is in use (a TTL); it is large (a few MB
 session. Losing one costs one render the time of deriving it; Postgres would keep such
 blobs in its write-ahead log and tables for nothing.
 
-What a replica keeps: the carry of each session it lets go of to stay in its memory budget
-(`StateCache`'s least recently used), and as it stops, the carries it still holds, the most
-recently used first, for as long as its stop allows. Each is pickled off the event loop, one
-at a time, by a thread of its own that rests between carries as long as the last one took
-(at most half of a core). What a replica reads: the session's carry, when it holds none of
-its own, before its first render of the session; it is used when it is of the stored view
-state or one the stored changes lead on from (as another replica's carry would be), and
-refused otherwise, or when its bytes fail their signature or name items not in the history.
+What a replica keeps: the carry of a render that derived a session whole (of at least
+`view_service.KEEP_DERIVED_FROM` items: a first render, or a replica's first of the session),
+which it goes on holding (the session's next render waits until it is written, then takes it
+over); the carry of each session it lets go of to stay in its memory budget (`StateCache`'s
+least recently used); and as it stops, the carries it still holds, the most recently used
+first, for as long as its stop allows. Each is pickled off the event loop, by a thread of its
+own (carries let go of one at a time, resting between them as long as the last one took: at
+most half of a core). What a replica reads: the session's carry, when it holds none of its
+own, before its first render of the session; it is used when it is of the stored view state or
+one the stored changes lead on from (as another replica's carry would be), and refused
+otherwise, or when its bytes fail their signature or name items not in the history.
 
 The bytes are a pickle (engine/carry_pickle.py), which runs code as it is read: each is
 signed with an HMAC of the deployment's secret (`--carry-secret`), checked before it is
@@ -57,7 +60,6 @@ log = logging.getLogger(__name__)
 PREFIX = "contextd:carry"
 MAGIC = b"contextd-carry-1\n"
 DEFAULT_TTL_SECONDS = 3600.0
-MIN_SECRET_CHARS = 16
 QUEUED = 64
 """Carries waiting to be written, at most; past it the oldest waiting is not written."""
 TIMEOUT_SECONDS = 5.0
@@ -111,6 +113,9 @@ class KeptStats:
 
 
 class KeptCarries:
+    """The deployment's kept carries (one per session, the last written), and the thread and
+    queue that write them."""
+
     def __init__(
         self,
         client: Redis | RedisCluster,
@@ -131,13 +136,16 @@ class KeptCarries:
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._writing = False
+        self._busy: dict[int, asyncio.Event] = {}
+        """Sessions whose carry, still held, is being written: their renders wait (`settled`)."""
+        self._tasks: set[asyncio.Task[None]] = set()
         self._resting_until = 0.0
         """After Redis fails to answer, it is not asked until then (a down Redis costs no timeouts)."""
 
     @property
     def idle(self) -> bool:
         """Nothing waits to be written, nor is being written."""
-        return not self._queue and not self._writing
+        return not self._queue and not self._writing and not self._busy
 
     @classmethod
     def from_url(
@@ -211,6 +219,30 @@ class KeptCarries:
             self._writer = asyncio.get_running_loop().create_task(self._write_queued())
         self._wake.set()
 
+    def keep_held(self, session_key: int, carry: Carry) -> None:
+        """Write now, off the event loop, a carry this process goes on holding: the session's
+        renders wait until it is written (`settled`), then take it over as they would have.
+        Call from the event loop, once the carry's state is committed."""
+        if session_key in self._busy:
+            return
+        done = self._busy[session_key] = asyncio.Event()
+        task = asyncio.get_running_loop().create_task(self._keep_held(session_key, carry, done))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _keep_held(self, session_key: int, carry: Carry, done: asyncio.Event) -> None:
+        try:
+            await self._write(session_key, carry, release=True)
+        finally:
+            del self._busy[session_key]
+            done.set()
+
+    async def settled(self, session_key: int) -> None:
+        """Once no carry of the session that this process holds is being written."""
+        done = self._busy.get(session_key)
+        if done is not None:
+            await done.wait()
+
     async def keep_now(self, held: Sequence[tuple[int, Carry]], seconds: float) -> int:
         """Write `held` (and what waits) now, in order, for at most `seconds`: as the process
         stops. Returns how many were written."""
@@ -242,13 +274,15 @@ class KeptCarries:
     def _rest(self) -> None:
         self._resting_until = time.monotonic() + REST_SECONDS
 
-    async def _write(self, session_key: int, carry: Carry) -> int:
+    async def _write(self, session_key: int, carry: Carry, release: bool = False) -> int:
         if time.monotonic() < self._resting_until:
             self.stats.dropped += 1
             return 0
         self._writing = True
         try:
-            data = await asyncio.get_running_loop().run_in_executor(self._thread, self._bytes, session_key, carry)
+            data = await asyncio.get_running_loop().run_in_executor(
+                self._thread, self._bytes, session_key, carry, release
+            )
             if data is None:
                 self.stats.dropped += 1
                 return 0
@@ -263,9 +297,9 @@ class KeptCarries:
         self.stats.kept += 1
         return 1
 
-    def _bytes(self, session_key: int, carry: Carry) -> bytes | None:
+    def _bytes(self, session_key: int, carry: Carry, release: bool) -> bytes | None:
         try:
-            pickled = dump_carry(carry, self._counter)
+            pickled = dump_carry(carry, self._counter, release=release)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:  # a policy's object that does not pickle
             log.info("the carry of session %d cannot be kept: %s", session_key, exc)
             return None
@@ -288,5 +322,7 @@ class KeptCarries:
         if self._writer is not None:
             self._writer.cancel()
             self._writer = None
+        for task in list(self._tasks):
+            task.cancel()
         self._thread.shutdown(wait=False, cancel_futures=True)
         await self._client.aclose()

@@ -11,8 +11,10 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import redis
 
+from contextd import view_service
 from contextd_client import Client, ViewFormat
 from contextd_lab.service import ServerProcess
 from contextd_storage import migrate
@@ -137,4 +139,35 @@ def test_a_session_let_go_of_to_stay_in_the_memory_budget_is_resumed_from_its_ke
         assert (stats.loaded, stats.resumed, stats.refused) == (2, 2, 0)
     finally:
         for server in (tight, later, plain):
+            server.stop()
+
+
+def test_a_render_that_derived_a_session_keeps_it_for_the_replicas_that_never_rendered_it(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first replica to render a session derives it whole, and keeps what it worked out
+    while it goes on holding it (its next render waits for the write, then resumes as before);
+    a replica that never rendered the session resumes from what was kept."""
+    monkeypatch.setattr(view_service, "KEEP_DERIVED_FROM", 10)
+    database = f"sqlite+aiosqlite:///{tmp_path / 'derived.db'}"
+    asyncio.run(migrate.upgrade(database))
+    kept = settings_for(database, redis_url=redis_url, carry_secret=uuid.uuid4().hex)
+    first, other, plain = (ServerThread(s).start() for s in (kept, kept, settings_for(database)))
+    try:
+        with Client(first.target) as on_first, Client(other.target) as on_other, Client(plain.target) as on_plain:
+            ids = [on_plain.create_session().id for _ in range(2)]  # rendered with and without kept carries
+            for session in ids:
+                on_plain.append_openai(session, PROMPT + [m for n in range(1, 9) for m in _agent_turn(n)])
+            for n, renderer in ((9, on_first), (10, on_first), (11, on_other), (12, on_other)):
+                for session in ids:
+                    on_plain.append_openai(session, _agent_turn(n))
+                resumed = renderer.render_view(ids[0], ViewFormat.OPENAI_CHAT)
+                alone = on_plain.render_view(ids[1], ViewFormat.OPENAI_CHAT)
+                assert resumed.messages_json == alone.messages_json, n
+        on_first_stats = first._running.carries.stats  # type: ignore[union-attr]
+        on_other_stats = other._running.carries.stats  # type: ignore[union-attr]
+        assert on_first_stats.kept == 1  # the derived render's, not the one resumed from it
+        assert (on_other_stats.loaded, on_other_stats.resumed, on_other_stats.kept) == (1, 1, 0)
+    finally:
+        for server in (first, other, plain):
             server.stop()

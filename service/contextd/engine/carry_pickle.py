@@ -34,17 +34,22 @@ class UnusableCarry(Exception):
     """The bytes are not a carry of this history: an item they name is missing or differs."""
 
 
-def dump_carry(carry: Carry, counter: TokenCounter) -> bytes | None:
+def dump_carry(carry: Carry, counter: TokenCounter, *, release: bool = False) -> bytes | None:
     """The carry as bytes; None when a render holds part of it (took it over, or is taking it
     over): what it would write could be half that render's.
 
     The carry is claimed first, as the render that follows would claim it, so no render takes
-    it over while it is written; it serves no render in this process afterwards (the caller
-    writes the carries this process lets go of, or all of them as it stops)."""
+    it over while it is written. With `release`, it is as it was afterwards, for the next render
+    in this process to take over (the caller sees that none starts meanwhile); otherwise it
+    serves no render in this process any more (a carry this process lets go of)."""
     if not _claim(carry):
         return None
     out = io.BytesIO()
-    _Writer(out, counter).dump(carry)
+    try:
+        _Writer(out, counter).dump(carry)
+    finally:
+        if release:
+            _release(carry)
     return out.getvalue()
 
 
@@ -70,9 +75,16 @@ def _parts(carry: Carry) -> list[object]:
 
 
 def _claim(carry: Carry) -> bool:
-    # What was claimed before a part found taken stays so: a render holds the rest, and
-    # this carry is done with.
-    return all(take_over(part) for part in _parts(carry))  # type: ignore[arg-type]
+    """Claim every part, or none: a part a render holds already leaves the parts claimed before
+    it as they were (each part is taken over on its own, as renders from one carry do)."""
+    claimed: list[object] = []
+    for part in _parts(carry):
+        if not take_over(part):  # type: ignore[arg-type]
+            for mine in claimed:
+                mine.taken = False  # type: ignore[attr-defined]
+            return False
+        claimed.append(part)
+    return True
 
 
 def _release(carry: Carry) -> None:

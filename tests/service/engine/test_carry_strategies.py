@@ -462,3 +462,21 @@ def test_a_carry_a_render_has_taken_over_is_not_written() -> None:
     first = render(budgeted(items, 0, 9, ViewState(), None))
     render(budgeted(items, 0, len(items), first.state, first.carry))
     assert first.carry is not None and dump_carry(first.carry, COUNTER) is None
+
+
+def test_a_carry_written_and_released_is_taken_over_by_the_next_render_as_before() -> None:
+    items = file_reads(6)
+    first = render(budgeted(items, 0, 9, ViewState(), None))
+    assert first.carry is not None and dump_carry(first.carry, COUNTER, release=True) is not None
+    after = render(budgeted(items, 0, len(items), first.state, first.carry))
+    assert first.carry.finished.claim.taken and first.carry.assembly.taken  # resumed, not derived again
+    assert after == render(budgeted(items, 0, len(items), first.state, None))
+
+
+def test_a_carry_whose_assembly_a_render_holds_is_not_written_and_the_rest_stays_free() -> None:
+    items = file_reads(6)
+    first = render(budgeted(items, 0, 9, ViewState(), None))
+    assert first.carry is not None
+    first.carry.assembly.taken = True  # as a render resuming it would have
+    assert dump_carry(first.carry, COUNTER) is None
+    assert not first.carry.finished.claim.taken and not first.carry.repaired.taken
