@@ -135,7 +135,8 @@ class KeptCarries:
         self._queue: OrderedDict[int, Carry] = OrderedDict()
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
-        self._writing = False
+        self._writing = 0
+        """Writes under way (the queue's, and those of carries still held)."""
         self._busy: dict[int, asyncio.Event] = {}
         """Sessions whose carry, still held, is being written: their renders wait (`settled`)."""
         self._tasks: set[asyncio.Task[None]] = set()
@@ -278,7 +279,7 @@ class KeptCarries:
         if time.monotonic() < self._resting_until:
             self.stats.dropped += 1
             return 0
-        self._writing = True
+        self._writing += 1
         try:
             data = await asyncio.get_running_loop().run_in_executor(
                 self._thread, self._bytes, session_key, carry, release
@@ -293,7 +294,7 @@ class KeptCarries:
             self._rest()
             return 0
         finally:
-            self._writing = False
+            self._writing -= 1
         self.stats.kept += 1
         return 1
 
