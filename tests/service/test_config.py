@@ -50,3 +50,21 @@ def test_a_message_limit_grpc_cannot_take_is_refused_and_the_largest_it_can_serv
     server = make_server(max_message_bytes=1 << 30)  # receives up to twice it: capped at gRPC's largest
     with Client(server.target) as client:
         assert client.create_session().id
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"carry_secret": "s" * 32}, "carry_secret signs what is kept in Redis: set redis_url too"),
+        ({"carry_secret": "short", "redis_url": "redis://127.0.0.1:6379/0"}, "16 characters or more, not 5"),
+    ],
+)
+def test_a_carry_secret_needs_redis_and_sixteen_characters(settings: dict[str, str], words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        Settings(**settings).validate()  # type: ignore[arg-type]
+
+
+def test_the_carry_secret_is_never_displayed() -> None:
+    secret = "a-secret-of-the-deployment-0123456789"
+    shown = Settings(redis_url="redis://127.0.0.1:6379/0", carry_secret=secret).redacted()
+    assert shown["carry_secret"] == "***" and secret not in repr(shown)
