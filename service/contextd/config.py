@@ -67,6 +67,13 @@ class Settings:
     carry_ttl_seconds: float = _setting(
         3600.0, "How long a session's kept work (--carry-secret) stays in Redis after it was written."
     )
+    carry_keep_seconds: float = _setting(
+        600.0,
+        "How often a replica keeps again the work on a session of 1,000 items or more that it goes on "
+        "rendering (--carry-secret), so that another replica, or this one after a crash, resumes from "
+        "recent work. 0: only when it derives a session, lets one go, or stops.",
+        off=True,
+    )
     max_page_tokens: int = _setting(2000, "Most tokens one Retrieve page holds, whatever the client asks.")
     migrate_on_start: bool = _setting(
         True, "Upgrade the database schema when the server starts (one replica at a time on Postgres)."

@@ -192,9 +192,15 @@ class ViewService:
         if not dry_run:
             in_memory = int(MEMORY_PER_STORED_BYTE * stored_bytes)
             self._states.put(key, out.state, out.carry, in_memory, carry_bytes)  # committed now
-            if not resumed and out.carry is not None and self.carries and len(items) >= KEEP_DERIVED_FROM:
-                # This render derived the session whole: what it worked out is kept for any replica
-                # that renders the session without it (restarted, new, or one that never did).
+            if (
+                self.carries is not None
+                and out.carry is not None
+                and len(items) >= KEEP_FROM_ITEMS
+                and (not resumed or self.carries.due(key))
+            ):
+                # What this render worked out is kept for any replica that renders the session
+                # without it (restarted, new, or one that never did): at once when it derived the
+                # session whole, and again from time to time while the session goes on.
                 self.carries.keep_held(key, out.carry)
             pruned = [items[c.seq - 1] for c in out.certificates if c.decision is Decision.PRUNE and c.seq > 0]
             if pruned and self.on_pruned is not None:
@@ -443,9 +449,9 @@ def _render(
 
 MAX_LISTED_DECISIONS = 100
 
-KEEP_DERIVED_FROM = 1000
-"""A render that derives a session of at least these many items keeps its carry (kept_carries.py):
-below it, deriving costs a replica little more than reading the carry back (bench/scale.py)."""
+KEEP_FROM_ITEMS = 1000
+"""Renders of a session of at least these many items keep their carry (kept_carries.py): below
+it, deriving costs a replica little more than reading the carry back (bench/kept_carries.py)."""
 
 
 def _render_events(

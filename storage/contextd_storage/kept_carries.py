@@ -8,17 +8,21 @@ is worth keeping only while its session is in use (a TTL); it is large (a few MB
 session. Losing one costs one render the time of deriving it; Postgres would keep such
 blobs in its write-ahead log and tables for nothing.
 
-What a replica keeps: the carry of a render that derived a session whole (of at least
-`view_service.KEEP_DERIVED_FROM` items: a first render, or a replica's first of the session),
-which it goes on holding (the session's next render waits until it is written, then takes it
-over); the carry of each session it lets go of to stay in its memory budget (`StateCache`'s
-least recently used); and as it stops, the carries it still holds, the most recently used
-first, for as long as its stop allows. Each is pickled off the event loop, by a thread of its
-own (carries let go of one at a time, resting between them as long as the last one took: at
-most half of a core). What a replica reads: the session's carry, when it holds none of its
-own, before its first render of the session; it is used when it is of the stored view state or
-one the stored changes lead on from (as another replica's carry would be), and refused
-otherwise, or when its bytes fail their signature or name items not in the history.
+What a replica keeps: the carry of a session of at least `view_service.KEEP_FROM_ITEMS`
+items, which it goes on holding (the session's next render waits until it is written, then
+takes it over), after a render that derived the session whole (a first render, or a replica's
+first of the session) and again once `--carry-keep-seconds` have passed since it last did (so
+that what another replica, or this one after a crash, resumes from is recent: a carry older
+than the view state's last full copy cannot be caught up); the carry of each session it lets go
+of to stay in its memory budget (`StateCache`'s least recently used); and as it stops, the
+carries it still holds, the most recently used first, for as long as its stop allows. Each is
+pickled off the event loop, by a thread of its own (carries let go of one at a time, resting
+between them as long as the last one took: at most half of a core).
+
+What a replica reads: the session's carry, when it holds none of its own, before its first
+render of the session; it is used when it is of the stored view state or one the stored
+changes lead on from (as another replica's carry would be), and refused otherwise, or when its
+bytes fail their signature or name items not in the history.
 
 The bytes are a pickle (engine/carry_pickle.py), which runs code as it is read: each is
 signed with an HMAC of the deployment's secret (`--carry-secret`), checked before it is
@@ -60,6 +64,8 @@ log = logging.getLogger(__name__)
 PREFIX = "contextd:carry"
 MAGIC = b"contextd-carry-1\n"
 DEFAULT_TTL_SECONDS = 3600.0
+KEPT_AT_SESSIONS = 65_536
+"""Sessions whose last write `due` remembers (one forgotten is due again)."""
 QUEUED = 64
 """Carries waiting to be written, at most; past it the oldest waiting is not written."""
 TIMEOUT_SECONDS = 5.0
@@ -123,12 +129,17 @@ class KeptCarries:
         counter: TokenCounter,
         ttl_seconds: float = DEFAULT_TTL_SECONDS,
         fingerprint: str | None = None,
+        keep_seconds: float = 0.0,
     ) -> None:
         self._client = client
         self._secret = secret.encode()
         self._prefix = key_of(secret, 0).rsplit(":", 1)[0]
         self._counter = counter
         self.ttl_seconds = ttl_seconds
+        self.keep_seconds = keep_seconds
+        """A carry held and written is written again once this long has passed (0: never)."""
+        self._kept_at: OrderedDict[int, float] = OrderedDict()
+        """When each session's held carry was last written (the most recent sessions only)."""
         self._stamp = MAGIC + (fingerprint or code_fingerprint()).encode() + b"\n"
         self.stats = KeptStats()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="contextd-carries")
@@ -150,9 +161,17 @@ class KeptCarries:
 
     @classmethod
     def from_url(
-        cls, url: str, secret: str, counter: TokenCounter, ttl_seconds: float, *, cluster: bool = False
+        cls,
+        url: str,
+        secret: str,
+        counter: TokenCounter,
+        ttl_seconds: float,
+        *,
+        keep_seconds: float = 0.0,
+        cluster: bool = False,
     ) -> KeptCarries:
-        return cls(redis_client(url, cluster, timeout=TIMEOUT_SECONDS), secret, counter, ttl_seconds)
+        client = redis_client(url, cluster, timeout=TIMEOUT_SECONDS)
+        return cls(client, secret, counter, ttl_seconds, keep_seconds=keep_seconds)
 
     # ------------------------------------------------------------------ reading
 
@@ -183,6 +202,7 @@ class KeptCarries:
             self.stats.refused += 1
             return None
         self.stats.loaded += 1
+        self._written(session_key)  # as recent as what another process wrote
         return carry
 
     async def _in_thread(self, fn: Callable[..., Carry], *args: object) -> Carry:
@@ -220,16 +240,31 @@ class KeptCarries:
             self._writer = asyncio.get_running_loop().create_task(self._write_queued())
         self._wake.set()
 
+    def due(self, session_key: int) -> bool:
+        """Whether the session's held carry was last written `keep_seconds` ago or more (or
+        never, by this process)."""
+        if not self.keep_seconds:
+            return False
+        at = self._kept_at.get(session_key)
+        return at is None or time.monotonic() - at >= self.keep_seconds
+
     def keep_held(self, session_key: int, carry: Carry) -> None:
         """Write now, off the event loop, a carry this process goes on holding: the session's
         renders wait until it is written (`settled`), then take it over as they would have.
         Call from the event loop, once the carry's state is committed."""
         if session_key in self._busy:
             return
+        self._written(session_key)
         done = self._busy[session_key] = asyncio.Event()
         task = asyncio.get_running_loop().create_task(self._keep_held(session_key, carry, done))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _written(self, session_key: int) -> None:
+        self._kept_at.pop(session_key, None)
+        self._kept_at[session_key] = time.monotonic()
+        if len(self._kept_at) > KEPT_AT_SESSIONS:
+            self._kept_at.popitem(last=False)
 
     async def _keep_held(self, session_key: int, carry: Carry, done: asyncio.Event) -> None:
         try:

@@ -18,7 +18,7 @@ from contextd import view_service
 from contextd_client import Client, ViewFormat
 from contextd_lab.service import ServerProcess
 from contextd_storage import migrate
-from contextd_storage.kept_carries import key_of
+from contextd_storage.kept_carries import KeptCarries, key_of
 from tests import backends
 from tests.conftest import ServerThread
 from tests.conftest import test_settings as settings_for
@@ -142,16 +142,19 @@ def test_a_session_let_go_of_to_stay_in_the_memory_budget_is_resumed_from_its_ke
             server.stop()
 
 
+@pytest.mark.parametrize(("keep_seconds", "writes"), [(0.0, (1, 0)), (0.001, (2, 2))], ids=["derived", "and-again"])
 def test_a_render_that_derived_a_session_keeps_it_for_the_replicas_that_never_rendered_it(
-    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch, keep_seconds: float, writes: tuple[int, int]
 ) -> None:
     """The first replica to render a session derives it whole, and keeps what it worked out
     while it goes on holding it (its next render waits for the write, then resumes as before);
-    a replica that never rendered the session resumes from what was kept."""
-    monkeypatch.setattr(view_service, "KEEP_DERIVED_FROM", 10)
+    a replica that never rendered the session resumes from what was kept. With
+    `carry_keep_seconds`, each keeps it again once that long has passed since it last wrote or
+    read it."""
+    monkeypatch.setattr(view_service, "KEEP_FROM_ITEMS", 10)
     database = f"sqlite+aiosqlite:///{tmp_path / 'derived.db'}"
     asyncio.run(migrate.upgrade(database))
-    kept = settings_for(database, redis_url=redis_url, carry_secret=uuid.uuid4().hex)
+    kept = settings_for(database, redis_url=redis_url, carry_secret=uuid.uuid4().hex, carry_keep_seconds=keep_seconds)
     first, other, plain = (ServerThread(s).start() for s in (kept, kept, settings_for(database)))
     try:
         with Client(first.target) as on_first, Client(other.target) as on_other, Client(plain.target) as on_plain:
@@ -164,10 +167,21 @@ def test_a_render_that_derived_a_session_keeps_it_for_the_replicas_that_never_re
                 resumed = renderer.render_view(ids[0], ViewFormat.OPENAI_CHAT)
                 alone = on_plain.render_view(ids[1], ViewFormat.OPENAI_CHAT)
                 assert resumed.messages_json == alone.messages_json, n
-        on_first_stats = first._running.carries.stats  # type: ignore[union-attr]
-        on_other_stats = other._running.carries.stats  # type: ignore[union-attr]
-        assert on_first_stats.kept == 1  # the derived render's, not the one resumed from it
-        assert (on_other_stats.loaded, on_other_stats.resumed, on_other_stats.kept) == (1, 1, 0)
+        on_first_stats, on_other_stats = (_settled(server).stats for server in (first, other))
+        assert on_first_stats.kept == writes[0]  # the derived render's; the next too if due
+        assert (on_other_stats.loaded, on_other_stats.resumed, on_other_stats.kept) == (1, 1, writes[1])
     finally:
         for server in (first, other, plain):
             server.stop()
+
+
+def _settled(server: ServerThread) -> KeptCarries:
+    """The server's kept carries, once nothing waits to be written (the writes are off the loop)."""
+    carries = server._running.carries  # type: ignore[union-attr]
+    assert carries is not None
+    for _ in range(500):
+        if carries.idle:
+            break
+        time.sleep(0.02)
+    assert carries.idle
+    return carries

@@ -133,3 +133,17 @@ async def test_an_unreachable_redis_costs_a_miss_and_a_dropped_carry_never_an_er
         assert (carries.stats.dropped, carries.stats.missed) == (1, 1)
     finally:
         await carries.close()
+
+
+async def test_a_held_carry_is_due_again_once_keep_seconds_have_passed(kept: Make) -> None:
+    items, out = carried()
+    carries = kept()
+    assert not carries.due(1)  # keep_seconds 0: never
+    carries.keep_seconds = 0.2
+    assert carries.due(1)  # never written by this process
+    carries.keep_held(1, out.carry)  # type: ignore[arg-type]
+    await carries.settled(1)
+    assert carries.stats.kept == 1 and not carries.due(1)
+    await asyncio.sleep(0.25)
+    assert carries.due(1)
+    assert await carries.load(1, items) is not None and not carries.due(1)  # read back: as recent

@@ -137,6 +137,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
             settings.carry_secret,
             counter,
             settings.carry_ttl_seconds,
+            keep_seconds=settings.carry_keep_seconds,
             cluster=settings.redis_cluster,
         )
         if settings.carry_secret
