@@ -240,6 +240,8 @@ class Settings:
             raise ConfigError("carry_secret signs what is kept in Redis: set redis_url too, or no carry_secret")
         if self.carry_secret and len(self.carry_secret) < 16:
             raise ConfigError(f"carry_secret must be 16 characters or more, not {len(self.carry_secret)}")
+        if "change-me" in self.carry_secret.lower():
+            raise ConfigError("carry_secret is a placeholder (it says CHANGE-ME): set a secret of your own")
         self.tenant_keys()
         self.limits_of_tenants()
         if bool(self.tls_cert) != bool(self.tls_key):

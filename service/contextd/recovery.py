@@ -119,7 +119,7 @@ class RecoveryService:
         """The view states this process's renders saved (the view service's): what is out of a
         view is read from them."""
         self.carries: KeptCarries | None = None
-        """The renders' carries kept in Redis: a session's is dropped with its redacted items."""
+        """The renders' carries kept in Redis: a deleted session's are dropped."""
         self._reduced: OrderedDict[int, tuple[int, array[int]]] = OrderedDict()
         """Per session, its view state's version and the items that state's edits reduce."""
         self._reduced_seqs = 0
@@ -143,8 +143,6 @@ class RecoveryService:
         """Drop the originals of redacted `items` from the stash (Retrieve refuses them anyway,
         by the history's record; this frees them now rather than at their TTL)."""
         scope = scope_of(tenant, session_key)
-        if self.carries is not None:  # its rendered messages hold them
-            await self.carries.drop(session_key)
         for start in range(0, len(items), STASH_WRITES_AT_ONCE):
             batch = items[start : start + STASH_WRITES_AT_ONCE]
             await asyncio.gather(*(self.stash.delete(scope, handle_of(item)) for item in batch))

@@ -136,9 +136,10 @@ class ViewService:
         async with self._slot(tenant), self.store.db.write(tenant, session_id) as conn:
             row, session, items = await self.store.history_in(conn, tenant, session_id)
             key = row["key"]
+            held = self._states.holds_carry(key)
             if self.carries is not None:
                 await self.carries.settled(key)  # (a carry of it being written is taken over after)
-            kept = await self._resume_kept(key, items) if self.carries and not self._states.holds_carry(key) else None
+            kept = await self._resume_kept(key, items) if self.carries and not held else None
             policy = await self.policy_of(session)
             reads = await views.render_reads(conn, key, self._states)
             stored = reads.stored
@@ -196,11 +197,13 @@ class ViewService:
                 self.carries is not None
                 and out.carry is not None
                 and len(items) >= KEEP_FROM_ITEMS
-                and (not resumed or self.carries.due(key))
+                and ((not held and not resumed) or self.carries.due(key))
             ):
                 # What this render worked out is kept for any replica that renders the session
-                # without it (restarted, new, or one that never did): at once when it derived the
-                # session whole, and again from time to time while the session goes on.
+                # without it (restarted, new, or one that never did): at once when this replica
+                # derived the session whole, holding nothing of it, and again from time to time
+                # while the session goes on. (A session whose renders each derive it, its durable
+                # edits changing, is kept on the clock only.)
                 self.carries.keep_held(key, out.carry)
             pruned = [items[c.seq - 1] for c in out.certificates if c.decision is Decision.PRUNE and c.seq > 0]
             if pruned and self.on_pruned is not None:
@@ -370,12 +373,14 @@ class ViewService:
             if not todo:
                 return [], []
             edits = [retraction(items[s - 1], redact, self.counter) for s in todo]
-            await views.append_mutations(conn, key, edits)
+            durable = await views.append_mutations(conn, key, edits)
             stamp = Stamp(await views.state_version(conn, key), "", session.policy_version)
             bodies = [certificate_of(items[s - 1], e, reason) for s, e in zip(todo, edits, strict=True)]
             certificates = await certificate_log.append_certificates(conn, key, bodies, stamp)
             retracted = {"seqs": todo, "reason": reason, "redacted": redact}
             await events.record(conn, NewEvent(tenant, session_id, "items_retracted", retracted))
+        if redact and self.carries is not None:  # what renders worked out before shows the items
+            await self.carries.drop(key, durable)
         if redact and self.on_redacted is not None:
             await self.on_redacted(tenant, key, [items[s - 1] for s in todo])
         annotate(session_id=session_id, items=len(todo))

@@ -41,12 +41,13 @@ import hmac
 import logging
 import pickle
 import sys
+import threading
 import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from redis.asyncio import Redis
@@ -64,22 +65,55 @@ log = logging.getLogger(__name__)
 PREFIX = "contextd:carry"
 MAGIC = b"contextd-carry-1\n"
 DEFAULT_TTL_SECONDS = 3600.0
+FLOOR_SECONDS = 7 * 24 * 3600
+"""How long a deleted or redacted session's floor stays (`drop`): no carry written before it is
+kept again for that long (a replica that holds one in memory longer may write it: never used,
+its durable edits are not the history's, it is gone at its TTL)."""
+GONE = 2**52
+"""The floor of a deleted session: above any count of durable edits."""
 KEPT_AT_SESSIONS = 65_536
 """Sessions whose last write `due` remembers (one forgotten is due again)."""
-QUEUED = 64
-"""Carries waiting to be written, at most; past it the oldest waiting is not written."""
+QUEUED_BYTES = 64 * 1_048_576
+"""Carries let go of and waiting to be written, at most, by `Carry.footprint`: they are let go
+of because memory is short; past it the oldest waiting is not written."""
 TIMEOUT_SECONDS = 5.0
-"""For one carry's read or write (tens of MB for the longest sessions)."""
+"""For one carry's write (tens of MB for the longest sessions)."""
+READ_SECONDS = 1.0
+"""For one carry's read, inside a render's transaction: slower than this, it is derived."""
 REST_SECONDS = 1.0
 """After Redis fails to answer, how long it is not asked (reads miss, writes are dropped)."""
 ZLIB_LEVEL = 1
 """A 10,000-item carry: 11 MB -> 2 MB in 80 ms, read back in 30 ms (bench/scale.py's sessions)."""
 
+_PUT = """
+local floor = tonumber(redis.call('GET', KEYS[2]) or '0')
+if tonumber(ARGV[2]) < floor then return 0 end
+local held = tonumber(redis.call('HGET', KEYS[1], 'v') or '-1')
+if tonumber(ARGV[3]) < held then return 0 end
+redis.call('HSET', KEYS[1], 'v', ARGV[3], 'c', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return 1
+"""
+"""A carry (ARGV[1]), unless the session's floor (KEYS[2]) is above its count of durable edits
+(ARGV[2]: written before a redaction, or the session deleted) or a carry of a later view state
+is kept (a slower replica's older carry does not replace another's newer one)."""
 
-def key_of(secret: str, session_key: int) -> str:
-    """Named by the secret too (a digest of it): deployments that share a Redis with secrets of
-    their own keep their sessions' carries apart, whatever their sessions' keys."""
-    deployment = hashlib.sha256(b"contextd carries\0" + secret.encode()).hexdigest()[:16]
+_DROP = """
+redis.call('DEL', KEYS[1])
+local floor = tonumber(redis.call('GET', KEYS[2]) or '0')
+redis.call('SET', KEYS[2], math.max(floor, tonumber(ARGV[1])), 'PX', ARGV[2])
+return 1
+"""
+
+
+def deployment_of(secret: str) -> str:
+    """The deployment's part of its keys' names: deployments that share a Redis with secrets of
+    their own keep their sessions' carries apart. Derived slowly (PBKDF2), since key names are
+    seen by whoever can list Redis's keys, the secret must not be guessed from them."""
+    return hashlib.pbkdf2_hmac("sha256", secret.encode(), b"contextd carries", 100_000).hex()[:16]
+
+
+def key_of(deployment: str, session_key: int) -> str:
     return f"{PREFIX}:{deployment}:{{{session_key}}}"
 
 
@@ -98,6 +132,17 @@ def code_fingerprint() -> str:
 
 class OtherCode(UnusableCarry):
     """A carry another version of the code wrote (or no carry at all)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Held:
+    """A held carry's write (`keep_held`)."""
+
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    writing: bool = False
+    """Its thread has begun to write it: a render of the session waits."""
+    given_up: bool = False
+    """A render of the session came first and takes it over: it is not written."""
 
 
 @dataclass(slots=True)
@@ -133,7 +178,7 @@ class KeptCarries:
     ) -> None:
         self._client = client
         self._secret = secret.encode()
-        self._prefix = key_of(secret, 0).rsplit(":", 1)[0]
+        self._deployment = deployment_of(secret)
         self._counter = counter
         self.ttl_seconds = ttl_seconds
         self.keep_seconds = keep_seconds
@@ -144,20 +189,24 @@ class KeptCarries:
         self.stats = KeptStats()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="contextd-carries")
         self._queue: OrderedDict[int, Carry] = OrderedDict()
+        self._queued_bytes = 0
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._writing = 0
         """Writes under way (the queue's, and those of carries still held)."""
-        self._busy: dict[int, asyncio.Event] = {}
-        """Sessions whose carry, still held, is being written: their renders wait (`settled`)."""
+        self._held: dict[int, _Held] = {}
+        """Sessions whose carry, still held, waits to be written or is being written (`settled`)."""
+        self._holding = threading.Lock()
+        """Between a render that would take a held carry over and the thread about to write it."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._resting_until = 0.0
         """After Redis fails to answer, it is not asked until then (a down Redis costs no timeouts)."""
+        self._scripts()
 
     @property
     def idle(self) -> bool:
         """Nothing waits to be written, nor is being written."""
-        return not self._queue and not self._writing and not self._busy
+        return not self._queue and not self._writing and not self._held
 
     @classmethod
     def from_url(
@@ -173,6 +222,10 @@ class KeptCarries:
         client = redis_client(url, cluster, timeout=TIMEOUT_SECONDS)
         return cls(client, secret, counter, ttl_seconds, keep_seconds=keep_seconds)
 
+    def _scripts(self) -> None:
+        self._put = self._client.register_script(_PUT)
+        self._drop = self._client.register_script(_DROP)
+
     # ------------------------------------------------------------------ reading
 
     async def load(
@@ -184,9 +237,9 @@ class KeptCarries:
         data = None
         if time.monotonic() >= self._resting_until:
             try:
-                data = await self._client.get(self._key(session_key))
-            except (RedisError, OSError) as exc:
-                log.info("the carry of session %d is not read: %s", session_key, exc)
+                data = await asyncio.wait_for(self._client.hget(self._key(session_key), "c"), READ_SECONDS)
+            except (RedisError, OSError, TimeoutError) as exc:
+                log.info("the carry of session %d is not read: %s", session_key, exc or "too slow")
                 self._rest()
         if not isinstance(data, bytes):
             self.stats.missed += 1
@@ -221,7 +274,7 @@ class KeptCarries:
             raise UnusableCarry(f"it does not read back: {exc}") from exc
 
     def _key(self, session_key: int) -> str:
-        return f"{self._prefix}:{{{session_key}}}"
+        return key_of(self._deployment, session_key)
 
     def _sign(self, session_key: int, body: bytes) -> bytes:
         return hmac.new(self._secret, self._stamp + str(session_key).encode() + b"\n" + body, hashlib.sha256).digest()
@@ -230,15 +283,22 @@ class KeptCarries:
 
     def keep(self, session_key: int, carry: Carry) -> None:
         """Write the carry, later, off the event loop (the session's earlier one waiting is
-        replaced). Call from the event loop."""
-        self._queue.pop(session_key, None)
+        replaced): a carry this process lets go of. Call from the event loop."""
+        self._unqueue(session_key)
         self._queue[session_key] = carry
-        if len(self._queue) > QUEUED:
-            self._queue.popitem(last=False)
+        self._queued_bytes += carry.footprint()
+        while self._queued_bytes > QUEUED_BYTES and len(self._queue) > 1:
+            self._unqueue(next(iter(self._queue)))
             self.stats.dropped += 1
-        if self._writer is None:
+        if self._writer is None or self._writer.done():
             self._writer = asyncio.get_running_loop().create_task(self._write_queued())
         self._wake.set()
+
+    def _unqueue(self, session_key: int) -> Carry | None:
+        carry = self._queue.pop(session_key, None)
+        if carry is not None:
+            self._queued_bytes -= carry.footprint()
+        return carry
 
     def due(self, session_key: int) -> bool:
         """Whether the session's held carry was last written `keep_seconds` ago or more (or
@@ -249,14 +309,14 @@ class KeptCarries:
         return at is None or time.monotonic() - at >= self.keep_seconds
 
     def keep_held(self, session_key: int, carry: Carry) -> None:
-        """Write now, off the event loop, a carry this process goes on holding: the session's
-        renders wait until it is written (`settled`), then take it over as they would have.
-        Call from the event loop, once the carry's state is committed."""
-        if session_key in self._busy:
+        """Write, off the event loop, a carry this process goes on holding. A render of the
+        session that comes first takes it over and it is not written (`settled`); one that
+        comes while it is written waits for the write. Call from the event loop, once the
+        carry's state is committed."""
+        if session_key in self._held:
             return
-        self._written(session_key)
-        done = self._busy[session_key] = asyncio.Event()
-        task = asyncio.get_running_loop().create_task(self._keep_held(session_key, carry, done))
+        held = self._held[session_key] = _Held()
+        task = asyncio.get_running_loop().create_task(self._keep_held(session_key, carry, held))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -266,35 +326,50 @@ class KeptCarries:
         if len(self._kept_at) > KEPT_AT_SESSIONS:
             self._kept_at.popitem(last=False)
 
-    async def _keep_held(self, session_key: int, carry: Carry, done: asyncio.Event) -> None:
+    async def _keep_held(self, session_key: int, carry: Carry, held: _Held) -> None:
         try:
-            await self._write(session_key, carry, release=True)
+            if await self._write(session_key, carry, held):
+                self._written(session_key)
         finally:
-            del self._busy[session_key]
-            done.set()
+            del self._held[session_key]
+            held.done.set()
 
     async def settled(self, session_key: int) -> None:
-        """Once no carry of the session that this process holds is being written."""
-        done = self._busy.get(session_key)
-        if done is not None:
-            await done.wait()
+        """Once the session's held carry may be taken over: one waiting to be written is not
+        written (the render takes it over now), one being written is, first."""
+        held = self._held.get(session_key)
+        if held is None:
+            return
+        with self._holding:
+            if not held.writing:
+                held.given_up = True
+                return
+        await held.done.wait()
 
     async def keep_now(self, held: Sequence[tuple[int, Carry]], seconds: float) -> int:
         """Write `held` (and what waits) now, in order, for at most `seconds`: as the process
         stops. Returns how many were written."""
         for session_key, carry in held:
-            self._queue.pop(session_key, None)
+            self._unqueue(session_key)
             self._queue[session_key] = carry
+            self._queued_bytes += carry.footprint()
         if self._writer is not None:
             self._writer.cancel()
             self._writer = None
         deadline = time.monotonic() + seconds
         written = 0
-        while self._queue and time.monotonic() < deadline:
-            session_key, carry = self._queue.popitem(last=False)
-            written += await self._write(session_key, carry)
+        while self._queue and (left := deadline - time.monotonic()) > 0:
+            session_key = next(iter(self._queue))
+            waiting = self._unqueue(session_key)
+            assert waiting is not None
+            try:  # a pickling under way goes on on its thread; the stop does not wait for it
+                written += await asyncio.wait_for(self._write(session_key, waiting), left)
+            except TimeoutError:
+                self.stats.dropped += 1
+                break
         self.stats.dropped += len(self._queue)
         self._queue.clear()
+        self._queued_bytes = 0
         return written
 
     async def _write_queued(self) -> None:
@@ -302,7 +377,9 @@ class KeptCarries:
             await self._wake.wait()
             self._wake.clear()
             while self._queue:
-                session_key, carry = self._queue.popitem(last=False)
+                session_key = next(iter(self._queue))
+                carry = self._unqueue(session_key)
+                assert carry is not None
                 started = time.monotonic()
                 await self._write(session_key, carry)
                 await asyncio.sleep(time.monotonic() - started)  # at most half of a core
@@ -310,32 +387,47 @@ class KeptCarries:
     def _rest(self) -> None:
         self._resting_until = time.monotonic() + REST_SECONDS
 
-    async def _write(self, session_key: int, carry: Carry, release: bool = False) -> int:
+    async def _write(self, session_key: int, carry: Carry, held: _Held | None = None) -> int:
+        """Write one carry (`held`: one the process goes on holding); 1 if written, else 0 (and
+        counted): never raises but for cancellation."""
         if time.monotonic() < self._resting_until:
             self.stats.dropped += 1
             return 0
         self._writing += 1
         try:
-            data = await asyncio.get_running_loop().run_in_executor(
-                self._thread, self._bytes, session_key, carry, release
-            )
+            loop = asyncio.get_running_loop()
+            data = await loop.run_in_executor(self._thread, self._bytes, session_key, carry, held)
             if data is None:
                 self.stats.dropped += 1
                 return 0
-            await self._client.set(self._key(session_key), data, px=max(1, round(self.ttl_seconds * 1000)))
+            ttl = max(1, round(self.ttl_seconds * 1000))
+            keys = [self._key(session_key), self._floor(session_key)]
+            put = await self._put(keys=keys, args=[data, len(carry.durable), carry.state.view_version, ttl])
         except (RedisError, OSError) as exc:
             log.info("the carry of session %d is not kept: %s", session_key, exc)
             self.stats.dropped += 1
             self._rest()
             return 0
+        except Exception:  # the writer goes on with the next carry, whatever went wrong with this one
+            log.exception("the carry of session %d is not kept", session_key)
+            self.stats.dropped += 1
+            return 0
         finally:
             self._writing -= 1
+        if not put:  # the session was deleted or redacted since, or a later carry of it is kept
+            self.stats.dropped += 1
+            return 0
         self.stats.kept += 1
         return 1
 
-    def _bytes(self, session_key: int, carry: Carry, release: bool) -> bytes | None:
+    def _bytes(self, session_key: int, carry: Carry, held: _Held | None) -> bytes | None:
+        if held is not None:
+            with self._holding:
+                if held.given_up:
+                    return None
+                held.writing = True
         try:
-            pickled = dump_carry(carry, self._counter, release=release)
+            pickled = dump_carry(carry, self._counter, release=held is not None)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:  # a policy's object that does not pickle
             log.info("the carry of session %d cannot be kept: %s", session_key, exc)
             return None
@@ -344,15 +436,22 @@ class KeptCarries:
         body = zlib.compress(pickled, ZLIB_LEVEL)
         return self._stamp + self._sign(session_key, body) + body
 
+    def _floor(self, session_key: int) -> str:
+        return f"{self._key(session_key)}:floor"
+
     # ------------------------------------------------------------------ forgetting
 
-    async def drop(self, session_key: int) -> None:
-        """Forget the session's carry (deleted, or items of it redacted)."""
-        self._queue.pop(session_key, None)
+    async def drop(self, session_key: int, durable: int = GONE) -> None:
+        """Forget the session's carry, and keep any replica from writing one again that was made
+        before now: the session was deleted (`durable` left as it is), or items of it redacted
+        (`durable`: the count of the session's durable edits with the redaction's)."""
+        self._unqueue(session_key)
         try:
-            await self._client.delete(self._key(session_key))
+            await self._drop(
+                keys=[self._key(session_key), self._floor(session_key)], args=[durable, FLOOR_SECONDS * 1000]
+            )
         except (RedisError, OSError) as exc:
-            log.info("the carry of session %d is not dropped (its TTL ends it): %s", session_key, exc)
+            log.warning("the carry of session %d is not dropped (its TTL ends it): %s", session_key, exc)
 
     async def close(self) -> None:
         if self._writer is not None:

@@ -389,9 +389,11 @@ async def forget_proposals(conn: AsyncConnection, ids: Sequence[int]) -> None:
 # -------------------------------------------------------------- mutations
 
 
-async def append_mutations(conn: AsyncConnection, key: int, edits: Sequence[AppliedEdit]) -> None:
+async def append_mutations(conn: AsyncConnection, key: int, edits: Sequence[AppliedEdit]) -> int:
+    """Append `edits` to the session's durable edits (numbered on from its last); returns how
+    many it has then, or 0 when `edits` is empty (nothing read)."""
     if not edits:
-        return
+        return 0
     m = schema.mutations
     last = (await conn.execute(select(func.max(m.c.number)).where(m.c.session_key == key))).scalar_one() or 0
     now = _now()
@@ -409,6 +411,7 @@ async def append_mutations(conn: AsyncConnection, key: int, edits: Sequence[Appl
             for n, e in enumerate(edits, start=1)
         ],
     )
+    return int(last) + len(edits)
 
 
 async def retractions(conn: AsyncConnection, key: int, seqs: Sequence[int] | None = None) -> dict[int, str]:

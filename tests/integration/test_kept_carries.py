@@ -18,7 +18,7 @@ from contextd import view_service
 from contextd_client import Client, ViewFormat
 from contextd_lab.service import ServerProcess
 from contextd_storage import migrate
-from contextd_storage.kept_carries import KeptCarries, key_of
+from contextd_storage.kept_carries import KeptCarries, deployment_of
 from tests import backends
 from tests.conftest import ServerThread
 from tests.conftest import test_settings as settings_for
@@ -66,7 +66,8 @@ def test_a_restarted_replica_resumes_a_session_from_its_kept_carry(postgres_serv
             ), first.log
             keys = _kept(redis_url, secret)
             assert len(keys) == 1
-            assert redis.Redis.from_url(redis_url).get(keys[0]).startswith(b"contextd-carry-1\n")  # type: ignore[union-attr]
+            stored = redis.Redis.from_url(redis_url).hget(keys[0], "c")
+            assert stored.startswith(b"contextd-carry-1\n")  # type: ignore[union-attr]
 
             later = ServerProcess(*kept).wait_serving()
             with Client(later.target, timeout=60) as on_later:
@@ -89,8 +90,8 @@ def test_a_restarted_replica_resumes_a_session_from_its_kept_carry(postgres_serv
 
 def _kept(redis_url: str, secret: str) -> list[bytes]:
     """The keys of the carries this deployment (its secret) keeps."""
-    deployment = key_of(secret, 0).rsplit(":", 1)[0]
-    return list(redis.Redis.from_url(redis_url).scan_iter(match=f"{deployment}:*"))
+    found = redis.Redis.from_url(redis_url).scan_iter(match=f"contextd:carry:{deployment_of(secret)}:*")
+    return [key for key in found if not key.endswith(b":floor")]
 
 
 def test_a_session_let_go_of_to_stay_in_the_memory_budget_is_resumed_from_its_kept_carry(
@@ -185,3 +186,39 @@ def _settled(server: ServerThread) -> KeptCarries:
         time.sleep(0.02)
     assert carries.idle
     return carries
+
+
+@pytest.mark.parametrize("gone", ["redacted", "deleted"])
+def test_what_a_redacted_or_deleted_session_showed_is_not_kept_again_as_the_replica_stops(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch, gone: str
+) -> None:
+    """The replica holds the session's carry (the render derived it, and kept it) when items of
+    it are redacted or it is deleted: the carry in Redis goes, and the one held is not written
+    back as the replica stops, nor is anything that shows the redacted text."""
+    monkeypatch.setattr(view_service, "KEEP_FROM_ITEMS", 10)
+    database = f"sqlite+aiosqlite:///{tmp_path / 'gone.db'}"
+    asyncio.run(migrate.upgrade(database))
+    secret = uuid.uuid4().hex
+    server = ServerThread(settings_for(database, redis_url=redis_url, carry_secret=secret)).start()
+    stopped = False
+    try:
+        with Client(server.target) as client:
+            session = client.create_session().id
+            told = [{"role": "user", "content": "the password is hunter2-XYZZY"}]
+            client.append_openai(session, PROMPT + told + [m for n in range(1, 9) for m in _agent_turn(n)])
+            client.render_view(session, ViewFormat.OPENAI_CHAT)
+            _settled(server)
+            assert len(_kept(redis_url, secret)) == 1
+            if gone == "redacted":
+                client.retract(session, [3], reason="a secret", redact=True)
+            else:
+                client.delete_session(session)
+            assert _kept(redis_url, secret) == []
+        server.stop(grace=5)  # keeps what it holds, as a replica stopping does
+        stopped = True
+        kept = _settled(server).stats
+        assert kept.kept == 1 and kept.dropped >= 1  # written once, before; refused since
+        assert _kept(redis_url, secret) == []
+    finally:
+        if not stopped:
+            server.stop()

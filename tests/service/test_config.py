@@ -57,6 +57,10 @@ def test_a_message_limit_grpc_cannot_take_is_refused_and_the_largest_it_can_serv
     [
         ({"carry_secret": "s" * 32}, "carry_secret signs what is kept in Redis: set redis_url too"),
         ({"carry_secret": "short", "redis_url": "redis://127.0.0.1:6379/0"}, "16 characters or more, not 5"),
+        (
+            {"carry_secret": "CHANGE-ME-TO-32-RANDOM-CHARACTERS", "redis_url": "redis://127.0.0.1:6379/0"},
+            "a placeholder",
+        ),
     ],
 )
 def test_a_carry_secret_needs_redis_and_sixteen_characters(settings: dict[str, str], words: str) -> None:

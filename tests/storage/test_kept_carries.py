@@ -5,6 +5,7 @@ else is refused, counted, and never read as a pickle."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -12,9 +13,11 @@ from dataclasses import replace
 import pytest
 import redis.asyncio
 
+from contextd.engine.carry_pickle import dump_carry
 from contextd.engine.pipeline import Carry, RenderOutput, render
 from contextd.engine.state import ViewState
-from contextd_storage.kept_carries import KeptCarries, key_of
+from contextd_storage import kept_carries
+from contextd_storage.kept_carries import KeptCarries, deployment_of, key_of
 from tests.helpers import counter
 from tests.service.engine.test_carry_strategies import budgeted, file_reads
 
@@ -51,6 +54,14 @@ async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
     await connection.aclose()
 
 
+async def written_all(carries: KeptCarries) -> None:
+    for _ in range(500):
+        if carries.idle:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the writes did not end")
+
+
 async def written(carries: KeptCarries, session_key: int, carry: Carry) -> None:
     assert await carries.keep_now([(session_key, carry)], seconds=30) == 1
 
@@ -85,9 +96,9 @@ async def test_a_carry_not_of_this_deployment_code_or_history_is_refused(
     elif what == "another code":
         reader = kept(secret, fingerprint="code-b")
     elif what == "altered":
-        data = bytearray(await client.get(writer._key(3)))  # type: ignore[arg-type]
+        data = bytearray(await client.hget(writer._key(3), "c"))  # type: ignore[arg-type]
         data[-5] ^= 1
-        await client.set(writer._key(3), bytes(data))
+        await client.hset(writer._key(3), "c", bytes(data))
     elif what == "another history":
         history = [*items[:-1], replace(items[-1], content_hash="another")]  # its last item is not the one read
     else:  # the bytes of session 3 under session 4's key: the signature names the session
@@ -120,8 +131,9 @@ async def test_a_carry_a_render_took_over_is_not_written(kept: Make) -> None:
 
 
 def test_deployments_sharing_a_redis_keep_their_carries_apart() -> None:
-    assert key_of("secret-one-0123456789", 1) != key_of("secret-two-0123456789", 1)
-    assert key_of("secret-one-0123456789", 1).endswith(":{1}")
+    one, two = (deployment_of(f"secret-{n}-0123456789") for n in ("one", "two"))
+    assert key_of(one, 1) != key_of(two, 1) and key_of(one, 1).endswith(":{1}")
+    assert "0123456789" not in one
 
 
 async def test_an_unreachable_redis_costs_a_miss_and_a_dropped_carry_never_an_error() -> None:
@@ -142,8 +154,89 @@ async def test_a_held_carry_is_due_again_once_keep_seconds_have_passed(kept: Mak
     carries.keep_seconds = 0.2
     assert carries.due(1)  # never written by this process
     carries.keep_held(1, out.carry)  # type: ignore[arg-type]
-    await carries.settled(1)
+    await written_all(carries)
     assert carries.stats.kept == 1 and not carries.due(1)
     await asyncio.sleep(0.25)
     assert carries.due(1)
     assert await carries.load(1, items) is not None and not carries.due(1)  # read back: as recent
+
+
+async def test_a_carry_made_before_a_deletion_or_redaction_is_not_written_back(
+    kept: Make, client: redis.asyncio.Redis
+) -> None:
+    """Whichever replica still holds it: the drop leaves a floor of durable edits the carries
+    written since must reach (none, for a deleted session)."""
+    items, out = carried()
+    carries = kept()
+    await written(carries, 21, out.carry)  # type: ignore[arg-type]
+    await carries.drop(21, durable=1)  # a redaction: the session has one durable edit now
+    assert await client.exists(carries._key(21)) == 0
+    again = render(budgeted(items, 0, len(items), out.state, None)).carry  # made without that edit
+    assert await carries.keep_now([(21, again)], seconds=30) == 0  # type: ignore[list-item]
+    assert await client.exists(carries._key(21)) == 0 and carries.stats.dropped == 1
+    await carries.drop(22)  # a deletion
+    assert await carries.keep_now([(22, render(budgeted(items, 0, 9, ViewState(), None)).carry)], 30) == 0  # type: ignore[list-item]
+    assert await client.exists(carries._key(22)) == 0
+
+
+async def test_an_older_carry_does_not_replace_a_later_one(kept: Make) -> None:
+    items, first = carried()
+    later = render(budgeted(items, 0, len(items), first.state, None))
+    carries = kept()
+    await written(carries, 31, later.carry)  # type: ignore[arg-type]
+    assert await carries.keep_now([(31, first.carry)], seconds=30) == 0  # type: ignore[list-item]
+    back = await carries.load(31, items)
+    assert back is not None and back.state.view_version == later.state.view_version > first.state.view_version
+
+
+async def test_a_held_carry_waiting_behind_others_is_given_up_to_the_render_that_comes(
+    kept: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One thread writes carries: a session's render never waits for the writes of others."""
+    carries = kept()
+
+    def slowly(*args: object, **kwargs: object) -> bytes | None:
+        time.sleep(0.3)  # as a long session's pickling
+        return dump_carry(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kept_carries, "dump_carry", slowly)
+    outs = [carried()[1] for _ in range(3)]
+    for key, out in enumerate(outs, start=1):
+        carries.keep_held(key, out.carry)  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)  # the first is being written
+    started = time.monotonic()
+    await carries.settled(3)
+    assert time.monotonic() - started < 0.1  # given up: its render takes it over at once
+    await carries.settled(1)  # being written: waited for
+    await written_all(carries)
+    assert carries.stats.kept == 2 and carries.stats.dropped == 1
+    assert not outs[2].carry.finished.claim.taken  # type: ignore[union-attr]  # free for the render
+
+
+async def test_the_writer_goes_on_after_a_carry_fails_unexpectedly(kept: Make, monkeypatch: pytest.MonkeyPatch) -> None:
+    carries = kept()
+    real = carries._bytes
+    calls: list[int] = []
+
+    def failing_once(session_key: int, *args: object) -> bytes | None:
+        calls.append(session_key)
+        if len(calls) == 1:
+            raise RecursionError("a carry too deep to pickle")
+        return real(session_key, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(carries, "_bytes", failing_once)
+    carries.keep(1, carried()[1].carry)  # type: ignore[arg-type]
+    await written_all(carries)
+    carries.keep(2, carried()[1].carry)  # type: ignore[arg-type]
+    await written_all(carries)
+    assert (carries.stats.dropped, carries.stats.kept) == (1, 1)
+
+
+async def test_the_stop_keeps_carries_for_no_longer_than_it_is_given(
+    kept: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    carries = kept()
+    monkeypatch.setattr(carries, "_bytes", lambda *args: time.sleep(1.0))  # a pickling longer than the stop
+    started = time.monotonic()
+    assert await carries.keep_now([(1, carried()[1].carry), (2, carried()[1].carry)], seconds=0.2) == 0  # type: ignore[list-item]
+    assert time.monotonic() - started < 0.6 and carries.stats.dropped == 2

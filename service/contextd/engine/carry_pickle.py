@@ -16,9 +16,11 @@ they share shared, and is C code on both sides.
 
 from __future__ import annotations
 
+import copyreg
 import io
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from types import MappingProxyType
 
 from contextd.engine.memo import take_over
 from contextd.engine.model import Item
@@ -101,13 +103,23 @@ class _Writer(pickle.Pickler):
     def __init__(self, out: io.BytesIO, counter: TokenCounter) -> None:
         super().__init__(out, protocol=pickle.HIGHEST_PROTOCOL)
         self._counter = counter
+        self.dispatch_table = {**copyreg.dispatch_table, MappingProxyType: _proxy_reduced}
 
     def persistent_id(self, obj: object) -> object:
-        if type(obj) is Item:
+        if type(obj) is Item and obj.seq >= 1:  # (content a transform inserted is written whole)
             return (obj.seq, obj.content_hash)
         if obj is self._counter:
             return _COUNTER
         return None
+
+
+def _proxy_reduced(proxy: MappingProxyType[str, str]) -> tuple[Callable[..., object], tuple[dict[str, str]]]:
+    """An item's metadata (read-only) as the dict it shows."""
+    return _proxied, (dict(proxy),)
+
+
+def _proxied(values: dict[str, str]) -> MappingProxyType[str, str]:
+    return MappingProxyType(values)
 
 
 class _Reader(pickle.Unpickler):

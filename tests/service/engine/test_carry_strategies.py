@@ -24,7 +24,7 @@ from contextd.engine.observations import COMPLETES
 from contextd.engine.pipeline import AgentProposal, Carry, RenderInput, RenderOutput, render
 from contextd.engine.policy import default_policy_text, parse_policy
 from contextd.engine.stages.ledger import STALE_SLACK
-from contextd.engine.state import ViewState, slot_of
+from contextd.engine.state import ViewState, slot_of, state_from_json, state_to_json
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.types import target_of
 from contextd.engine.view import ViewFormat, ViewRequest
@@ -424,6 +424,7 @@ def test_a_carry_written_and_read_back_renders_what_the_process_that_made_it_wou
     process would read it (equal items, not the same objects): the render from it renders what
     a render from the state alone does, and takes it over as a render takes over its own."""
     parsed, state, carry, now, cut = parse_policy(policy, REGISTRY), ViewState(), None, 0.0, 2
+    fmt = data.draw(st.sampled_from(list(ViewFormat)))
     while cut < len(items):
         cut = min(len(items), cut + data.draw(st.integers(1, 4)))
         now += data.draw(st.sampled_from([1.0, 30.0, 400.0]))
@@ -434,11 +435,9 @@ def test_a_carry_written_and_read_back_renders_what_the_process_that_made_it_wou
             assert written is not None and dump_carry(carry, COUNTER) is None  # claimed as it was written
             carry = load_carry(written, read, COUNTER)
             state = carry.state
-        inp = RenderInput(
-            make_session(cut), read, parsed, ViewRequest(ViewFormat.OPENAI_CHAT, budget), COUNTER, REGISTRY, state, now
-        )
+        inp = RenderInput(make_session(cut), read, parsed, ViewRequest(fmt, budget), COUNTER, REGISTRY, state, now)
         out = render(replace(inp, carry=carry))
-        assert out == render(inp)
+        assert out == render(replace(inp, state=state_from_json(state_to_json(state))))  # as the database holds it
         if carry is not None:
             assert carry.finished.claim.taken  # resumed, not derived again
         state, carry = out.state, out.carry
@@ -480,3 +479,26 @@ def test_a_carry_whose_assembly_a_render_holds_is_not_written_and_the_rest_stays
     first.carry.assembly.taken = True  # as a render resuming it would have
     assert dump_carry(first.carry, COUNTER) is None
     assert not first.carry.finished.claim.taken and not first.carry.repaired.taken
+
+
+def test_a_carry_with_inserted_content_is_written_and_read_back() -> None:
+    """Content a transform inserted is no item of the history: it is written whole (its
+    metadata a read-only map), not as a reference."""
+    from tests.service.engine.test_pipeline import history, tool_round
+    from tests.service.engine.transforms_for_tests import registry
+
+    annotating = registry()
+    items = history(tool_round("c1", "bash", "one"), tool_round("c2", "bash", "two"))
+    policy = parse_policy(
+        "rules: [{name: note, transform: annotate, params: {note: 'remember X'}, when: {roles: [user]}}]", annotating
+    )
+    request = ViewRequest(ViewFormat.OPENAI_CHAT)
+    first = render(RenderInput(make_session(len(items)), items, policy, request, COUNTER, annotating, now=1000.0))
+    assert first.carry is not None and first.state.applied  # the note is in force
+    written = dump_carry(first.carry, COUNTER)
+    assert written is not None
+    more = history(tool_round("c1", "bash", "one"), tool_round("c2", "bash", "two"), tool_round("c3", "bash", "three"))
+    back = load_carry(written, [replace(i) for i in more], COUNTER)
+    inp = RenderInput(make_session(len(more)), more, policy, request, COUNTER, annotating, back.state, 1060.0)
+    assert render(replace(inp, carry=back)) == render(inp)
+    assert back.finished.claim.taken
