@@ -203,7 +203,10 @@ async def test_a_held_carry_waiting_behind_others_is_given_up_to_the_render_that
     outs = [carried()[1] for _ in range(3)]
     for key, out in enumerate(outs, start=1):
         carries.keep_held(key, out.carry)  # type: ignore[arg-type]
-    await asyncio.sleep(0.05)  # the first is being written
+    for _ in range(500):  # the first is being written
+        if carries._held[1].writing:
+            break
+        await asyncio.sleep(0.01)
     started = time.monotonic()
     await carries.settled(3)
     assert time.monotonic() - started < 0.1  # given up: its render takes it over at once
@@ -239,4 +242,4 @@ async def test_the_stop_keeps_carries_for_no_longer_than_it_is_given(
     monkeypatch.setattr(carries, "_bytes", lambda *args: time.sleep(1.0))  # a pickling longer than the stop
     started = time.monotonic()
     assert await carries.keep_now([(1, carried()[1].carry), (2, carried()[1].carry)], seconds=0.2) == 0  # type: ignore[list-item]
-    assert time.monotonic() - started < 0.6 and carries.stats.dropped == 2
+    assert time.monotonic() - started < 0.9 and carries.stats.dropped == 2  # (each would take 1 s)
