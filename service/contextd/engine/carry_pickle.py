@@ -8,10 +8,10 @@ pickle, so they must come from a trusted writer: the caller signs and checks the
 (storage's `KeptCarries`), and names them by the code that wrote them, since a pickle
 rebuilds objects by their classes' names and a carry of other code is not this code's.
 
-A pickle, hand-built into nothing else: the carry is dozens of the engine's own types
-(drafts, ledgers, assemblies, the view state), each of which a codec would have to be
-written for and kept in step with; pickle writes them as they are, keeps the objects
-they share shared, and is C code on both sides.
+Why a pickle rather than a codec written here: the carry is dozens of the engine's own types
+(drafts, ledgers, assemblies, the view state), each of which a codec would have to be written
+for and kept in step with; pickle writes them as they are, keeps the objects they share
+shared, and is C code on both sides. The price is that a carry is this code's only.
 """
 
 from __future__ import annotations
