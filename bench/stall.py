@@ -2,7 +2,7 @@
 
     python bench/stall.py [--items 10000] [--seconds 8] [--postgres-url URL] [--target HOST:PORT]
                           [--batch 800] [--phases idle,renders,incremental,appends,regex,restart]
-                          [--render-processes N] [--budget-tokens N]
+                          [--render-processes N] [--budget-tokens N] [--redis-url URL]
 
 Starts a real `contextd serve` (SQLite in a temporary folder unless
 `--postgres-url` names a server, on which a fresh database is made and
@@ -32,7 +32,10 @@ from its own process, in the phases `--phases` names (all by default), `--second
 With `--render-processes N` the server renders on N processes of its own
 (contextd/render_processes.py), not on threads beside A's calls. With
 `--budget-tokens N` B's renders ask for a budget (a view sized to a model's
-window, not the whole history).
+window, not the whole history). With `--redis-url URL` the server keeps its
+carries there (`--carry-secret`): B's first render of its long session keeps
+what it derived, beside A's calls, and after the restart B's first render
+resumes from what the server kept as it stopped.
 
 Prints A's p50 / p99 / max per phase, B's renders and their median time, and
 the command that produced it. The target: A's p99 at most 20 ms.
@@ -43,6 +46,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import platform
+import secrets
 import statistics
 import sys
 import tempfile
@@ -74,9 +78,10 @@ def tool_session(n_items: int, start: int = 0, body: str | None = None) -> list[
     return messages[:n_items]
 
 
-def flags(database: str, render_processes: int = 0) -> tuple[str, ...]:
-    """The server's flags: its database, the two tenants' keys, and where it renders."""
-    return ("--database-url", database, "--api-keys", KEYS, "--render-processes", str(render_processes))
+def flags(database: str, render_processes: int = 0, kept: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The server's flags: its database, the two tenants' keys, where it renders, and where it
+    keeps its carries (`kept`)."""
+    return ("--database-url", database, "--api-keys", KEYS, "--render-processes", str(render_processes), *kept)
 
 
 def _fill(client: Any, session_id: str, messages: list[dict[str, Any]]) -> None:
@@ -188,6 +193,9 @@ def main() -> int:
     parser.add_argument("--render-processes", type=int, default=0, help="the server's --render-processes")
     parser.add_argument("--budget-tokens", type=int, default=0, help="B's renders ask for this budget (0: none)")
     parser.add_argument(
+        "--redis-url", default="", help="the server keeps its carries there (--carry-secret): B's long session's too"
+    )
+    parser.add_argument(
         "--phases",
         default="idle,renders,incremental,appends,regex,restart",
         help="which phases to run, of idle, renders, incremental, appends, regex, restart (comma-separated)",
@@ -199,6 +207,7 @@ def main() -> int:
     from tests import backends
 
     server, database = None, ""
+    kept = ("--redis-url", args.redis_url, "--carry-secret", secrets.token_hex(16)) if args.redis_url else ()
     with tempfile.TemporaryDirectory() as folder:
         if not args.target:
             database = (
@@ -206,7 +215,7 @@ def main() -> int:
                 if args.postgres_url
                 else f"sqlite:///{Path(folder) / 'stall.db'}"
             )
-            server = ServerProcess(*flags(database, args.render_processes)).wait_serving()
+            server = ServerProcess(*flags(database, args.render_processes, kept)).wait_serving()
         target = args.target or (server.target if server else "")
         try:
             with Client(target, api_key="key-a") as a, Client(target, api_key="key-b", timeout=300) as b:
@@ -243,7 +252,7 @@ def main() -> int:
                     _fill(b, rendered, tool_session(args.items))
                     b.render_view(rendered, ViewFormat.OPENAI_CHAT, budget_tokens=args.budget_tokens)
                 server.stop()
-                server = ServerProcess(*flags(database, args.render_processes)).wait_serving()
+                server = ServerProcess(*flags(database, args.render_processes, kept)).wait_serving()
                 target = server.target
                 name = f"B's first render of {args.items:,} items after a restart, then renders"
                 phases[name] = _phase(target, a_session, args.seconds, rendered, args.items, budget=args.budget_tokens)
