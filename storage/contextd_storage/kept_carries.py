@@ -188,7 +188,8 @@ class KeptCarries:
         self._stamp = MAGIC + (fingerprint or code_fingerprint()).encode() + b"\n"
         self.stats = KeptStats()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="contextd-carries")
-        self._queue: OrderedDict[int, Carry] = OrderedDict()
+        self._queue: OrderedDict[int, tuple[Carry, int]] = OrderedDict()
+        """Carries let go of, waiting to be written, each with its weight as it was queued."""
         self._queued_bytes = 0
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
@@ -284,9 +285,7 @@ class KeptCarries:
     def keep(self, session_key: int, carry: Carry) -> None:
         """Write the carry, later, off the event loop (the session's earlier one waiting is
         replaced): a carry this process lets go of. Call from the event loop."""
-        self._unqueue(session_key)
-        self._queue[session_key] = carry
-        self._queued_bytes += carry.footprint()
+        self._enqueue(session_key, carry)
         while self._queued_bytes > QUEUED_BYTES and len(self._queue) > 1:
             self._unqueue(next(iter(self._queue)))
             self.stats.dropped += 1
@@ -294,11 +293,18 @@ class KeptCarries:
             self._writer = asyncio.get_running_loop().create_task(self._write_queued())
         self._wake.set()
 
+    def _enqueue(self, session_key: int, carry: Carry) -> None:
+        self._unqueue(session_key)
+        weight = carry.footprint()
+        self._queue[session_key] = (carry, weight)
+        self._queued_bytes += weight
+
     def _unqueue(self, session_key: int) -> Carry | None:
-        carry = self._queue.pop(session_key, None)
-        if carry is not None:
-            self._queued_bytes -= carry.footprint()
-        return carry
+        found = self._queue.pop(session_key, None)
+        if found is None:
+            return None
+        self._queued_bytes -= found[1]
+        return found[0]
 
     def due(self, session_key: int) -> bool:
         """Whether the session's held carry was last written `keep_seconds` ago or more (or
@@ -350,9 +356,7 @@ class KeptCarries:
         """Write `held` (and what waits) now, in order, for at most `seconds`: as the process
         stops. Returns how many were written."""
         for session_key, carry in held:
-            self._unqueue(session_key)
-            self._queue[session_key] = carry
-            self._queued_bytes += carry.footprint()
+            self._enqueue(session_key, carry)
         if self._writer is not None:
             self._writer.cancel()
             self._writer = None
