@@ -22,7 +22,9 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +33,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 
-def child(n_items: int, repeat: int, redis_url: str) -> dict[str, float]:
-    """In a fresh process: one size's figures."""
+def _session(n_items: int) -> tuple[Any, Any]:
+    """In a fresh process: the token counter, and `run(n, state, now, carry)`, a render of the
+    first `n` items of bench/scale.py's session under the default policy."""
     from contextd import interpreter
     from contextd.api.mapping import items_from_proto
-    from contextd.engine.carry_pickle import dump_carry
     from contextd.engine.pipeline import RenderInput, render
     from contextd.engine.policy import default_policy
     from contextd.engine.state import ViewState
@@ -43,7 +45,6 @@ def child(n_items: int, repeat: int, redis_url: str) -> dict[str, float]:
     from contextd.engine.transforms import TransformRegistry
     from contextd.engine.view import ViewFormat, ViewRequest
     from contextd_client.formats.openai import items_from_openai
-    from contextd_storage.kept_carries import KeptCarries
     from scale import tool_calls
     from tests.helpers import make_session, to_item
 
@@ -54,19 +55,31 @@ def child(n_items: int, repeat: int, redis_url: str) -> dict[str, float]:
     items = [to_item(c, seq) for seq, c in enumerate(items_from_proto(items_from_openai(messages)), start=1)]
     request = ViewRequest(ViewFormat.OPENAI_CHAT)
 
-    def run(n: int, state: ViewState, now: float, carry: Any = None) -> Any:
-        return render(
-            RenderInput(make_session(n), items[:n], policy, request, counter, registry, state, now, carry=carry)
-        )
+    def run(n: int, state: ViewState | None = None, now: float = 0.0, carry: Any = None) -> Any:
+        inp = RenderInput(make_session(n), items[:n], policy, request, counter, registry, state or ViewState(), now)
+        return render(replace(inp, carry=carry))
 
-    first = run(n_items, ViewState(), 0.0)
+    run.items = items  # type: ignore[attr-defined]
+    return counter, run
+
+
+def child(n_items: int, repeat: int, redis_url: str, state_path: str) -> dict[str, float]:
+    """In a fresh process: one size's figures; the state the carry is of, saved to `state_path`."""
+    from contextd.engine.carry_pickle import dump_carry
+    from contextd.engine.state import state_to_json
+    from contextd_storage.kept_carries import KeptCarries, _Held
+
+    counter, run = _session(n_items)
+    items = run.items
+    first = run(n_items)
     out = run(n_items + 1, first.state, 60.0, first.carry)
+    Path(state_path).write_text(state_to_json(out.state))
     store = KeptCarries(_NoClient(), "bench-secret-0123456789", counter)  # type: ignore[arg-type]  # its bytes alone
     writes, reads, raw, kept = [], [], 0, b""
     for _ in range(repeat):
         gc.collect()
         cpu = time.process_time()
-        data = store._bytes(1, out.carry, release=True)
+        data = store._bytes(1, out.carry, _Held())  # as a carry held on (released after)
         writes.append(time.process_time() - cpu)
         assert data is not None
         kept, raw = data, len(dump_carry(out.carry, counter, release=True) or b"")
@@ -101,47 +114,24 @@ def child(n_items: int, repeat: int, redis_url: str) -> dict[str, float]:
     return figures | {"view_same": float(resumed.view == run(n_items + 2, back.state, 120.0).view)}
 
 
-def derived(n_items: int) -> float:
-    """In a fresh process (memos empty): the render after one append from the stored state
-    alone, as a replica without the carry renders it (CPU s)."""
-    from contextd import interpreter
-    from contextd.api.mapping import items_from_proto
-    from contextd.engine.pipeline import RenderInput, render
-    from contextd.engine.policy import default_policy
-    from contextd.engine.state import state_from_json, state_to_json
-    from contextd.engine.tokens import TiktokenCounter
-    from contextd.engine.transforms import TransformRegistry
-    from contextd.engine.view import ViewFormat, ViewRequest
-    from contextd_client.formats.openai import items_from_openai
-    from scale import tool_calls
-    from tests.helpers import make_session, to_item
+def derived(n_items: int, state_path: str) -> float:
+    """In a fresh process (memos empty): the render after one more append from the state at
+    `state_path` alone, as a replica without the carry renders it (CPU s)."""
+    from contextd.engine.state import state_from_json
 
-    interpreter.tune()
-    counter, registry, policy = TiktokenCounter(), TransformRegistry.default(), default_policy()
-    counter.count("warm the tokenizer")
-    messages = tool_calls(n_items + 3, "unprunable")
-    items = [to_item(c, seq) for seq, c in enumerate(items_from_proto(items_from_openai(messages)), start=1)]
-    request = ViewRequest(ViewFormat.OPENAI_CHAT)
-    state_file = Path(f"/tmp/contextd-bench-state-{n_items}.json")
-    if not state_file.exists():
-        out = render(RenderInput(make_session(n_items), items[:n_items], policy, request, counter, registry))
-        out = render(
-            RenderInput(
-                make_session(n_items + 1), items[: n_items + 1], policy, request, counter, registry, out.state, 60.0
-            )
-        )
-        state_file.write_text(state_to_json(out.state))
-        return -1.0
-    state = state_from_json(state_file.read_text())
-    state_file.unlink()
+    _, run = _session(n_items)
+    state = state_from_json(Path(state_path).read_text())
     cpu = time.process_time()
-    render(
-        RenderInput(make_session(n_items + 2), items[: n_items + 2], policy, request, counter, registry, state, 120.0)
-    )
+    run(n_items + 2, state, 120.0)
     return time.process_time() - cpu
 
 
 class _NoClient:
+    """No Redis: the store's bytes alone are measured (with `--redis-url`, their trip apart)."""
+
+    def register_script(self, script: str) -> None:
+        return None
+
     async def aclose(self) -> None:
         return None
 
@@ -153,12 +143,13 @@ def main() -> int:
     parser.add_argument("--redis-url", default="")
     parser.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--derived", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--state", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.repeat, args.redis_url)))
+        print(json.dumps(child(args.child, args.repeat, args.redis_url, args.state)))
         return 0
     if args.derived:
-        print(json.dumps(derived(args.derived)))
+        print(json.dumps(derived(args.derived, args.state)))
         return 0
 
     def fresh(*flags: str) -> Any:
@@ -167,9 +158,12 @@ def main() -> int:
 
     rows = []
     for n in (int(s) for s in args.sizes.split(",")):
-        figures = fresh("--child", str(n), "--repeat", str(args.repeat), "--redis-url", args.redis_url)
-        fresh("--derived", str(n))  # the state, saved by one process
-        figures["derived_s"] = fresh("--derived", str(n))  # and rendered from by another
+        with tempfile.TemporaryDirectory() as folder:
+            state = str(Path(folder) / "state.json")  # saved by one process, rendered from by another
+            figures = fresh(
+                "--child", str(n), "--repeat", str(args.repeat), "--redis-url", args.redis_url, "--state", state
+            )
+            figures["derived_s"] = fresh("--derived", str(n), "--state", state)
         rows.append((n, figures))
         print(f"{n:,} items: {figures}", file=sys.stderr, flush=True)
     print(f"command: python bench/kept_carries.py {' '.join(sys.argv[1:])}".rstrip())

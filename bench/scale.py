@@ -209,23 +209,21 @@ def service(
             other.append(timed(channels[replica][1], request))
         results["appended_ms"] = statistics.median(same)
         results["replica_ms"] = statistics.median(other)
-        channels[0][0].close()
-        clients[0].close()
-        replicas[0].stop()
-        replicas[0] = ServerProcess(*flags, cwd=folder).wait_serving()  # derives the session again
-        clients[0] = Client(replicas[0].target, timeout=600, retry=RetryPolicy(budget=60))
-        channels[0] = renderer(replicas[0].target)
-        clients[0].append_openai(session_id, [next(following)])
-        results["restart_ms"] = timed(channels[0][1], request)
+
+        def restart(replica: int, *extra: str) -> float:
+            """Stop the replica and start it again, then one append and the first render on it."""
+            channels[replica][0].close()
+            clients[replica].close()
+            replicas[replica].stop()
+            replicas[replica] = ServerProcess(*flags, *extra, cwd=folder).wait_serving()
+            clients[replica] = Client(replicas[replica].target, timeout=600, retry=RetryPolicy(budget=60))
+            channels[replica] = renderer(replicas[replica].target)
+            clients[replica].append_openai(session_id, [next(following)])
+            return timed(channels[replica][1], request)
+
+        results["restart_ms"] = restart(0)  # without kept carries: it derives the session again
         if kept:  # the other replica stops (keeping its carry) and starts again: it resumes from it
-            channels[1][0].close()
-            clients[1].close()
-            replicas[1].stop()
-            replicas[1] = ServerProcess(*flags, *kept, cwd=folder).wait_serving()
-            clients[1] = Client(replicas[1].target, timeout=600, retry=RetryPolicy(budget=60))
-            channels[1] = renderer(replicas[1].target)
-            clients[1].append_openai(session_id, [next(following)])
-            results["kept_ms"] = timed(channels[1][1], request)
+            results["kept_ms"] = restart(1, *kept)
     finally:
         for channel, _ in channels:
             channel.close()

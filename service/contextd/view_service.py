@@ -193,12 +193,8 @@ class ViewService:
         if not dry_run:
             in_memory = int(MEMORY_PER_STORED_BYTE * stored_bytes)
             self._states.put(key, out.state, out.carry, in_memory, carry_bytes)  # committed now
-            if (
-                self.carries is not None
-                and out.carry is not None
-                and len(items) >= KEEP_FROM_ITEMS
-                and ((not held and not resumed) or self.carries.due(key))
-            ):
+            derived = not held and not resumed
+            if self.carries and out.carry is not None and self.carries.worth_keeping(key, len(items), derived):
                 # What this render worked out is kept for any replica that renders the session
                 # without it (restarted, new, or one that never did): at once when this replica
                 # derived the session whole, holding nothing of it, and again from time to time
@@ -453,10 +449,6 @@ def _render(
 
 
 MAX_LISTED_DECISIONS = 100
-
-KEEP_FROM_ITEMS = 1000
-"""Renders of a session of at least these many items keep their carry (kept_carries.py): below
-it, deriving costs a replica little more than reading the carry back (bench/kept_carries.py)."""
 
 
 def _render_events(

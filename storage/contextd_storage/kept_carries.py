@@ -8,16 +8,17 @@ is worth keeping only while its session is in use (a TTL); it is large (a few MB
 session. Losing one costs one render the time of deriving it; Postgres would keep such
 blobs in its write-ahead log and tables for nothing.
 
-What a replica keeps: the carry of a session of at least `view_service.KEEP_FROM_ITEMS`
-items, which it goes on holding (the session's next render waits until it is written, then
-takes it over), after a render that derived the session whole (a first render, or a replica's
-first of the session) and again once `--carry-keep-seconds` have passed since it last did (so
-that what another replica, or this one after a crash, resumes from is recent: a carry older
-than the view state's last full copy cannot be caught up); the carry of each session it lets go
-of to stay in its memory budget (`StateCache`'s least recently used); and as it stops, the
-carries it still holds, the most recently used first, for as long as its stop allows. Each is
-pickled off the event loop, by a thread of its own (carries let go of one at a time, resting
-between them as long as the last one took: at most half of a core).
+What a replica keeps: the carry of a session of at least `KEEP_FROM_ITEMS` items, which it goes
+on holding (a render of the session that comes while it is written waits for the write; one that
+comes before takes it over, and it is not written), after a
+render that derived the session whole (a first render, or a replica's first of the session) and
+again once `--carry-keep-seconds` have passed since it last did (so that what another replica,
+or this one after a crash, resumes from is recent: a carry older than the view state's last
+full copy cannot be caught up); the carry of each session it lets go of to stay in its memory
+budget (`StateCache`'s least recently used); and as it stops, the carries it still holds, the
+most recently used first, for as long as its stop allows. Each is pickled off the event loop,
+by a thread of its own (carries let go of one at a time, resting between them as long as the
+last one took: at most half of a core).
 
 What a replica reads: the session's carry, when it holds none of its own, before its first
 render of the session; it is used when it is of the stored view state or one the stored
@@ -71,6 +72,9 @@ kept again for that long (a replica that holds one in memory longer may write it
 its durable edits are not the history's, it is gone at its TTL)."""
 GONE = 2**52
 """The floor of a deleted session: above any count of durable edits."""
+KEEP_FROM_ITEMS = 1000
+"""A carry held is kept only for sessions of at least these many items: below it, deriving costs a
+replica little more than reading the carry back (bench/kept_carries.py)."""
 KEPT_AT_SESSIONS = 65_536
 """Sessions whose last write `due` remembers (one forgotten is due again)."""
 QUEUED_BYTES = 64 * 1_048_576
@@ -202,7 +206,8 @@ class KeptCarries:
         self._tasks: set[asyncio.Task[None]] = set()
         self._resting_until = 0.0
         """After Redis fails to answer, it is not asked until then (a down Redis costs no timeouts)."""
-        self._scripts()
+        self._put = client.register_script(_PUT)
+        self._drop = client.register_script(_DROP)
 
     @property
     def idle(self) -> bool:
@@ -222,10 +227,6 @@ class KeptCarries:
     ) -> KeptCarries:
         client = redis_client(url, cluster, timeout=TIMEOUT_SECONDS)
         return cls(client, secret, counter, ttl_seconds, keep_seconds=keep_seconds)
-
-    def _scripts(self) -> None:
-        self._put = self._client.register_script(_PUT)
-        self._drop = self._client.register_script(_DROP)
 
     # ------------------------------------------------------------------ reading
 
@@ -305,6 +306,11 @@ class KeptCarries:
             return None
         self._queued_bytes -= found[1]
         return found[0]
+
+    def worth_keeping(self, session_key: int, items: int, derived: bool) -> bool:
+        """Whether to keep the carry of a render of a session of `items` items (`keep_held`):
+        long enough, and derived whole by this process or due again."""
+        return items >= KEEP_FROM_ITEMS and (derived or self.due(session_key))
 
     def due(self, session_key: int) -> bool:
         """Whether the session's held carry was last written `keep_seconds` ago or more (or

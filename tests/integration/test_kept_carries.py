@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from contextd import view_service
 from contextd_client import Client, ViewFormat
 from contextd_lab.service import ServerProcess
-from contextd_storage import migrate
+from contextd_storage import kept_carries, migrate
 from contextd_storage.kept_carries import KeptCarries, deployment_of
 from tests import backends
 from tests.conftest import ServerThread
@@ -152,7 +151,7 @@ def test_a_render_that_derived_a_session_keeps_it_for_the_replicas_that_never_re
     a replica that never rendered the session resumes from what was kept. With
     `carry_keep_seconds`, each keeps it again once that long has passed since it last wrote or
     read it."""
-    monkeypatch.setattr(view_service, "KEEP_FROM_ITEMS", 10)
+    monkeypatch.setattr(kept_carries, "KEEP_FROM_ITEMS", 10)
     database = f"sqlite+aiosqlite:///{tmp_path / 'derived.db'}"
     asyncio.run(migrate.upgrade(database))
     kept = settings_for(database, redis_url=redis_url, carry_secret=uuid.uuid4().hex, carry_keep_seconds=keep_seconds)
@@ -195,7 +194,7 @@ def test_what_a_redacted_or_deleted_session_showed_is_not_kept_again_as_the_repl
     """The replica holds the session's carry (the render derived it, and kept it) when items of
     it are redacted or it is deleted: the carry in Redis goes, and the one held is not written
     back as the replica stops, nor is anything that shows the redacted text."""
-    monkeypatch.setattr(view_service, "KEEP_FROM_ITEMS", 10)
+    monkeypatch.setattr(kept_carries, "KEEP_FROM_ITEMS", 10)
     database = f"sqlite+aiosqlite:///{tmp_path / 'gone.db'}"
     asyncio.run(migrate.upgrade(database))
     secret = uuid.uuid4().hex
