@@ -21,10 +21,13 @@ the same path, as agents do). Each size is measured in processes of its own:
   appended then a render, on the replica that made the previous render; *another
   replica*, the same, each render on the other of two replicas over one database (on
   SQLite, two processes over one file, one at a time); *after a restart*, the first
-  render of a replica started after the previous render; *after a restart, from the kept
-  carry* (with `--redis-url`: the replicas keep their carries in Redis, `--carry-secret`), the
-  first render of the other replica, stopped (keeping its carry) and started again; *cold response*, the size of the
-  cold render's response.
+  render of a replica started after the previous render; with `--redis-url` (the replicas keep
+  their carries in Redis, `--carry-secret`): *after a restart, its kept carries read as it
+  starts*, the first render of the other replica, stopped (keeping its carry) and started again
+  (it reads the carries kept most recently before it serves, `--carry-warm-seconds`); *new to
+  the session, from the kept carry*, the first render of the first replica started again with
+  `--carry-warm-seconds 0` (it reads the session's carry at its first render); *cold response*,
+  the size of the cold render's response.
 
 `--budget-tokens N`: every render, the engine's and the service's, asks for that budget (a
 session over it offloads its oldest turns to placeholders, and the first render decides about
@@ -177,7 +180,7 @@ def service(
 
     flags = ("--database-url", database, "--no-migrate-on-start", "--max-message-bytes", str(1 << 30))
     options = [("grpc.max_receive_message_length", 1 << 30)]
-    messages = tool_calls(n_items + 2 * repeat + 2, workload)
+    messages = tool_calls(n_items + 2 * repeat + 3, workload)
     following = iter(messages[n_items:])  # appended one at a time: a call, then its output, ...
     results: dict[str, float] = {}
 
@@ -222,8 +225,13 @@ def service(
             return timed(channels[replica][1], request)
 
         results["restart_ms"] = restart(0)  # without kept carries: it derives the session again
-        if kept:  # the other replica stops (keeping its carry) and starts again: it resumes from it
-            results["kept_ms"] = restart(1, *kept)
+        if kept:
+            # The other replica stops (keeping its carry) and starts again: it reads the carry back
+            # before it serves, and its first render resumes from it.
+            results["warm_ms"] = restart(1, *kept)
+            # The first replica starts again with kept carries, reading none as it starts: its first
+            # render reads the session's (the one the other kept as it stopped) and catches it up.
+            results["kept_ms"] = restart(0, *kept, "--carry-warm-seconds", "0")
     finally:
         for channel, _ in channels:
             channel.close()
@@ -304,7 +312,8 @@ def main() -> int:
         "service appended_ms": "service, one appended",
         "service replica_ms": "service, on another replica",
         "service restart_ms": "service, after a restart",
-        "service kept_ms": "service, after a restart, from the kept carry",
+        "service warm_ms": "service, after a restart, its kept carries read as it starts",
+        "service kept_ms": "service, new to the session, from the kept carry",
         "service cold_ms": "service, cold",
         "service cold_mb": "service, cold response",
     }

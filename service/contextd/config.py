@@ -74,6 +74,14 @@ class Settings:
         "recent work. 0: only when it derives a session, lets one go, or stops.",
         off=True,
     )
+    carry_warm_seconds: float = _setting(
+        10.0,
+        "How long a starting replica may spend, before its health check says SERVING, reading back the "
+        "work kept (--carry-secret) on the sessions used most recently, so that their first renders on it "
+        "cost what a render after one append does (a rolling restart). It stops sooner once half of "
+        "--session-cache-bytes is taken. 0: each session's is read at its first render.",
+        off=True,
+    )
     max_page_tokens: int = _setting(2000, "Most tokens one Retrieve page holds, whatever the client asks.")
     migrate_on_start: bool = _setting(
         True, "Upgrade the database schema when the server starts (one replica at a time on Postgres)."
@@ -103,6 +111,11 @@ class Settings:
         False,
         "Set by a server on the render processes it starts (--render-processes); not for operators: such a "
         "process serves its parent alone, ends with it, and leaves the call metrics to it.",
+    )
+    render_share: str = _setting(
+        "",
+        "Set by a server on the render processes it starts (--render-processes), as index/count; not for "
+        "operators: which sessions' renders come to the process.",
     )
     session_cache_bytes: int = _setting(
         512 * 1_048_576,
@@ -240,6 +253,9 @@ class Settings:
             raise ConfigError("carry_secret signs what is kept in Redis: set redis_url too, or no carry_secret")
         if self.carry_secret and len(self.carry_secret) < 16:
             raise ConfigError(f"carry_secret must be 16 characters or more, not {len(self.carry_secret)}")
+        index, _, count = self.render_share.partition("/")
+        if self.render_share and not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+            raise ConfigError(f"render_share must be index/count (index below count), not {self.render_share!r}")
         if "change-me" in self.carry_secret.lower():
             raise ConfigError("carry_secret is a placeholder (it says CHANGE-ME): set a secret of your own")
         self.tenant_keys()

@@ -163,7 +163,7 @@ def watch_carries(carries: KeptCarries) -> None:
 
 def _carry_counts(_: CallbackOptions) -> Iterable[Observation]:
     live = list(_carries)
-    for what in ("kept", "loaded", "resumed", "missed", "refused", "dropped"):
+    for what in ("kept", "loaded", "warmed", "resumed", "missed", "refused", "dropped"):
         yield Observation(sum(getattr(c.stats, what) for c in live), {"contextd.carry.operation": what})
 
 
@@ -171,8 +171,8 @@ meter.create_observable_counter(
     "contextd.carries",
     [_carry_counts],
     unit="{carry}",
-    description="Sessions' carries kept in Redis for other replicas and restarts: written, read, resumed from, "
-    "not found, refused, or not written.",
+    description="Sessions' carries kept in Redis for other replicas and restarts: written, read (of those, read "
+    "as the replica started), resumed from, not found, refused, or not written.",
 )
 
 

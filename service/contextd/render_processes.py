@@ -113,6 +113,7 @@ def settings_of(settings: Settings, index: int, socket: str) -> Settings:
         listen=f"unix:{socket}",
         render_processes=0,
         render_worker=True,
+        render_share=f"{index}/{settings.render_processes}",
         migrate_on_start=False,  # the parent has migrated, or checked, before starting them
         tls_cert="",  # a unix socket in a private directory: no network, no TLS
         tls_key="",
@@ -152,6 +153,8 @@ class RenderProcesses:
 
     def __init__(self, settings: Settings, directory: str) -> None:
         self._directory = directory
+        self._ready_seconds = _READY_SECONDS + (settings.carry_warm_seconds if settings.carry_secret else 0)
+        """(A render process reads kept carries back before it answers SERVING: warm_start.py.)"""
         self._closing = False
         self._watching: list[asyncio.Task[None]] = []
         size = settings.receive_limit()
@@ -179,10 +182,12 @@ class RenderProcesses:
             )
 
     @classmethod
-    async def start(cls, settings: Settings, ready_seconds: float = _READY_SECONDS) -> RenderProcesses:
+    async def start(cls, settings: Settings, ready_seconds: float | None = None) -> RenderProcesses:
         """`settings.render_processes` processes, each answering; RenderProcessesFailed when one
-        exits or does not answer within `ready_seconds` (those started are stopped)."""
+        exits or does not answer within `ready_seconds` (by default a minute, and the time it may
+        spend reading kept carries back) (those started are stopped)."""
         processes = cls(settings, tempfile.mkdtemp(prefix="contextd-render-"))
+        ready_seconds = processes._ready_seconds if ready_seconds is None else ready_seconds
         try:
             async with asyncio.TaskGroup() as group:  # one that fails cancels the others
                 for p in processes._processes:
@@ -296,7 +301,7 @@ class RenderProcesses:
             await asyncio.sleep(backoff)
             try:
                 await self._spawn(p)
-                await self._ready(p, _READY_SECONDS)
+                await self._ready(p, self._ready_seconds)
             except (RenderProcessesFailed, OSError) as exc:
                 log.error("render process %d: %s", p.index, exc)
                 if p.process is not None and p.process.returncode is None:

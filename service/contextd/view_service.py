@@ -5,6 +5,7 @@ proposals, the certificate log, explanations). Nothing here knows gRPC.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -101,6 +102,10 @@ class ViewService:
         """The states this process's renders saved (shared with the recovery service)."""
         self.carries = carries
         """Where the renders' carries are kept for other replicas and restarts (None: nowhere)."""
+        self._warming: dict[int, asyncio.Event] = {}
+        """Sessions whose kept carries `warm` is reading: a render of one waits for it."""
+        self._warmed: set[int] = set()
+        """Sessions `warm` read the carries of, not rendered since (for `KeptStats.resumed`)."""
 
     async def policy_of(self, session: Session) -> Policy:
         """The session's parsed policy, parsed once per version (a large document off the loop)."""
@@ -136,10 +141,13 @@ class ViewService:
         async with self._slot(tenant), self.store.db.write(tenant, session_id) as conn:
             row, session, items = await self.store.history_in(conn, tenant, session_id)
             key = row["key"]
+            if (warming := self._warming.get(key)) is not None:
+                await warming.wait()  # its kept carry is being read as the process starts
             held = self._states.holds_carry(key)
             if self.carries is not None:
                 await self.carries.settled(key)  # (a carry of it being written is taken over after)
             kept = await self._resume_kept(key, items) if self.carries and not held else None
+            warmed = held and key in self._warmed
             policy = await self.policy_of(session)
             reads = await views.render_reads(conn, key, self._states)
             stored = reads.stored
@@ -164,8 +172,9 @@ class ViewService:
             earlier = self._states.carry(key, stored.since) if stored.since is not None else None
             started = time.perf_counter()
             out, change_json, carry_bytes, resumed = await self._run(_render, render_input, earlier, stored.changes)
-            if kept is not None and resumed and self.carries is not None:
+            if (kept is not None or warmed) and resumed and self.carries is not None:
                 self.carries.stats.resumed += 1
+            self._warmed.discard(key)
             spent = time.perf_counter() - started
             stamp = Stamp(out.state.view_version, request.format.value, policy.version)
             stored_bytes = 0
@@ -250,6 +259,37 @@ class ViewService:
             return None
         self._states.put(key, carry.state, carry)
         return carry
+
+    async def warm(self, tenant: str, session_id: str, prepare: Callable[[Carry], None] | None = None) -> bool:
+        """Hold the session's history and kept carry, as its first render on this process would
+        read them (as the process starts: warm_start.py), and call `prepare` with the carry off
+        the event loop; False when there is no carry to use, or the process holds one of the
+        session already."""
+        assert self.carries is not None
+        async with self.store.db.read() as conn:
+            row, _, items = await self.store.history_in(conn, tenant, session_id)
+        key = row["key"]
+        if self._states.holds_carry(key) or key in self._warming:
+            return False
+        self._warming[key] = done = asyncio.Event()
+        try:
+            carry = await self._resume_kept(key, items)
+            if carry is None:
+                return False
+            if prepare is not None:
+                await self._run(prepare, carry)
+            self._warmed.add(key)
+            self.carries.stats.warmed += 1
+            return True
+        finally:
+            del self._warming[key]
+            done.set()
+
+    def room_to_warm(self) -> bool:
+        """Whether the process's memory for sessions is less than half taken: warming past it would
+        soon let go of what was warmed (each carry let go of written back to Redis)."""
+        items, states = self.store.cache, self._states
+        return items.held_bytes < items.max_bytes // 2 and states.held_bytes < states.max_bytes // 2
 
     async def render_as_stored(self, tenant: str, session_id: str, request: ViewRequest) -> RenderResult:
         """The history as stored, in `request`'s format: every item in full but the durable edits

@@ -74,7 +74,8 @@ def _now() -> datetime:
 class HistoryStore:
     def __init__(self, db: Database, cache: ItemCache | None = None) -> None:
         self.db = db
-        self._cache = cache or ItemCache()
+        self.cache = cache or ItemCache()
+        """The decoded histories this store holds between calls."""
         self.writes_at_once = not db.is_sqlite
         """An append's writes in one statement (`append_statement`: Postgres only)."""
 
@@ -128,6 +129,19 @@ class HistoryStore:
             raise SessionNotFound(session_id)
         return int(key)
 
+    async def sessions_named(self, keys: Sequence[int]) -> list[tuple[int, str, str]]:
+        """Each of the sessions of `keys` still live, as (key, tenant, id), in the order given."""
+        s = schema.sessions
+        named: dict[int, tuple[int, str, str]] = {}
+        async with self.db.read() as conn:
+            for start in range(0, len(keys), 1000):  # (a bound on an IN list's parameters)
+                chosen = select(s.c.key, s.c.tenant, s.c.id).where(
+                    s.c.key.in_(keys[start : start + 1000]), ~s.c.deleting
+                )
+                for row in await conn.execute(chosen):
+                    named[row.key] = (row.key, row.tenant, row.id)
+        return [named[key] for key in keys if key in named]
+
     async def get_session(self, tenant: str, session_id: str) -> Session:
         annotate(session_id=session_id, tenant=tenant)
         async with self.db.read_one() as conn:
@@ -164,7 +178,7 @@ class HistoryStore:
                 await conn.execute(table.delete().where(table.c.session_key == key))
             await conn.execute(s.delete().where(s.c.key == key))
             await events.record(conn, NewEvent(tenant, session_id, "session_deleted", {"items_deleted": int(deleted)}))
-        self._cache.discard(key)
+        self.cache.discard(key)
         annotate(items=int(deleted))
         return int(deleted)
 
@@ -274,14 +288,14 @@ class HistoryStore:
         """Like `load_history`, inside the caller's transaction; also the session row."""
         row = await _session_row(conn, tenant, session_id)
         key, version = row["key"], row["version"]
-        cached = self._cache.get(key, [])
+        cached = self.cache.get(key, [])
         if len(cached) < version:
             # Items are immutable and seqs dense, so only the new ones are read;
             # bounding by the version read above gives a consistent snapshot.
             rows = (await conn.execute(_ITEMS, {"key": key, "after": len(cached), "through": version})).mappings()
             added = [item_of(r) for r in rows]
             cached = [*cached, *added]
-            self._cache.put(key, cached, added)
+            self.cache.put(key, cached, added)
         items = cached[:version]
         annotate(session_id=session_id, tenant=tenant, items=len(items), tokens=row["token_count"])
         return row, session_of(row), items

@@ -21,7 +21,9 @@ by a thread of its own (carries let go of one at a time, resting between them as
 last one took: at most half of a core).
 
 What a replica reads: the session's carry, when it holds none of its own, before its first
-render of the session; it is used when it is of the stored view state or one the stored
+render of the session, or, as it starts (`--carry-warm-seconds`), those of the sessions whose
+carries were kept most recently (`recent`: a rolling restart's replica holds the sessions its
+predecessor stopped with before it takes calls); it is used when it is of the stored view state or one the stored
 changes lead on from (as another replica's carry would be), and refused otherwise, or when its
 bytes fail their signature or name items not in the history.
 
@@ -86,6 +88,9 @@ READ_SECONDS = 1.0
 """For one carry's read, inside a render's transaction: slower than this, it is derived."""
 REST_SECONDS = 1.0
 """After Redis fails to answer, how long it is not asked (reads miss, writes are dropped)."""
+RECENT_SESSIONS = 10_000
+"""Sessions the deployment's list of recent carries names at most (`recent`), the most recently
+kept first."""
 ZLIB_LEVEL = 1
 """A 10,000-item carry: 11 MB -> 2 MB in 80 ms, read back in 30 ms (bench/scale.py's sessions)."""
 
@@ -165,6 +170,8 @@ class KeptStats:
     dropped: int = 0
     """Carries not written: a render held them, the queue was full, the write failed, or the
     process stopped first."""
+    warmed: int = 0
+    """Of those read back, carries read as the process started (`--carry-warm-seconds`)."""
 
 
 class KeptCarries:
@@ -368,12 +375,14 @@ class KeptCarries:
             self._writer = None
         deadline = time.monotonic() + seconds
         written = 0
+        used = time.time()  # the most recently used first: listed as the more recent (`recent`)
         while self._queue and (left := deadline - time.monotonic()) > 0:
             session_key = next(iter(self._queue))
             waiting = self._unqueue(session_key)
             assert waiting is not None
+            used -= 0.001
             try:  # a pickling under way goes on on its thread; the stop does not wait for it
-                written += await asyncio.wait_for(self._write(session_key, waiting), left)
+                written += await asyncio.wait_for(self._write(session_key, waiting, used=used), left)
             except TimeoutError:
                 self.stats.dropped += 1
                 break
@@ -397,9 +406,10 @@ class KeptCarries:
     def _rest(self) -> None:
         self._resting_until = time.monotonic() + REST_SECONDS
 
-    async def _write(self, session_key: int, carry: Carry, held: _Held | None = None) -> int:
-        """Write one carry (`held`: one the process goes on holding); 1 if written, else 0 (and
-        counted): never raises but for cancellation."""
+    async def _write(self, session_key: int, carry: Carry, held: _Held | None = None, used: float | None = None) -> int:
+        """Write one carry (`held`: one the process goes on holding; `used`: when the session was
+        last used, by the clock, now by default); 1 if written, else 0 (and counted): never
+        raises but for cancellation."""
         if time.monotonic() < self._resting_until:
             self.stats.dropped += 1
             return 0
@@ -413,6 +423,8 @@ class KeptCarries:
             ttl = max(1, round(self.ttl_seconds * 1000))
             keys = [self._key(session_key), self._floor(session_key)]
             put = await self._put(keys=keys, args=[data, len(carry.durable), carry.state.view_version, ttl])
+            if put:
+                await self._list(session_key, time.time() if used is None else used, ttl)
         except (RedisError, OSError) as exc:
             log.info("the carry of session %d is not kept: %s", session_key, exc)
             self.stats.dropped += 1
@@ -449,6 +461,35 @@ class KeptCarries:
     def _floor(self, session_key: int) -> str:
         return f"{self._key(session_key)}:floor"
 
+    # ------------------------------------------------------------------ the recent ones
+
+    def _recent_key(self) -> str:
+        return f"{PREFIX}:{self._deployment}:recent"
+
+    async def _list(self, session_key: int, used: float, ttl_ms: int) -> None:
+        """Name the session among those with a carry kept, as used at `used` (a command of its
+        own: in a Redis Cluster the list and the carry are in slots of their own; a session
+        deleted in between is named with no carry, a miss when read)."""
+        async with self._client.pipeline(transaction=False) as pipe:
+            pipe.zadd(self._recent_key(), {str(session_key): used})
+            pipe.zremrangebyrank(self._recent_key(), 0, -RECENT_SESSIONS - 1)
+            pipe.pexpire(self._recent_key(), ttl_ms)
+            await pipe.execute()
+
+    async def recent(self, count: int = RECENT_SESSIONS) -> list[int]:
+        """The sessions whose carries were kept most recently (by when they were last used, as
+        their replicas knew it), the most recent first: at most `count`, none when Redis does
+        not answer. A session named may have no carry any more (its TTL, a deletion)."""
+        if time.monotonic() < self._resting_until:
+            return []
+        try:
+            named = await asyncio.wait_for(self._client.zrevrange(self._recent_key(), 0, count - 1), READ_SECONDS)
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.info("the sessions with carries kept are not read: %s", exc or "too slow")
+            self._rest()
+            return []
+        return [int(member) for member in named if isinstance(member, bytes | str)]
+
     # ------------------------------------------------------------------ forgetting
 
     async def drop(self, session_key: int, durable: int = GONE) -> None:
@@ -460,6 +501,7 @@ class KeptCarries:
             await self._drop(
                 keys=[self._key(session_key), self._floor(session_key)], args=[durable, FLOOR_SECONDS * 1000]
             )
+            await self._client.zrem(self._recent_key(), str(session_key))
         except (RedisError, OSError) as exc:
             log.warning("the carry of session %d is not dropped (its TTL ends it): %s", session_key, exc)
 

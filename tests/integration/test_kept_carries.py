@@ -8,6 +8,7 @@ import asyncio
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,17 +44,7 @@ def test_a_restarted_replica_resumes_a_session_from_its_kept_carry(postgres_serv
                 on_steady.append_openai(session, PROMPT)
 
             def turn(n: int, renderer: Client) -> None:
-                for session in (restarted, twin):
-                    on_steady.append_openai(session, _agent_turn(n))
-                resumed, alone = (
-                    renderer.render_view(restarted, ViewFormat.OPENAI_CHAT),
-                    on_steady.render_view(twin, ViewFormat.OPENAI_CHAT),
-                )
-                assert resumed.messages_json == alone.messages_json, n
-                assert (resumed.items, resumed.total_tokens) == (alone.items, alone.total_tokens), n
-                assert [(c.seq, c.decision, c.rule, c.reason) for c in resumed.certificates] == [
-                    (c.seq, c.decision, c.rule, c.reason) for c in alone.certificates
-                ], n
+                _turn(n, on_steady, renderer, [(restarted, twin)])
 
             with Client(first.target, timeout=60) as on_first:
                 for n in range(1, 16):
@@ -87,10 +78,25 @@ def test_a_restarted_replica_resumes_a_session_from_its_kept_carry(postgres_serv
         backends.drop_database(postgres_server_url, url)
 
 
+def _turn(n: int, steady: Client, renderer: Client, pairs: Sequence[tuple[str, str]]) -> None:
+    """Agent turn `n` appended to both sessions of each (restarted, twin) pair, the first rendered
+    on `renderer`, its twin on `steady`: the same view, and the same decisions."""
+    for restarted, twin in pairs:
+        for session in (restarted, twin):
+            steady.append_openai(session, _agent_turn(n))
+        resumed = renderer.render_view(restarted, ViewFormat.OPENAI_CHAT)
+        alone = steady.render_view(twin, ViewFormat.OPENAI_CHAT)
+        assert resumed.messages_json == alone.messages_json, n
+        assert (resumed.items, resumed.total_tokens) == (alone.items, alone.total_tokens), n
+        assert [(c.seq, c.decision, c.rule, c.reason) for c in resumed.certificates] == [
+            (c.seq, c.decision, c.rule, c.reason) for c in alone.certificates
+        ], n
+
+
 def _kept(redis_url: str, secret: str) -> list[bytes]:
     """The keys of the carries this deployment (its secret) keeps."""
     found = redis.Redis.from_url(redis_url).scan_iter(match=f"contextd:carry:{deployment_of(secret)}:*")
-    return [key for key in found if not key.endswith(b":floor")]
+    return [key for key in found if not key.endswith((b":floor", b":recent"))]
 
 
 def test_a_session_let_go_of_to_stay_in_the_memory_budget_is_resumed_from_its_kept_carry(
@@ -221,3 +227,95 @@ def test_what_a_redacted_or_deleted_session_showed_is_not_kept_again_as_the_repl
     finally:
         if not stopped:
             server.stop()
+
+
+@pytest.mark.parametrize("render_processes", [0, 2], ids=["threads", "render-processes"])
+def test_a_replica_started_in_another_s_place_reads_back_its_carries_before_it_serves(
+    postgres_server_url: str, redis_url: str, render_processes: int
+) -> None:
+    """A rolling restart: a replica stops, keeping the carries of the sessions it held; the one
+    started in its place reads them back before it says it serves, and each session's first
+    render on it resumes from what was read, with no read of its own (on render processes, each
+    process reads the sessions routed to it), and renders what a replica that never stopped
+    renders."""
+    url = backends.create_database(postgres_server_url, f"contextd_warm_start_{render_processes}")
+    asyncio.run(migrate.upgrade(url))
+    args = ("--database-url", url, "--no-migrate-on-start", "--redis-url", redis_url)
+    kept = (
+        *args,
+        *("--carry-secret", uuid.uuid4().hex, "--metrics-listen", "127.0.0.1:0"),
+        *("--render-processes", str(render_processes)),
+    )
+    steady = ServerProcess(*args).wait_serving()
+    first = ServerProcess(*kept).wait_serving()
+    later: ServerProcess | None = None
+    try:
+        with Client(steady.target, timeout=60) as on_steady:
+            pairs = [tuple(on_steady.create_session().id for _ in range(2)) for _ in range(4)]  # (restarted, twin)
+            for pair in pairs:
+                for session in pair:
+                    on_steady.append_openai(session, PROMPT)
+
+            def turn(n: int, renderer: Client) -> None:
+                _turn(n, on_steady, renderer, pairs)
+
+            with Client(first.target, timeout=60) as on_first:
+                for n in range(1, 9):
+                    turn(n, on_first)
+            first.terminate()
+            assert first.wait() == 0
+
+            later = ServerProcess(*kept).wait_serving()
+            read_back = [m for line in later.log if (m := WARMED.search(line))]
+            assert len(read_back) == max(1, render_processes), later.log  # one line from each process that renders
+            assert sum(int(m.group(1)) for m in read_back) == len(pairs)
+            with Client(later.target, timeout=60) as on_later:
+                for n in range(9, 12):
+                    turn(n, on_later)
+            urls = [m.group(1) for line in later.log if (m := METRICS.search(line))]
+            scraped = [scrape(u) for u in urls]
+
+            def total(operation: str) -> float:
+                return sum(value(s, "contextd_carries_total", contextd_carry_operation=operation) for s in scraped)
+
+            assert (total("warmed"), total("loaded"), total("resumed"), total("missed")) == (4, 4, 4, 0)
+    finally:
+        for server in (steady, first, later):
+            if server is not None:
+                server.stop()
+        backends.drop_database(postgres_server_url, url)
+
+
+WARMED = re.compile(r"read back the kept carries of (\d+) of the \d+ sessions used most recently")
+
+
+def test_a_starting_replica_reads_back_carries_within_half_its_memory_or_not_at_all(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Reading back stops once half of the sessions' memory is taken (more would let go of what was
+    read, each carry written back), and `carry_warm_seconds` 0 reads none."""
+    database = f"sqlite+aiosqlite:///{tmp_path / 'warm.db'}"
+    asyncio.run(migrate.upgrade(database))
+    kept = settings_for(database, redis_url=redis_url, carry_secret=uuid.uuid4().hex)
+    first = ServerThread(kept).start()
+    try:
+        with Client(first.target) as on_first:
+            for _ in range(3):
+                session = on_first.create_session().id
+                on_first.append_openai(session, PROMPT + [m for n in range(1, 13) for m in _agent_turn(n)])
+                on_first.render_view(session, ViewFormat.OPENAI_CHAT)
+    finally:
+        first.stop(grace=30)
+    assert first._running is not None and first._running.carries is not None
+    assert first._running.carries.stats.kept == 3
+    for settings, warmed in (
+        (kept, 3),
+        (replace(kept, session_cache_bytes=2 * 60_000), 1),  # about one session's
+        (replace(kept, carry_warm_seconds=0), 0),
+    ):
+        later = ServerThread(settings).start()
+        try:
+            stats = later._running.carries.stats  # type: ignore[union-attr]
+            assert (stats.warmed, stats.loaded, stats.refused) == (warmed, warmed, 0), settings
+        finally:
+            later.stop()

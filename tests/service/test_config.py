@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from contextd.config import ConfigError, Settings
+from contextd.warm_start import share_of
 from contextd_client import Client
 from tests.conftest import ServerThread
 
@@ -72,3 +73,14 @@ def test_the_carry_secret_is_never_displayed() -> None:
     secret = "a-secret-of-the-deployment-0123456789"
     shown = Settings(redis_url="redis://127.0.0.1:6379/0", carry_secret=secret).redacted()
     assert shown["carry_secret"] == "***" and secret not in repr(shown)
+
+
+@pytest.mark.parametrize("share", ["1", "2/2", "-1/2", "a/b", "1/0", "0/2/3"])
+def test_a_render_share_is_an_index_below_a_count(share: str) -> None:
+    with pytest.raises(ConfigError, match="render_share"):
+        Settings(render_share=share).validate()
+
+
+def test_a_render_share_names_the_process_and_the_processes() -> None:
+    Settings(render_share="1/2").validate()
+    assert share_of("1/2") == (1, 2) and share_of("") is None

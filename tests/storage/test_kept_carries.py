@@ -243,3 +243,40 @@ async def test_the_stop_keeps_carries_for_no_longer_than_it_is_given(
     started = time.monotonic()
     assert await carries.keep_now([(1, carried()[1].carry), (2, carried()[1].carry)], seconds=0.2) == 0  # type: ignore[list-item]
     assert time.monotonic() - started < 0.9 and carries.stats.dropped == 2  # (each would take 1 s)
+
+
+async def test_the_sessions_with_carries_kept_are_listed_the_most_recently_used_first(
+    kept: Make, client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a starting replica reads back first (warm_start.py): the sessions a stop held, the most
+    recently used first, before those kept earlier; a deleted one is not named; the list is
+    bounded, the oldest going first, and goes with its TTL."""
+    monkeypatch.setattr(kept_carries, "RECENT_SESSIONS", 4)
+    carries = kept()
+    assert await carries.recent() == []
+
+    def carry() -> Carry:
+        made = carried(2)[1].carry
+        assert made is not None
+        return made
+
+    carries.keep_held(5, carry())  # written in the background, as a render's
+    await written_all(carries)
+    assert await carries.keep_now([(k, carry()) for k in (3, 1, 2)], seconds=30) == 3  # a stop: 3 was used last
+    assert await carries.recent() == [3, 1, 2, 5]
+    assert await carries.recent(2) == [3, 1]
+    await carries.drop(1)
+    assert await carries.recent() == [3, 2, 5]
+    assert await carries.keep_now([(k, carry()) for k in (6, 7)], seconds=30) == 2
+    assert await carries.recent() == [6, 7, 3, 2]  # four at most: 5, the oldest, is no longer named
+    assert 0 < await client.pttl(carries._recent_key()) <= 60_000
+    assert await kept().recent() == []  # another deployment's list
+
+
+async def test_an_unreachable_redis_lists_no_sessions() -> None:
+    client = redis.asyncio.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    carries = KeptCarries(client, uuid.uuid4().hex, counter(), fingerprint="code-a")
+    try:
+        assert await carries.recent() == []
+    finally:
+        await carries.close()

@@ -70,6 +70,16 @@ def render_response(view: View, certificates: Sequence[Certificate]) -> Encoded:
     return Encoded(b"".join([VIEW_FIELD, _varint(sum(map(len, parts))), *parts]))
 
 
+def remember_view(items: Sequence[ViewItem], texts: Sequence[str]) -> None:
+    """Encode the blocks of a view's items and serialized messages as `render_response` does, so
+    that the response of a render that shows them again encodes only what changed: the view of
+    a carry read back as the server starts (warm_start.py), whose next render resumes it."""
+    for start in range(0, len(texts), BLOCK):
+        _message_block(tuple(texts[start : start + BLOCK]))
+    for start in range(0, len(items), BLOCK):
+        _block(tuple(items[start : start + BLOCK]))
+
+
 def _joined(blocks: Iterator[tuple[str, ...]]) -> Iterator[bytes]:
     """Each block of messages' bytes, a comma between blocks."""
     for n, block in enumerate(blocks):

@@ -30,6 +30,7 @@ from contextd import interpreter, metrics
 from contextd.admission import Admission
 from contextd.api.auth import ApiKeys
 from contextd.api.interceptors import ServiceInterceptor
+from contextd.api.responses import remember_view
 from contextd.api.servicer import ContextServicer
 from contextd.api.tls import TlsFiles, TlsFilesError, server_credentials
 from contextd.config import Settings
@@ -45,6 +46,7 @@ from contextd.render_workers import RenderWorkers
 from contextd.sessions import SessionService
 from contextd.telemetry import configure_tracing, instrument_storage
 from contextd.view_service import ViewService
+from contextd.warm_start import share_of, warm_start
 from contextd.watch import EventFeed, WatchSettings
 from contextd_client.v1 import contextd_pb2, contextd_pb2_grpc
 from contextd_storage import events, migrate
@@ -230,6 +232,26 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
         servicer.renders = renders
     await server.start()
     feed.start(prune=not settings.render_worker)
+    if carries is not None and settings.carry_warm_seconds and not settings.render_processes:
+        # Calls are served from here on; the health check says SERVING once this is done.
+        started = time.monotonic()
+        try:
+            warmed, looked = await warm_start(
+                views,
+                settings.carry_warm_seconds,
+                share_of(settings.render_share),
+                lambda carry: remember_view(*carry.shown()),
+            )
+        except Exception as exc:  # a start-up's shortcut: whatever went wrong, the replica serves without it
+            log.warning("the kept carries were not read back as the server started: %r", exc)
+            warmed = looked = 0
+        if looked:
+            log.info(
+                "read back the kept carries of %d of the %d sessions used most recently in %.1f s",
+                warmed,
+                looked,
+                time.monotonic() - started,
+            )
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     if settings.render_worker:

@@ -34,7 +34,7 @@ from contextd.engine.timing import NO_USAGE, Usage, prompt_cache
 from contextd.engine.tokens import TokenCounter
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.types import Reorder, target_of
-from contextd.engine.view import Assembly, View, ViewRequest
+from contextd.engine.view import Assembly, View, ViewItem, ViewRequest
 
 __all__ = ["AgentProposal", "Carry", "RenderInput", "RenderOutput", "identity_view", "protection_map", "render"]
 
@@ -119,6 +119,11 @@ class Carry:
             + self.assembly.rendered.json_chars
             + (counted.footprint() if counted is not None else 0)
         )
+
+    def shown(self) -> tuple[Sequence[ViewItem], Sequence[str]]:
+        """The items and serialized messages of the view as rendered (a render resuming this
+        carry shows the same objects, but for what changed)."""
+        return self.assembly.items, self.assembly.rendered.messages_json
 
     def advanced(self, changes: Sequence[StateChange], state: ViewState, items: Sequence[Item]) -> Carry | None:
         """This carry brought up to `state`, which other renders (another replica's) made from

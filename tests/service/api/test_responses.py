@@ -7,15 +7,19 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contextd.api import responses
 from contextd.api.mapping import view_to_proto
-from contextd.api.responses import Encoded, passing_encoded, render_response
+from contextd.api.responses import Encoded, passing_encoded, remember_view, render_response
+from contextd.engine.carry_pickle import dump_carry, load_carry
 from contextd.engine.certificates import Certificate, Stamp
 from contextd.engine.model import Item, Representation
 from contextd.engine.pipeline import RenderInput, render
 from contextd.engine.policy import default_policy
+from contextd.engine.state import ViewState
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.view import View, ViewFormat, ViewItem, ViewRequest
 from contextd_client import Client
@@ -24,6 +28,7 @@ from contextd_client.v1 import contextd_pb2 as api
 from tests.conftest import ServerThread
 from tests.helpers import counter, make_session
 from tests.service.engine.conversations import conversations
+from tests.service.engine.test_carry_strategies import budgeted, file_reads
 
 REGISTRY = TransformRegistry.default()
 
@@ -102,3 +107,25 @@ def test_a_block_of_messages_is_encoded_again_when_any_of_its_messages_changed()
         parsed = api.RenderViewResponse.FromString(render_response(shown, ()).data)
         assert parsed == api.RenderViewResponse(view=view_to_proto(shown, ()))
         assert json.loads(parsed.view.messages_json) == [json.loads(t) for t in shown.message_parts]
+
+
+def test_a_view_remembered_from_a_carry_read_back_is_encoded_again_only_where_the_next_render_changed_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replica that reads a session's carry back as it starts encodes the carry's view then
+    (`remember_view`): the response of the render that resumes the carry encodes only the block
+    that changed, and is the one protobuf writes."""
+    items = file_reads(200)  # 401 items: two blocks
+    first = render(budgeted(items, 0, len(items) - 1, ViewState(), None))
+    assert first.carry is not None
+    read_back = load_carry(dump_carry(first.carry, counter()), items, counter())  # (a process of its own, as it were)
+    encoded: list[int] = []
+    encode = responses._encode
+    monkeypatch.setattr(responses, "_encode", lambda v: encoded.append(v.seq) or encode(v))
+    remember_view(*read_back.shown())
+    assert len(encoded) == len(first.view.items)
+    encoded.clear()
+    later = render(budgeted(items, 0, len(items), read_back.state, read_back))
+    sent = render_response(later.view, ())
+    assert api.RenderViewResponse.FromString(sent.data) == api.RenderViewResponse(view=view_to_proto(later.view, ()))
+    assert 0 < len(encoded) <= len(later.view.items) - responses.BLOCK  # the last block's, not the first's

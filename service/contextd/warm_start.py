@@ -1,0 +1,71 @@
+"""A replica that starts reads back the carries its deployment kept most recently, before it says
+it serves (`--carry-warm-seconds`).
+
+In a rolling restart each new replica takes the place of one that, as it stopped, kept in Redis
+the carries of the sessions it held (kept_carries.py). Without this, the first render of each of
+those sessions on any replica reads the history and the carry, at a cost that grows with the
+session (0.5 s at 10,000 items, docs/benchmarks.md); with it, the replica does that for the
+sessions most recently used before its health check says SERVING, and their first renders cost
+what a render after one append does. The process serves calls meanwhile (a render of a session
+being read waits for that read alone); only its readiness waits.
+
+Bounded three ways: by time (the setting), by memory (it stops once half of the sessions' memory
+is taken, so that it does not let go of what it read, writing it back), and, on the render
+processes (`--render-processes`), to the sessions routed to the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from contextd.engine.errors import SessionNotFound
+from contextd.engine.pipeline import Carry
+from contextd.render_processes import route
+from contextd.view_service import ViewService
+
+log = logging.getLogger("contextd.warm_start")
+
+LISTED = 1000
+"""Of the sessions with carries kept, how many of the most recent are looked at."""
+
+
+def share_of(setting: str) -> tuple[int, int] | None:
+    """`index/count` (`--render-share`, set on render processes) as numbers; None for ''."""
+    if not setting:
+        return None
+    index, count = (int(part) for part in setting.split("/"))
+    return index, count
+
+
+async def warm_start(
+    views: ViewService,
+    seconds: float,
+    share: tuple[int, int] | None = None,
+    prepare: Callable[[Carry], None] | None = None,
+) -> tuple[int, int]:
+    """Read back the most recently kept carries for at most `seconds` (of the sessions `share`
+    routes to this process, when given), calling `prepare` with each (off the event loop: the
+    response's bytes of its view encoded, api/responses.py); returns (carries read, sessions
+    looked at)."""
+    assert views.carries is not None
+    deadline = time.monotonic() + seconds
+    keys = await views.carries.recent(LISTED)
+    named = await views.store.sessions_named(keys) if keys else []
+    if share is not None:
+        named = [n for n in named if route(n[1], n[2], share[1]) == share[0]]
+    warmed = looked = 0
+    for _, tenant, session_id in named:
+        left = deadline - time.monotonic()
+        if left <= 0 or not views.room_to_warm():
+            break
+        looked += 1
+        try:
+            warmed += await asyncio.wait_for(views.warm(tenant, session_id, prepare), left)
+        except TimeoutError:
+            break
+        except SessionNotFound:  # deleted since it was listed
+            continue
+    return warmed, looked
