@@ -470,11 +470,14 @@ class KeptCarries:
         """Name the session among those with a carry kept, as used at `used` (a command of its
         own: in a Redis Cluster the list and the carry are in slots of their own; a session
         deleted in between is named with no carry, a miss when read)."""
-        async with self._client.pipeline(transaction=False) as pipe:
-            pipe.zadd(self._recent_key(), {str(session_key): used})
-            pipe.zremrangebyrank(self._recent_key(), 0, -RECENT_SESSIONS - 1)
-            pipe.pexpire(self._recent_key(), ttl_ms)
-            await pipe.execute()
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.zadd(self._recent_key(), {str(session_key): used})
+                pipe.zremrangebyrank(self._recent_key(), 0, -RECENT_SESSIONS - 1)
+                pipe.pexpire(self._recent_key(), ttl_ms)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:  # kept, not listed: read at the session's first render only
+            log.info("the carry of session %d is kept but not listed: %s", session_key, exc)
 
     async def recent(self, count: int = RECENT_SESSIONS) -> list[int]:
         """The sessions whose carries were kept most recently (by when they were last used, as
