@@ -260,19 +260,22 @@ class ViewService:
         self._states.put(key, carry.state, carry)
         return carry
 
-    async def warm(self, tenant: str, session_id: str, prepare: Callable[[Carry], None] | None = None) -> bool:
-        """Hold the session's history and kept carry, as its first render on this process would
-        read them (as the process starts: warm_start.py), and call `prepare` with the carry off
-        the event loop; False when there is no carry to use, or the process holds one of the
-        session already."""
+    async def warm(
+        self, key: int, tenant: str, session_id: str, prepare: Callable[[Carry], None] | None = None
+    ) -> bool:
+        """Hold the history and kept carry of session `key`, as its first render on this process
+        would read them (as the process starts: warm_start.py), and call `prepare` with the carry
+        off the event loop; False when there is no carry to use, or the process holds one of
+        the session already. A render of the session that comes meanwhile waits for it."""
         assert self.carries is not None
-        async with self.store.db.read() as conn:
-            row, _, items = await self.store.history_in(conn, tenant, session_id)
-        key = row["key"]
         if self._states.holds_carry(key) or key in self._warming:
             return False
         self._warming[key] = done = asyncio.Event()
         try:
+            async with self.store.db.read() as conn:
+                row, _, items = await self.store.history_in(conn, tenant, session_id)
+            if row["key"] != key or self._states.holds_carry(key):  # deleted and made again; a render came first
+                return False
             carry = await self._resume_kept(key, items)
             if carry is None:
                 return False

@@ -57,13 +57,13 @@ async def warm_start(
     if share is not None:
         named = [n for n in named if route(n[1], n[2], share[1]) == share[0]]
     warmed = looked = 0
-    for _, tenant, session_id in named:
+    for key, tenant, session_id in named:
         left = deadline - time.monotonic()
         if left <= 0 or not views.room_to_warm():
             break
         looked += 1
         try:
-            warmed += await asyncio.wait_for(views.warm(tenant, session_id, prepare), left)
+            warmed += await asyncio.wait_for(views.warm(key, tenant, session_id, prepare), left)
         except TimeoutError:
             break
         except SessionNotFound:  # deleted since it was listed

@@ -196,7 +196,11 @@ class KeptCarries:
         """A carry held and written is written again once this long has passed (0: never)."""
         self._kept_at: OrderedDict[int, float] = OrderedDict()
         """When each session's held carry was last written (the most recent sessions only)."""
-        self._stamp = MAGIC + (fingerprint or code_fingerprint()).encode() + b"\n"
+        fingerprint = fingerprint or code_fingerprint()
+        self._stamp = MAGIC + fingerprint.encode() + b"\n"
+        self._recent = f"{PREFIX}:{self._deployment}:recent:{hashlib.sha256(fingerprint.encode()).hexdigest()[:16]}"
+        """The list of sessions with carries kept (`recent`) by this code: after a deploy, a
+        starting replica of the new code finds none of the old code's, which it would refuse."""
         self.stats = KeptStats()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="contextd-carries")
         self._queue: OrderedDict[int, tuple[Carry, int]] = OrderedDict()
@@ -463,18 +467,15 @@ class KeptCarries:
 
     # ------------------------------------------------------------------ the recent ones
 
-    def _recent_key(self) -> str:
-        return f"{PREFIX}:{self._deployment}:recent"
-
     async def _list(self, session_key: int, used: float, ttl_ms: int) -> None:
         """Name the session among those with a carry kept, as used at `used` (a command of its
         own: in a Redis Cluster the list and the carry are in slots of their own; a session
         deleted in between is named with no carry, a miss when read)."""
         try:
             async with self._client.pipeline(transaction=False) as pipe:
-                pipe.zadd(self._recent_key(), {str(session_key): used})
-                pipe.zremrangebyrank(self._recent_key(), 0, -RECENT_SESSIONS - 1)
-                pipe.pexpire(self._recent_key(), ttl_ms)
+                pipe.zadd(self._recent, {str(session_key): used})
+                pipe.zremrangebyrank(self._recent, 0, -RECENT_SESSIONS - 1)
+                pipe.pexpire(self._recent, ttl_ms)
                 await pipe.execute()
         except (RedisError, OSError) as exc:  # kept, not listed: read at the session's first render only
             log.info("the carry of session %d is kept but not listed: %s", session_key, exc)
@@ -486,7 +487,7 @@ class KeptCarries:
         if time.monotonic() < self._resting_until:
             return []
         try:
-            named = await asyncio.wait_for(self._client.zrevrange(self._recent_key(), 0, count - 1), READ_SECONDS)
+            named = await asyncio.wait_for(self._client.zrevrange(self._recent, 0, count - 1), READ_SECONDS)
         except (RedisError, OSError, TimeoutError) as exc:
             log.info("the sessions with carries kept are not read: %s", exc or "too slow")
             self._rest()
@@ -504,7 +505,7 @@ class KeptCarries:
             await self._drop(
                 keys=[self._key(session_key), self._floor(session_key)], args=[durable, FLOOR_SECONDS * 1000]
             )
-            await self._client.zrem(self._recent_key(), str(session_key))
+            await self._client.zrem(self._recent, str(session_key))
         except (RedisError, OSError) as exc:
             log.warning("the carry of session %d is not dropped (its TTL ends it): %s", session_key, exc)
 

@@ -229,6 +229,10 @@ async def _state_at(
     if held is not None and snapshot <= held.view_version < version:
         changes = await _changes(conn, key, held.view_version, version)
         return stored(reduce(advance, changes, held), changes, held)
+    if held is not None and held.view_version < snapshot:  # the changes before the last copy may serve
+        changes = await _changes(conn, key, held.view_version, version)
+        if len(changes) == version - held.view_version:
+            return stored(reduce(advance, changes, held), changes, held)
     text = (await conn.execute(_STATE, {"key": key})).scalar_one()
     return stored(reduce(advance, await _changes(conn, key, snapshot, version), state_from_json(text)))
 
@@ -255,7 +259,11 @@ async def save_state(
     version = before.state.view_version + 1
     now = _now()
     if copy_json is not None:
-        await conn.execute(delete(c).where(c.c.session_key == key))
+        # The changes since the copy before stay (and this one is stored too): a process holding a
+        # state from after that copy (a replica's own, or a carry kept in Redis) catches it up by
+        # them rather than reading this copy and deriving the session again (`_state_at`).
+        await conn.execute(delete(c).where(c.c.session_key == key, c.c.view_version <= before.snapshot_version))
+        await conn.execute(insert(c), {"session_key": key, "view_version": version, "change": change_json})
         values = {
             "view_version": version,
             "state": copy_json,

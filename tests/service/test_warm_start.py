@@ -27,7 +27,7 @@ class Listed:
     async def sessions_named(self, keys: list[int]) -> list[tuple[int, str, str]]:
         return [(key, "tenant", f"s{key}") for key in keys]
 
-    async def warm(self, tenant: str, session_id: str, prepare: Any = None) -> bool:
+    async def warm(self, key: int, tenant: str, session_id: str, prepare: Any = None) -> bool:
         if session_id in self.gone:
             raise SessionNotFound(session_id)
         await asyncio.sleep(self.seconds_each)

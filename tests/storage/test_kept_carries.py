@@ -269,8 +269,9 @@ async def test_the_sessions_with_carries_kept_are_listed_the_most_recently_used_
     assert await carries.recent() == [3, 2, 5]
     assert await carries.keep_now([(k, carry()) for k in (6, 7)], seconds=30) == 2
     assert await carries.recent() == [6, 7, 3, 2]  # four at most: 5, the oldest, is no longer named
-    assert 0 < await client.pttl(carries._recent_key()) <= 60_000
+    assert 0 < await client.pttl(carries._recent) <= 60_000
     assert await kept().recent() == []  # another deployment's list
+    assert await kept(carries._secret.decode(), fingerprint="code-b").recent() == []  # another code's
 
 
 async def test_an_unreachable_redis_lists_no_sessions() -> None:

@@ -143,3 +143,49 @@ async def test_with_events_turned_off_appends_and_renders_record_none(database_u
     finally:
         await db.close()
     assert records["events"] == [] and len(records["calls"]) == 1
+
+
+async def test_a_state_held_from_before_the_last_full_copy_is_caught_up_by_the_changes_since(
+    store: HistoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process holding a session's state from before the last full copy (a replica that rendered
+    a while ago, a carry kept in Redis) catches it up by the changes stored since, as long as it
+    is from after the copy before that: the changes since that one are kept."""
+    from contextd.engine.changes import change_to_json
+    from contextd.engine.pipeline import render
+    from contextd_storage.state_cache import StateCache
+    from tests.service.engine.test_carry_strategies import budgeted, file_reads
+
+    monkeypatch.setattr(views, "MOST_CHANGES", 2)  # a copy every third render
+    session_id = f"s-{uuid.uuid4().hex[:10]}"
+    await store.create_session("tenant", session_id, {})
+    key = await store.session_key("tenant", session_id)
+    items = file_reads(8)
+    made = [ViewState()]  # the state of each version, as the engine made it
+    snapshots = []
+    for n in range(3, 17, 2):  # versions 1 to 7: copies at 1, 4 and 7
+        out = render(budgeted(items, 0, n, made[-1], None))
+        async with store.db.write("tenant", session_id) as conn:
+            before = await views.read_state(conn, key)
+            change = change_to_json(out.change)  # type: ignore[arg-type]
+            copy = state_to_json(out.state) if before.copy_due(len(change)) else None
+            await views.save_state(conn, key, before, change, copy)
+        made.append(out.state)
+        snapshots.append(before.snapshot_version)
+        if n == 9:  # version 4, stored as a copy; version 5 next
+            assert copy is not None
+
+    async def read(held: int) -> views.StoredState:
+        cache = StateCache()
+        cache.put(key, made[held])
+        async with store.db.read() as conn:
+            return await views.read_state(conn, key, cache)
+
+    async with store.db.read() as conn:
+        whole = await views.read_state(conn, key)
+    assert (whole.state.view_version, whole.snapshot_version) == (7, 7)
+    for held, caught_up in ((6, True), (5, True), (4, True), (3, False), (2, False)):
+        stored = await read(held)
+        assert (stored.since is made[held]) is caught_up, held  # else read from the copy
+        assert len(stored.changes) == (7 - held if caught_up else 0), held
+        assert state_to_json(stored.state) == state_to_json(whole.state), held
