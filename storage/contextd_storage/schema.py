@@ -190,8 +190,10 @@ view_states = Table(
     Column("change_bytes", BigInteger, nullable=False, server_default="0"),  # of the changes since
 )
 
-# One row per render since the view state's last full copy: the change it made
-# (engine/changes.py), applied in order to that copy.
+# One row per render since the full copy before the view state's last one: the
+# change it made (engine/changes.py). Those after the last copy are applied in
+# order to it; the earlier ones catch up a state held from before it
+# (contextd_storage/views.py).
 view_state_changes = Table(
     "view_state_changes",
     metadata,
