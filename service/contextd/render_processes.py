@@ -50,7 +50,8 @@ from contextd_client.v1 import contextd_pb2
 
 log = logging.getLogger("contextd.render_processes")
 
-RENDER_VIEW = "/" + contextd_pb2.DESCRIPTOR.services_by_name["ContextService"].full_name + "/RenderView"
+CONTEXT_SERVICE = contextd_pb2.DESCRIPTOR.services_by_name["ContextService"].full_name
+RENDER_VIEW = f"/{CONTEXT_SERVICE}/RenderView"
 _RETRY_MS = 1000
 _FIRST_BACKOFF, _MOST_BACKOFF = 1.0, 30.0
 _READY_SECONDS = 60.0
@@ -276,7 +277,9 @@ class RenderProcesses:
                     "(its log is above)"
                 )
             with contextlib.suppress(grpc.aio.AioRpcError):
-                answer = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                # The service's own status, not the server's (""): a render process says its service
+                # serves once it has read back its sessions' kept carries (warm_start.py).
+                answer = await health.Check(health_pb2.HealthCheckRequest(service=CONTEXT_SERVICE), timeout=1)
                 if answer.status == health_pb2.HealthCheckResponse.SERVING:
                     return
             if asyncio.get_running_loop().time() > deadline:

@@ -102,8 +102,8 @@ class ViewService:
         """The states this process's renders saved (shared with the recovery service)."""
         self.carries = carries
         """Where the renders' carries are kept for other replicas and restarts (None: nowhere)."""
-        self._warming: dict[int, asyncio.Event] = {}
-        """Sessions whose kept carries `warm` is reading: a render of one waits for it."""
+        self._warming: dict[tuple[str, str], asyncio.Event] = {}
+        """Sessions (tenant, id) whose kept carries `warm` is reading: a render of one waits for it."""
         self._warmed: set[int] = set()
         """Sessions `warm` read the carries of, not rendered since (for `KeptStats.resumed`)."""
 
@@ -138,16 +138,17 @@ class ViewService:
         """
         check_session_id(session_id)
         tools = _tools(tools_json)
+        if (warming := self._warming.get((tenant, session_id))) is not None:
+            await warming.wait()  # its kept carry is being read as the process starts (before its lock)
         async with self._slot(tenant), self.store.db.write(tenant, session_id) as conn:
             row, session, items = await self.store.history_in(conn, tenant, session_id)
             key = row["key"]
-            if (warming := self._warming.get(key)) is not None:
-                await warming.wait()  # its kept carry is being read as the process starts
             held = self._states.holds_carry(key)
             if self.carries is not None:
                 await self.carries.settled(key)  # (a carry of it being written is taken over after)
             kept = await self._resume_kept(key, items) if self.carries and not held else None
             warmed = held and key in self._warmed
+            self._warmed.discard(key)
             policy = await self.policy_of(session)
             reads = await views.render_reads(conn, key, self._states)
             stored = reads.stored
@@ -174,7 +175,6 @@ class ViewService:
             out, change_json, carry_bytes, resumed = await self._run(_render, render_input, earlier, stored.changes)
             if (kept is not None or warmed) and resumed and self.carries is not None:
                 self.carries.stats.resumed += 1
-            self._warmed.discard(key)
             spent = time.perf_counter() - started
             stamp = Stamp(out.state.view_version, request.format.value, policy.version)
             stored_bytes = 0
@@ -268,24 +268,26 @@ class ViewService:
         off the event loop; False when there is no carry to use, or the process holds one of
         the session already. A render of the session that comes meanwhile waits for it."""
         assert self.carries is not None
-        if self._states.holds_carry(key) or key in self._warming:
+        named = (tenant, session_id)
+        if self._states.holds_carry(key) or named in self._warming:
             return False
-        self._warming[key] = done = asyncio.Event()
+        self._warming[named] = done = asyncio.Event()
         try:
-            async with self.store.db.read() as conn:
-                row, _, items = await self.store.history_in(conn, tenant, session_id)
-            if row["key"] != key or self._states.holds_carry(key):  # deleted and made again; a render came first
-                return False
-            carry = await self._resume_kept(key, items)
-            if carry is None:
-                return False
-            if prepare is not None:
-                await self._run(prepare, carry)
+            async with self._slot(tenant):  # (a render's slot: the reading runs where renders run)
+                async with self.store.db.read() as conn:
+                    row, _, items = await self.store.history_in(conn, tenant, session_id)
+                if row["key"] != key or self._states.holds_carry(key):  # deleted and made again; rendered
+                    return False
+                carry = await self._resume_kept(key, items)
+                if carry is None:
+                    return False
+                if prepare is not None:
+                    await self._run(prepare, carry)
             self._warmed.add(key)
             self.carries.stats.warmed += 1
             return True
         finally:
-            del self._warming[key]
+            del self._warming[named]
             done.set()
 
     def room_to_warm(self) -> bool:

@@ -5,23 +5,26 @@ In a rolling restart each new replica takes the place of one that, as it stopped
 the carries of the sessions it held (kept_carries.py). Without this, the first render of each of
 those sessions on any replica reads the history and the carry, at a cost that grows with the
 session (0.5 s at 10,000 items, docs/benchmarks.md); with it, the replica does that for the
-sessions most recently used before its health check says SERVING, and their first renders cost
-what a render after one append does. The process serves calls meanwhile (a render of a session
-being read waits for that read alone); only its readiness waits.
+sessions most recently used before its service's health says SERVING (the process's own, service
+"", answers at once), and their first renders cost what a render after one append does. The
+process serves calls meanwhile (a render of a session being read waits for that read alone,
+before it takes the session's lock); only its readiness waits.
 
-Bounded three ways: by time (the setting), by memory (it stops once half of the sessions' memory
-is taken, so that it does not let go of what it read, writing it back), and, on the render
-processes (`--render-processes`), to the sessions routed to the process.
+Bounded three ways: by time (the setting; a read under way as it ends finishes), by memory (it
+stops once half of the sessions' memory is taken, so that it does not let go of what it read,
+writing it back), and, on the render processes (`--render-processes`), to the sessions routed
+to the process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 
-from contextd.engine.errors import SessionNotFound
+from sqlalchemy.exc import SQLAlchemyError
+
+from contextd.engine.errors import ContextdError, SessionNotFound
 from contextd.engine.pipeline import Carry
 from contextd.render_processes import route
 from contextd.view_service import ViewService
@@ -46,26 +49,29 @@ async def warm_start(
     share: tuple[int, int] | None = None,
     prepare: Callable[[Carry], None] | None = None,
 ) -> tuple[int, int]:
-    """Read back the most recently kept carries for at most `seconds` (of the sessions `share`
-    routes to this process, when given), calling `prepare` with each (off the event loop: the
-    response's bytes of its view encoded, api/responses.py); returns (carries read, sessions
-    looked at)."""
+    """Read back the most recently kept carries for about `seconds` (a read under way when they
+    end finishes on its thread: one session's, seconds at most) of the sessions `share` routes
+    to this process, when given, calling `prepare` with each (off the event loop: the response's
+    bytes of its view encoded, api/responses.py); returns (carries read, sessions looked at). A
+    session that fails to be read is logged and passed over."""
     assert views.carries is not None
-    deadline = time.monotonic() + seconds
-    keys = await views.carries.recent(LISTED)
-    named = await views.store.sessions_named(keys) if keys else []
-    if share is not None:
-        named = [n for n in named if route(n[1], n[2], share[1]) == share[0]]
     warmed = looked = 0
-    for key, tenant, session_id in named:
-        left = deadline - time.monotonic()
-        if left <= 0 or not views.room_to_warm():
-            break
-        looked += 1
-        try:
-            warmed += await asyncio.wait_for(views.warm(key, tenant, session_id, prepare), left)
-        except TimeoutError:
-            break
-        except SessionNotFound:  # deleted since it was listed
-            continue
+    try:
+        async with asyncio.timeout(seconds):
+            keys = await views.carries.recent(LISTED)
+            named = await views.store.sessions_named(keys) if keys else []
+            if share is not None:
+                named = [n for n in named if route(n[1], n[2], share[1]) == share[0]]
+            for key, tenant, session_id in named:
+                if not views.room_to_warm():
+                    break
+                looked += 1
+                try:
+                    warmed += await views.warm(key, tenant, session_id, prepare)
+                except SessionNotFound:  # deleted since it was listed
+                    continue
+                except (ContextdError, SQLAlchemyError, OSError) as exc:
+                    log.warning("the kept carry of session %d was not read back: %r", key, exc)
+    except TimeoutError:
+        pass
     return warmed, looked

@@ -370,16 +370,19 @@ class KeptCarries:
         await held.done.wait()
 
     async def keep_now(self, held: Sequence[tuple[int, Carry]], seconds: float) -> int:
-        """Write `held` (and what waits) now, in order, for at most `seconds`: as the process
-        stops. Returns how many were written."""
+        """Write `held` (the most recently used first), then what waits, now, for at most `seconds`:
+        as the process stops. Returns how many were written."""
         for session_key, carry in held:
             self._enqueue(session_key, carry)
+        for session_key, _ in reversed(held):  # before those let go of (used less recently), in order
+            self._queue.move_to_end(session_key, last=False)
         if self._writer is not None:
             self._writer.cancel()
             self._writer = None
         deadline = time.monotonic() + seconds
         written = 0
-        used = time.time()  # the most recently used first: listed as the more recent (`recent`)
+        # In use until now, the most recently used first: listed so (`recent`), above any written before.
+        used = time.time() + 0.001 * len(self._queue)
         while self._queue and (left := deadline - time.monotonic()) > 0:
             session_key = next(iter(self._queue))
             waiting = self._unqueue(session_key)
@@ -474,6 +477,7 @@ class KeptCarries:
         try:
             async with self._client.pipeline(transaction=False) as pipe:
                 pipe.zadd(self._recent, {str(session_key): used})
+                pipe.zremrangebyscore(self._recent, "-inf", f"({time.time() - ttl_ms / 1000}")  # their TTLs ended
                 pipe.zremrangebyrank(self._recent, 0, -RECENT_SESSIONS - 1)
                 pipe.pexpire(self._recent, ttl_ms)
                 await pipe.execute()

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from contextd.api.auth import DEFAULT_TENANT
+from contextd.render_processes import route
 from contextd_client import Client, ViewFormat
 from contextd_lab.service import ServerProcess
 from contextd_storage import kept_carries, migrate
@@ -251,7 +253,10 @@ def test_a_replica_started_in_another_s_place_reads_back_its_carries_before_it_s
     later: ServerProcess | None = None
     try:
         with Client(steady.target, timeout=60) as on_steady:
-            pairs = [tuple(on_steady.create_session().id for _ in range(2)) for _ in range(4)]  # (restarted, twin)
+            pairs = [  # (restarted, twin); the restarted ones routed to each render process alike
+                (on_steady.create_session(chosen).id, on_steady.create_session().id)
+                for chosen in _spread(4, max(1, render_processes))
+            ]
             for pair in pairs:
                 for session in pair:
                     on_steady.append_openai(session, PROMPT)
@@ -284,6 +289,19 @@ def test_a_replica_started_in_another_s_place_reads_back_its_carries_before_it_s
             if server is not None:
                 server.stop()
         backends.drop_database(postgres_server_url, url)
+
+
+def _spread(count: int, processes: int) -> list[str]:
+    """`count` session ids of the default tenant, as many routed to each of `processes` render
+    processes."""
+    chosen: list[str] = []
+    while len(chosen) < count:
+        candidate = f"warm-{uuid.uuid4().hex[:12]}"
+        if sum(route(DEFAULT_TENANT, c, processes) == route(DEFAULT_TENANT, candidate, processes) for c in chosen) < (
+            count // processes
+        ):
+            chosen.append(candidate)
+    return chosen
 
 
 WARMED = re.compile(r"read back the kept carries of (\d+) of the \d+ sessions used most recently")

@@ -249,9 +249,10 @@ async def test_the_sessions_with_carries_kept_are_listed_the_most_recently_used_
     kept: Make, client: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What a starting replica reads back first (warm_start.py): the sessions a stop held, the most
-    recently used first, before those kept earlier; a deleted one is not named; the list is
-    bounded, the oldest going first, and goes with its TTL."""
-    monkeypatch.setattr(kept_carries, "RECENT_SESSIONS", 4)
+    recently used first, then those it had let go of, before those kept earlier; a deleted one is
+    not named; the list is bounded, the oldest going first, and goes with its TTL; each code has
+    its own."""
+    monkeypatch.setattr(kept_carries, "RECENT_SESSIONS", 5)
     carries = kept()
     assert await carries.recent() == []
 
@@ -262,13 +263,14 @@ async def test_the_sessions_with_carries_kept_are_listed_the_most_recently_used_
 
     carries.keep_held(5, carry())  # written in the background, as a render's
     await written_all(carries)
-    assert await carries.keep_now([(k, carry()) for k in (3, 1, 2)], seconds=30) == 3  # a stop: 3 was used last
-    assert await carries.recent() == [3, 1, 2, 5]
+    carries.keep(9, carry())  # let go of, waiting to be written as the stop comes
+    assert await carries.keep_now([(k, carry()) for k in (3, 1, 2)], seconds=30) == 4  # 3 was used last
+    assert await carries.recent() == [3, 1, 2, 9, 5]
     assert await carries.recent(2) == [3, 1]
     await carries.drop(1)
-    assert await carries.recent() == [3, 2, 5]
+    assert await carries.recent() == [3, 2, 9, 5]
     assert await carries.keep_now([(k, carry()) for k in (6, 7)], seconds=30) == 2
-    assert await carries.recent() == [6, 7, 3, 2]  # four at most: 5, the oldest, is no longer named
+    assert await carries.recent() == [6, 7, 3, 2, 9]  # five at most: 5, the oldest, is no longer named
     assert 0 < await client.pttl(carries._recent) <= 60_000
     assert await kept().recent() == []  # another deployment's list
     assert await kept(carries._secret.decode(), fingerprint="code-b").recent() == []  # another code's

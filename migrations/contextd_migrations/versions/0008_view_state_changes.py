@@ -44,20 +44,16 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    # Each state whole again, as of its version: its copy with the changes after it applied (those
-    # up to the copy are kept too, for a while, to catch up states held from before it: views.py).
+    # Each state whole again, as of its version: its copy with its changes applied.
     conn = op.get_bind()
     keys = conn.execute(sa.text("SELECT DISTINCT session_key FROM view_state_changes")).scalars().all()
     for key in keys:
-        copy, snapshot = conn.execute(
-            sa.text("SELECT state, snapshot_version FROM view_states WHERE session_key = :key"), {"key": key}
-        ).one()
+        copy = conn.execute(
+            sa.text("SELECT state FROM view_states WHERE session_key = :key"), {"key": key}
+        ).scalar_one()
         changes = conn.execute(
-            sa.text(
-                "SELECT change FROM view_state_changes WHERE session_key = :key AND view_version > :snapshot "
-                "ORDER BY view_version"
-            ),
-            {"key": key, "snapshot": snapshot},
+            sa.text("SELECT change FROM view_state_changes WHERE session_key = :key ORDER BY view_version"),
+            {"key": key},
         ).scalars()
         state = reduce(advance, map(change_from_json, changes), state_from_json(copy))
         conn.execute(
