@@ -283,3 +283,22 @@ async def test_an_unreachable_redis_lists_no_sessions() -> None:
         assert await carries.recent() == []
     finally:
         await carries.close()
+
+
+async def test_on_a_cluster_carries_are_kept_listed_read_and_dropped(redis_cluster_url: str) -> None:
+    """The put and drop scripts touch one session's keys (one hash slot); the list of recent
+    sessions is a key of its own, written and read by commands of their own."""
+    carries = KeptCarries.from_url(redis_cluster_url, uuid.uuid4().hex, counter(), 60, cluster=True)
+    try:
+        made = {key: carried(2) for key in (11, 12, 13)}
+        written = [(key, out.carry) for key, (_, out) in made.items() if out.carry is not None]
+        assert await carries.keep_now(written, seconds=30) == 3
+        assert await carries.recent() == [11, 12, 13]
+        for key, (items, out) in made.items():
+            back = await carries.load(key, items)
+            assert back is not None and back.state == out.state
+        await carries.drop(12)
+        assert await carries.recent() == [11, 13] and await carries.load(12, made[12][0]) is None
+        assert carries.stats.dropped == 0 and carries.stats.refused == 0
+    finally:
+        await carries.close()
