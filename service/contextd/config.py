@@ -76,7 +76,7 @@ class Settings:
     )
     carry_warm_seconds: float = _setting(
         10.0,
-        "How long a starting replica may spend, before its health check says SERVING, reading back the "
+        "How long a starting replica may spend, before its service's health says SERVING (readiness), reading back the "
         "work kept (--carry-secret) on the sessions used most recently, so that their first renders on it "
         "cost what a render after one append does (a rolling restart). It stops sooner once half of "
         "--session-cache-bytes is taken. 0: each session's is read at its first render.",

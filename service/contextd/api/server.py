@@ -233,7 +233,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     await server.start()
     feed.start(prune=not settings.render_worker)
     if carries is not None and settings.carry_warm_seconds and not settings.render_processes:
-        # Calls are served from here on; the health check says SERVING once this is done.
+        # Calls are served from here on; the service's health says SERVING once this is done.
         started = time.monotonic()
         try:
             warmed, looked = await warm_start(
