@@ -23,9 +23,9 @@ last one took: at most half of a core).
 What a replica reads: the session's carry, when it holds none of its own, before its first
 render of the session, or, as it starts (`--carry-warm-seconds`), those of the sessions whose
 carries were kept most recently (`recent`: a rolling restart's replica holds the sessions its
-predecessor stopped with before it takes calls); it is used when it is of the stored view state or one the stored
-changes lead on from (as another replica's carry would be), and refused otherwise, or when its
-bytes fail their signature or name items not in the history.
+predecessor stopped with before it takes calls); it is used when it is of the stored view state
+or one the stored changes lead on from (as another replica's carry would be), and refused
+otherwise, or when its bytes fail their signature or name items not in the history.
 
 The bytes are a pickle (engine/carry_pickle.py), which runs code as it is read: each is
 signed with an HMAC of the deployment's secret (`--carry-secret`), checked before it is

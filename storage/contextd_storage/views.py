@@ -230,9 +230,9 @@ async def _state_at(
         changes = await _changes(conn, key, held.view_version, version)
         return stored(reduce(advance, changes, held), changes, held)
     if held is not None and held.view_version < snapshot:  # the changes before the last copy may serve
-        changes = await _changes(conn, key, held.view_version, version)
-        if len(changes) == version - held.view_version:
-            return stored(reduce(advance, changes, held), changes, held)
+        found = await _every_change(conn, key, held.view_version, version)
+        if found is not None:
+            return stored(reduce(advance, found, held), found, held)
     text = (await conn.execute(_STATE, {"key": key})).scalar_one()
     return stored(reduce(advance, await _changes(conn, key, snapshot, version), state_from_json(text)))
 
@@ -240,6 +240,13 @@ async def _state_at(
 async def _changes(conn: AsyncConnection, key: int, after: int, through: int) -> tuple[StateChange, ...]:
     rows = await conn.execute(_CHANGES, {"key": key, "after": after, "through": through})
     return tuple(change_from_json(text) for text in rows.scalars())
+
+
+async def _every_change(conn: AsyncConnection, key: int, after: int, through: int) -> tuple[StateChange, ...] | None:
+    """The changes after version `after` through `through` when every one of them is stored (told by
+    their count, one row per version, before any is decoded); else None."""
+    texts = (await conn.execute(_CHANGES, {"key": key, "after": after, "through": through})).scalars().all()
+    return tuple(change_from_json(text) for text in texts) if len(texts) == through - after else None
 
 
 async def state_version(conn: AsyncConnection, key: int) -> int:
