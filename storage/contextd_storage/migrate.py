@@ -17,10 +17,10 @@ import ast
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
+from sqlalchemy import event, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 import contextd_migrations
@@ -103,6 +103,8 @@ def _bound(connection: Connection) -> Config:
 
 async def _run(url: str, action: Callable[[Connection], None]) -> None:
     engine = create_async_engine(url, poolclass=NullPool)
+    if engine.dialect.name == "sqlite":
+        _ddl_in_transactions(engine)
     try:
         async with engine.connect() as conn:
             postgres = conn.dialect.name == "postgresql"
@@ -121,3 +123,21 @@ async def _run(url: str, action: Callable[[Connection], None]) -> None:
                     await conn.commit()
     finally:
         await engine.dispose()
+
+
+def _ddl_in_transactions(engine: AsyncEngine) -> None:
+    """SQLite runs DDL in transactions, but Python's sqlite3 driver opens one only before a data
+    change, so each CREATE or ALTER of a migration was its own, committed at once: a start killed
+    while it migrated a new database left tables no revision records ("table item_texts already
+    exists" at the next start). The driver's BEGIN is taken away and one is issued for each of
+    the transactions Alembic opens (one per revision on SQLite), as the server's own connections
+    do (database.py), without their pragmas (foreign keys on would cascade through the tables a
+    batch migration copies)."""
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -390,3 +391,34 @@ async def test_0008_keeps_a_whole_state_and_its_downgrade_folds_the_changes_sinc
         assert again.state == stored.state and again.snapshot_version == 4 and again.change_bytes == 0
     finally:
         await db.close()
+
+
+async def test_on_sqlite_a_revision_that_fails_midway_leaves_the_database_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each revision, tables and triggers alike, is one transaction: a start killed while it
+    migrates (here, the first revision failing at its first trigger, its tables made) leaves the
+    schema as it was, for the next start to migrate again."""
+    from alembic.operations import Operations
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'midway.db'}"
+    execute = Operations.execute
+
+    def failing(self: Operations, sql: Any, *args: Any, **kwargs: Any) -> None:
+        if "CREATE TRIGGER" in str(sql):
+            raise RuntimeError("stopped midway")
+        execute(self, sql, *args, **kwargs)
+
+    monkeypatch.setattr(Operations, "execute", failing)
+    with pytest.raises(RuntimeError, match="midway"):
+        await migrate.upgrade(url)
+    engine = create_async_engine(url, poolclass=NullPool)
+    try:
+        async with engine.connect() as conn:
+            made = (await conn.execute(text("SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))).all()
+    finally:
+        await engine.dispose()
+    assert made == []  # (the first revision's tables, and the version table, were made, then undone)
+    monkeypatch.setattr(Operations, "execute", execute)
+    await migrate.upgrade(url)
+    assert await migrate.current_revision(url) == migrate.head_revision()
