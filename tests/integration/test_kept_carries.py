@@ -58,7 +58,10 @@ def test_a_restarted_replica_resumes_a_session_from_its_kept_carry(postgres_serv
             ), first.log
             keys = _kept(redis_url, secret)
             assert len(keys) == 1
-            stored = redis.Redis.from_url(redis_url).hget(keys[0], "c")
+            with redis.Redis.from_url(
+                redis_url
+            ) as client:  # (closed: a socket left to the collector fails a later test)
+                stored = client.hget(keys[0], "c")
             assert stored.startswith(b"contextd-carry-1\n")  # type: ignore[union-attr]
 
             later = ServerProcess(*kept).wait_serving()
@@ -97,7 +100,8 @@ def _turn(n: int, steady: Client, renderer: Client, pairs: Sequence[tuple[str, s
 
 def _kept(redis_url: str, secret: str) -> list[bytes]:
     """The keys of the carries this deployment (its secret) keeps."""
-    found = redis.Redis.from_url(redis_url).scan_iter(match=f"contextd:carry:{deployment_of(secret)}:*")
+    with redis.Redis.from_url(redis_url) as client:
+        found = list(client.scan_iter(match=f"contextd:carry:{deployment_of(secret)}:*"))
     return [key for key in found if not key.endswith(b":floor") and b":recent:" not in key]
 
 
