@@ -104,8 +104,6 @@ class ViewService:
         """Where the renders' carries are kept for other replicas and restarts (None: nowhere)."""
         self._warming: dict[tuple[str, str], asyncio.Event] = {}
         """Sessions (tenant, id) whose kept carries `warm` is reading: a render of one waits for it."""
-        self._warmed: set[int] = set()
-        """Sessions `warm` read the carries of, not rendered since (for `KeptStats.resumed`)."""
 
     async def policy_of(self, session: Session) -> Policy:
         """The session's parsed policy, parsed once per version (a large document off the loop)."""
@@ -146,9 +144,8 @@ class ViewService:
             held = self._states.holds_carry(key)
             if self.carries is not None:
                 await self.carries.settled(key)  # (a carry of it being written is taken over after)
-            kept = await self._resume_kept(key, items) if self.carries and not held else None
-            warmed = held and key in self._warmed
-            self._warmed.discard(key)
+            if self.carries is not None and not held:
+                await self._resume_kept(key, items)
             policy = await self.policy_of(session)
             reads = await views.render_reads(conn, key, self._states)
             stored = reads.stored
@@ -173,8 +170,8 @@ class ViewService:
             earlier = self._states.carry(key, stored.since) if stored.since is not None else None
             started = time.perf_counter()
             out, change_json, carry_bytes, resumed = await self._run(_render, render_input, earlier, stored.changes)
-            if (kept is not None or warmed) and resumed and self.carries is not None:
-                self.carries.stats.resumed += 1
+            if self.carries is not None:
+                self.carries.rendered(key, resumed)
             spent = time.perf_counter() - started
             stamp = Stamp(out.state.view_version, request.format.value, policy.version)
             stored_bytes = 0
@@ -283,7 +280,6 @@ class ViewService:
                     return False
                 if prepare is not None:
                     await self._run(prepare, carry)
-            self._warmed.add(key)
             self.carries.stats.warmed += 1
             return True
         finally:

@@ -215,6 +215,8 @@ class KeptCarries:
         self._holding = threading.Lock()
         """Between a render that would take a held carry over and the thread about to write it."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._read_back: set[int] = set()
+        """Sessions whose carries were read back and not rendered since (`rendered`)."""
         self._resting_until = 0.0
         """After Redis fails to answer, it is not asked until then (a down Redis costs no timeouts)."""
         self._put = client.register_script(_PUT)
@@ -268,8 +270,19 @@ class KeptCarries:
             self.stats.refused += 1
             return None
         self.stats.loaded += 1
+        if len(self._read_back) >= KEPT_AT_SESSIONS:  # (renders that failed after a read: any one goes)
+            self._read_back.pop()
+        self._read_back.add(session_key)
         self._written(session_key)  # as recent as what another process wrote
         return carry
+
+    def rendered(self, session_key: int, resumed: bool) -> None:
+        """Told of each render (`resumed`: from a carry, not deriving the session): one that
+        resumed from a carry read back (by its own read, or as the process started) counts."""
+        if session_key in self._read_back:
+            self._read_back.discard(session_key)
+            if resumed:
+                self.stats.resumed += 1
 
     async def _in_thread(self, fn: Callable[..., Carry], *args: object) -> Carry:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)

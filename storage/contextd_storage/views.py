@@ -226,13 +226,10 @@ async def _state_at(
     held = cache.latest(key) if cache is not None else None
     if held is not None and held.view_version == version:
         return stored(held)
-    if held is not None and snapshot <= held.view_version < version:
-        changes = await _changes(conn, key, held.view_version, version)
-        return stored(reduce(advance, changes, held), changes, held)
-    if held is not None and held.view_version < snapshot:  # the changes before the last copy may serve
-        found = await _every_change(conn, key, held.view_version, version)
-        if found is not None:
-            return stored(reduce(advance, found, held), found, held)
+    if held is not None and held.view_version < version:  # (from before the last copy too: save_state)
+        changes = await _every_change(conn, key, held.view_version, version)
+        if changes is not None:
+            return stored(reduce(advance, changes, held), changes, held)
     text = (await conn.execute(_STATE, {"key": key})).scalar_one()
     return stored(reduce(advance, await _changes(conn, key, snapshot, version), state_from_json(text)))
 
