@@ -234,24 +234,9 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     feed.start(prune=not settings.render_worker)
     if carries is not None and settings.carry_warm_seconds and not settings.render_processes:
         # Calls are served from here on; the service's health says SERVING once this is done.
-        started = time.monotonic()
-        try:
-            warmed, looked = await warm_start(
-                views,
-                settings.carry_warm_seconds,
-                share_of(settings.render_share),
-                lambda carry: remember_view(*carry.shown()),
-            )
-        except Exception as exc:  # a start-up's shortcut: whatever went wrong, the replica serves without it
-            log.warning("the kept carries were not read back as the server started: %r", exc)
-            warmed = looked = 0
-        if looked:
-            log.info(
-                "read back the kept carries of %d of the %d sessions used most recently in %.1f s",
-                warmed,
-                looked,
-                time.monotonic() - started,
-            )
+        await warm_start(
+            views, settings.carry_warm_seconds, share_of(settings.render_share), lambda c: remember_view(*c.shown())
+        )
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     if settings.render_worker:
