@@ -415,6 +415,42 @@ def test_a_key_every_compressed_output_rested_on_is_read_as_long_as_the_pool_not
     assert 3 in {target_of(p.proposal.edit) for p in out.state.pending if p.rule == compressing}
 
 
+def module_reads(calls: int) -> list[Item]:
+    """A task, then `calls` reads of whole modules of functions: each is compressed on entry to a
+    skeleton still long enough (200 tokens) to stay in the compressing rule's pool."""
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
+    for call in range(1, calls + 1):
+        use = ToolUseBlock(f"c{call}", "bash", json.dumps({"command": f"cat src/m{call}.py"}))
+        output = "\n".join(
+            f'def step_{call}_{k}(x):\n    """Step {k}."""\n    a = x + {k}\n    b = a * 2\n    c = b - a\n'
+            f"    d = c * c\n    return a + b + c + d\n"
+            for k in range(12)
+        )
+        result = ToolResultBlock(f"c{call}", (TextBlock(output),), name="bash")
+        contents += [ItemContent(role=Role.ASSISTANT, content=(use,)), ItemContent(role=Role.TOOL, content=(result,))]
+    return stored_items(contents)
+
+
+def test_outputs_compressed_but_still_in_the_pool_are_not_asked_again_at_every_call() -> None:
+    """A skeleton stays in the compressing rule's pool (its conditions hold for it still), but its
+    proposal no longer rests on the focus, which moves with every call: the render that asks it
+    again names it under the focus no more, so a call asks about the outputs shown whole, not
+    every output of the session."""
+    items = module_reads(60)
+    policy = parse_policy(default_policy_text(), REGISTRY)
+    slot = next(k for k, rule in enumerate(policy.rules) if rule.transform == "compress")
+    out = render(budgeted(items, 0, 81, ViewState(), None))
+    for n in range(82, 122):
+        inp = budgeted(items, 0, n, out.state, out.carry)
+        out = render(inp)
+        assert out == render(replace(inp, carry=None))
+        assert out.carry is not None and out.carry.ledgers is not None
+        ledger = out.carry.ledgers.rules[slot]
+        assert ledger.by_key is not None
+        assert len(ledger.pool) >= n // 2 - 2  # the skeletons stay in the pool
+        assert len(ledger.by_key.get(("focus",), ())) <= 2  # the latest output, at most, rests on it
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sessions(), st.sampled_from(POLICIES), st.data())
 def test_a_carry_written_and_read_back_renders_what_the_process_that_made_it_would(

@@ -99,11 +99,15 @@ def recorded(
     waiting: Iterable[int],
     proposals: Sequence[Proposal],
     earlier: Ledger | None = None,
+    touched: Iterable[Hashable] = (),
 ) -> Ledger:
     """The ledger of a rule whose transform proposed `proposals` for `picked` of its `pool`
     (`earlier`: the ledger of the render this one followed, taken over: its key map is
     updated in place; every entry of its pool that proposed or waited was asked again, so
-    what proposes and waits now is this render's)."""
+    what proposes and waits now is this render's). Under the keys `touched` since, the
+    entries asked again are named as they rest on them now: an entry shown otherwise since it
+    was asked (compressed) may rest on a key no longer, and would else be asked again at every
+    change to it (the focus, at every call) for as long as it stays in the pool."""
     if not _incremental(transform):
         return Ledger(pool, frozenset(waiting), frozenset(), None)
     adding: dict[Hashable, list[int]] = {}
@@ -114,6 +118,11 @@ def recorded(
     if earlier is None or earlier.by_key is None:
         return Ledger(pool, frozenset(waiting), proposing, {k: set(v) for k, v in adding.items()})
     by_key = earlier.by_key
+    asked = {entry.seq for entry in picked}
+    for key in touched:
+        found = by_key.get(key)
+        if found:
+            found -= found & asked  # (at the cost of the smaller of the two)
     for key, seqs in adding.items():
         found = by_key.get(key)
         if found is None:

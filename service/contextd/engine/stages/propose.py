@@ -231,7 +231,7 @@ def _proposed_since(
         picked, waiting = pick(rule.when, to_ask(ledger, pool, fresh, keys), context)
         proposals = _proposals(transform, context, picked, rule.params)
         out.extend(Candidate(p, rule.name, ControlMode.RULE) for p in proposals)
-        done.append(recorded(transform, context, rule.params, pool, picked, waiting, proposals, ledger))
+        done.append(recorded(transform, context, rule.params, pool, picked, waiting, proposals, ledger, keys))
     return out, done
 
 
