@@ -1,13 +1,15 @@
 """How a render's cost grows with the session: the engine alone and through the service.
 
-    python bench/scale.py [--sizes 1000,10000] [--workload unprunable|sliding] [--repeat 20]
+    python bench/scale.py [--sizes 1000,10000] [--workload unprunable|modules|sliding] [--repeat 20]
                           [--backend sqlite|postgres] [--postgres-url URL] [--parts engine,service]
                           [--budget-tokens N] [--format openai_chat|anthropic_messages|...]
 
 The session is a coding agent's tool calls whose outputs the default policy can remove
-nothing of (`unprunable`: reads of different files, every output its own; so nothing
-shrinks the work), or reads that page through one file (`sliding`: `sed -n k,k+40p` of
-the same path, as agents do). Each size is measured in processes of its own:
+nothing of (`unprunable`: reads of different files, every output its own, 60 lines of
+assignments; so nothing shrinks the work), reads of different modules of functions
+(`modules`: each output's skeleton read with Python's parser, the most a first render spends
+on an output), or reads that page through one file (`sliding`: `sed -n k,k+40p` of the same
+path, as agents do). Each size is measured in processes of its own:
 
 * engine (in process, `contextd.engine.pipeline.render`, no gRPC, no database; the
   garbage collector tuned as the service tunes it; a second table gives the render after
@@ -76,6 +78,13 @@ def tool_calls(n_items: int, workload: str, start: int = 0) -> list[dict[str, An
         if workload == "sliding":  # paging through one file, 40 lines a read, overlapping
             command = f"sed -n {call},{call + 40}p src/app/parse.py"
             output = "".join(f"    line_{k} = parse(line_{k - 1})  # {k}\n" for k in range(call, call + 41))
+        elif workload == "modules":  # reads of different modules of functions, each parsed for its skeleton
+            command = f"cat src/module_{call}.py"
+            output = f"# module {call}\nimport os\n\n" + "".join(
+                f'def step_{call}_{k}(x):\n    """Step {k}."""\n    a = x + {k}\n    b = a * 2\n'
+                f"    c = os.sep * b\n    d = len(c) - a\n    return a + b + d\n\n"
+                for k in range((CODE_LINES - 3) // 8)
+            )
         else:  # reads of different files, every output its own
             command = f"sed -n '1,{CODE_LINES}p' src/module_{call}.py"
             output = f"# module {call}\n" + "".join(f"value_{call}_{k} = compute({k})\n" for k in range(CODE_LINES))
@@ -249,7 +258,7 @@ def exponent(small: float, large: float, n_small: int, n_large: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000,10000")
-    parser.add_argument("--workload", choices=["unprunable", "sliding"], default="unprunable")
+    parser.add_argument("--workload", choices=["unprunable", "modules", "sliding"], default="unprunable")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--parts", default="engine,service")
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")

@@ -3,14 +3,17 @@ and the router reads each kind of content as that kind."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import string
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from contextd.engine.compress import KINDS, NO_FOCUS, Focus, compress, route
+from contextd.engine.compress import KINDS, NO_FOCUS, Focus, code, compress, logs, route
 from contextd.engine.compress.listing import UNNAMED
 from contextd.engine.compress.router import SNIFFED, envelope, hint
 from contextd.engine.compress.search import SAMPLES
@@ -72,6 +75,21 @@ def test_a_log_keeps_its_errors_the_exception_and_the_user_frames() -> None:
     # A library frame in the middle goes; the log is a tenth of its size or less.
     assert "__protected_call__" not in out.text
     assert len(out.text) < len(text) / 10
+
+
+def _plain_head(line: str) -> str:
+    """A line's head read the plain way, a line at a time (what `run_heads` reads at C speed)."""
+    words = line.split(None, 1)
+    if len(words) < 2:
+        return ""
+    head = words[0].translate(str.maketrans("", "", "0123456789"))
+    letters = [c.isascii() and c.isalpha() for c in head]
+    return head if any(a and b for a, b in itertools.pairwise(letters)) else ""
+
+
+@given(st.lists(st.text(alphabet="ab1 \t\x0b\x1c\u2003\u3000\r:[]", max_size=12), max_size=12))
+def test_the_heads_of_a_run_of_lines_are_each_lines_own(lines: list[str]) -> None:
+    assert logs.run_heads(lines) == [_plain_head(line) for line in lines]
 
 
 def test_repeated_lines_fold_with_their_count_and_nothing_else_goes() -> None:
@@ -284,6 +302,74 @@ def test_a_cut_range_of_numbered_python_is_read_by_indentation() -> None:
     assert "self.cache[key] = text" in out.text  # render: the focus
     assert "self.rendered = []" not in out.text
     assert "[… lines 27-30 left out …]" in out.text  # the file's own line numbers
+
+
+_FLAT_LINES = (
+    "SETTINGS = {'debug': True}",
+    "x = compute(1)",
+    "import os",
+    "from a.b import c",
+    "# a comment (with brackets",
+    "name = ')' + '(' + \"#\"",
+    "value = f'{a}' + \"it's\"",
+    "",
+    "    y = [1, 2]",
+)
+_SPANNING_LINES = (
+    "x = (1,",
+    "2)",
+    "x = [",
+    "]",
+    "total = 1 + \\",
+    'doc = """',
+    '"""',
+    "s = ')' + (",
+    "t = ( # )",
+    "z = {'(': 1,",
+    "def f():",
+    "class A:",
+    "    return 1",
+    "@decorator",
+    "async def g():",
+)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "x = (\n1, 2, 3, 4, 5, 6, 7, 8,\n)",  # a bracket open at the line's end
+        "x = (1,\r2,\r3,\r4,\r5,\r6,\r7,\r8)",  # the parser breaks lines at \r too
+        "x = ')' + (\n" + "1,\n" * 8 + ")",  # the bracket in the string is not the one open
+        "x = (  # )\n" + "1,\n" * 8 + ")",  # nor the one in the comment
+        "x = (  # )\n" + "1,\n" * 7 + "'(')",  # a real pair apart, each beside a written one
+        "x = 1 + \\\n2",
+        "'''\nA module's docstring\n'''",
+        '"""\nA module\'s docstring\n"""',
+        "def f(): return 1",
+        "if True:\n    class A: pass",
+    ],
+)
+def test_python_that_may_hold_a_body_is_parsed(source: str) -> None:
+    assert code.may_hold_bodies(source)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.sampled_from(_FLAT_LINES + _SPANNING_LINES), max_size=14), st.sampled_from(["\n", "\r\n", "\r"]))
+def test_python_said_to_hold_no_body_holds_none_when_parsed(lines: list[str], newline: str) -> None:
+    """The check that leaves the parse out is never wrong: what it says holds no body, parsed
+    (or read by indentation when it does not parse), has none."""
+    source = newline.join(lines)
+    if not code.may_hold_bodies(source):
+        assert code._parsed_bodies(source, source.split("\n"), "python")[0] == ()
+
+
+def test_a_module_without_definitions_is_not_parsed_and_reads_the_same() -> None:
+    source = "\n".join(
+        ["# Settings.", "import os", "from a.b import c", "", "DEBUG = os.environ.get('DEBUG') == '1'"]
+        + [f"LIMIT_{k} = {{'calls': {k}, 'names': [\"a\", 'b']}}  # per minute" for k in range(40)]
+    )
+    assert not code.may_hold_bodies(source)
+    assert code._parsed_bodies(source, source.split("\n"), "python")[0] == ()
 
 
 @pytest.mark.parametrize(

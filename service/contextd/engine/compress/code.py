@@ -165,12 +165,50 @@ def sniff_language(source: str) -> str:
 def _bodies(source: str, lines: Sequence[str], language: str) -> tuple[tuple[Body, ...] | None, str]:
     """The definitions of `source` and how they were read; remembered by content, since an
     output is compressed again each time the focus that concerns it moves."""
+    if language == "python" and not may_hold_bodies(source):
+        return (), "ast"
     key = (language, hashlib.sha256(source.encode()).digest())
     return PARSED.get(key, lambda: _parsed_bodies(source, lines, language))
 
 
 PARSED: Remembered[tuple[tuple[Body, ...] | None, str]] = Remembered(512)
 """Definitions by language and content hash (a few KB for a large module)."""
+
+
+def may_hold_bodies(source: str) -> bool:
+    """Whether Python `source` may hold a body: a definition, or a statement over more than one
+    line. False only when neither can be there, so the parse (the most a first render spends on
+    a module's output, about 5 µs a line) is left out for outputs of modules without either
+    (constants, settings, imports, generated tables): they read as they would parsed.
+
+    Source that does not parse holds no body without a definition (the indentation reader starts
+    at one), so what is said here needs to hold for source that parses only. There, a ``def`` or
+    ``class`` is the word, unjoined to another, and a statement goes on past its line by a
+    backslash, a string in triple quotes, or a bracket left open. The brackets are those left
+    when strings and comments are taken out as the tokenizer reads them (on one line, with no
+    triple quotes and no backslash at a line's end, each ends on its line) and the other ASCII
+    characters after them: pairs next to each other are taken away until none is left, and a
+    line break (at ``\\r`` too, as the parser breaks lines) is never taken, so a bracket is left
+    over only when one spans lines."""
+    if ("def" in source or "class" in source) and _DEFINING.search(source):
+        return True
+    if '"""' in source or "'''" in source or _CONTINUED.search(source):
+        return True
+    marks = _WRITTEN.sub("", source).translate(_BRACKETS_ONLY)
+    while True:
+        fewer = marks.replace("()", "").replace("[]", "").replace("{}", "")
+        if fewer == marks:
+            return _BRACKET.search(marks) is not None
+        marks = fewer
+
+
+_DEFINING = re.compile(r"\b(?:def|class)\b")
+_CONTINUED = re.compile(r"\\(?:[\r\n]|\Z)")
+_WRITTEN = re.compile(r"#[^\r\n]*|'(?:[^'\\\r\n]|\\.)*'|\"(?:[^\"\\\r\n]|\\.)*\"")
+"""A comment, or a string on one line (its prefix, letters, goes with the other characters)."""
+_BRACKETS_ONLY = {c: None for c in range(128) if chr(c) not in "()[]{}\r\n"}
+"""Other characters out (ASCII; any other stays and keeps the brackets on either side apart)."""
+_BRACKET = re.compile(r"[()\[\]{}]")
 
 
 def _parsed_bodies(source: str, lines: Sequence[str], language: str) -> tuple[tuple[Body, ...] | None, str]:
