@@ -286,6 +286,13 @@ class ViewService:
             del self._warming[named]
             done.set()
 
+    def hold_recent(self, keys: Sequence[int]) -> None:
+        """Make the sessions `keys`, the most recent first, the most recently used of this
+        process's caches in that order (the first of them the last to be let go of)."""
+        for key in reversed(keys):
+            self.store.cache.get(key, [])
+            self._states.latest(key)
+
     def room_to_warm(self) -> bool:
         """Whether the process's memory for sessions is less than half taken: warming past it would
         soon let go of what was warmed (each carry let go of written back to Redis)."""

@@ -14,6 +14,9 @@ Bounded three ways: by time (the setting; a read under way as it ends finishes),
 stops once half of the sessions' memory is taken, so that it does not let go of what it read,
 writing it back), and, on the render processes (`--render-processes`), to the sessions routed
 to the process.
+
+Read the most recent first, the sessions are then held the other way round, so that the caches
+let go of the least recent of them first once the memory fills up.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ async def warm_start(
     assert views.carries is not None
     started = time.monotonic()
     warmed = looked = 0
+    read: list[int] = []
     try:
         async with asyncio.timeout(seconds):
             keys = await views.carries.recent(LISTED)
@@ -69,7 +73,9 @@ async def warm_start(
                     break
                 looked += 1
                 try:
-                    warmed += await views.warm(key, tenant, session_id, prepare)
+                    if await views.warm(key, tenant, session_id, prepare):
+                        warmed += 1
+                        read.append(key)
                 except SessionNotFound:  # deleted since it was listed
                     continue
                 except (ContextdError, SQLAlchemyError, OSError) as exc:
@@ -78,6 +84,9 @@ async def warm_start(
         pass
     except Exception as exc:  # a start-up's shortcut: whatever went wrong, the replica serves without it
         log.warning("the kept carries were not read back as the server started: %r", exc)
+    # Read most recent first, they would be let go of in that order too under the memory's
+    # bound: the most recent is made the most recently used.
+    views.hold_recent(read)
     if looked:
         log.info(
             "read back the kept carries of %d of the %d sessions used most recently in %.1f s",
