@@ -353,6 +353,14 @@ def test_python_that_may_hold_a_body_is_parsed(source: str) -> None:
     assert code.may_hold_bodies(source)
 
 
+def test_from_python_3_12_source_with_an_f_string_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    source = "NAME = f'{x}'\nSIZE = rf\"{y}\""  # one line each to 3.11's tokenizer
+    assert not code.may_hold_bodies(source)
+    monkeypatch.setattr(code, "_NESTED_QUOTES", True)  # 3.12: a field may span lines (PEP 701)
+    assert code.may_hold_bodies(source)
+    assert not code.may_hold_bodies("NAME = 'x'\nSIZE = b'y'")  # no f-string
+
+
 @settings(max_examples=300)
 @given(st.lists(st.sampled_from(_FLAT_LINES + _SPANNING_LINES), max_size=14), st.sampled_from(["\n", "\r\n", "\r"]))
 def test_python_said_to_hold_no_body_holds_none_when_parsed(lines: list[str], newline: str) -> None:

@@ -28,6 +28,7 @@ import ast
 import functools
 import hashlib
 import re
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -186,14 +187,17 @@ def may_hold_bodies(source: str) -> bool:
     ``class`` is the word, unjoined to another, and a statement goes on past its line by a
     backslash, a string in triple quotes, or a bracket left open. The brackets are those left
     when strings and comments are taken out as the tokenizer reads them (on one line, with no
-    triple quotes and no backslash at a line's end, each ends on its line) and the other ASCII
-    characters after them: pairs next to each other are taken away until none is left, and a
-    line break (at ``\\r`` too, as the parser breaks lines) is never taken, so a bracket is left
-    over only when one spans lines."""
+    triple quotes and no backslash at a line's end, each ends on its line; from Python 3.12 an
+    f-string's fields may span lines and hold its own quotes, so source with one is parsed
+    there) and the other ASCII characters after them: pairs next to each other are taken away
+    until none is left, and a line break (at ``\\r`` too, as the parser breaks lines) is never
+    taken, so a bracket is left over only when one spans lines."""
     if ("def" in source or "class" in source) and _DEFINING.search(source):
         return True
     if '"""' in source or "'''" in source or _CONTINUED.search(source):
         return True
+    if _NESTED_QUOTES and _FORMATTED.search(source):
+        return True  # an f-string's fields may hold its own quotes and span lines (PEP 701)
     marks = _WRITTEN.sub("", source).translate(_BRACKETS_ONLY)
     while True:
         fewer = marks.replace("()", "").replace("[]", "").replace("{}", "")
@@ -203,6 +207,8 @@ def may_hold_bodies(source: str) -> bool:
 
 
 _DEFINING = re.compile(r"\b(?:def|class)\b")
+_NESTED_QUOTES = sys.version_info >= (3, 12)
+_FORMATTED = re.compile(r"(?<!\w)(?:[fF][rR]?|[rR][fF])[\"']")
 _CONTINUED = re.compile(r"\\(?:[\r\n]|\Z)")
 _WRITTEN = re.compile(r"#[^\r\n]*|'(?:[^'\\\r\n]|\\.)*'|\"(?:[^\"\\\r\n]|\\.)*\"")
 """A comment, or a string on one line (its prefix, letters, goes with the other characters)."""
