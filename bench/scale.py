@@ -1,6 +1,6 @@
 """How a render's cost grows with the session: the engine alone and through the service.
 
-    python bench/scale.py [--sizes 1000,10000] [--workload unprunable|modules|sliding] [--repeat 20]
+    python bench/scale.py [--sizes 1000,10000] [--workload unprunable|modules|mixed|sliding] [--repeat 20]
                           [--backend sqlite|postgres] [--postgres-url URL] [--parts engine,service]
                           [--budget-tokens N] [--format openai_chat|anthropic_messages|...]
 
@@ -8,8 +8,10 @@ The session is a coding agent's tool calls whose outputs the default policy can 
 nothing of (`unprunable`: reads of different files, every output its own, 60 lines of
 assignments; so nothing shrinks the work), reads of different modules of functions
 (`modules`: each output's skeleton read with Python's parser, the most a first render spends
-on an output), or reads that page through one file (`sliding`: `sed -n k,k+40p` of the same
-path, as agents do). Each size is measured in processes of its own:
+on an output), calls of many kinds (`mixed`: modules and ranges read, some again, test runs,
+greps, `git status` again and again, edits, failures: the rules find much to do), or reads that
+page through one file (`sliding`: `sed -n k,k+40p` of the same path, as agents do). Each size
+is measured in processes of its own:
 
 * engine (in process, `contextd.engine.pipeline.render`, no gRPC, no database; the
   garbage collector tuned as the service tunes it; a second table gives the render after
@@ -47,6 +49,7 @@ import json
 import math
 import os
 import platform
+import random
 import secrets
 import statistics
 import subprocess
@@ -85,6 +88,8 @@ def tool_calls(n_items: int, workload: str, start: int = 0) -> list[dict[str, An
                 f"    c = os.sep * b\n    d = len(c) - a\n    return a + b + d\n\n"
                 for k in range((CODE_LINES - 3) // 8)
             )
+        elif workload == "mixed":
+            command, output = mixed_call(call)
         else:  # reads of different files, every output its own
             command = f"sed -n '1,{CODE_LINES}p' src/module_{call}.py"
             output = f"# module {call}\n" + "".join(f"value_{call}_{k} = compute({k})\n" for k in range(CODE_LINES))
@@ -93,6 +98,45 @@ def tool_calls(n_items: int, workload: str, start: int = 0) -> list[dict[str, An
         messages.append({"role": "assistant", "content": None, "tool_calls": [use]})
         messages.append({"role": "tool", "tool_call_id": f"c{call}", "content": output})
     return messages[:n_items] if not start else messages
+
+
+def mixed_call(call: int) -> tuple[str, str]:
+    """(command, output) of call `call` of a session of many kinds of calls, drawn from the call's
+    number: whole modules read (some read again, unchanged), ranges of lines, test runs, greps,
+    `git status` and listings run again and again, edits, failures."""
+    draw = random.Random(call)
+    kind, path = draw.randrange(10), f"src/pkg{draw.randrange(30)}/mod{draw.randrange(20)}.py"
+    if kind in (0, 1):  # a module, or one read before (the same content again)
+        n = call if kind == 0 else call % 50
+        return f"cat {path}", "\n".join(
+            f'def f_{n}_{k}(x):\n    """Doc {k}."""\n    a = x + {k}\n    b = a * 2\n'
+            f"    c = b - a\n    return a + b + c\n"
+            for k in range(10)
+        )
+    if kind == 2:
+        first = draw.randrange(1, 400)
+        lines = (f"    value_{i} = parse(value_{i - 1})  # {path}" for i in range(first, first + 60))
+        return f"sed -n '{first},{first + 60}p' {path}", "\n".join(lines)
+    if kind == 3:
+        passed = "\n".join(f"tests/test_{i}.py::test_case_{j} PASSED" for i in range(5) for j in range(12))
+        failed = "FAILED tests/test_3.py::test_4\n=== 1 failed ==="
+        ending = "=== 60 passed in 1.2s ===" if draw.random() < 0.5 else failed
+        return "pytest -v", f"{passed}\n{ending}"
+    if kind == 4:
+        found = "\n".join(f"src/pkg{i}/mod{i}.py:{3 * i}:    x = parse(y{i})" for i in range(50))
+        return "grep -rn parse src/ | head -50", found
+    if kind == 5:
+        changed = "\n".join(f"\tmodified:   src/pkg{i}/mod{i}.py" for i in range(draw.randrange(3, 40)))
+        return "git status", f"On branch main\n{changed}"
+    if kind == 6:
+        listed = "\n".join(f"-rw-r--r-- 1 u g {100 * i} Jan 1 mod{i}.py" for i in range(30))
+        return f"ls -la src/pkg{draw.randrange(30)}", listed
+    if kind == 7:
+        return f"sed -i 's/a/b/' {path}", ""
+    if kind == 8:
+        frame = '  File "run.py", line 3, in <module>\n    main()'
+        return "python3 run.py", f"Traceback (most recent call last):\n{frame}\nValueError: bad value {call}"
+    return "python3 -c 'print(1)'", "1"
 
 
 # ------------------------------------------------------------------ engine
@@ -258,7 +302,7 @@ def exponent(small: float, large: float, n_small: int, n_large: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000,10000")
-    parser.add_argument("--workload", choices=["unprunable", "modules", "sliding"], default="unprunable")
+    parser.add_argument("--workload", choices=["unprunable", "modules", "mixed", "sliding"], default="unprunable")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--parts", default="engine,service")
     parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
