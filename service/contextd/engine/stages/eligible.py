@@ -104,23 +104,23 @@ def judge(
                 shrinks[entry.seq] = after
         if not verdict.eligible:
             decision = Decision(verdict.decision.lower())
-            body = certificate(
-                entry,
-                decision,
-                candidate.rule,
-                proposal.reason,
-                verdict.why,
-                proposal=proposal,
-                control=candidate.control,
-                protection=verdict.protection,
-            )
-            if candidate.control is ControlMode.AGENT:
-                certificates.append(body)  # the agent asked: it hears back every time
-            else:
+            if candidate.control is not ControlMode.AGENT:  # (the agent asked: it hears back every time)
                 key = refusal_key(decision, edit, candidate.rule, proposal.reason)
-                if key not in decided and key not in certified:
-                    certified.add(key)
-                    certificates.append(body)
+                if key in decided or key in certified:
+                    continue  # certified before: a rule proposes the same on every render
+                certified.add(key)
+            certificates.append(
+                certificate(
+                    entry,
+                    decision,
+                    candidate.rule,
+                    proposal.reason,
+                    verdict.why,
+                    proposal=proposal,
+                    control=candidate.control,
+                    protection=verdict.protection,
+                )
+            )
             continue
         claimed.add(slot)
         judging.accept(proposal)
