@@ -237,15 +237,17 @@ class Transform(Protocol):
 
 @runtime_checkable
 class Incremental(Transform, Protocol):
-    """A transform whose proposal for a candidate is about that candidate alone, and rests on
-    the entry as shown and on what `keys` names: a render that follows another (the carry)
-    asks it again only for the candidates whose keys something since touched, those it
-    proposed for, and those new or shown otherwise since (stages/ledger.py). The keys:
+    """A transform whose proposal for a candidate is about that candidate alone (made in the
+    candidates' order), and rests on the entry as shown, on whether it is of the latest turn,
+    and on what `keys` names: a render that follows another (the carry) asks it again only
+    for the candidates whose keys something since touched, those of the latest turn it
+    proposed for, and those new or shown otherwise since, and takes what it proposed for the
+    others as it stands (stages/ledger.py). The keys:
 
     * ``("shown output", hash)``: whether the outputs equal to this one are shown in full;
     * ``("covered", seq)``: the reads of a path that cover what item `seq` read of it, earlier
       or later: appended since, or shown otherwise since;
-    * ``("run", tool, command)``: a later run of the same command;
+    * ``("run", tool, command)``: a run of the same command, appended or shown otherwise since;
     * ``("fixed", family)``: a later call of a check of that family (checks.py) that did not fail;
     * ``("answer", call_id)``: the result of tool call `call_id`, once appended;
     * ``("completions",)``: the spans of work marked complete, and their outcomes as shown;

@@ -24,6 +24,7 @@ from contextd.engine.observations import COMPLETES
 from contextd.engine.pipeline import AgentProposal, Carry, RenderInput, RenderOutput, render
 from contextd.engine.policy import default_policy_text, parse_policy
 from contextd.engine.stages.ledger import STALE_SLACK
+from contextd.engine.strategies import Snapshots
 from contextd.engine.state import ViewState, slot_of, state_from_json, state_to_json
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.types import target_of
@@ -413,6 +414,42 @@ def test_a_key_every_compressed_output_rested_on_is_read_as_long_as_the_pool_not
         assert len(ledger.by_key[("focus",)]) <= 2 * len(ledger.pool) + STALE_SLACK
     compressing = policy.rules[slot].name  # seq 3 proposed again once unpinned (waiting for the cache)
     assert 3 in {target_of(p.proposal.edit) for p in out.state.pending if p.rule == compressing}
+
+
+def test_a_proposal_refused_at_every_render_is_not_made_again_while_nothing_it_rests_on_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`git status` run again and again, its outputs two by turns: each repeat is removed as a
+    copy of the first of its kind, and those two, the evidence of the removals, are refused
+    the snapshots rule's proposal at every render. A render from the carry takes that proposal
+    as it stands (the same command has not run since) rather than making it again, and renders
+    what a render without the carry does."""
+    statuses = ["On branch main\n" + "\n".join(f"\tmodified:   src/m{k}_{n}.py" for n in range(30)) for k in (0, 1)]
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
+    for call in range(1, 61):
+        command, output = ("git status", statuses[call % 2]) if call <= 8 else (f"ls src/d{call}", f"f{call}.py")
+        use = ToolUseBlock(f"c{call}", "bash", json.dumps({"command": command}))
+        result = ToolResultBlock(f"c{call}", (TextBlock(output),), name="bash")
+        contents += [ItemContent(role=Role.ASSISTANT, content=(use,)), ItemContent(role=Role.TOOL, content=(result,))]
+    items = stored_items(contents)
+    asked: list[int] = []
+    proposal = Snapshots.proposal
+
+    def counted(self: Snapshots, context: Any, entry: Any, seen: Any, params: Any) -> Any:
+        asked.append(entry.seq)
+        return proposal(self, context, entry, seen, params)
+
+    monkeypatch.setattr(Snapshots, "proposal", counted)
+    out = render(budgeted(items, 0, 20, ViewState(), None))
+    refused = {c.seq for c in out.certificates if c.rule == "snapshots" and c.decision.value == "abstain"}
+    assert refused == {3, 5}  # the first status of each kind: the evidence of the copies' removals
+    out = render(budgeted(items, 0, 21, out.state, out.carry))  # the removals shown since: asked again
+    for n in range(22, 121):
+        inp = budgeted(items, 0, n, out.state, out.carry)
+        asked.clear()
+        out = render(inp)
+        assert not {3, 5} & set(asked)  # taken as it stands
+        assert out == render(replace(inp, carry=None))
 
 
 def module_reads(calls: int) -> list[Item]:

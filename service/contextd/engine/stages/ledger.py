@@ -8,13 +8,18 @@ candidate, what its proposal rests on besides the entry (keys). The next render 
 it only about:
 
 * the entries appended since, and those shown otherwise since (the previous render's edits);
-* the entries it proposed for (a proposal refused or deferred is made again);
 * the entries whose keys something since touched (`touched`: a new observation, an entry
   shown otherwise, a new span of completed work, a new focus);
-* the entries its time conditions did not hold for yet.
+* the entries its time conditions did not hold for yet;
+* the entries it proposed for that were of the latest turn then (what the call that made an
+  output reads may differ from what later calls read: compress-on-entry).
 
-For every other entry of its pool it proposed nothing before, and nothing its proposal
-rests on has changed: it would propose nothing again. A transform that is not incremental
+For every other entry of its pool nothing its proposal rests on has changed: it would
+propose nothing again, or, for an entry it proposed for, the same again, which is taken as
+it stands (a proposal refused or deferred is decided again at every render: the entries an
+edit in force rests on as its evidence are refused at every render, as many as such edits,
+and asking the rules about them again cost a render time in proportion to the session). A
+transform that is not incremental
 (one an installed package registers, say) sees its whole pool each render, as without a
 carry. Either way the proposals are those of a render without the carry, in the same order
 (`tests/service/engine/test_pipeline.py` holds the two to each other).
@@ -42,8 +47,9 @@ class Ledger:
     """seq -> the open entry its conditions on the entry alone hold for, as shown then."""
     waiting: frozenset[int]
     """Seqs of the pool its conditions that change with time did not hold for (and still may)."""
-    proposing: frozenset[int]
-    """Seqs it proposed for."""
+    proposed: dict[int, tuple[Proposal, ...]]
+    """seq -> what it proposed for the entry (of an incremental transform: taken as it stands
+    by the next render when nothing it rests on changed, `to_ask`)."""
     by_key: dict[Hashable, set[int]] | None
     """key -> seqs of the pool whose proposal rests on it (and of entries that have left the
     pool since, dropped once they outnumber it: `to_ask`); None when the transform is not
@@ -63,6 +69,8 @@ class Ledgers:
     ranges the recent calls read, as the transforms saw them."""
     completions: int
     """How many spans of completed work there were."""
+    turns: int
+    """How many turns the history had: the entries of the latest one were asked about as new."""
     changed: frozenset[int] = frozenset()
     """The items the render's own edits showed otherwise after its rules proposed."""
     claim: Claim = field(default_factory=Claim, compare=False, repr=False)
@@ -95,41 +103,44 @@ def recorded(
     context: TransformContext,
     params: Mapping[str, Any],
     pool: dict[int, Entry],
-    picked: Sequence[Entry],
+    asked: Sequence[Entry],
     waiting: Iterable[int],
     proposals: Sequence[Proposal],
     earlier: Ledger | None = None,
     touched: Iterable[Hashable] = (),
 ) -> Ledger:
-    """The ledger of a rule whose transform proposed `proposals` for `picked` of its `pool`
-    (`earlier`: the ledger of the render this one followed, taken over: its key map is
-    updated in place; every entry of its pool that proposed or waited was asked again, so
-    what proposes and waits now is this render's). Under the keys `touched` since, the
-    entries asked again are named as they rest on them now: an entry shown otherwise since it
-    was asked (compressed) may rest on a key no longer, and would else be asked again at every
-    change to it (the focus, at every call) for as long as it stays in the pool."""
+    """The ledger of a rule that proposed `proposals` over its `pool`, its transform asked about
+    `asked` (`earlier`: the ledger of the render this one followed, taken over: its key map is
+    updated in place). Under the keys `touched` since, the entries asked again are named as
+    they rest on them now: an entry shown otherwise since it was asked (compressed) may rest on
+    a key no longer, and would else be asked again at every change to it (the focus, at every
+    call) for as long as it stays in the pool."""
+    proposed: dict[int, tuple[Proposal, ...]] = {}
+    for proposal in proposals:
+        seq = target_of(proposal.edit)
+        if seq is not None:
+            proposed[seq] = (*proposed.get(seq, ()), proposal)
     if not _incremental(transform):
-        return Ledger(pool, frozenset(waiting), frozenset(), None)
+        return Ledger(pool, frozenset(waiting), proposed, None)
     adding: dict[Hashable, list[int]] = {}
-    for entry in picked:
+    for entry in asked:
         for key in transform.keys(context, entry, params):
             adding.setdefault(key, []).append(entry.seq)
-    proposing = frozenset(s for s in map(target_of, (p.edit for p in proposals)) if s is not None)
     if earlier is None or earlier.by_key is None:
-        return Ledger(pool, frozenset(waiting), proposing, {k: set(v) for k, v in adding.items()})
+        return Ledger(pool, frozenset(waiting), proposed, {k: set(v) for k, v in adding.items()})
     by_key = earlier.by_key
-    asked = {entry.seq for entry in picked}
+    seqs = {entry.seq for entry in asked}
     for key in touched:
         found = by_key.get(key)
         if found:
-            found -= found & asked  # (at the cost of the smaller of the two)
-    for key, seqs in adding.items():
+            found -= found & seqs  # (at the cost of the smaller of the two)
+    for key, named in adding.items():
         found = by_key.get(key)
         if found is None:
-            by_key[key] = set(seqs)
+            by_key[key] = set(named)
         else:
-            found.update(seqs)
-    return Ledger(pool, frozenset(waiting), proposing, by_key)
+            found.update(named)
+    return Ledger(pool, frozenset(waiting), proposed, by_key)
 
 
 _INCREMENTAL: dict[type, bool] = {}
@@ -145,12 +156,16 @@ def _incremental(transform: object) -> TypeGuard[Incremental]:
     return found
 
 
-def to_ask(ledger: Ledger, pool: Mapping[int, Entry], fresh: Iterable[int], touched: set[Hashable]) -> list[Entry]:
+def to_ask(
+    ledger: Ledger, pool: Mapping[int, Entry], fresh: Iterable[int], touched: set[Hashable], turns: int
+) -> tuple[list[Entry], dict[int, tuple[Proposal, ...]]]:
     """The entries of `pool` a rule's transform is asked about again, in seq order (the view's
-    order while nothing is reordered): all of them unless it is incremental."""
+    order while nothing is reordered), and of the others those it proposed for, with what it
+    proposed (taken as it stands: nothing it rests on changed); `turns`: of the history the
+    ledger's render was over. All of them are asked about unless the transform is incremental."""
     if ledger.by_key is None:
-        return [pool[s] for s in sorted(pool)]
-    seqs = set(fresh) | ledger.proposing | ledger.waiting
+        return [pool[s] for s in sorted(pool)], {}
+    seqs = set(fresh) | ledger.waiting
     by_key = ledger.by_key
     for key in touched:
         found = by_key.get(key)
@@ -162,7 +177,34 @@ def to_ask(ledger: Ledger, pool: Mapping[int, Entry], fresh: Iterable[int], touc
             # every entry rests on (the focus) would otherwise be read whole at each render.
             found.intersection_update(pool)
         seqs |= found
-    return [pool[s] for s in sorted(seqs) if s in pool]
+    kept: dict[int, tuple[Proposal, ...]] = {}
+    for seq, proposals in ledger.proposed.items():
+        entry = pool.get(seq)
+        if entry is None or seq in seqs:
+            continue
+        if entry.turn >= turns - 1:
+            seqs.add(seq)  # of the latest turn then: it may propose otherwise now
+        else:
+            kept[seq] = proposals
+    return [pool[s] for s in sorted(seqs) if s in pool], kept
+
+
+def in_order(
+    picked: Sequence[Entry], asked: Sequence[Proposal], kept: Mapping[int, tuple[Proposal, ...]]
+) -> list[Proposal] | None:
+    """The proposals for `picked` in their order (that of a transform asked about all of them),
+    from those the transform made now for the ones it was asked about (`asked`, in order) and
+    those `kept`; None when one made now is not about the entry it was asked about."""
+    made: dict[int, list[Proposal]] = {}
+    for proposal in asked:
+        seq = target_of(proposal.edit)
+        if seq is None or seq in kept:
+            return None
+        made.setdefault(seq, []).append(proposal)
+    out: list[Proposal] = []
+    for entry in picked:
+        out.extend(kept[entry.seq] if entry.seq in kept else made.pop(entry.seq, ()))
+    return out if not made else None
 
 
 STALE_SLACK = 64
@@ -205,6 +247,7 @@ def touched(
         seen = index.by_seq.get(entry.seq)
         if seen is not None:
             keys.add(("shown output", seen.output_hash))
+            keys.add(("run", seen.tool, seen.command.strip()))  # a snapshot reads its next run as shown
             _covered(index, seen, keys)
         if entry.seq in outcomes:
             keys.add(("completions",))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Any
 
 from contextd.engine.asked import ranges_read, searched_terms
@@ -23,7 +24,7 @@ from contextd.engine.policy import Policy
 from contextd.engine.rules import holds_for
 from contextd.engine.stages.certify import certificate
 from contextd.engine.stages.draft import Draft, reordered
-from contextd.engine.stages.ledger import Ledger, Ledgers, pick, recorded, refreshed, to_ask, touched
+from contextd.engine.stages.ledger import Ledger, Ledgers, in_order, pick, recorded, refreshed, to_ask, touched
 from contextd.engine.stages.load import Loaded
 from contextd.engine.state import ControlMode, PendingEdit, Slot
 from contextd.engine.transforms import TransformRegistry
@@ -128,7 +129,7 @@ def propose(
         proposed, done = _proposed_since(policy, registry, context, held, ledgers, new, changed)
     waiting, certificates = _waiting(draft, policy, pending, agent_proposals)
     focus = (context.requested_focus, context.searched, context.focus, context.read_again)
-    made = Ledgers(tuple(done), len(draft.natural), focus, len(context.observations.completions))
+    made = Ledgers(tuple(done), len(draft.natural), focus, len(context.observations.completions), context.turns)
     prices = policy.cache.prices
     if not context.cache.cold and prices.cache_write > prices.cache_read:  # a rewrite costs
         proposed = _entering_first(proposed, draft, context.turns)
@@ -228,10 +229,18 @@ def _proposed_since(
     for rule, ledger in zip(policy.rules, ledgers.rules, strict=True):
         transform = registry.get(rule.transform)
         pool, fresh = refreshed(ledger, rule.when, (*changed, *new), taken)
-        picked, waiting = pick(rule.when, to_ask(ledger, pool, fresh, keys), context)
-        proposals = _proposals(transform, context, picked, rule.params)
+        candidates, kept = to_ask(ledger, pool, fresh, keys, ledgers.turns)
+        if kept:
+            candidates = sorted((*candidates, *(pool[s] for s in kept)), key=attrgetter("seq"))
+        picked, waiting = pick(rule.when, candidates, context)
+        asked = [e for e in picked if e.seq not in kept] if kept else picked
+        made = _proposals(transform, context, asked, rule.params)
+        proposals = in_order(picked, made, kept) if kept else made
+        if proposals is None:  # a proposal about another entry than the one asked about: all asked
+            asked = picked
+            proposals = _proposals(transform, context, picked, rule.params)
         out.extend(Candidate(p, rule.name, ControlMode.RULE) for p in proposals)
-        done.append(recorded(transform, context, rule.params, pool, picked, waiting, proposals, ledger, keys))
+        done.append(recorded(transform, context, rule.params, pool, asked, waiting, proposals, ledger, keys))
     return out, done
 
 
