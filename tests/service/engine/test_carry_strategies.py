@@ -24,8 +24,8 @@ from contextd.engine.observations import COMPLETES
 from contextd.engine.pipeline import AgentProposal, Carry, RenderInput, RenderOutput, render
 from contextd.engine.policy import default_policy_text, parse_policy
 from contextd.engine.stages.ledger import STALE_SLACK
-from contextd.engine.strategies import Snapshots
 from contextd.engine.state import ViewState, slot_of, state_from_json, state_to_json
+from contextd.engine.strategies import Snapshots
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.types import target_of
 from contextd.engine.view import ViewFormat, ViewRequest
