@@ -361,6 +361,21 @@ def test_from_python_3_12_source_with_an_f_string_is_parsed(monkeypatch: pytest.
     assert not code.may_hold_bodies("NAME = 'x'\nSIZE = b'y'")  # no f-string
 
 
+@pytest.mark.parametrize(
+    ("source", "holds"),
+    [
+        ("DATA = " + "[" * 200_000 + "]" * 200_000, False),  # deeper than the parser goes: one line
+        ("x = '" + "\\'" * 200_000, False),  # a string never closed: does not parse
+        ("x = (" + "'(' + " * 100_000 + "\n1)", True),
+    ],
+)
+def test_the_check_reads_a_large_output_in_one_pass(source: str, holds: bool) -> None:
+    """A file an agent reads may be any text up to the largest item (1 MB): read in time as the
+    square of its length (a pass per level of nesting, a look for the closing quote from every
+    quote), these took minutes, past the test's timeout."""
+    assert code.may_hold_bodies(source) is holds
+
+
 @settings(max_examples=300)
 @given(st.lists(st.sampled_from(_FLAT_LINES + _SPANNING_LINES), max_size=14), st.sampled_from(["\n", "\r\n", "\r"]))
 def test_python_said_to_hold_no_body_holds_none_when_parsed(lines: list[str], newline: str) -> None:

@@ -189,32 +189,36 @@ def may_hold_bodies(source: str) -> bool:
     when strings and comments are taken out as the tokenizer reads them (on one line, with no
     triple quotes and no backslash at a line's end, each ends on its line; from Python 3.12 an
     f-string's fields may span lines and hold its own quotes, so source with one is parsed
-    there) and the other ASCII characters after them: pairs next to each other are taken away
-    until none is left, and a line break (at ``\\r`` too, as the parser breaks lines) is never
-    taken, so a bracket is left over only when one spans lines."""
+    there) and the other ASCII characters after them, line by line (at ``\\r`` too, as the
+    parser breaks lines): in source that parses, a bracket spans lines only if some line opens
+    more than it closes."""
     if ("def" in source or "class" in source) and _DEFINING.search(source):
         return True
     if '"""' in source or "'''" in source or _CONTINUED.search(source):
         return True
     if _NESTED_QUOTES and _FORMATTED.search(source):
         return True  # an f-string's fields may hold its own quotes and span lines (PEP 701)
-    marks = _WRITTEN.sub("", source).translate(_BRACKETS_ONLY)
-    while True:
-        fewer = marks.replace("()", "").replace("[]", "").replace("{}", "")
-        if fewer == marks:
-            return _BRACKET.search(marks) is not None
-        marks = fewer
+    lines = _WRITTEN.sub("", source).translate(_BRACKETS_ONLY).replace("\r", "\n").split("\n")
+    return any(_opened(line) for line in set(lines))
+
+
+def _opened(brackets: str) -> int:
+    """How many more brackets `brackets` opens than it closes."""
+    return sum(map(brackets.count, "([{")) - sum(map(brackets.count, ")]}"))
 
 
 _DEFINING = re.compile(r"\b(?:def|class)\b")
 _NESTED_QUOTES = sys.version_info >= (3, 12)
-_FORMATTED = re.compile(r"(?<!\w)(?:[fF][rR]?|[rR][fF])[\"']")
+_FORMATTED = re.compile(r"(?<!\w)(?:[fFtT][rR]?|[rR][fFtT])[\"']")
+"""An f-string's prefix, or a t-string's (3.14: the same rules)."""
 _CONTINUED = re.compile(r"\\(?:[\r\n]|\Z)")
-_WRITTEN = re.compile(r"#[^\r\n]*|'(?:[^'\\\r\n]|\\.)*'|\"(?:[^\"\\\r\n]|\\.)*\"")
-"""A comment, or a string on one line (its prefix, letters, goes with the other characters)."""
+_WRITTEN = re.compile(r"#[^\r\n]*|'(?:[^'\\\r\n]|\\.)*'?|\"(?:[^\"\\\r\n]|\\.)*\"?")
+"""A comment, or a string on one line (its prefix, letters, goes with the other characters). A
+string left open runs to the line's end: source with one does not parse (and each quote is
+read once: a pattern that looked for the closing quote from every quote took time as the
+square of a line of them)."""
 _BRACKETS_ONLY = {c: None for c in range(128) if chr(c) not in "()[]{}\r\n"}
-"""Other characters out (ASCII; any other stays and keeps the brackets on either side apart)."""
-_BRACKET = re.compile(r"[()\[\]{}]")
+"""The other ASCII characters out (any other stays, and is counted as no bracket)."""
 
 
 def _parsed_bodies(source: str, lines: Sequence[str], language: str) -> tuple[tuple[Body, ...] | None, str]:
