@@ -421,7 +421,7 @@ class ErroredInputs:
 
     def keys(self, context: TransformContext, entry: Entry, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
         """Each call's result until it is there; then, for a failed one with a bulky input,
-        a later run of its check, and the result as shown (types.Incremental)."""
+        a later run of its check (types.Incremental)."""
         item = entry.item
         if entry.representation is not Representation.FULL or not item.tool_uses:
             return ()
@@ -433,9 +433,8 @@ class ErroredInputs:
             seen = context.observations.answer(call.id)
             if seen is None:
                 keys.append(("answer", call.id))
-            elif len(call.input_json) >= floor and (fixing := _fix_key(seen)):
-                keys.extend(fixing)
-                keys.append(("shown output", seen.output_hash))  # its stand-in says the error as shown
+            elif len(call.input_json) >= floor:
+                keys.extend(_fix_key(seen))
         return tuple(keys)
 
 

@@ -247,7 +247,7 @@ class Incremental(Transform, Protocol):
     * ``("shown output", hash)``: whether the outputs equal to this one are shown in full;
     * ``("covered", seq)``: the reads of a path that cover what item `seq` read of it, earlier
       or later: appended since, or shown otherwise since;
-    * ``("run", tool, command)``: a run of the same command, appended or shown otherwise since;
+    * ``("run", tool, command)``: a later run of the same command;
     * ``("fixed", family)``: a later call of a check of that family (checks.py) that did not fail;
     * ``("answer", call_id)``: the result of tool call `call_id`, once appended;
     * ``("completions",)``: the spans of work marked complete, and their outcomes as shown;

@@ -8,6 +8,7 @@ moves with the latest turns."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 from functools import partial, reduce
@@ -450,6 +451,32 @@ def test_a_proposal_refused_at_every_render_is_not_made_again_while_nothing_it_r
         out = render(inp)
         assert not {3, 5} & set(asked)  # taken as it stands
         assert out == render(replace(inp, carry=None))
+
+
+def test_a_whole_file_read_by_the_latest_call_is_asked_about_again_once_a_turn_follows() -> None:
+    """Read whole by the latest call, a module's skeleton keeps what new code is written from
+    (its short bodies of new shapes) and is over what a compression may keep on entry; once a
+    turn follows, the plain skeleton is under what a later rewrite may keep, and is proposed.
+    Nothing it rests on changed (the same words again: the same focus): it is asked about again
+    as of the latest turn that was, whether or not it proposed then."""
+    statements = ["x = y", "if x:\n        y = 1", "for a in b:\n        c(a)", "return x", "assert x"]
+    shapes = [s for s in itertools.permutations(range(5), 4) if sum(statements[i].count("\n") for i in s) < 4]
+    module = "\n".join(
+        f"def f_{k}(x):\n" + "\n".join("    " + statements[i] for i in shape) + "\n"
+        for k, shape in enumerate(shapes[:40])
+    )
+    again = ItemContent(role=Role.USER, content=(TextBlock("Please continue."),))
+    use = ToolUseBlock("c1", "bash", json.dumps({"command": "cat src/m.py"}))
+    result = ToolResultBlock("c1", (TextBlock(module),), name="bash")
+    items = stored_items(
+        [again, ItemContent(role=Role.ASSISTANT, content=(use,)), ItemContent(role=Role.TOOL, content=(result,)), again]
+    )
+    out = render(budgeted(items, 0, 3, ViewState(), None))
+    assert not out.state.pending  # the skeleton with its examples keeps too much
+    inp = budgeted(items, 0, 4, out.state, out.carry)
+    out = render(inp)
+    assert out == render(replace(inp, carry=None))
+    assert [p.proposal.reason for p in out.state.pending] == ["compressed_code"]
 
 
 def module_reads(calls: int) -> list[Item]:

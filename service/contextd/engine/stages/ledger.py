@@ -11,8 +11,8 @@ it only about:
 * the entries whose keys something since touched (`touched`: a new observation, an entry
   shown otherwise, a new span of completed work, a new focus);
 * the entries its time conditions did not hold for yet;
-* the entries it proposed for that were of the latest turn then (what the call that made an
-  output reads may differ from what later calls read: compress-on-entry).
+* the entries of the latest turn then (what the call that made an output reads may differ
+  from what later calls read: compress-on-entry).
 
 For every other entry of its pool nothing its proposal rests on has changed: it would
 propose nothing again, or, for an entry it proposed for, the same again, which is taken as
@@ -48,8 +48,8 @@ class Ledger:
     waiting: frozenset[int]
     """Seqs of the pool its conditions that change with time did not hold for (and still may)."""
     proposed: dict[int, tuple[Proposal, ...]]
-    """seq -> what it proposed for the entry (of an incremental transform: taken as it stands
-    by the next render when nothing it rests on changed, `to_ask`)."""
+    """seq -> what it proposed for the entry, taken as it stands by the next render when nothing
+    it rests on changed (`to_ask`; empty for a transform that is not incremental)."""
     by_key: dict[Hashable, set[int]] | None
     """key -> seqs of the pool whose proposal rests on it (and of entries that have left the
     pool since, dropped once they outnumber it: `to_ask`); None when the transform is not
@@ -70,7 +70,7 @@ class Ledgers:
     completions: int
     """How many spans of completed work there were."""
     turns: int
-    """How many turns the history had: the entries of the latest one were asked about as new."""
+    """How many turns the history had: the entries of the latest one are asked about again."""
     changed: frozenset[int] = frozenset()
     """The items the render's own edits showed otherwise after its rules proposed."""
     claim: Claim = field(default_factory=Claim, compare=False, repr=False)
@@ -115,13 +115,13 @@ def recorded(
     they rest on them now: an entry shown otherwise since it was asked (compressed) may rest on
     a key no longer, and would else be asked again at every change to it (the focus, at every
     call) for as long as it stays in the pool."""
+    if not _incremental(transform):
+        return Ledger(pool, frozenset(waiting), {}, None)
     proposed: dict[int, tuple[Proposal, ...]] = {}
     for proposal in proposals:
         seq = target_of(proposal.edit)
         if seq is not None:
             proposed[seq] = (*proposed.get(seq, ()), proposal)
-    if not _incremental(transform):
-        return Ledger(pool, frozenset(waiting), proposed, None)
     adding: dict[Hashable, list[int]] = {}
     for entry in asked:
         for key in transform.keys(context, entry, params):
@@ -157,12 +157,12 @@ def _incremental(transform: object) -> TypeGuard[Incremental]:
 
 
 def to_ask(
-    ledger: Ledger, pool: Mapping[int, Entry], fresh: Iterable[int], touched: set[Hashable], turns: int
+    ledger: Ledger, pool: Mapping[int, Entry], fresh: Iterable[int], touched: set[Hashable]
 ) -> tuple[list[Entry], dict[int, tuple[Proposal, ...]]]:
     """The entries of `pool` a rule's transform is asked about again, in seq order (the view's
     order while nothing is reordered), and of the others those it proposed for, with what it
-    proposed (taken as it stands: nothing it rests on changed); `turns`: of the history the
-    ledger's render was over. All of them are asked about unless the transform is incremental."""
+    proposed (taken as it stands: nothing it rests on changed). All of them are asked about
+    unless the transform is incremental."""
     if ledger.by_key is None:
         return [pool[s] for s in sorted(pool)], {}
     seqs = set(fresh) | ledger.waiting
@@ -177,15 +177,7 @@ def to_ask(
             # every entry rests on (the focus) would otherwise be read whole at each render.
             found.intersection_update(pool)
         seqs |= found
-    kept: dict[int, tuple[Proposal, ...]] = {}
-    for seq, proposals in ledger.proposed.items():
-        entry = pool.get(seq)
-        if entry is None or seq in seqs:
-            continue
-        if entry.turn >= turns - 1:
-            seqs.add(seq)  # of the latest turn then: it may propose otherwise now
-        else:
-            kept[seq] = proposals
+    kept = {seq: made for seq, made in ledger.proposed.items() if seq in pool and seq not in seqs}
     return [pool[s] for s in sorted(seqs) if s in pool], kept
 
 
@@ -247,7 +239,6 @@ def touched(
         seen = index.by_seq.get(entry.seq)
         if seen is not None:
             keys.add(("shown output", seen.output_hash))
-            keys.add(("run", seen.tool, seen.command.strip()))  # a snapshot reads its next run as shown
             _covered(index, seen, keys)
         if entry.seq in outcomes:
             keys.add(("completions",))

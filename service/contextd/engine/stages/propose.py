@@ -126,7 +126,12 @@ def propose(
         new = [draft.entries[s] for s in draft.natural[ledgers.items :]]
         changed = [draft.entries[s] for s in sorted(ledgers.changed) if s in draft.entries]
         held = frozenset(e.seq for e in (*changed, *new) if e.seq in taken and e.seq not in compressed)
-        proposed, done = _proposed_since(policy, registry, context, held, ledgers, new, changed)
+        latest = []
+        for seq in reversed(draft.natural[: ledgers.items]):
+            if draft.entries[seq].turn < ledgers.turns - 1:
+                break
+            latest.append(seq)
+        proposed, done = _proposed_since(policy, registry, context, held, ledgers, new, changed, latest)
     waiting, certificates = _waiting(draft, policy, pending, agent_proposals)
     focus = (context.requested_focus, context.searched, context.focus, context.read_again)
     made = Ledgers(tuple(done), len(draft.natural), focus, len(context.observations.completions), context.turns)
@@ -220,16 +225,18 @@ def _proposed_since(
     ledgers: Ledgers,
     new: Sequence[Entry],
     changed: Sequence[Entry],
+    latest: Sequence[int],
 ) -> tuple[list[Candidate], list[Ledger]]:
     """The same proposals as `_proposed`, each rule asked again only about what the render
-    its ledger is of did not settle (stages/ledger.py)."""
+    its ledger is of did not settle (stages/ledger.py); `latest`: the seqs of that render's
+    latest turn (a proposal may rest on being of it)."""
     out: list[Candidate] = []
     done: list[Ledger] = []
     keys = touched(context, ledgers, new, changed)
     for rule, ledger in zip(policy.rules, ledgers.rules, strict=True):
         transform = registry.get(rule.transform)
         pool, fresh = refreshed(ledger, rule.when, (*changed, *new), taken)
-        candidates, kept = to_ask(ledger, pool, fresh, keys, ledgers.turns)
+        candidates, kept = to_ask(ledger, pool, (*fresh, *latest), keys)
         if kept:
             candidates = sorted((*candidates, *(pool[s] for s in kept)), key=attrgetter("seq"))
         picked, waiting = pick(rule.when, candidates, context)
