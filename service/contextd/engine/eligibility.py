@@ -11,12 +11,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import (
     Block,
     DocumentBlock,
     ImageBlock,
-    Item,
     ReasoningBlock,
     Representation,
     Role,
@@ -267,8 +265,7 @@ class Judge:
         """Why the edit cannot be applied as it stands ("" when it can)."""
         match edit:
             case Replace(seq, content):
-                item, blocks = self._entries[seq].item, content
-                return _REPLACEMENTS.get((item, blocks), lambda: _bad_replacement(item, blocks))
+                return _bad_replacement(self._entries[seq], content)
             case Insert(after_seq, content):
                 if after_seq <= 0 or after_seq not in self._entries:
                     return f"inserts after item {after_seq}, which is not in the history"
@@ -298,16 +295,11 @@ class Judge:
         return ""
 
 
-_REPLACEMENTS: IdentityMemo[str] = IdentityMemo(20_000)
-"""What `_bad_replacement` found, by item and content: a rule's proposal refused or deferred is
-judged again at every render, the same objects (stages/ledger.py takes it as it stands)."""
-
-
-def _bad_replacement(item: Item, content: tuple[Block, ...]) -> str:
-    """Why `content` cannot stand in for `item` ("" when it can): no empty text, nothing forged
-    (reasoning, calls other than the item's own: their inputs may be stood in for by a JSON
-    object), and a tool output keeps some text to answer its call."""
-    role = item.role
+def _bad_replacement(entry: Entry, content: tuple[Block, ...]) -> str:
+    """Why `content` cannot stand in for the entry's item ("" when it can): no empty text,
+    nothing forged (reasoning, calls other than the item's own: their inputs may be stood in
+    for by a JSON object), and a tool output keeps some text to answer its call."""
+    role = entry.role
     parts = [p for b in content for p in (b.content if isinstance(b, ToolResultBlock) else (b,))]
     bad = [
         type(b).__name__
@@ -317,7 +309,7 @@ def _bad_replacement(item: Item, content: tuple[Block, ...]) -> str:
     if bad:
         return f"the replacement for a {role.value} item holds {', '.join(bad)}"
     calls = [b for b in content if isinstance(b, ToolUseBlock)]
-    originals = item.tool_uses
+    originals = entry.item.tool_uses
     if calls and [(c.id, c.name) for c in calls] != [(c.id, c.name) for c in originals]:
         # Without calls, the item's own are kept; with calls, they must be those, in order.
         return f"the replacement for a {role.value} item holds tool calls other than the item's own"
