@@ -240,9 +240,9 @@ class Incremental(Transform, Protocol):
     """A transform whose proposal for a candidate is about that candidate alone (made in the
     candidates' order), and rests on the entry as shown, on whether it is of the latest turn,
     and on what `keys` names: a render that follows another (the carry) asks it again only
-    for the candidates whose keys something since touched, those of the latest turn it
-    proposed for, and those new or shown otherwise since, and takes what it proposed for the
-    others as it stands (stages/ledger.py). The keys:
+    for the candidates whose keys something since touched, those of the latest turn then,
+    and those new or shown otherwise since, and takes what it proposed for the others as it
+    stands (stages/ledger.py). The keys:
 
     * ``("shown output", hash)``: whether the outputs equal to this one are shown in full;
     * ``("covered", seq)``: the reads of a path that cover what item `seq` read of it, earlier
