@@ -60,8 +60,8 @@ async def warm_start(
     session that fails to be read is logged and passed over."""
     assert views.carries is not None
     started = time.monotonic()
-    warmed = looked = 0
-    read: list[int] = []
+    looked = 0
+    read: list[int] = []  # the keys of the sessions read back
     try:
         async with asyncio.timeout(seconds):
             keys = await views.carries.recent(LISTED)
@@ -74,7 +74,6 @@ async def warm_start(
                 looked += 1
                 try:
                     if await views.warm(key, tenant, session_id, prepare):
-                        warmed += 1
                         read.append(key)
                 except SessionNotFound:  # deleted since it was listed
                     continue
@@ -90,8 +89,8 @@ async def warm_start(
     if looked:
         log.info(
             "read back the kept carries of %d of the %d sessions used most recently in %.1f s",
-            warmed,
+            len(read),
             looked,
             time.monotonic() - started,
         )
-    return warmed, looked
+    return len(read), looked
