@@ -166,8 +166,6 @@ def sniff_language(source: str) -> str:
 def _bodies(source: str, lines: Sequence[str], language: str) -> tuple[tuple[Body, ...] | None, str]:
     """The definitions of `source` and how they were read; remembered by content, since an
     output is compressed again each time the focus that concerns it moves."""
-    if language == "python" and not may_hold_bodies(source):
-        return (), "ast"
     key = (language, hashlib.sha256(source.encode()).digest())
     return PARSED.get(key, lambda: _parsed_bodies(source, lines, language))
 
@@ -223,6 +221,8 @@ _BRACKETS_ONLY = {c: None for c in range(128) if chr(c) not in "()[]{}\r\n"}
 
 def _parsed_bodies(source: str, lines: Sequence[str], language: str) -> tuple[tuple[Body, ...] | None, str]:
     if language == "python":
+        if not may_hold_bodies(source):
+            return (), "ast"
         try:
             tree = ast.parse(source)
         except (SyntaxError, ValueError, RecursionError, MemoryError):  # deep nesting recurses in the parser
