@@ -182,21 +182,21 @@ def to_ask(
 
 
 def in_order(
-    picked: Sequence[Entry], asked: Sequence[Proposal], kept: Mapping[int, tuple[Proposal, ...]]
+    picked: Sequence[Entry], made: Sequence[Proposal], kept: Mapping[int, tuple[Proposal, ...]]
 ) -> list[Proposal] | None:
     """The proposals for `picked` in their order (that of a transform asked about all of them),
-    from those the transform made now for the ones it was asked about (`asked`, in order) and
-    those `kept`; None when one made now is not about the entry it was asked about."""
-    made: dict[int, list[Proposal]] = {}
-    for proposal in asked:
+    from those the transform `made` now for the entries it was asked about (in order) and those
+    `kept`; None when one made now is not about the entry it was asked about."""
+    by_seq: dict[int, list[Proposal]] = {}
+    for proposal in made:
         seq = target_of(proposal.edit)
         if seq is None or seq in kept:
             return None
-        made.setdefault(seq, []).append(proposal)
+        by_seq.setdefault(seq, []).append(proposal)
     out: list[Proposal] = []
     for entry in picked:
-        out.extend(kept[entry.seq] if entry.seq in kept else made.pop(entry.seq, ()))
-    return out if not made else None
+        out.extend(kept[entry.seq] if entry.seq in kept else by_seq.pop(entry.seq, ()))
+    return out if not by_seq else None
 
 
 STALE_SLACK = 64
