@@ -214,6 +214,19 @@ class Judge:
             for s in proposal.evidence_seqs:
                 self._relied_on.setdefault(s, seq)
 
+    def refused(self, proposal: Proposal) -> str:
+        """KEEP or ABSTAIN when `judge` refuses `proposal` whatever else it reads (its target is
+        the evidence for another reduction), as `judge` decides it; "" when that takes judging.
+        Cheaper than judging, for the proposals refused at every render that go uncertified
+        after the first (an edit's evidence stays whole for as long as the edit is in force)."""
+        seq = target_of(proposal.edit)
+        if seq is None or seq not in self._relied_on or seq not in self._entries or seq <= 0:
+            return ""
+        reason = self._protected.of(seq)
+        if reason and proposal.on_entry and reason.startswith(RECENT):
+            reason = self._protected.besides_recency(seq)
+        return "KEEP" if reason else "ABSTAIN"
+
     def judge(self, proposal: Proposal, control: ControlMode, protection: bool = True) -> Verdict:
         """The eligibility of one proposal; an ineligible one says KEEP or ABSTAIN and why.
         Without `protection`: what it would be if its target were not protected."""

@@ -191,7 +191,9 @@ def render(inp: RenderInput) -> RenderOutput:
     timed = time_edits(judged.eligible, draft, cache, context.utilization, inp.force)
     applied = apply(timed.timed, draft, policy)
     lap("apply")
-    fitted = fit_budget(draft, applied.now, loaded.compressed, request, counter, loaded.protected, judged.relied, cache)
+    fitted = fit_budget(
+        draft, applied.now, loaded.compressed, request, counter, loaded.protected, judged.relied, cache, loaded.relied
+    )
     lap("budget")
     # Repair and rendering resume the previous render's where the entries are the same.
     last = inp.carry if inp.carry is not None and inp.carry.state is state else None

@@ -260,6 +260,20 @@ class Incremental(Transform, Protocol):
         ...
 
 
+@runtime_checkable
+class ReadsFocusTerms(Incremental, Protocol):
+    """An `Incremental` transform whose proposal for an entry that rests on ``("focus",)``
+    may rest on the focus terms that can occur in the entry alone: when the focus changed by
+    terms alone, a render that follows another asks it again only about the entries that
+    `concerned` says so of."""
+
+    def concerned(self, context: TransformContext, entry: Entry, words: frozenset[frozenset[str]]) -> bool:
+        """Whether the proposal for `entry` may change when the focus changes by terms alone (not
+        by the ranges read again), each term's words (compress/text.py, `term_words`) one of
+        `words`."""
+        ...
+
+
 def prunable(entry: Entry) -> bool:
     """Whether a candidate entry may still be pruned: shown whole, or compressed (a candidate
     reduced is compressed, and a prune the policy allows may replace a compression)."""

@@ -515,6 +515,58 @@ def test_outputs_compressed_but_still_in_the_pool_are_not_asked_again_at_every_c
         assert len(ledger.by_key.get(("focus",), ())) <= 2  # the latest output, at most, rests on it
 
 
+def test_a_call_asks_about_the_outputs_shown_whole_that_its_focus_terms_may_occur_in() -> None:
+    """Outputs shown whole rest on the focus, which moves with every call. A call's focus terms
+    (the path it reads) occur in no module: a render asks the compressing rule about the outputs
+    appended since, not about every output shown whole; a call that names a function of one
+    module asks about that module's output shown whole again (its compression would keep the
+    function whole now)."""
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
+    calls = [f"cat src/m{call // 2}.py" for call in range(2, 62)] + ["grep -n step_3_1 src/m3.py"]
+    for call, command in enumerate(calls, start=1):
+        use = ToolUseBlock(f"c{call}", "bash", json.dumps({"command": command}))
+        module = call // 2 if call < len(calls) else 3  # (the grep shows a line of module 3)
+        output = "\n".join(
+            f'def step_{module}_{k}(x):\n    """Step {k}."""\n    a = x + {k}\n    b = a * 2\n    c = b - a\n'
+            f"    d = c * c\n    return a + b + c + d\n"
+            for k in range(12)
+        )
+        if call == len(calls):
+            output = "7:def step_3_1(x):"
+        result = ToolResultBlock(f"c{call}", (TextBlock(output),), name="bash")
+        contents += [ItemContent(role=Role.ASSISTANT, content=(use,)), ItemContent(role=Role.TOOL, content=(result,))]
+    items = stored_items(contents)
+    policy = parse_policy(default_policy_text(), REGISTRY)
+    slot = next(k for k, rule in enumerate(policy.rules) if rule.transform == "compress")
+    compress = REGISTRY.get("compress")
+    asked: list[int] = []
+    proposal = type(compress).proposal
+
+    def asking(self: Any, context: Any, entry: Any, seen: Any, params: Any) -> Any:
+        asked.append(entry.seq)
+        return proposal(self, context, entry, seen, params)
+
+    out = render(budgeted(items, 0, 41, ViewState(), None))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(compress), "proposal", asking)
+        for n in range(43, len(items) + 1, 2):
+            inp = budgeted(items, 0, n, out.state, out.carry)
+            asked.clear()
+            out = render(inp)
+            asked_now = set(asked)
+            assert out == render(replace(inp, carry=None))
+            assert out.carry is not None and out.carry.ledgers is not None
+            by_key = out.carry.ledgers.rules[slot].by_key
+            assert by_key is not None
+            whole = by_key.get(("focus",), set())
+            if n < len(items):
+                assert asked_now <= set(range(n - 3, n + 1)), (n, sorted(asked_now))  # the latest turns
+    assert len(whole) >= 15, sorted(whole)  # outputs shown whole, resting on the focus
+    # The grep names step_3_1: the copy of module 3 shown whole is asked about again.
+    copy = next(s for s in sorted(whole) if "step_3_1" in items[s - 1].content[0].content[0].text)  # type: ignore[union-attr]
+    assert copy in asked_now and len(asked_now) <= 6, sorted(asked_now)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sessions(), st.sampled_from(POLICIES), st.data())
 def test_a_carry_written_and_read_back_renders_what_the_process_that_made_it_would(

@@ -1391,3 +1391,62 @@ def test_what_a_session_banks_is_what_its_calls_saved_against_its_whole_history(
     assert sent(second).banked > 0
     stored = state_from_json(state_to_json(second.state))  # it is kept with the state
     assert stored.renders[OPENAI.value].banked == sent(second).banked
+
+
+def test_a_budget_walk_after_appends_passes_over_the_turns_kept_for_good_the_walk_before_found() -> None:
+    """Each output read twice, the first copy goes (a duplicate) and the second stays whole as
+    the evidence of its removal, for as long as the session goes: its turn is kept for good, and
+    every turn is too few between two such to leave out whole. A render from the carry walks the
+    turns after the last one kept for good that the walk before found (each item, whole turns),
+    not the session; and renders what the render from the state alone renders (its walks go
+    through the session)."""
+    rounds = [tool_round(f"c{n}", "bash", f"file {n // 2} " + f"line {n // 2}\n" * 40) for n in range(60)]
+    items = history(*rounds)
+    policy = parse_policy(
+        "protection: {last_turns: 2}\nrules:\n"
+        "  - {name: duplicates, transform: dedupe, params: {on_entry: true}, when: {roles: [tool]}}\n"
+        "cache: {low_water: 1}",
+        REGISTRY,
+    )
+    counts = {"whole": 0, "each": 0}
+    leave_out, visited = budget_stage._Offload.leave_out, budget_stage._Walk.visited
+
+    def leaving(walk: budget_stage._Offload, seqs: list[int]) -> bool:
+        counts["whole"] += 1
+        return leave_out(walk, seqs)
+
+    def visiting(walk: budget_stage._Walk, seqs: list[int], settled: bool) -> None:
+        counts["each"] += 1
+        visited(walk, seqs, settled)
+
+    previous: RenderOutput | None = None
+    walked: list[tuple[int, int]] = []
+    walked_whole: list[tuple[int, int]] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(budget_stage._Offload, "leave_out", leaving)
+        patch.setattr(budget_stage._Walk, "visited", visiting)
+        for cut in range(80, len(items) + 1, 2):
+            inp = RenderInput(
+                make_session(cut),
+                items[:cut],
+                policy,
+                ViewRequest(OPENAI, 1_000),
+                counter(),
+                REGISTRY,
+                previous.state if previous else ViewState(),
+                1_000.0 + cut,
+                carry=previous.carry if previous else None,
+            )
+            counts.update(whole=0, each=0)
+            out = render(inp)
+            walked.append((counts["each"], counts["whole"]))
+            counts.update(whole=0, each=0)
+            assert out == render(replace(inp, carry=None))
+            walked_whole.append((counts["each"], counts["whole"]))
+            previous = out
+    assert out.view.over_budget and sum(c.reason == "duplicate" for c in out.certificates) <= 1
+    each_whole, whole_whole = walked_whole[-1]
+    assert each_whole > 20 and whole_whole > 20, walked_whole  # from the state alone: the session
+    # (The render after the first finds the turns kept for good: the first had no edit in force.)
+    assert max(each for each, _ in walked[2:]) <= 6, walked
+    assert max(whole for _, whole in walked[2:]) <= 6, walked

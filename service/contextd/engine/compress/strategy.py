@@ -53,10 +53,10 @@ class Compress(Strategy):
             (*_reason(context, seen), *context.focus),
             _read_again(context, entry, seen, text),
         )
-        if "\\" not in text:
-            # Only the focus terms that may occur in the output change its compression: the
-            # key. (Escapes, as in JSON, hide words from this reading: the whole focus then.)
-            focus = focus.within(_words.get((entry.item,), lambda: frozenset(WORD.findall(text))))
+        words = _words_of(entry)
+        if words is not None:
+            # Only the focus terms that may occur in the output change its compression: the key.
+            focus = focus.within(words)
         declared = entry.item.metadata.get(CONTENT_KEY, "")
         if not declared and seen.tool in context.tool_effects:
             declared = getattr(context.tool_effects[seen.tool], "content", "")
@@ -117,6 +117,16 @@ class Compress(Strategy):
         if entry.representation is not Representation.FULL or result is None:
             return ()
         return (("focus",),) if all(isinstance(p, TextBlock) for p in result.content) else ()
+
+    def concerned(self, context: TransformContext, entry: Entry, words: frozenset[frozenset[str]]) -> bool:
+        """The focus reaches an output through the terms that may occur in it (`Focus.within`),
+        and through the lines a recent call read again of the file it shows (`_read_again`: a
+        write since may move them, which no term says)."""
+        seen = context.observations.by_seq.get(entry.seq)
+        if seen is not None and any(read.path == path for read in seen.reads for path, _, _ in context.read_again):
+            return True
+        held = _words_of(entry)
+        return held is None or any(term <= held for term in words)
 
 
 def _read_again(context: TransformContext, entry: Entry, seen: Observation, text: str) -> frozenset[int]:
@@ -184,8 +194,18 @@ HELD_PER_ITEM = 8
 _compressions: IdentityMemo[dict[tuple[Any, ...], Proposal | None]] = IdentityMemo(20_000)
 """Per item, its compression under each focus (and ratio) asked (None: none worth having); the same
 proposal object each render, so what follows from it is remembered too."""
-_words: IdentityMemo[frozenset[str]] = IdentityMemo(20_000)
-"""Per item, the words of its output."""
+_words: IdentityMemo[frozenset[str] | None] = IdentityMemo(20_000)
+"""Per item, the words of its output (None: it holds escapes)."""
+
+
+def _words_of(entry: Entry) -> frozenset[str] | None:
+    """The words of the output of `entry`; None when escapes (as in JSON) hide words from this
+    reading, and the whole focus concerns it."""
+    return _words.get((entry.item,), lambda: _words_in(output_text(entry)))
+
+
+def _words_in(text: str) -> frozenset[str] | None:
+    return None if "\\" in text else frozenset(WORD.findall(text))
 
 
 def _reason(context: TransformContext, seen: Observation) -> tuple[str, ...]:

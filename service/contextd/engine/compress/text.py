@@ -163,6 +163,12 @@ def _words_of_last(term: str) -> frozenset[str]:
     return frozenset(WORD.findall(_last_part(term) or term))
 
 
+def term_words(term: str) -> frozenset[str]:
+    """The words a text must hold for `term` to matter to it (`Focus.within`): those of its last
+    part (none: it matters to every text)."""
+    return _words_of_last(term)
+
+
 @dataclass(frozen=True, slots=True)
 class Compressed:
     kind: str

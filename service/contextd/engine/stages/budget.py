@@ -7,7 +7,7 @@ says it is over (OVER_BUDGET, view.py).
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -52,15 +52,16 @@ def fit_budget(
     protected: Protections,
     relied: Mapping[int, int],
     cache: PromptCache,
+    in_force: Mapping[int, int],
 ) -> Fitted:
     """Offload what the budget needs from the draft, to which the edits in force and
     `applied` (this render's) are applied. An item shown whole or compressed (`compressed`:
     the slots a compression in force holds; or one of `applied`) is offloaded; one reduced
     otherwise stays as it is; so does a protected one, and one a reduction rests on
-    (`relied`)."""
+    (`relied`; `in_force`: those the edits in force rest on, of them)."""
     just = {slot_of(a.edit) for a in applied if is_compression(a)}  # (the others grow with the session)
     offloaded, warnings, certificates, remarked = _offload(
-        draft, compressed, just, request, counter, protected, relied, cache
+        draft, compressed, just, request, counter, protected, relied, cache, in_force
     )
     if not offloaded:
         return Fitted(tuple(applied), (), ())
@@ -78,6 +79,7 @@ def _offload(
     protected: Protections,
     relied: Mapping[int, int],
     cache: PromptCache,
+    in_force: Mapping[int, int],
 ) -> tuple[list[AppliedEdit], tuple[ViewWarning, ...], tuple[CertificateBody, ...], set[Slot]]:
     budget = request.budget_tokens
     # At most a message per entry: a view under that bound fits without counting messages.
@@ -86,7 +88,7 @@ def _offload(
         or draft.view_tokens + FRAMING_TOKENS_PER_MESSAGE * len(draft.entries) + REPLY_PRIMING_TOKENS <= budget
     ):
         return [], (), (), set()
-    walk = _Offload(draft, compressed, just, request, counter, protected, relied, cache)
+    walk = _Offload(draft, compressed, just, request, counter, protected, relied, cache, in_force)
     if walk.estimate() <= budget:
         return [], (), (), set()
     walk.each_item()
@@ -126,9 +128,10 @@ class _Offload:
         protected: Protections,
         relied: Mapping[int, int],
         cache: PromptCache,
+        in_force: Mapping[int, int],
     ) -> None:
         self.draft, self.compressed, self.just, self.request, self.counter = draft, compressed, just, request, counter
-        self.protected, self.relied, self.cache = protected, relied, cache
+        self.protected, self.relied, self.cache, self.in_force = protected, relied, cache, in_force
         # A placeholder leaves its message in place; a turn left out whole takes its messages.
         self.framing = FRAMING_TOKENS_PER_MESSAGE * count_messages(draft, request.format) + REPLY_PRIMING_TOKENS
         self.left_out = 0
@@ -241,15 +244,30 @@ class _Offload:
                         content, tokens = self.placeholder(entry)
                         self.put(entry, Remove(entry.seq, True, _OFFLOADED), content, tokens)
             entries = [draft.entries[s] for s in seqs]
-            walk.visited(seqs, not any(map(self.worth, entries)) or any(protected.lasting(s) for s in seqs))
+            walk.visited(
+                seqs, not any(map(self.worth, entries)) or any(protected.lasting(s) or s in self.in_force for s in seqs)
+            )
+        if draft.kept_turns and draft.touched:  # the walk of whole turns resumes before what changed
+            del draft.kept_turns[bisect_right(draft.kept_turns, min(draft.touched)) :]
         draft.budget_walk, draft.touched = walk.found(), set()
 
     # ------------------------------------------------------------ whole turns
 
     def whole_turns(self) -> None:
-        """Oldest first, past the runs left out before, turns whose every item may go."""
+        """Oldest first, past the runs left out before, turns whose every item may go.
+
+        A turn kept for good (`kept_for_good`) ends whatever run came before it, and what
+        follows it starts afresh: a walk that found every turn it kept before one kept for good
+        kept for good resumes from there the next time (`Draft.kept_turns`; each item's walk
+        takes them back to before an entry an edit changed since). Before it, every turn is
+        left out, kept for good, or among too few turns between two kept for good to make a
+        run, and stays so: the walk leaves out what a walk from the first turn would, in a
+        time that grows with the turns after it, not with the session."""
         draft = self.draft
-        natural, i = draft.natural, 0
+        kept = draft.kept_turns if draft.kept_turns is not None else []
+        natural = draft.natural
+        i = bisect_left(natural, kept[-1]) if kept else 0
+        for_good = True  # (every turn kept so far is kept for good)
         while i < len(natural) and not self.within(self.goal):
             last = draft.run_starts.get(natural[i])
             if last is not None:
@@ -257,8 +275,24 @@ class _Offload:
                 continue
             seqs = _turn_at(draft, i)
             i += len(seqs)
-            self.leave_out(seqs)
+            if not self.leave_out(seqs):
+                for_good = for_good and self.kept_for_good(seqs)
+                if for_good and (not kept or kept[-1] < seqs[0]):
+                    kept.append(seqs[0])
+        draft.kept_turns = kept
         draft.touched = set()  # (every turn it changed is left out: settled for the next walk)
+
+    def kept_for_good(self, seqs: list[int]) -> bool:
+        """Whether the turn of `seqs`, kept, is kept for as long as the draft is followed (the
+        session's pins and policy stand): an item of it protected for good or the evidence of
+        an edit in force, its opening not a user or assistant item, or an item reduced by an
+        edit in force that the budget does not take over."""
+        entries = [self.draft.entries[s] for s in seqs]
+        return (
+            any(self.protected.lasting(s) or s in self.in_force for s in seqs)
+            or entries[0].role not in _OPENS
+            or not all(map(self.goes, entries))
+        )
 
     def goes(self, entry: Entry) -> bool:
         """Whether an item may leave with its turn: shown whole or compressed, left out already,
@@ -273,9 +307,10 @@ class _Offload:
         """Whether an item may hold a run's marker (no other rule's edit holds it)."""
         return entry.role in _OPENS and (self.offloadable(entry) or entry.seq in self.draft.offloaded)
 
-    def leave_out(self, seqs: list[int]) -> None:
+    def leave_out(self, seqs: list[int]) -> bool:
         """Take the turn of `seqs` into a run, if every item of it may go: the run it follows,
-        or a new one once `MIN_RUN_TURNS` turns one after another may begin it."""
+        or a new one once `MIN_RUN_TURNS` turns one after another may begin it. False when
+        the turn is kept (an item of it may not go)."""
         draft = self.draft
         entries = [draft.entries[s] for s in seqs]
         if (
@@ -284,23 +319,24 @@ class _Offload:
             or not all(map(self.goes, entries))
         ):
             self.waiting = []
-            return
+            return False
         run = self.joins(seqs)
         if run is not None:
             self.take(run, seqs)
-            return
+            return True
         if self.waiting and bisect_left(draft.natural, seqs[0]) != bisect_left(draft.natural, self.waiting[-1][-1]) + 1:
             self.waiting = []
         if not self.waiting and not self.holds(entries[0]):
-            return  # (a run opens with an item its marker may stand on)
+            return True  # (a run opens with an item its marker may stand on)
         self.waiting.append(seqs)
         if len(self.waiting) < MIN_RUN_TURNS:
-            return
+            return True
         waiting, self.waiting = self.waiting, []
         run = _Run(waiting[0][0], waiting[0][-1])
         self.runs.append(run)
         for turn in waiting:
             self.take(run, turn)
+        return True
 
     def take(self, run: _Run, seqs: list[int]) -> None:
         """Leave the turn of `seqs` out with `run`, whose marker moves to the turn's opening

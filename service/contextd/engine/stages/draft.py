@@ -92,6 +92,9 @@ class Draft:
         self.touched: set[int] = set()
         """Seqs whose entries an edit changed since `budget_walk` was taken (none is kept
         without one)."""
+        self.kept_turns: list[int] | None = None
+        """The turns the budget's last walk of whole turns found kept for good, by their first
+        seqs, in order: where the next walk resumes (stages/budget.py, `whole_turns`)."""
         self.message_count: MessageCount | None = None
         """The budget's last count of the messages the entries render to (stages/messages.py)."""
         self.offloaded: set[int] = set()
@@ -300,7 +303,8 @@ class BudgetWalk:
     below `until` is settled but those that open at `unsettled`. A settled turn has nothing the
     budget may offload (each entry is left out already, reduced otherwise, or no larger than its
     placeholder) or one of its entries is protected for good (pinned, a system or user item, a
-    protected tool or source): as long as no edit changes one of its entries, no later walk
+    protected tool or source) or the evidence of an edit in force (which stays in force while
+    the draft is followed): as long as no edit changes one of its entries, no later walk
     offloads from it. Token figures are `counter`'s."""
 
     counter: object

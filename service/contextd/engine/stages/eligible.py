@@ -82,6 +82,10 @@ def judge(
         slot = slot_of(edit)
         if slot in claimed or (slot in taken and (slot not in compressed or proposal.compression)):
             continue
+        if candidate.control is not ControlMode.AGENT and (refused := judging.refused(proposal)):
+            key = refusal_key(Decision(refused.lower()), edit, candidate.rule, proposal.reason)
+            if key in decided or key in certified:
+                continue  # (as below, unjudged)
         seq = target_of(edit)
         entry = draft.entries.get(seq) if seq is not None else None
         verdict = judging.judge(proposal, candidate.control)

@@ -27,16 +27,29 @@ carry. Either way the proposals are those of a render without the carry, in the 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+from contextd.engine.compress.text import term_words
 from contextd.engine.memo import Claim
 from contextd.engine.observations import Observation, ObservationIndex
 from contextd.engine.policy import When
 from contextd.engine.rules import holds_for
 from contextd.engine.shell import WHOLE
-from contextd.engine.types import Entry, Incremental, Proposal, ReadAgain, TransformContext, target_of
+from contextd.engine.types import (
+    Entry,
+    Incremental,
+    Proposal,
+    ReadAgain,
+    ReadsFocusTerms,
+    TransformContext,
+    target_of,
+)
+
+FocusSeen = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], ReadAgain]
+"""The request's focus, what the recent calls searched for, the render's focus and the ranges
+the recent calls read, as the transforms saw them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +77,7 @@ class Ledgers:
     """In policy order."""
     items: int
     """How many of the history's items they were made over."""
-    focus: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], ReadAgain]
-    """The request's focus, what the recent calls searched for, the render's focus and the
-    ranges the recent calls read, as the transforms saw them."""
+    focus: FocusSeen
     completions: int
     """How many spans of completed work there were."""
     turns: int
@@ -143,26 +154,41 @@ def recorded(
     return Ledger(pool, frozenset(waiting), proposed, by_key)
 
 
-_INCREMENTAL: dict[type, bool] = {}
+_KINDS: dict[tuple[type, type], bool] = {}
 
 
 def _incremental(transform: object) -> TypeGuard[Incremental]:
-    """Whether `transform` is `Incremental`, asked once per class (a protocol's isinstance
-    reads every member, 40 µs, for each rule of every render; a transform's class defines them)."""
-    kind = type(transform)
-    found = _INCREMENTAL.get(kind)
+    """Whether `transform` is `Incremental`."""
+    return _is(transform, Incremental)
+
+
+def reads_focus_terms(transform: object) -> TypeGuard[ReadsFocusTerms]:
+    """Whether `transform` is `ReadsFocusTerms`."""
+    return _is(transform, ReadsFocusTerms)
+
+
+def _is(transform: object, protocol: type) -> bool:
+    """Whether `transform` is `protocol`, asked once per class (a protocol's isinstance reads
+    every member, 40 µs, for each rule of every render; a transform's class defines them)."""
+    kind = (type(transform), protocol)
+    found = _KINDS.get(kind)
     if found is None:
-        found = _INCREMENTAL[kind] = isinstance(transform, Incremental)
+        found = _KINDS[kind] = isinstance(transform, protocol)
     return found
 
 
 def to_ask(
-    ledger: Ledger, pool: Mapping[int, Entry], fresh: Iterable[int], touched: set[Hashable]
+    ledger: Ledger,
+    pool: Mapping[int, Entry],
+    fresh: Iterable[int],
+    touched: set[Hashable],
+    concerned: Callable[[Entry], bool] | None = None,
 ) -> tuple[list[Entry], dict[int, tuple[Proposal, ...]]]:
     """The entries of `pool` a rule's transform is asked about again, in seq order (the view's
     order while nothing is reordered), and of the others those it proposed for, with what it
     proposed (taken as it stands: nothing it rests on changed). All of them are asked about
-    unless the transform is incremental."""
+    unless the transform is incremental. `concerned`: of the entries resting on the focus,
+    which the focus's change concerns (the transform's `ReadsFocusTerms.concerned`)."""
     if ledger.by_key is None:
         return [pool[s] for s in sorted(pool)], {}
     seqs = set(fresh) | ledger.waiting
@@ -176,7 +202,10 @@ def to_ask(
             # for good unless it comes back, and what comes back is asked about as new. A key
             # every entry rests on (the focus) would otherwise be read whole at each render.
             found.intersection_update(pool)
-        seqs |= found
+        if key == FOCUS and concerned is not None:
+            seqs.update(s for s in found if s in pool and concerned(pool[s]))
+        else:
+            seqs |= found
     kept = {seq: made for seq, made in ledger.proposed.items() if seq in pool and seq not in seqs}
     return [pool[s] for s in sorted(seqs) if s in pool], kept
 
@@ -244,9 +273,37 @@ def touched(
             keys.add(("completions",))
     if len(index.completions) != ledgers.completions:
         keys.add(("completions",))
-    if (context.requested_focus, context.searched, context.focus, context.read_again) != ledgers.focus:
-        keys.add(("focus",))
+    focus = (context.requested_focus, context.searched, context.focus, context.read_again)
+    if focus != ledgers.focus:
+        keys.add(FOCUS)
+        words = _changed_words(ledgers.focus, focus)
+        if words is not None:
+            keys.add(TermsChanged(words))
     return keys
+
+
+FOCUS = ("focus",)
+
+
+@dataclass(frozen=True, slots=True)
+class TermsChanged:
+    """Among the keys touched: the focus changed by terms alone, each of which matters only to
+    an output that holds all its words (compress/text.py, `term_words`): these are their
+    words. A transform that `ReadsFocusTerms` is asked again only about the entries they
+    concern."""
+
+    words: frozenset[frozenset[str]]
+
+
+def _changed_words(before: FocusSeen, now: FocusSeen) -> frozenset[frozenset[str]] | None:
+    """The words of each term one focus has and the other has not, given (the request's, what
+    the recent calls searched for) or taken from the latest turns; None when the ranges read
+    again changed too, or a term has no word (it concerns every output)."""
+    if before[3] != now[3]:
+        return None
+    changed = ({*before[0], *before[1]} ^ {*now[0], *now[1]}) | (set(before[2]) ^ set(now[2]))
+    words = frozenset(map(term_words, changed))
+    return None if frozenset() in words else words
 
 
 def _covered(index: ObservationIndex, seen: Observation, keys: set[Hashable]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from operator import attrgetter
 from typing import Any
 
@@ -24,7 +25,18 @@ from contextd.engine.policy import Policy
 from contextd.engine.rules import holds_for
 from contextd.engine.stages.certify import certificate
 from contextd.engine.stages.draft import Draft, reordered
-from contextd.engine.stages.ledger import Ledger, Ledgers, in_order, pick, recorded, refreshed, to_ask, touched
+from contextd.engine.stages.ledger import (
+    Ledger,
+    Ledgers,
+    TermsChanged,
+    in_order,
+    pick,
+    reads_focus_terms,
+    recorded,
+    refreshed,
+    to_ask,
+    touched,
+)
 from contextd.engine.stages.load import Loaded
 from contextd.engine.state import ControlMode, PendingEdit, Slot
 from contextd.engine.transforms import TransformRegistry
@@ -233,10 +245,16 @@ def _proposed_since(
     out: list[Candidate] = []
     done: list[Ledger] = []
     keys = touched(context, ledgers, new, changed)
+    terms = next((k for k in keys if isinstance(k, TermsChanged)), None)
     for rule, ledger in zip(policy.rules, ledgers.rules, strict=True):
         transform = registry.get(rule.transform)
         pool, fresh = refreshed(ledger, rule.when, (*changed, *new), taken)
-        candidates, kept = to_ask(ledger, pool, (*fresh, *latest), keys)
+        concerned = (
+            partial(transform.concerned, context, words=terms.words)
+            if terms is not None and reads_focus_terms(transform)
+            else None
+        )
+        candidates, kept = to_ask(ledger, pool, (*fresh, *latest), keys, concerned)
         if kept:
             candidates = sorted((*candidates, *(pool[s] for s in kept)), key=attrgetter("seq"))
         picked, waiting = pick(rule.when, candidates, context)
