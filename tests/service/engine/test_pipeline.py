@@ -29,7 +29,7 @@ from contextd.engine.model import (
 )
 from contextd.engine.pipeline import AgentProposal, RenderInput, RenderOutput, render
 from contextd.engine.placeholders import PREFIX, handle_of, placeholder_blocks
-from contextd.engine.policy import parse_policy
+from contextd.engine.policy import Policy, parse_policy
 from contextd.engine.stages import budget as budget_stage
 from contextd.engine.stages import messages as messages_stage
 from contextd.engine.state import (
@@ -1047,6 +1047,21 @@ def test_over_its_budget_a_view_offloads_its_oldest_unprotected_turns_and_says_s
     assert again.certificates == () and again.view.messages_json == out.view.messages_json
 
 
+def following(items: list[Item], policy: Policy, request: ViewRequest, previous: RenderOutput | None) -> RenderInput:
+    """A render of `items` from `previous` (its state and carry), at 1,000 s plus a second an item."""
+    return RenderInput(
+        make_session(len(items)),
+        items,
+        policy,
+        request,
+        counter(),
+        REGISTRY,
+        previous.state if previous else ViewState(),
+        1_000.0 + len(items),
+        carry=previous.carry if previous else None,
+    )
+
+
 @pytest.mark.parametrize("fmt", [OPENAI, ANTHROPIC])
 def test_a_budget_walk_after_appends_weighs_the_turns_it_left_unsettled_not_the_session(
     monkeypatch: pytest.MonkeyPatch, fmt: ViewFormat
@@ -1081,17 +1096,7 @@ def test_a_budget_walk_after_appends_weighs_the_turns_it_left_unsettled_not_the_
     began: list[bool] = []
     shown: list[int] = []
     for cut in range(30, len(items) + 1, 2):
-        inp = RenderInput(
-            make_session(cut),
-            items[:cut],
-            policy,
-            ViewRequest(fmt, 1_500),
-            counter(),
-            REGISTRY,
-            previous.state if previous else ViewState(),
-            1_000.0 + cut,
-            carry=previous.carry if previous else None,
-        )
+        inp = following(items[:cut], policy, ViewRequest(fmt, 1_500), previous)
         walked.clear()
         folded.clear()
         out = render(inp)
@@ -1426,17 +1431,7 @@ def test_a_budget_walk_after_appends_passes_over_the_turns_kept_for_good_the_wal
         patch.setattr(budget_stage._Offload, "leave_out", leaving)
         patch.setattr(budget_stage._Walk, "visited", visiting)
         for cut in range(80, len(items) + 1, 2):
-            inp = RenderInput(
-                make_session(cut),
-                items[:cut],
-                policy,
-                ViewRequest(OPENAI, 1_000),
-                counter(),
-                REGISTRY,
-                previous.state if previous else ViewState(),
-                1_000.0 + cut,
-                carry=previous.carry if previous else None,
-            )
+            inp = following(items[:cut], policy, ViewRequest(OPENAI, 1_000), previous)
             counts.update(whole=0, each=0)
             out = render(inp)
             walked.append((counts["each"], counts["whole"]))

@@ -111,8 +111,8 @@ class Focus:
         ``\\w+`` runs): a term matters only where it, or its last part, occurs. The same
         compression, and a key for remembering it that changes only when the text is concerned."""
         return Focus(
-            tuple(t for t in self.given if _words_of_last(t) <= words),
-            tuple(t for t in self.derived if _words_of_last(t) <= words),
+            tuple(t for t in self.given if term_words(t) <= words),
+            tuple(t for t in self.derived if term_words(t) <= words),
             self.lines,
         )
 
@@ -159,14 +159,10 @@ def _last_part(term: str) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _words_of_last(term: str) -> frozenset[str]:
-    return frozenset(WORD.findall(_last_part(term) or term))
-
-
 def term_words(term: str) -> frozenset[str]:
     """The words a text must hold for `term` to matter to it (`Focus.within`): those of its last
     part (none: it matters to every text)."""
-    return _words_of_last(term)
+    return frozenset(WORD.findall(_last_part(term) or term))
 
 
 @dataclass(frozen=True, slots=True)

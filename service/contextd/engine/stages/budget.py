@@ -8,7 +8,7 @@ says it is over (OVER_BUDGET, view.py).
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import partial
@@ -287,12 +287,13 @@ class _Offload:
         session's pins and policy stand): an item of it protected for good or the evidence of
         an edit in force, its opening not a user or assistant item, or an item reduced by an
         edit in force that the budget does not take over."""
+        return self.stays(seqs, lambda s: self.protected.lasting(s) or s in self.in_force)
+
+    def stays(self, seqs: list[int], held: Callable[[int], bool]) -> bool:
+        """Whether the turn of `seqs` may not leave whole: an item of it `held`, its opening not a
+        user or assistant item, or an item of it that may not go."""
         entries = [self.draft.entries[s] for s in seqs]
-        return (
-            any(self.protected.lasting(s) or s in self.in_force for s in seqs)
-            or entries[0].role not in _OPENS
-            or not all(map(self.goes, entries))
-        )
+        return any(map(held, seqs)) or entries[0].role not in _OPENS or not all(map(self.goes, entries))
 
     def goes(self, entry: Entry) -> bool:
         """Whether an item may leave with its turn: shown whole or compressed, left out already,
@@ -312,14 +313,10 @@ class _Offload:
         or a new one once `MIN_RUN_TURNS` turns one after another may begin it. False when
         the turn is kept (an item of it may not go)."""
         draft = self.draft
-        entries = [draft.entries[s] for s in seqs]
-        if (
-            any(self.protected.of(s) or s in self.relied for s in seqs)
-            or entries[0].role not in _OPENS
-            or not all(map(self.goes, entries))
-        ):
+        if self.stays(seqs, lambda s: bool(self.protected.of(s)) or s in self.relied):
             self.waiting = []
             return False
+        entries = [draft.entries[s] for s in seqs]
         run = self.joins(seqs)
         if run is not None:
             self.take(run, seqs)
