@@ -227,6 +227,16 @@ class Judge:
             reason = self._protected.besides_recency(seq)
         return "KEEP" if reason else "ABSTAIN"
 
+    def stands(self, proposal: Proposal, refused: str) -> bool:
+        """Whether `refused` (what `refused` said of `proposal`) stands for as long as the edits in
+        force do: its target is the evidence of one of them (not only of an edit this render
+        accepts), and is not protected (protection does not begin while the pins and policy
+        stand) or is protected for good."""
+        seq = target_of(proposal.edit)
+        if seq is None or seq not in self._relied_on.maps[1]:
+            return False
+        return refused == "ABSTAIN" or self._protected.lasting(seq)
+
     def judge(self, proposal: Proposal, control: ControlMode, protection: bool = True) -> Verdict:
         """The eligibility of one proposal; an ineligible one says KEEP or ABSTAIN and why.
         Without `protection`: what it would be if its target were not protected."""

@@ -24,7 +24,7 @@ from contextd.engine.stages.apply import apply, time_edits
 from contextd.engine.stages.budget import fit_budget
 from contextd.engine.stages.draft import Draft
 from contextd.engine.stages.eligible import judge
-from contextd.engine.stages.ledger import Ledgers
+from contextd.engine.stages.ledger import Ledgers, let_go
 from contextd.engine.stages.load import Finished, Loaded, load, take
 from contextd.engine.stages.propose import AgentProposal, propose, transform_context
 from contextd.engine.stages.record import record
@@ -187,6 +187,8 @@ def render(inp: RenderInput) -> RenderOutput:
     )
     lap("propose")
     judged = judge(proposed.candidates, loaded, policy, counter, look_ahead=looks_ahead(request, policy))
+    if judged.standing:
+        let_go(proposed.ledgers, [r.name for r in policy.rules], judged.standing)
     lap("judge")
     timed = time_edits(judged.eligible, draft, cache, context.utilization, inp.force)
     applied = apply(timed.timed, draft, policy)

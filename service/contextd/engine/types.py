@@ -13,7 +13,7 @@ registry of transforms, built-in and installed, is transforms.py.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
@@ -260,17 +260,29 @@ class Incremental(Transform, Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class FocusChange:
+    """How the focus changed since the render a carry is of, by its parts: what changed of
+    each may concern a few entries only (`ReadsFocusTerms`)."""
+
+    given: frozenset[str]
+    """The terms given (the request's focus, what the recent calls searched for) that one focus
+    has and the other has not."""
+    derived: frozenset[str]
+    """Likewise of the render's focus (`TransformContext.focus`: the identifiers of the latest turns)."""
+    paths: frozenset[str]
+    """The files whose lines read again (`TransformContext.read_again`) changed."""
+
+
 @runtime_checkable
 class ReadsFocusTerms(Incremental, Protocol):
-    """An `Incremental` transform whose proposal for an entry that rests on ``("focus",)``
-    may rest on the focus terms that can occur in the entry alone: when the focus changed by
-    terms alone, a render that follows another asks it again only about the entries that
-    `concerned` says so of."""
+    """An `Incremental` transform whose proposal for an entry that rests on ``("focus",)`` may
+    rest on a part of the focus only (the terms that can occur in the entry, the lines read
+    again of the file it shows): a render that follows another asks it again only about the
+    entries that `concerned` says so of."""
 
-    def concerned(self, context: TransformContext, entry: Entry, words: frozenset[frozenset[str]]) -> bool:
-        """Whether the proposal for `entry` may change when the focus changes by terms alone (not
-        by the ranges read again), each term's words (compress/text.py, `term_words`) one of
-        `words`."""
+    def concerned(self, context: TransformContext, change: FocusChange) -> Callable[[Entry], bool]:
+        """Of the entries whose proposal rests on the focus, which `change` may change it for."""
         ...
 
 

@@ -308,6 +308,8 @@ def test_a_prune_that_would_invalidate_a_large_cached_prefix_is_deferred_until_t
 
     still_warm = run(items, PRUNE_MARKED, state=deferred.state, now=200)
     assert still_warm.certificates == ()  # deferred once, certified once
+    # The same waiting edit, not a copy: what it gives its item is remembered by it (eligible.py).
+    assert still_warm.state.pending[0].proposal is deferred.state.pending[0].proposal
     cold = run(items, PRUNE_MARKED, state=still_warm.state, now=200 + 301)  # past the 300 s TTL
     [applied] = cold.certificates
     assert (applied.decision, applied.seq) == (Decision.PRUNE, 4)

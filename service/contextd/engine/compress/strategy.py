@@ -19,19 +19,19 @@ searched for, the reason the agent gave.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from itertools import pairwise
 from typing import Any, ClassVar
 
 from contextd.engine.compress.router import compress, envelope
-from contextd.engine.compress.text import WORD, Compressed, Focus, identifiers
+from contextd.engine.compress.text import WORD, Compressed, Focus, identifiers, term_words
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Item, Representation, TextBlock, ToolUseBlock
 from contextd.engine.observations import Observation
 from contextd.engine.placeholders import PREFIX, describe, handle_of
 from contextd.engine.shell import WHOLE
 from contextd.engine.strategies import Strategy, output_text
-from contextd.engine.types import Entry, Proposal, Replace, TransformContext
+from contextd.engine.types import Entry, FocusChange, Proposal, Replace, TransformContext
 
 log = logging.getLogger(__name__)
 
@@ -118,15 +118,29 @@ class Compress(Strategy):
             return ()
         return (("focus",),) if all(isinstance(p, TextBlock) for p in result.content) else ()
 
-    def concerned(self, context: TransformContext, entry: Entry, words: frozenset[frozenset[str]]) -> bool:
-        """The focus reaches an output through the terms that may occur in it (`Focus.within`),
-        and through the lines a recent call read again of the file it shows (`_read_again`: a
-        write since may move them, which no term says)."""
-        seen = context.observations.by_seq.get(entry.seq)
-        if seen is not None and any(read.path == path for read in seen.reads for path, _, _ in context.read_again):
-            return True
-        held = _words_of(entry)
-        return held is None or any(term <= held for term in words)
+    def concerned(self, context: TransformContext, change: FocusChange) -> Callable[[Entry], bool]:
+        """The focus reaches an output through the terms a compressor reads (`Focus.terms`) that
+        may occur in it (`Focus.within`), and through the lines a recent call read again of the
+        file it shows (`_read_again`: those whose ranges changed, and, as a write since may move
+        lines, those read again now)."""
+        words = {term_words(t) for t in Focus(tuple(change.given), tuple(change.derived)).terms}
+        if frozenset() in words:
+            return _every  # a term of no word is within every output
+        paths = change.paths | {path for path, _, _ in context.read_again}
+        by_seq = context.observations.by_seq
+
+        def concerns(entry: Entry) -> bool:
+            seen = by_seq.get(entry.seq)
+            if paths and seen is not None and any(read.path in paths for read in seen.reads):
+                return True
+            held = _words_of(entry)
+            return held is None or any(term <= held for term in words)
+
+        return concerns
+
+
+def _every(entry: Entry) -> bool:
+    return True
 
 
 def _read_again(context: TransformContext, entry: Entry, seen: Observation, text: str) -> frozenset[int]:

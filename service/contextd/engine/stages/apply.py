@@ -118,7 +118,10 @@ def apply(timed: Sequence[Timed], draft: Draft, policy: Policy) -> Applied:
         e = t.eligible
         candidate, proposal = e.candidate, e.candidate.proposal
         if not t.timing.apply:
-            pending.append(PendingEdit(replace(proposal, edit=e.edit), candidate.rule, candidate.control))
+            # (The proposal itself where its edit needs no normalizing, as a deferred edit's: what it
+            # gives its target is remembered by the proposal's identity, stages/eligible.py.)
+            waits = proposal if e.edit is proposal.edit else replace(proposal, edit=e.edit)
+            pending.append(PendingEdit(waits, candidate.rule, candidate.control))
             continue
         done = AppliedEdit(
             e.edit, candidate.rule, proposal.reason, e.content, e.tokens, proposal.evidence_seqs, t.control

@@ -53,6 +53,10 @@ class Judged:
     shrinks: Mapping[int, int] | None
     """The items protected only until the next render that a rule's edit would reduce, with
     their tokens once reduced (None unless asked for)."""
+    standing: tuple[tuple[str, Proposal], ...] = ()
+    """(rule, proposal) of the rules' proposals passed over unjudged whose refusal stands for as
+    long as the edits in force do (`Judge.stands`): the rules' ledgers let them go
+    (`ledger.let_go`), and a render that follows asks for them again only with their entry."""
 
 
 def judge(
@@ -76,6 +80,7 @@ def judge(
     shrinks: dict[int, int] | None = {} if look_ahead else None
     out: list[Eligible] = []
     certificates: list[CertificateBody] = []
+    standing: list[tuple[str, Proposal]] = []
     for candidate in candidates:
         proposal = candidate.proposal
         edit = _normalized(proposal.edit, draft.entries)
@@ -85,6 +90,12 @@ def judge(
         if candidate.control is not ControlMode.AGENT and (refused := judging.refused(proposal)):
             key = refusal_key(Decision(refused.lower()), edit, candidate.rule, proposal.reason)
             if key in decided or key in certified:
+                if (
+                    candidate.control is ControlMode.RULE
+                    and not candidate.pending
+                    and judging.stands(proposal, refused)
+                ):
+                    standing.append((candidate.rule, proposal))
                 continue  # (as below, unjudged)
         seq = target_of(edit)
         entry = draft.entries.get(seq) if seq is not None else None
@@ -130,7 +141,12 @@ def judge(
         judging.accept(proposal)
         out.append(Eligible(candidate, edit, content, tokens, saving))
     return Judged(
-        tuple(out), tuple(certificates), decided | certified if certified else decided, judging.relied_on, shrinks
+        tuple(out),
+        tuple(certificates),
+        decided | certified if certified else decided,
+        judging.relied_on,
+        shrinks,
+        tuple(standing),
     )
 
 

@@ -9,7 +9,8 @@ it only about:
 
 * the entries appended since, and those shown otherwise since (the previous render's edits);
 * the entries whose keys something since touched (`touched`: a new observation, an entry
-  shown otherwise, a new span of completed work, a new focus);
+  shown otherwise, a new span of completed work, a new focus: of a transform that
+  `ReadsFocusTerms`, only those the focus's change concerns);
 * the entries its time conditions did not hold for yet;
 * the entries of the latest turn then (what the call that made an output reads may differ
   from what later calls read: compress-on-entry).
@@ -18,11 +19,14 @@ For every other entry of its pool nothing its proposal rests on has changed: it 
 propose nothing again, or, for an entry it proposed for, the same again, which is taken as
 it stands (a proposal refused or deferred is decided again at every render: the entries an
 edit in force rests on as its evidence are refused at every render, as many as such edits,
-and asking the rules about them again cost a render time in proportion to the session). A
-transform that is not incremental
-(one an installed package registers, say) sees its whole pool each render, as without a
-carry. Either way the proposals are those of a render without the carry, in the same order
-(`tests/service/engine/test_pipeline.py` holds the two to each other).
+and asking the rules about them again cost a render time in proportion to the session). Of
+those, a proposal whose refusal is certified and stands as long as the edits in force do is
+let go (`let_go`): not a candidate again until its entry is asked about again.
+
+A transform that is not incremental (one an installed package registers, say) sees its whole
+pool each render, as without a carry. Either way the proposals are those of a render without
+the carry, in the same order, but for those let go, which that render's judge passes over
+unjudged (`tests/service/engine/test_pipeline.py` holds the two renders to each other).
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from contextd.engine.compress.text import term_words
 from contextd.engine.memo import Claim
 from contextd.engine.observations import Observation, ObservationIndex
 from contextd.engine.policy import When
@@ -39,6 +42,7 @@ from contextd.engine.rules import holds_for
 from contextd.engine.shell import WHOLE
 from contextd.engine.types import (
     Entry,
+    FocusChange,
     Incremental,
     Proposal,
     ReadAgain,
@@ -228,6 +232,27 @@ def in_order(
     return out if not by_seq else None
 
 
+def let_go(ledgers: Ledgers, rules: Sequence[str], standing: Iterable[tuple[str, Proposal]]) -> None:
+    """Drop from the rules' proposals (in place: the ledgers are this render's) those whose
+    refusal stands for as long as the edits in force do (`Judge.stands`), the rule's name with
+    each (`rules`: the names in policy order). Taken as they stand, they would be made into
+    candidates and passed over at every render that follows, as many as the evidence of the
+    edits in force; a render asks for one again only with its entry (the entry changed, or a key
+    it rests on), and the judge passes over it again (or certifies what changed)."""
+    by_rule = dict(zip(rules, ledgers.rules, strict=True))
+    for rule, proposal in standing:
+        proposed = by_rule[rule].proposed
+        seq = target_of(proposal.edit)
+        made = proposed.get(seq) if seq is not None else None
+        if seq is None or made is None:
+            continue
+        left = tuple(p for p in made if p is not proposal)
+        if left:
+            proposed[seq] = left
+        else:
+            del proposed[seq]
+
+
 STALE_SLACK = 64
 """Seqs that have left a rule's pool a key may name before they are dropped from it (at twice
 the pool's size and this many more: dropping them costs the pool's size, once in a while)."""
@@ -276,34 +301,22 @@ def touched(
     focus = (context.requested_focus, context.searched, context.focus, context.read_again)
     if focus != ledgers.focus:
         keys.add(FOCUS)
-        words = _changed_words(ledgers.focus, focus)
-        if words is not None:
-            keys.add(TermsChanged(words))
+        keys.add(_focus_change(ledgers.focus, focus))
     return keys
 
 
 FOCUS = ("focus",)
 
 
-@dataclass(frozen=True, slots=True)
-class TermsChanged:
-    """Among the keys touched: the focus changed by terms alone, each of which matters only to
-    an output that holds all its words (compress/text.py, `term_words`): these are their
-    words. A transform that `ReadsFocusTerms` is asked again only about the entries they
-    concern."""
-
-    words: frozenset[frozenset[str]]
-
-
-def _changed_words(before: FocusSeen, now: FocusSeen) -> frozenset[frozenset[str]] | None:
-    """The words of each term one focus has and the other has not, given (the request's, what
-    the recent calls searched for) or taken from the latest turns; None when the ranges read
-    again changed too, or a term has no word (it concerns every output)."""
-    if before[3] != now[3]:
-        return None
-    changed = ({*before[0], *before[1]} ^ {*now[0], *now[1]}) | (set(before[2]) ^ set(now[2]))
-    words = frozenset(map(term_words, changed))
-    return None if frozenset() in words else words
+def _focus_change(before: FocusSeen, now: FocusSeen) -> FocusChange:
+    """What changed of the focus, by its parts (among the keys touched: a transform that
+    `ReadsFocusTerms` is asked again only about the entries it concerns)."""
+    again = set(before[3]) ^ set(now[3])
+    return FocusChange(
+        frozenset({*before[0], *before[1]} ^ {*now[0], *now[1]}),
+        frozenset(set(before[2]) ^ set(now[2])),
+        frozenset(path for path, _, _ in again),
+    )
 
 
 def _covered(index: ObservationIndex, seen: Observation, keys: set[Hashable]) -> None:

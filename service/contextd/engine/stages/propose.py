@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 from operator import attrgetter
 from typing import Any
 
@@ -28,7 +27,6 @@ from contextd.engine.stages.draft import Draft, reordered
 from contextd.engine.stages.ledger import (
     Ledger,
     Ledgers,
-    TermsChanged,
     in_order,
     pick,
     reads_focus_terms,
@@ -40,7 +38,17 @@ from contextd.engine.stages.ledger import (
 from contextd.engine.stages.load import Loaded
 from contextd.engine.state import ControlMode, PendingEdit, Slot
 from contextd.engine.transforms import TransformRegistry
-from contextd.engine.types import CacheState, Entry, Proposal, Remove, Reorder, Transform, TransformContext, target_of
+from contextd.engine.types import (
+    CacheState,
+    Entry,
+    FocusChange,
+    Proposal,
+    Remove,
+    Reorder,
+    Transform,
+    TransformContext,
+    target_of,
+)
 from contextd.engine.view import ViewRequest
 
 AGENT_LEVEL = 3
@@ -245,15 +253,13 @@ def _proposed_since(
     out: list[Candidate] = []
     done: list[Ledger] = []
     keys = touched(context, ledgers, new, changed)
-    terms = next((k for k in keys if isinstance(k, TermsChanged)), None)
+    change = next((k for k in keys if isinstance(k, FocusChange)), None)
     for rule, ledger in zip(policy.rules, ledgers.rules, strict=True):
         transform = registry.get(rule.transform)
         pool, fresh = refreshed(ledger, rule.when, (*changed, *new), taken)
-        concerned = (
-            partial(transform.concerned, context, words=terms.words)
-            if terms is not None and reads_focus_terms(transform)
-            else None
-        )
+        concerned = None
+        if change is not None and reads_focus_terms(transform):
+            concerned = transform.concerned(context, change)
         candidates, kept = to_ask(ledger, pool, (*fresh, *latest), keys, concerned)
         if kept:
             candidates = sorted((*candidates, *(pool[s] for s in kept)), key=attrgetter("seq"))
