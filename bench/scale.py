@@ -2,7 +2,7 @@
 
     python bench/scale.py [--sizes 1000,10000] [--workload unprunable|modules|mixed|sliding] [--repeat 20]
                           [--backend sqlite|postgres] [--postgres-url URL] [--parts engine,service]
-                          [--budget-tokens N] [--format openai_chat|anthropic_messages|...]
+                          [--budget-tokens N] [--format openai_chat|anthropic_messages|...] [--back-to-back]
 
 The session is a coding agent's tool calls whose outputs the default policy can remove
 nothing of (`unprunable`: reads of different files, every output its own, 60 lines of
@@ -19,7 +19,10 @@ is measured in processes of its own:
   *cold*, a genuine first render in a fresh process (nothing memoised; wall time and
   CPU time, and CPU per item); *one appended*, a render after one item is appended,
   from the previous render's state and carry, as the service keeps them; *without
-  the carry*, the same from the state alone (memos warm, as in the process that made it).
+  the carry*, the same from the state alone (memos warm, as in the process that made it),
+  measured between two renders after an append: a render as long as the session leaves the
+  processor's caches cold for the next, as other sessions' renders do in a shared process
+  (`--back-to-back`: not measured, the renders after an append one after another).
 * service (`contextd serve` processes over loopback, the blocking client; the view comes
   back undecoded): *cold*, the first render of the session; *one appended*, one item
   appended then a render, on the replica that made the previous render; *another
@@ -142,8 +145,11 @@ def mixed_call(call: int) -> tuple[str, str]:
 # ------------------------------------------------------------------ engine
 
 
-def engine_child(n_items: int, workload: str, repeat: int, budget: int, fmt: str) -> dict[str, float]:
-    """Run in a fresh process: the engine's figures for one size (ms; CPU in s)."""
+def engine_child(
+    n_items: int, workload: str, repeat: int, budget: int, fmt: str, back_to_back: bool = False
+) -> dict[str, float]:
+    """Run in a fresh process: the engine's figures for one size (ms; CPU in s). `back_to_back`:
+    no render from the state alone between the renders after an append."""
     from contextd import interpreter
     from contextd.api.mapping import items_from_proto
     from contextd.engine.pipeline import RenderInput, render
@@ -180,20 +186,21 @@ def engine_child(n_items: int, workload: str, repeat: int, budget: int, fmt: str
         appended.append((time.perf_counter() - started) * 1000)
         for stage, seconds in following.stages:
             stages.setdefault(stage, []).append(seconds * 1000)
-        started = time.perf_counter()
-        run(n, out.state, 60.0 * (k + 1))
-        uncarried.append((time.perf_counter() - started) * 1000)
+        if not back_to_back:
+            started = time.perf_counter()
+            run(n, out.state, 60.0 * (k + 1))
+            uncarried.append((time.perf_counter() - started) * 1000)
         out = following
     return {
         "cold_ms": cold_ms,
         "cold_cpu_s": cold_cpu,
         "appended_ms": statistics.median(appended),
-        "uncarried_ms": statistics.median(uncarried),
+        **({"uncarried_ms": statistics.median(uncarried)} if uncarried else {}),
         **{f"stage {stage}_ms": statistics.median(times) for stage, times in stages.items()},
     }
 
 
-def engine(n_items: int, workload: str, repeat: int, budget: int, fmt: str) -> dict[str, float]:
+def engine(n_items: int, workload: str, repeat: int, budget: int, fmt: str, back_to_back: bool) -> dict[str, float]:
     command = [
         sys.executable,
         __file__,
@@ -207,6 +214,7 @@ def engine(n_items: int, workload: str, repeat: int, budget: int, fmt: str) -> d
         str(budget),
         "--format",
         fmt,
+        *(["--back-to-back"] if back_to_back else []),
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -313,11 +321,21 @@ def main() -> int:
     )
     formats = ["openai_chat", "anthropic_messages", "openai_responses", "bedrock_converse"]
     parser.add_argument("--format", choices=formats, default="openai_chat", help="the views' format")
+    parser.add_argument(
+        "--back-to-back",
+        action="store_true",
+        help="the engine's renders after an append follow one another, with no render from the state alone "
+        "between them (which leaves the processor's caches cold for the next, as other sessions' renders "
+        "do in a shared process); the column without the carry is not measured",
+    )
     parser.add_argument("--engine-child", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.engine_child:
-        print(json.dumps(engine_child(args.engine_child, args.workload, args.repeat, args.budget_tokens, args.format)))
+        measured = engine_child(
+            args.engine_child, args.workload, args.repeat, args.budget_tokens, args.format, args.back_to_back
+        )
+        print(json.dumps(measured))
         return 0
 
     from common import database as fresh_database
@@ -328,7 +346,7 @@ def main() -> int:
     for n in sizes:
         row: dict[str, float] = {}
         if "engine" in parts:
-            measured = engine(n, args.workload, args.repeat, args.budget_tokens, args.format)
+            measured = engine(n, args.workload, args.repeat, args.budget_tokens, args.format, args.back_to_back)
             row |= {f"engine {k}": v for k, v in measured.items()}
         if "service" in parts:
             if args.backend == "postgres" and not args.postgres_url:
