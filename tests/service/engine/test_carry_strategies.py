@@ -618,6 +618,46 @@ def test_the_evidence_of_an_edit_in_force_is_not_made_a_candidate_again_once_its
             assert not evidence & carried, sorted(evidence & carried)
 
 
+def test_a_refusal_for_a_protection_that_lapses_is_judged_again_until_it_lapses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A range of a file, then the whole file two turns later: the range is removed, the whole
+    file is its evidence, and a rule masking every output proposes for it. Among the last two
+    turns it is refused as protected (KEEP, certified once); that refusal does not stand (the
+    protection lapses), so the proposal stays a candidate until the refusal becomes the one that
+    does (ABSTAIN: the evidence of a removal in force), and only then leaves the candidates."""
+    big = "\n".join(f"    value_{i} = parse(value_{i - 1})  # line {i}" for i in range(1, 121))
+    calls = [("sed -n '1,40p' src/a.py", "\n".join(big.splitlines()[:40])), ("ls src/x", "x.py"), ("ls src/y", "y.py")]
+    calls += [("cat src/a.py", big)] + [(f"ls src/d{k}", f"f{k}.py") for k in range(8)]
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
+    for call, (command, output) in enumerate(calls, start=1):
+        use = ToolUseBlock(f"c{call}", "bash", json.dumps({"command": command}))
+        result = ToolResultBlock(f"c{call}", (TextBlock(output),), name="bash")
+        contents += [ItemContent(role=Role.ASSISTANT, content=(use,)), ItemContent(role=Role.TOOL, content=(result,))]
+    items = stored_items(contents)
+    text = default_policy_text().replace("protection: {last_turns: 1}", "protection: {last_turns: 2}")
+    text = text.replace("evidence: {max_level: 3}", "evidence: {max_level: 4}")
+    policy = parse_policy(text + "  - {name: squeeze, transform: mask, when: {roles: [tool]}}\n", REGISTRY)
+    view = ViewRequest(ViewFormat.OPENAI_CHAT, 0)
+
+    def following(n: int, previous: RenderOutput | None) -> RenderInput:
+        state, carry = (previous.state, previous.carry) if previous else (ViewState(), None)
+        return RenderInput(make_session(n), items[:n], policy, view, counter(), REGISTRY, state, 60.0 * n, carry=carry)
+
+    judged = judged_for("squeeze", monkeypatch)
+    out = render(following(9, None))  # the whole file's output is item 9, the range's item 3
+    assert ("prune", 3) in {(c.decision.value, c.seq) for c in out.certificates}
+    assert ("keep", 9) in {(c.decision.value, c.seq) for c in out.certificates if c.rule == "squeeze"}
+    for n in range(10, len(items) + 1):
+        inp = following(n, out)
+        judged.clear()
+        out = render(inp)
+        assert out == render(replace(inp, carry=None))
+        refusals = {c.decision.value for c in out.certificates if c.rule == "squeeze" and c.seq == 9}
+        assert refusals == ({"abstain"} if n == 12 else set()), n  # the protection lapses at 12
+        assert (9 in judged[0]) == (n <= 13), n  # passed over at 13, unjudged, and let go
+
+
 def test_a_call_reading_other_lines_of_a_file_asks_about_the_outputs_of_that_file_alone() -> None:
     """The focus holds the lines the recent calls read of a file (`sed -n` ranges), which a
     compression of another output of the file keeps whole. A call reading other lines of it
