@@ -25,7 +25,7 @@ import threading
 import weakref
 from collections.abc import Callable, Collection, Sequence
 from itertools import compress, count
-from operator import is_, ne
+from operator import attrgetter, is_, ne
 from typing import Any, Generic, Protocol, TypeVar
 
 from contextd.engine.model import Item
@@ -48,15 +48,29 @@ class _Budget:
         self.lock = threading.Lock()
 
     def trim(self) -> None:
-        """Under the lock: give up results, the largest memo's oldest first, until within budget."""
+        """Under the lock: past the budget, give up results, the largest memo's oldest first,
+        until the memos hold `TRIMMED_TO` of it."""
         if self.held <= self.max_bytes:
             return
         memos = list(self.memos)
         self.held = sum(m.bytes for m in memos)
-        while self.held > self.max_bytes:
-            largest = max(memos, key=lambda m: m.bytes)
+        if self.held <= self.max_bytes:
+            return  # (the count held memos let go of since)
+        target = int(self.max_bytes * TRIMMED_TO)
+        while self.held > target:
+            memos.sort(key=attrgetter("bytes"), reverse=True)
+            largest, floor = memos[0], memos[1].bytes if len(memos) > 1 else 0
             if not largest.drop_oldest():
                 return
+            while self.held > target and largest.bytes >= floor and largest.drop_oldest():
+                pass  # (the largest gives way until it is no longer the largest)
+
+
+TRIMMED_TO = 0.9
+"""Past the budget, results go until the memos hold this share of it: memos that fill the
+budget (a first render of a long session: 50,000 items fill the default) are trimmed once in
+a while, not at every result remembered (each trim lists and weighs every memo; trimmed back
+to the budget alone, that was 5% of such a render)."""
 
 
 _BUDGET = _Budget(DEFAULT_MEMO_BYTES)
