@@ -22,15 +22,18 @@ from hypothesis import strategies as st
 from contextd.engine import pipeline
 from contextd.engine.carry_pickle import UnusableCarry, dump_carry, load_carry
 from contextd.engine.changes import StateChange, advance, change_from_json, change_to_json
+from contextd.engine.compress.strategy import Compress
 from contextd.engine.model import Item, ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.observations import COMPLETES
 from contextd.engine.pipeline import AgentProposal, Carry, RenderInput, RenderOutput, render
 from contextd.engine.policy import default_policy_text, parse_policy
+from contextd.engine.stages.draft import Draft
 from contextd.engine.stages.ledger import STALE_SLACK
+from contextd.engine.stages.propose import transform_context
 from contextd.engine.state import ViewState, slot_of, state_from_json, state_to_json
 from contextd.engine.strategies import Snapshots
 from contextd.engine.transforms import TransformRegistry
-from contextd.engine.types import target_of
+from contextd.engine.types import CacheState, FocusChange, target_of
 from contextd.engine.view import ViewFormat, ViewRequest
 from tests.helpers import counter, make_session, stored_items
 from tests.service.engine.test_changes import assert_change_makes
@@ -616,6 +619,43 @@ def test_the_evidence_of_an_edit_in_force_is_not_made_a_candidate_again_once_its
         assert evidence <= uncarried
         if n > 62:  # (the first render from the carry passes over them, unjudged, and lets them go)
             assert not evidence & carried, sorted(evidence & carried)
+
+
+def test_a_focus_change_concerns_the_outputs_its_terms_or_its_ranges_reach() -> None:
+    """What `Compress.concerned` says of a change to the focus: an output holding every word of
+    a changed term the compressors read (a given term, or a derived one that looks like an
+    identifier), an output of a file whose ranges read again changed, and every output for a
+    term of no word; not an output for a derived term the compressors ignore (a short or plain
+    word), nor one of another file."""
+    module = "\n".join(f"def handler_{k}(x):\n    return parse_header(x, {k})  # py\n" for k in range(30))
+    calls = [("cat src/app.py", module), ("cat src/other.py", module.replace("handler", "worker"))]
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix it."),))]
+    for call, (command, output) in enumerate(calls, start=1):
+        use = ToolUseBlock(f"c{call}", "bash", json.dumps({"command": command}))
+        result = ToolResultBlock(f"c{call}", (TextBlock(output),), name="bash")
+        contents += [ItemContent(role=Role.ASSISTANT, content=(use,)), ItemContent(role=Role.TOOL, content=(result,))]
+    items = stored_items(contents)
+    policy = parse_policy(default_policy_text(), REGISTRY)
+    draft = Draft(items, frozenset(), policy.tools)
+    context = transform_context(draft, ViewRequest(ViewFormat.OPENAI_CHAT), CacheState(0, None, 300.0), (), policy)
+    app, other = draft.entries[3], draft.entries[5]
+    compress = REGISTRY.get("compress")
+    assert isinstance(compress, Compress)
+
+    def concerned(
+        given: frozenset[str] = frozenset(), derived: frozenset[str] = frozenset(), paths: frozenset[str] = frozenset()
+    ) -> set[int]:
+        change = FocusChange(given, derived, paths)
+        return {e.seq for e in (app, other) if compress.concerned(context, change)(e)}
+
+    assert concerned(given=frozenset({"handler_3"})) == {3}
+    assert concerned(derived=frozenset({"worker_3"})) == {5}
+    assert concerned(derived=frozenset({"parse_header"})) == {3, 5}
+    assert concerned(derived=frozenset({"py", "return"})) == set()  # words the compressors do not read as focus
+    assert concerned(given=frozenset({"return"})) == {3, 5}  # a given term is read whatever it is
+    assert concerned(given=frozenset({"parse"})) == set()  # (not a word of either: parse_header is)
+    assert concerned(paths=frozenset({"src/other.py"})) == {5}
+    assert concerned(given=frozenset({"()"})) == {3, 5}  # a term of no word is within every output
 
 
 def test_a_refusal_for_a_protection_that_lapses_is_judged_again_until_it_lapses(
