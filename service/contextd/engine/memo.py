@@ -55,7 +55,7 @@ class _Budget:
         memos = list(self.memos)
         self.held = sum(m.bytes for m in memos)
         if self.held <= self.max_bytes:
-            return  # (the count held memos let go of since)
+            return  # (the count was high by memos garbage-collected since: nothing to give up)
         target = int(self.max_bytes * TRIMMED_TO)
         while self.held > target:
             memos.sort(key=attrgetter("bytes"), reverse=True)

@@ -243,10 +243,9 @@ def let_go(ledgers: Ledgers, rules: Sequence[str], standing: Iterable[tuple[str,
     for rule, proposal in standing:
         proposed = by_rule[rule].proposed
         seq = target_of(proposal.edit)
-        made = proposed.get(seq) if seq is not None else None
-        if seq is None or made is None:
+        if seq is None or seq not in proposed:
             continue
-        left = tuple(p for p in made if p is not proposal)
+        left = tuple(p for p in proposed[seq] if p is not proposal)
         if left:
             proposed[seq] = left
         else:
