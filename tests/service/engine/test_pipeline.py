@@ -735,6 +735,20 @@ def test_certificates_count_what_stands_in_for_the_item() -> None:
     assert removal.placeholder_tokens == {v.seq: v for v in dropped.view.items}[4].tokens > 0
 
 
+def test_a_transform_giving_the_compressors_reason_code_abstains() -> None:
+    """A reason code starting with `compressed_` marks an edit in force as a compression (the
+    budget may take its slot over): another transform's edit giving one would be held to the
+    ladder when judged and taken for a compression once in force. It abstains, and says why."""
+    items = history(tool_round("c1", "bash", "first line\nsecond line\nthird line"), tool_round("c2", "bash", "z"))
+    rule = "{name: s, transform: first_line, params: {reason: compressed_text}, when: {roles: [tool]}}"
+    out = run(items, f"protection: {{last_turns: 1}}\nrules: [{rule}]")
+    [cert] = [c for c in out.certificates if c.seq == 4]
+    assert cert.decision is Decision.ABSTAIN and "the built-in compressors' own" in cert.rationale
+    assert out.state.applied == () and "second line" in out.view.messages_json
+    shortened = run(items, f"protection: {{last_turns: 1}}\nrules: [{rule.replace('compressed_text', 'short')}]")
+    assert [c.decision for c in shortened.certificates if c.seq == 4] == [Decision.PRUNE]
+
+
 def test_a_prune_that_saves_nothing_and_an_insert_that_cannot_be_placed_abstain() -> None:
     items = history(tool_round("c1", "bash", "x"), tool_round("c2", "bash", "y"))
     small = [*items[:3], replace(items[3], token_count=5), *items[4:]]

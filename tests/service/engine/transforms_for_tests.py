@@ -41,7 +41,7 @@ class Drop:
 
 
 class FirstLine:
-    """Replace every candidate's text with its first line."""
+    """Replace every candidate's text with its first line (`reason`: the reason code, "reduced")."""
 
     name: ClassVar[str] = "first_line"
     version: ClassVar[str] = "1"
@@ -55,7 +55,8 @@ class FirstLine:
                 texts = [p.text for p in entry.item.tool_result.content if isinstance(p, TextBlock)]
             if texts:
                 first = texts[0].split("\n", 1)[0] or "(empty)"
-                yield Proposal(Replace(entry.seq, (TextBlock(first),)), level=params.get("level", 2), reason="reduced")
+                reason = params.get("reason", "reduced")
+                yield Proposal(Replace(entry.seq, (TextBlock(first),)), level=params.get("level", 2), reason=reason)
 
 
 class ClaimCopies:

@@ -16,7 +16,7 @@ from typing import Any
 
 from contextd.engine.asked import ranges_read, searched_terms
 from contextd.engine.certificates import CertificateBody, Decision
-from contextd.engine.compress.strategy import Compress
+from contextd.engine.compress.strategy import COMPRESSED, Compress
 from contextd.engine.compress.text import MAX_FOCUS_TERMS, identifiers
 from contextd.engine.memo import IdentityMemo, take_over
 from contextd.engine.model import Item, Role
@@ -282,5 +282,17 @@ def _proposals(
     if isinstance(transform, Compress):
         return proposals
     # Only the built-in compressors' claim is taken: another transform saying `compression`
-    # is held to the ladder like any edit.
-    return [replace(p, compression=False) if p.compression else p for p in proposals]
+    # is held to the ladder like any edit, and one giving their reason code abstains (the code
+    # marks an edit in force as a compression, whose slot the budget may take over:
+    # stages/draft.py, `is_compression`).
+    return [_held_to_the_ladder(p) for p in proposals]
+
+
+def _held_to_the_ladder(proposal: Proposal) -> Proposal:
+    if proposal.reason.startswith(COMPRESSED):
+        return replace(proposal, compression=False, abstain=True, evidence=RESERVED_REASON)
+    return replace(proposal, compression=False) if proposal.compression else proposal
+
+
+RESERVED_REASON = f"reason codes starting with {COMPRESSED!r} are the built-in compressors' own"
+"""Why a proposal of another transform giving one abstains."""
