@@ -434,9 +434,7 @@ def test_a_proposal_refused_at_every_render_is_not_made_again_while_nothing_it_r
     contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
     for call in range(1, 61):
         command, output = ("git status", statuses[call % 2]) if call <= 8 else (f"ls src/d{call}", f"f{call}.py")
-        use = ToolUseBlock(f"c{call}", "bash", json.dumps({"command": command}))
-        result = ToolResultBlock(f"c{call}", (TextBlock(output),), name="bash")
-        contents += [ItemContent(role=Role.ASSISTANT, content=(use,)), ItemContent(role=Role.TOOL, content=(result,))]
+        contents += bash_round(call, command, output)
     items = stored_items(contents)
     asked: list[int] = []
     proposal = Snapshots.proposal
@@ -497,14 +495,33 @@ def module_contents(calls: int, module: Callable[[int], int]) -> list[ItemConten
 
 
 def module_read(call: int, module: int) -> tuple[ItemContent, ItemContent]:
-    use = ToolUseBlock(f"c{call}", "bash", json.dumps({"command": f"cat src/m{module}.py"}))
     output = "\n".join(
         f'def step_{module}_{k}(x):\n    """Step {k}."""\n    a = x + {k}\n    b = a * 2\n    c = b - a\n'
         f"    d = c * c\n    return a + b + c + d\n"
         for k in range(12)
     )
+    return bash_round(call, f"cat src/m{module}.py", output)
+
+
+def bash_round(call: int, command: str, output: str) -> tuple[ItemContent, ItemContent]:
+    """Call `call` of the bash tool running `command`, and its `output`."""
+    use = ToolUseBlock(f"c{call}", "bash", json.dumps({"command": command}))
     result = ToolResultBlock(f"c{call}", (TextBlock(output),), name="bash")
     return ItemContent(role=Role.ASSISTANT, content=(use,)), ItemContent(role=Role.TOOL, content=(result,))
+
+
+def compress_asked(patch: pytest.MonkeyPatch) -> list[int]:
+    """From now on, the seqs the compressing rule's transform is asked about, in order."""
+    asked: list[int] = []
+    compress = REGISTRY.get("compress")
+    proposal = type(compress).proposal
+
+    def asking(self: Any, context: Any, entry: Any, seen: Any, params: Any) -> Any:
+        asked.append(entry.seq)
+        return proposal(self, context, entry, seen, params)
+
+    patch.setattr(type(compress), "proposal", asking)
+    return asked
 
 
 def test_outputs_compressed_but_still_in_the_pool_are_not_asked_again_at_every_call() -> None:
@@ -536,7 +553,6 @@ def test_a_call_asks_about_the_outputs_shown_whole_that_its_focus_terms_may_occu
     contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
     calls = [f"cat src/m{call // 2}.py" for call in range(2, 62)] + ["grep -n step_3_1 src/m3.py"]
     for call, command in enumerate(calls, start=1):
-        use = ToolUseBlock(f"c{call}", "bash", json.dumps({"command": command}))
         module = call // 2 if call < len(calls) else 3  # (the grep shows a line of module 3)
         output = "\n".join(
             f'def step_{module}_{k}(x):\n    """Step {k}."""\n    a = x + {k}\n    b = a * 2\n    c = b - a\n'
@@ -545,22 +561,13 @@ def test_a_call_asks_about_the_outputs_shown_whole_that_its_focus_terms_may_occu
         )
         if call == len(calls):
             output = "7:def step_3_1(x):"
-        result = ToolResultBlock(f"c{call}", (TextBlock(output),), name="bash")
-        contents += [ItemContent(role=Role.ASSISTANT, content=(use,)), ItemContent(role=Role.TOOL, content=(result,))]
+        contents += bash_round(call, command, output)
     items = stored_items(contents)
     policy = parse_policy(default_policy_text(), REGISTRY)
     slot = next(k for k, rule in enumerate(policy.rules) if rule.transform == "compress")
-    compress = REGISTRY.get("compress")
-    asked: list[int] = []
-    proposal = type(compress).proposal
-
-    def asking(self: Any, context: Any, entry: Any, seen: Any, params: Any) -> Any:
-        asked.append(entry.seq)
-        return proposal(self, context, entry, seen, params)
-
     out = render(budgeted(items, 0, 41, ViewState(), None))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(type(compress), "proposal", asking)
+        asked = compress_asked(patch)
         for n in range(43, len(items) + 1, 2):
             inp = budgeted(items, 0, n, out.state, out.carry)
             asked.clear()
@@ -631,9 +638,7 @@ def test_a_focus_change_concerns_the_outputs_its_terms_or_its_ranges_reach() -> 
     calls = [("cat src/app.py", module), ("cat src/other.py", module.replace("handler", "worker"))]
     contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix it."),))]
     for call, (command, output) in enumerate(calls, start=1):
-        use = ToolUseBlock(f"c{call}", "bash", json.dumps({"command": command}))
-        result = ToolResultBlock(f"c{call}", (TextBlock(output),), name="bash")
-        contents += [ItemContent(role=Role.ASSISTANT, content=(use,)), ItemContent(role=Role.TOOL, content=(result,))]
+        contents += bash_round(call, command, output)
     items = stored_items(contents)
     policy = parse_policy(default_policy_text(), REGISTRY)
     draft = Draft(items, frozenset(), policy.tools)
@@ -671,9 +676,7 @@ def test_a_refusal_for_a_protection_that_lapses_is_judged_again_until_it_lapses(
     calls += [("cat src/a.py", big)] + [(f"ls src/d{k}", f"f{k}.py") for k in range(8)]
     contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
     for call, (command, output) in enumerate(calls, start=1):
-        use = ToolUseBlock(f"c{call}", "bash", json.dumps({"command": command}))
-        result = ToolResultBlock(f"c{call}", (TextBlock(output),), name="bash")
-        contents += [ItemContent(role=Role.ASSISTANT, content=(use,)), ItemContent(role=Role.TOOL, content=(result,))]
+        contents += bash_round(call, command, output)
     items = stored_items(contents)
     text = default_policy_text().replace("protection: {last_turns: 1}", "protection: {last_turns: 2}")
     text = text.replace("evidence: {max_level: 3}", "evidence: {max_level: 4}")
@@ -712,24 +715,14 @@ def test_a_call_reading_other_lines_of_a_file_asks_about_the_outputs_of_that_fil
         for k in range(1, 30)
     ]
     for call, (command, output) in enumerate(pages, start=41):
-        use = ToolUseBlock(f"c{call}", "bash", json.dumps({"command": command}))
-        result = ToolResultBlock(f"c{call}", (TextBlock(output),), name="bash")
-        contents += [ItemContent(role=Role.ASSISTANT, content=(use,)), ItemContent(role=Role.TOOL, content=(result,))]
+        contents += bash_round(call, command, output)
     items = stored_items(contents)
     policy = parse_policy(default_policy_text(), REGISTRY)
     slot = next(k for k, rule in enumerate(policy.rules) if rule.transform == "compress")
-    compress = REGISTRY.get("compress")
-    asked: list[int] = []
-    proposal = type(compress).proposal
-
-    def asking(self: Any, context: Any, entry: Any, seen: Any, params: Any) -> Any:
-        asked.append(entry.seq)
-        return proposal(self, context, entry, seen, params)
-
     out = render(budgeted(items, 0, 85, ViewState(), None))
     file_outputs = {83, 85}  # the whole file, then a range of it
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(type(compress), "proposal", asking)
+        asked = compress_asked(patch)
         for n in range(87, len(items) + 1, 2):
             inp = budgeted(items, 0, n, out.state, out.carry)
             asked.clear()
