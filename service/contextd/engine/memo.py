@@ -111,8 +111,9 @@ SHARED_SCAN = 32
 """Past a difference narrowed to this many elements, `shared_prefix` compares one by one."""
 
 
-def shared_prefix(previous: Sequence[T], current: Sequence[T]) -> int:
-    """How many leading elements of `current` equal those of `previous`.
+def shared_prefix(previous: Sequence[T], current: Sequence[T], known: int = 0) -> int:
+    """How many leading elements of `current` equal those of `previous`; `known`: how many the
+    caller knows they share (the same objects), which are not compared.
 
     A render resumes what the previous one did for what both share, and what they share is
     almost all of it and the same objects: the sequences are compared a slice at a time (a
@@ -123,6 +124,9 @@ def shared_prefix(previous: Sequence[T], current: Sequence[T]) -> int:
     a render is a pure function of what it is given, so they give what the same objects give.
     """
     n = min(len(previous), len(current))
+    if known > 0:
+        known = min(known, n)  # what follows is copied and compared: the short part
+        return known + shared_prefix(previous[known:n], current[known:n]) if known < n else n
     a: Sequence[T] = previous if len(previous) == n else previous[:n]  # a list's slice is a copy
     b: Sequence[T] = current if len(current) == n else current[:n]
     if type(a) is not type(b):  # a list's slice never equals a tuple's: the other side a list too

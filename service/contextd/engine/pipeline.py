@@ -95,7 +95,9 @@ class Carry:
 
     state: ViewState
     """The state the render produced: the carry serves renders from this state only."""
-    items: tuple[Item, ...]
+    items: Sequence[Item]
+    """The history it was rendered from: a list of its own, never changed (`follows` compares
+    the next render's with it, and two lists compare at pointer speed, a list and a tuple not)."""
     pins: frozenset[int]
     durable: tuple[AppliedEdit, ...]
     finished: Finished
@@ -154,7 +156,7 @@ class Carry:
         finished = Finished(draft, held.taken, held.compressed, held.relied)
         changed = frozenset(s for s in map(target_of, (a.edit for a in edits)) if s is not None and s > 0)
         ledgers = None if self.ledgers is None else replace(self.ledgers, changed=self.ledgers.changed | changed)
-        return replace(self, state=state, items=tuple(items[:seen]), finished=finished, ledgers=ledgers)
+        return replace(self, state=state, items=list(items[:seen]), finished=finished, ledgers=ledgers)
 
     def follows(self, inp: RenderInput) -> bool:
         """Whether `inp` differs from the input that made this carry only by items appended."""
@@ -281,7 +283,7 @@ def _carry(
     reordered = any(isinstance(a.edit, Reorder) for a in applied)
     return Carry(
         state=state,
-        items=tuple(inp.items),
+        items=list(inp.items),
         pins=inp.pins,
         durable=inp.durable,
         finished=finished,

@@ -58,14 +58,19 @@ class RepairRun:
     """Before each entry of `shown`: len(ordered), len(warnings)."""
     taken: bool = False
     """A later render resumed this run: its lists, maps and sets are that render's now."""
+    out: list[Entry] | None = None
+    """The entries it gave, repaired (never changed after)."""
+    kept: int = 0
+    """How many leading entries of `out` are those of the run it resumed (the same objects)."""
 
 
 def repair(
-    entries: Sequence[Entry], counter: TokenCounter, previous: RepairRun | None = None
+    entries: Sequence[Entry], counter: TokenCounter, previous: RepairRun | None = None, known: int = 0
 ) -> tuple[list[Entry], list[ViewWarning], RepairRun]:
     """The entries in an order and form every provider accepts, and what was changed;
-    `previous`: the repair of a previous render, to resume."""
-    run, start = _resumed(previous, entries, counter)
+    `previous`: the repair of a previous render, to resume (`known`: how many leading entries
+    of `entries` are its entries', the same objects)."""
+    run, start = _resumed(previous, entries, counter, known)
     shown, results, answers, placed = run.shown, run.results, run.answers, run.placed
     ordered, warnings, marks = run.ordered, run.warnings, run.marks
     for index in range(start, len(shown)):
@@ -103,17 +108,20 @@ def repair(
                 if entry.representation is not Representation.OMITTED:
                     notes.append(ViewWarning("REPAIR_RESULT_DROPPED", f"seq {entry.seq}: its call is not in the view"))
                 out.append(_omit(entry))
+    run.out = out
     return out, notes, run
 
 
-def _resumed(previous: RepairRun | None, entries: Sequence[Entry], counter: TokenCounter) -> tuple[RepairRun, int]:
+def _resumed(
+    previous: RepairRun | None, entries: Sequence[Entry], counter: TokenCounter, known: int
+) -> tuple[RepairRun, int]:
     """A run over `entries` with what `previous` did that still holds; and where to go on.
 
     The run takes the previous one's lists, maps and sets over, cut back to where it goes on
     (a cost in what changed, not in the view's length), and marks it taken: a run resumed
     once is not resumed again (another render from the same carry repairs from the start)."""
     if previous is not None and not previous.taken and previous.counter is counter and not previous.repeated:
-        same = shared_prefix(previous.entries, entries)
+        same = shared_prefix(previous.entries, entries, known)
         if same > previous.opening and take_over(previous):
             run = RepairRun(
                 counter,
@@ -156,6 +164,7 @@ def _resumed(previous: RepairRun | None, entries: Sequence[Entry], counter: Toke
                     )
                 )
                 run.placed.difference_update(e.seq for e in run.ordered[ordered_len:])
+                run.kept = ordered_len  # (the previous run's `out` begins with its `ordered`)
                 del run.ordered[ordered_len:]
                 del run.warnings[warnings_len:]
                 del run.marks[start:]

@@ -158,6 +158,10 @@ class Assembly:
     last: int = 0
     taken: bool = False
     """A later render resumed this assembly: its lists are that render's now."""
+    kept: int = 0
+    """How many leading segments are those of the assembly it resumed (the same objects)."""
+    shown: tuple[Segment, ...] = ()
+    """`segments` as the view's record holds them (stages/show.py), never changed."""
     counted: Counted | None = None
     """Its offsets, for the state's record of the render (`PreviousRender.counted`): marked
     taken with the assembly."""
@@ -171,10 +175,12 @@ def assemble_view(
     warnings: Sequence[ViewWarning] = (),
     patches: Mapping[str, Any] | None = None,
     previous: Assembly | None = None,
+    known: int = 0,
 ) -> tuple[View, Assembly]:
     """Render the entries (in view order) and count; the assembly holds the segments a
-    later render compares against, and is what a later render resumes (`previous`)."""
-    asm, folder, start, redo = _resumed(previous, entries, request.format, counter)
+    later render compares against, and is what a later render resumes (`previous`; `known`:
+    how many leading entries of `entries` are its entries', the same objects)."""
+    asm, folder, start, redo = _resumed(previous, entries, request.format, counter, known)
     _fold(asm, folder, start, redo)
     asm.counted = Counted(asm.offsets)
     folder.finish()
@@ -215,7 +221,7 @@ def assemble_view(
 
 
 def _resumed(
-    previous: Assembly | None, entries: Sequence[Entry], fmt: ViewFormat, counter: TokenCounter
+    previous: Assembly | None, entries: Sequence[Entry], fmt: ViewFormat, counter: TokenCounter, known: int
 ) -> tuple[Assembly, Folder, int, set[int]]:
     """A new assembly of `entries`, with what `previous` already did for them; where to go on;
     and the seqs whose offsets the previous render counted and this one counts again (their
@@ -228,7 +234,7 @@ def _resumed(
     # A taken assembly is another render's (or was cut back by one that failed half-way): its
     # lists say nothing of this one's entries.
     if previous is not None and not previous.taken and previous.format is fmt and previous.counter is counter:
-        same = shared_prefix(previous.entries, entries)
+        same = shared_prefix(previous.entries, entries, known)
         # Resume at an entry both share that opened a message: the messages before it are final.
         start = next((i for i in range(same - 1, 0, -1) if previous.marks[i].opens), 0)
         if start and take_over(previous):
@@ -268,6 +274,7 @@ def _resumed(
                 mark.item_tokens,
                 mark.in_order,
                 mark.last,
+                kept=mark.segments,
             )
             return asm, folder, start, redo
     rendered = Rendered()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial, reduce
 from typing import Any
@@ -20,13 +20,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextd.engine import pipeline
+from contextd.engine import repair as repair_module
+from contextd.engine import view as view_module
 from contextd.engine.carry_pickle import UnusableCarry, dump_carry, load_carry
 from contextd.engine.changes import StateChange, advance, change_from_json, change_to_json
 from contextd.engine.compress.strategy import Compress
+from contextd.engine.memo import shared_prefix
 from contextd.engine.model import Item, ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.observations import COMPLETES
 from contextd.engine.pipeline import AgentProposal, Carry, RenderInput, RenderOutput, render
 from contextd.engine.policy import default_policy_text, parse_policy
+from contextd.engine.stages import show as show_module
 from contextd.engine.stages.draft import Draft
 from contextd.engine.stages.ledger import STALE_SLACK
 from contextd.engine.stages.propose import transform_context
@@ -146,7 +150,19 @@ def follow(items: list[Item], policy: str, previous: RenderOutput | None, now: f
     out = render(inp)
     assert out == render(replace(inp, carry=None))
     assert_change_makes(inp.state, out)
+    if previous is not None and previous.carry is not None and out.carry is not None:
+        assert_took_over_the_same_objects(previous.carry, out.carry)
     return out
+
+
+def assert_took_over_the_same_objects(before: Carry, after: Carry) -> None:
+    """What a render says it kept of the previous render's repaired entries and segments (and
+    so did not compare) is the very objects that render gave."""
+    run, assembly = after.repaired, after.assembly
+    assert before.repaired.out is not None and run.out is not None
+    assert all(a is b for a, b in zip(before.repaired.out[: run.kept], run.out[: run.kept], strict=True))
+    kept = assembly.kept
+    assert all(a is b for a, b in zip(before.assembly.shown[:kept], assembly.shown[:kept], strict=True))
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -823,3 +839,29 @@ def test_a_carry_with_inserted_content_is_written_and_read_back() -> None:
     inp = RenderInput(make_session(len(more)), more, policy, request, COUNTER, annotating, back.state, 1060.0)
     assert render(replace(inp, carry=back)) == render(inp)
     assert back.finished.claim.taken
+
+
+def test_a_render_after_an_append_compares_the_view_from_where_the_last_one_changed_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A render resumes the last render's repair, assembly and record of segments where they
+    first differ; the draft knows which of its entries no edit touched since it handed them out,
+    and the assembly which segments it took over, so only what follows is compared, not the
+    whole view at each render."""
+    items = file_reads(150)
+    out = render(budgeted(items, 0, 201, ViewState(), None))
+    compared: list[int] = []
+
+    def comparing(previous: Sequence[Any], current: Sequence[Any], known: int = 0) -> int:
+        compared.append(min(len(previous), len(current)) - known)
+        return shared_prefix(previous, current, known)
+
+    for module in (repair_module, view_module, show_module):
+        monkeypatch.setattr(module, "shared_prefix", comparing)
+    for n in range(202, 240):
+        compared.clear()
+        inp = budgeted(items, 0, n, out.state, out.carry)
+        out = render(inp)
+        assert len(compared) == 3 and max(compared) <= 12, compared  # (the whole view: about 200)
+        assert out.carry is not None and out.carry.repaired.kept >= n - 12 and out.carry.assembly.kept >= n - 12
+        assert out == render(replace(inp, carry=None))

@@ -4,10 +4,13 @@ whole history."""
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from contextd.engine.model import Item, ItemContent, Role, TextBlock
 from contextd.engine.stages.draft import Draft
 from contextd.engine.state import AppliedEdit
-from contextd.engine.types import Insert, Remove, Replace
+from contextd.engine.types import Insert, Remove, Reorder, Replace
 from tests.helpers import stored_items
 
 
@@ -80,3 +83,65 @@ def test_a_draft_appended_to_in_place_is_the_draft_of_the_whole_history() -> Non
     carried.apply(_reduced(15))
     fresh.apply(_reduced(15))
     assert carried.ordered() == fresh.ordered()
+
+
+def _same_objects(given: list[object], current: list[object]) -> int:
+    n = min(len(given), len(current))
+    return next((i for i in range(n) if given[i] is not current[i]), n)
+
+
+_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("reduce"), st.integers(1, 30)),
+        st.tuples(st.just("append"), st.integers(1, 5)),
+        st.tuples(st.just("hand out"), st.just(0)),
+        st.tuples(st.just("insert"), st.integers(1, 30)),
+        st.tuples(st.just("reorder"), st.just(0)),
+    ),
+    max_size=25,
+)
+
+
+@given(_STEPS)
+def test_what_the_draft_says_a_list_it_handed_out_shares_is_the_same_objects(steps: list[tuple[str, int]]) -> None:
+    """`Draft.shares` lets a render's repair and assembly skip comparing what the draft knows is
+    unchanged: never more than the leading entries that are the very objects it handed out,
+    whatever edits, appends, insertions and reorders came between."""
+    items = _items(40)
+    length = 10
+    draft = Draft(items[:length], frozenset(), {})
+    handed = [draft.ordered()]
+    for step, at in steps:
+        if step == "reduce" and at <= length:
+            draft.apply(_reduced(at))
+        elif step == "append":
+            length = min(length + at, len(items))
+            draft.append(items[:length], frozenset())
+        elif step == "hand out":
+            handed.append(draft.ordered())
+        elif step == "insert" and at <= length:
+            note = ItemContent(role=Role.USER, content=(TextBlock("a note"),))
+            draft.apply(AppliedEdit(Insert(at, note), "rule", "reason", note.content, 2))
+        elif step == "reorder":
+            draft.apply(AppliedEdit(Reorder(tuple(reversed(draft.order))), "rule", "reason"))
+    current = draft.ordered()
+    assert current == _listed(draft)
+    for given_list in handed:
+        assert draft.shares(given_list, current) <= _same_objects(given_list, current)
+    assert draft.shares(current, current) == len(current)
+    assert draft.shares(handed[0], list(current)) == 0  # a list it did not give now: unknown
+
+
+def test_a_list_handed_out_shares_its_entries_up_to_the_first_edit_since() -> None:
+    items = _items(20)
+    draft = Draft(items[:10], frozenset(), {})
+    first = draft.ordered()
+    draft.apply(_reduced(7))
+    draft.append(items[:12], frozenset())
+    second = draft.ordered()
+    draft.apply(_reduced(4))
+    current = draft.ordered()
+    assert (draft.shares(first, current), draft.shares(second, current)) == (3, 3)
+    draft.append(items, frozenset())
+    latest = draft.ordered()
+    assert (draft.shares(first, latest), draft.shares(second, latest), draft.shares(current, latest)) == (3, 3, 12)

@@ -143,6 +143,20 @@ def test_the_prefix_two_renders_share_is_where_they_first_differ(
     assert shared_prefix(tuple(previous) if as_tuple else previous, current) == expected
     # Equal but distinct objects are shared: a render of equal entries is the same render.
     assert shared_prefix(previous, [(seq, text) for seq, text in current]) == expected
+    # What the caller knows the two share is not compared again, and changes nothing.
+    for known in {0, 1, expected // 2, expected, expected + 5}:
+        if known <= expected:
+            assert shared_prefix(previous, current, known) == expected
+
+
+def test_what_the_caller_knows_two_sequences_share_is_taken_as_shared() -> None:
+    previous = [object() for _ in range(100)]
+    current = [object() for _ in range(100)]  # nothing in common
+    assert shared_prefix(previous, current) == 0
+    assert shared_prefix(previous, current, 40) == 40  # taken on trust: the rest is compared
+    current[40:60] = previous[40:60]
+    assert shared_prefix(previous, current, 40) == 60
+    assert shared_prefix(previous, current[:50], 70) == 50  # never past the shorter one
 
 
 def test_the_shared_prefix_of_long_views_is_found_at_either_end() -> None:

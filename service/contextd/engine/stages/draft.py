@@ -40,6 +40,10 @@ def turn_indexes(items: Sequence[Item]) -> list[int]:
     return turns
 
 
+HANDED_KEPT = 4
+"""How many of the lists `Draft.ordered()` gave out it remembers (`Draft.shares`): a render hands
+out one or two (the budget's count of messages, the repair)."""
+
 BUDGET = "budget"
 """The rule and reason of what is offloaded to fit a view's token budget (stages/budget.py)."""
 
@@ -86,6 +90,9 @@ class Draft:
         self._ordered: list[Entry] | None = None
         self._handed_out = False
         """Whether `ordered()` gave `_ordered` out since it was made."""
+        self._handed: list[tuple[list[Entry], int]] = []
+        """The lists `ordered()` gave out lately, each with how many of its leading entries
+        `_ordered` still holds (the same objects): what `shares` says."""
         self.budget_walk: BudgetWalk | None = None
         """The turns the budget's last walk left unsettled (stages/budget.py), for the next render
         of a draft that follows this one to walk those alone."""
@@ -139,8 +146,8 @@ class Draft:
         seqs = [item.seq for item in new]
         # A new list, made before the order takes the new seqs: the previous render's repair and
         # assembly hold the one it handed them, and tell what changed by it. Nothing is inserted
-        # after the appended items.
-        self._ordered, self._handed_out = [*self.ordered(), *(entries[s] for s in seqs)], False
+        # after the appended items, so the lists handed out share what they shared.
+        self._ordered, self._handed_out = [*self._listed(), *(entries[s] for s in seqs)], False
         self.natural += tuple(seqs)
         self.turns = turn + 1
         self.order += seqs  # appended items follow, whatever order is in force
@@ -224,13 +231,30 @@ class Draft:
             ordered = self._ordered = list(ordered)
             self._handed_out = False
         ordered[at] = entry
+        self._handed = [(given, min(same, at)) for given, same in self._handed]
+
+    def shares(self, given: Sequence[Entry], current: Sequence[Entry]) -> int:
+        """How many leading entries `current`, the list `ordered()` gives now, holds of `given`,
+        one it gave before, as the same objects: as far as the draft knows, without comparing
+        them (0 when it does not know; `memo.shared_prefix` compares the rest)."""
+        if current is not self._ordered:
+            return 0
+        return next((same for g, same in self._handed if g is given), 0)
 
     def ordered(self) -> list[Entry]:
         """The entries in view order (a list not to be changed: the draft's later edits go to
         a copy)."""
+        ordered = self._listed()
+        self._handed_out = True
+        if not any(given is ordered for given, _ in self._handed):
+            self._handed = [*self._handed[1 - HANDED_KEPT :], (ordered, len(ordered))]
+        return ordered
+
+    def _listed(self) -> list[Entry]:
+        """`_ordered`, listed again if an edit left it unknown."""
         if self._ordered is None:
             self._ordered = self._in_view_order()
-        self._handed_out = True
+            self._handed = []  # listed again: what was handed out before is compared whole
         return self._ordered
 
     def _in_view_order(self) -> list[Entry]:

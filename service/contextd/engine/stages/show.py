@@ -68,7 +68,10 @@ def show(
     expected to reduce, for the breakpoint; `staked`: what this render's rewrite already put at
     risk of the session's bank). `repaired` and `assembled`: the last render's, from the same
     state, which repair and rendering resume where the entries are the same."""
-    ordered, repair_warnings, run = repair(draft.ordered(), counter, repaired)
+    # What each step resumes it knows to hold the same objects up to a point: compared from there.
+    entries = draft.ordered()
+    known = draft.shares(repaired.entries, entries) if repaired is not None else 0
+    ordered, repair_warnings, run = repair(entries, counter, repaired, known)
     view, assembly = assemble_view(
         session,
         ordered,
@@ -77,10 +80,14 @@ def show(
         [*volatile.warnings_for(draft.leading_system(), tools), *warnings, *repair_warnings],
         draft.patches,
         assembled,
+        run.kept if repaired is not None and assembled is not None and assembled.entries is repaired.out else 0,
     )
-    segments = tuple(assembly.segments)
+    segments = assembly.shown = tuple(assembly.segments)
     previous = cache.previous
-    shared = shared_prefix(previous.segments, segments) if previous else 0
+    shared = 0
+    if previous is not None:  # (the segments the assembly took over are those of this record's)
+        took_over = assembled is not None and previous.segments is assembled.shown
+        shared = shared_prefix(previous.segments, segments, assembly.kept if took_over else 0)
     stable = first_divergence(previous.segments, segments, previous.total_tokens, shared) if previous else 0
     point = None
     early = judged(previous, stable)
