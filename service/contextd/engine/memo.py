@@ -196,15 +196,16 @@ class IdentityMemo(Generic[V]):
             _BUDGET.trim()
         return value
 
-    def reweigh(self, sources: tuple[object, ...]) -> None:
+    def reweigh(self, sources: tuple[object, ...], grown_by: object = None) -> None:
         """Weigh again the result remembered for `sources`, which its holder changed in place
-        (a dict of results by another key, grown)."""
+        (a dict of results by another key, grown); `grown_by`: what was added to it and nothing
+        else changed (a key and its value), which alone is weighed and added."""
         key: object = id(sources[0]) if len(sources) == 1 else tuple(map(id, sources))
         with _BUDGET.lock:
             found = self._held.get(key)
             if found is None or not all(map(is_, found[0], sources)):
                 return
-            weight = ENTRY_BYTES + weigh(found[1])
+            weight = ENTRY_BYTES + weigh(found[1]) if grown_by is None else found[2] + weigh(grown_by)
             self._held[key] = (found[0], found[1], weight)
             self.bytes += weight - found[2]
             _BUDGET.held += weight - found[2]

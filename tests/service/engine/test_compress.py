@@ -510,6 +510,26 @@ def test_search_results_keep_every_file_and_the_definition_line() -> None:
     assert "src/app/jobs.py:40:        compute_total(batch)  [the same in 11 more places]" in out.text
 
 
+def test_search_results_compressed_again_under_another_focus_are_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An output is compressed again each time the focus that concerns it moves: what its lines
+    say whatever the focus (files, counts, distinct texts, failures) is read once per content,
+    and the compression under each focus is what a first reading gives."""
+    from contextd.engine.compress import search
+
+    foci = [Focus((), ("compute_total",)), NO_FOCUS, Focus(("batch",), ("views.py",)), Focus((), ("compute_total",))]
+    search._READ.clear()
+    first = [compress(_GREP, f, command="grep -rn compute_total src tests") for f in foci]
+    reads: list[int] = []
+    read_results = search._read_results
+    monkeypatch.setattr(search, "_read_results", lambda found: reads.append(1) or read_results(found))
+    again = [compress(_GREP, f, command="grep -rn compute_total src tests") for f in foci]
+    assert again == first and reads == []
+    assert len({out.text for out in first if out is not None}) == 3
+    search._READ.clear()
+    assert [compress(_GREP, f, command="grep -rn compute_total src tests") for f in foci] == first
+    assert reads == [1]  # read once for all four
+
+
 @pytest.mark.parametrize(
     ("line", "parsed"),
     [

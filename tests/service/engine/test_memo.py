@@ -78,6 +78,13 @@ def test_a_result_changed_in_place_is_weighed_again() -> None:
     held["key"] = "z" * 5000
     memo.reweigh((obj,))
     assert memo.bytes >= before + 5000
+    # Grown by one key: that key and its value are weighed and added, as weighing it all says.
+    whole = memo.bytes
+    held["other"] = "y" * 3000
+    memo.reweigh((obj,), ("other", held["other"]))
+    grown = memo.bytes
+    memo.reweigh((obj,))
+    assert whole + 3000 < grown and abs(grown - memo.bytes) <= 200
     memo.clear()
     assert memo.bytes == 0
 

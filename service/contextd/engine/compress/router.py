@@ -14,6 +14,7 @@ import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from contextd.engine.compress import code, html, jsondata, listing, logs, search
 from contextd.engine.compress.text import Compressed, Focus, Remembered
@@ -73,6 +74,7 @@ def _last_command(command: str) -> str:
     return last
 
 
+@lru_cache(maxsize=4096)  # a command's output is compressed again as the focus moves: split once
 def _path_of(command: str) -> str:
     try:
         words = shlex.split(command)

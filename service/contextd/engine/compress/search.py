@@ -15,12 +15,13 @@ Retrieve away.
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from contextd.engine.compress.text import Compressed, Focus, Lines
+from contextd.engine.compress.text import Compressed, Focus, Lines, Remembered
 
 _DEFINES = (
     r"(?:\b(?:def|class|function|func|fn|struct|interface|type|const|let|var|enum|trait|impl)\s+{name}\b"
@@ -128,14 +129,46 @@ def looks_like_search(lines: Sequence[str]) -> bool:
     return sum(1 for line in nonblank if _parse(line)) >= 0.8 * len(nonblank)
 
 
-def compress_search(text: str, focus: Focus) -> Compressed | None:
-    found = Lines(text)
-    lines = found.lines
+@dataclass(frozen=True, slots=True)
+class _Results:
+    """What a search's output says whatever the focus."""
+
+    texts: dict[int, str]
+    """Result line -> the text it matched (or surrounds, for a context line)."""
+    matches: frozenset[int]
+    count: int
+    """Of matches."""
+    files: int
+    loose: tuple[int, ...]
+    """Lines that are no result."""
+    failures: frozenset[int]
+    """Matches that report a failure."""
+    groups: tuple[tuple[int, ...], ...]
+    """The matches of each distinct text, the texts most places hold first."""
+    per_file: tuple[str, ...]
+    """Every file with its count of matches, by directory."""
+
+
+def _results(found: Lines) -> _Results | None:
+    """`found` read as search results (None when no line is one); remembered by content, as an
+    output is compressed again each time the focus that concerns it moves."""
+    text = found.text
+    if len(text) > REMEMBERED_CHARS:
+        return _read_results(found)
+    return _READ.get(hashlib.sha256(text.encode()).digest(), lambda: _read_results(found))
+
+
+_READ: Remembered[_Results | None] = Remembered(256)
+REMEMBERED_CHARS = 32_000
+"""Search outputs up to this long are read once (about twice their size held): 256 of them."""
+
+
+def _read_results(found: Lines) -> _Results | None:
     files: dict[str, _File] = {}
     texts: dict[int, str] = {}
     matches: list[int] = []
     loose: list[int] = []
-    for i, line in enumerate(lines):
+    for i, line in enumerate(found.lines):
         parsed = _parse(line)
         if parsed is None:
             if line.strip() and line != "--":
@@ -150,6 +183,37 @@ def compress_search(text: str, focus: Focus) -> Compressed | None:
             matches.append(i)
     if not files:
         return None
+    # One line per distinct text, at the first place it occurs: the texts most places hold first.
+    same: dict[str, list[int]] = {}
+    for i in matches:
+        same.setdefault(texts[i].strip(), []).append(i)
+    groups = sorted(same.values(), key=lambda p: (-len(p), p[0]))
+    by_directory: dict[str, list[_File]] = {}
+    for entry in files.values():
+        by_directory.setdefault(posixpath.dirname(entry.path), []).append(entry)
+    listings = {
+        directory: ", ".join(f"{posixpath.basename(e.path)} ({e.matches:,})" for e in entries)
+        for directory, entries in by_directory.items()
+    }
+    return _Results(
+        texts,
+        frozenset(matches),
+        len(matches),
+        len(files),
+        tuple(loose),
+        frozenset(found.reporting_errors().intersection(matches)),
+        tuple(map(tuple, groups)),
+        tuple(f"{directory + '/' if directory else ''}: {listed}" for directory, listed in _folded(listings)),
+    )
+
+
+def compress_search(text: str, focus: Focus) -> Compressed | None:
+    found = Lines(text)
+    lines = found.lines
+    read = _results(found)
+    if read is None:
+        return None
+    texts, matched, failures, loose = read.texts, read.matches, read.failures, read.loose
     # Definitions of a focus name, and mentions of the focus terms few lines share.
     names = [n for n in focus.names if re.fullmatch(r"\w+", n)]
     chosen: set[int] = set()
@@ -157,27 +221,21 @@ def compress_search(text: str, focus: Focus) -> Compressed | None:
         defines = re.compile(_DEFINES.format(name="(?:" + "|".join(map(re.escape, names)) + ")"))
         chosen = {i for i in found.having(names) if i in texts and defines.search(texts[i])}
     chosen |= focus.selective(found).lines_mentioning(found) & texts.keys()
-    failures = found.reporting_errors() & set(matches)
-    rare = len(failures) <= max(SAMPLES, RARE * len(matches))
+    rare = len(failures) <= max(SAMPLES, RARE * read.count)
     if failures and rare:
         chosen |= failures
-    # One line per distinct text, at the first place it occurs: the texts most places hold first.
-    same: dict[str, list[int]] = {}
-    for i in matches:
-        same.setdefault(texts[i].strip(), []).append(i)
     shown = set(chosen)
-    samples = sorted((p for p in same.values() if not set(p) & chosen), key=lambda p: (-len(p), p[0]))[:SAMPLES]
+    samples = [p for p in read.groups if chosen.isdisjoint(p)][:SAMPLES]
     shown.update(places[0] for places in samples)
     repeats = {places[0]: len(places) - 1 for places in samples if len(places) > 1}
     # Context lines go with the shown match they surround.
-    matched = set(matches)
     for i in sorted(shown):
         for step in (-1, 1):
             j = i + step
             while 0 <= j < len(lines) and j in texts and j not in matched:
                 shown.add(j)
                 j += step
-    out = [f"[{len(matches):,} matches in {len(files):,} files]"]
+    out = [f"[{read.count:,} matches in {read.files:,} files]"]
     previous = -2
     for i in sorted(shown):
         if i != previous + 1 and previous >= 0:
@@ -186,14 +244,7 @@ def compress_search(text: str, focus: Focus) -> Compressed | None:
         out.append(lines[i] + (f"  [the same in {more:,} more {'place' if more == 1 else 'places'}]" if more else ""))
         previous = i
     out.append("[matches per file]")
-    by_directory: dict[str, list[_File]] = {}
-    for entry in files.values():
-        by_directory.setdefault(posixpath.dirname(entry.path), []).append(entry)
-    listings = {
-        directory: ", ".join(f"{posixpath.basename(e.path)} ({e.matches:,})" for e in entries)
-        for directory, entries in by_directory.items()
-    }
-    out.extend(f"{directory + '/' if directory else ''}: {listed}" for directory, listed in _folded(listings))
+    out.extend(read.per_file)
     out.extend(lines[i] for i in loose[:5])
     if len(loose) > 5:
         more = len(loose) - 5

@@ -78,7 +78,8 @@ class Compress(Strategy):
         examples = whole and new and bool(on_entry)
         key = (focus.terms, focus.lines, ratio, declared, seen.command, path, on_entry, entry_ratio, examples)
         if key not in held:
-            if len(held) >= HELD_PER_ITEM:
+            cleared = len(held) >= HELD_PER_ITEM
+            if cleared:
                 held.clear()  # an output asked under many foci: the recent ones matter
             try:
                 found = compress(text, focus, declared=declared, command=seen.command, path=path, examples=examples)
@@ -91,7 +92,7 @@ class Compress(Strategy):
                 if found is not None and len(found.text) <= (entry_ratio if at_entry else ratio) * len(text)
                 else None
             )
-            _compressions.reweigh((entry.item,))
+            _compressions.reweigh((entry.item,), None if cleared else (key, held[key]))
         return held[key]
 
     @staticmethod
