@@ -46,6 +46,7 @@ from bench.traces import contents  # noqa: E402
 from contextd.engine.compress import Focus, compress  # noqa: E402
 from contextd.engine.compress.code import PARSED  # noqa: E402
 from contextd.engine.compress.router import SNIFFED  # noqa: E402
+from contextd.engine.compress.search import READ as SEARCHES_READ  # noqa: E402
 from contextd.engine.pipeline import RenderInput, render  # noqa: E402
 from contextd.engine.policy import default_policy  # noqa: E402
 from contextd.engine.state import ViewState  # noqa: E402
@@ -496,6 +497,7 @@ def contextd_output(payload: Payload, repeat: int) -> tuple[str, float]:
     for _ in range(repeat):
         SNIFFED.clear()  # each run classifies, parses and compresses: nothing remembered from the last
         PARSED.clear()
+        SEARCHES_READ.clear()
         started = time.perf_counter()
         if payload.messages:
             out = _engine_view(payload)

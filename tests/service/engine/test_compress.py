@@ -517,7 +517,7 @@ def test_search_results_compressed_again_under_another_focus_are_read_once(monke
     from contextd.engine.compress import search
 
     foci = [Focus((), ("compute_total",)), NO_FOCUS, Focus(("batch",), ("views.py",)), Focus((), ("compute_total",))]
-    search._READ.clear()
+    search.READ.clear()
     first = [compress(_GREP, f, command="grep -rn compute_total src tests") for f in foci]
     reads: list[int] = []
     read_results = search._read_results
@@ -525,7 +525,7 @@ def test_search_results_compressed_again_under_another_focus_are_read_once(monke
     again = [compress(_GREP, f, command="grep -rn compute_total src tests") for f in foci]
     assert again == first and reads == []
     assert len({out.text for out in first if out is not None}) == 3
-    search._READ.clear()
+    search.READ.clear()
     assert [compress(_GREP, f, command="grep -rn compute_total src tests") for f in foci] == first
     assert reads == [1]  # read once for all four
 

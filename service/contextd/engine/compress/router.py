@@ -74,8 +74,18 @@ def _last_command(command: str) -> str:
     return last
 
 
-@lru_cache(maxsize=4096)  # a command's output is compressed again as the focus moves: split once
 def _path_of(command: str) -> str:
+    # A command's output is compressed again as the focus moves: split once (a long one, a
+    # heredoc writing a file say, each time, rather than held).
+    return _split_path_of(command) if len(command) <= 1_000 else _path_in(command)
+
+
+@lru_cache(maxsize=4096)
+def _split_path_of(command: str) -> str:
+    return _path_in(command)
+
+
+def _path_in(command: str) -> str:
     try:
         words = shlex.split(command)
     except ValueError:

@@ -155,12 +155,14 @@ def _results(found: Lines) -> _Results | None:
     text = found.text
     if len(text) > REMEMBERED_CHARS:
         return _read_results(found)
-    return _READ.get(hashlib.sha256(text.encode()).digest(), lambda: _read_results(found))
+    return READ.get(hashlib.sha256(text.encode()).digest(), lambda: _read_results(found))
 
 
-_READ: Remembered[_Results | None] = Remembered(256)
-REMEMBERED_CHARS = 32_000
-"""Search outputs up to this long are read once (about twice their size held): 256 of them."""
+READ: Remembered[_Results | None] = Remembered(64)
+REMEMBERED_CHARS = 16_000
+"""Search outputs up to this long are read once, 64 of them: a reading holds 5 to 25 times its
+output's size (tracemalloc: a grep of 30 KB holds 143 KB, one of short lines 26 times its size),
+so at most about 27 MB, outside the memos' byte budget."""
 
 
 def _read_results(found: Lines) -> _Results | None:

@@ -42,7 +42,8 @@ def turn_indexes(items: Sequence[Item]) -> list[int]:
 
 HANDED_KEPT = 4
 """How many of the lists `Draft.ordered()` gave out it remembers (`Draft.shares`): a render hands
-out one or two (the budget's count of messages, the repair)."""
+out two (to the transforms, to the repair) and one more at each count of messages under a budget;
+a list it no longer remembers is compared whole."""
 
 BUDGET = "budget"
 """The rule and reason of what is offloaded to fit a view's token budget (stages/budget.py)."""
