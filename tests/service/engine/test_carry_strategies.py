@@ -865,3 +865,33 @@ def test_a_render_after_an_append_compares_the_view_from_where_the_last_one_chan
         assert len(compared) == 3 and max(compared) <= 12, compared  # (the whole view: about 200)
         assert out.carry is not None and out.carry.repaired.kept >= n - 12 and out.carry.assembly.kept >= n - 12
         assert out == render(replace(inp, carry=None))
+
+
+def test_an_output_no_compressor_reads_is_not_asked_again_when_a_term_it_holds_comes_into_focus() -> None:
+    """A `git status` lists the files being worked on, so the file every later call reads is
+    named in each of them; no compressor reads a status whatever the focus (`router.unread`), so
+    such outputs rest on nothing but themselves, and a call reading one of those files asks the
+    compressing rule about what it appended, not again about every status that names the file."""
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix the parsers."),))]
+    files = [f"src/pkg/parser_{k}.py" for k in range(40)]  # (a status of 200 tokens or more: in the pool)
+    call = 0
+    for round_ in range(12):
+        call += 1
+        status = "\n".join(["On branch main", *(f"\tmodified:   {path}" for path in files[: round_ % 5 + 36])])
+        note = f"notes/round_{round_}.md"  # (the same command again would be a snapshot taken again)
+        contents += bash_round(call, f"git status src {note}", f"{status}\n\tnew file:   {note}")
+        call += 1
+        module = "\n".join(f"def step_{round_}_{k}(x):\n    return x + {k}\n" for k in range(30))
+        contents += bash_round(call, f"cat {files[round_ % 8]}", module)
+    items = stored_items(contents)
+    statuses = {s for s in range(1, len(items) + 1) if "On branch" in str(items[s - 1].content)}
+    out = render(budgeted(items, 0, 21, ViewState(), None))
+    with pytest.MonkeyPatch.context() as patch:
+        asked = compress_asked(patch)
+        for n in range(23, len(items) + 1, 2):
+            inp = budgeted(items, 0, n, out.state, out.carry)
+            asked.clear()
+            out = render(inp)
+            asked_now = set(asked)
+            assert out == render(replace(inp, carry=None))
+            assert not asked_now & statuses - {n - 2, n}, (n, sorted(asked_now))  # but the latest turns

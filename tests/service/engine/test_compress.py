@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from contextd.engine.compress import KINDS, NO_FOCUS, Focus, code, compress, logs, route
 from contextd.engine.compress.listing import UNNAMED
-from contextd.engine.compress.router import SNIFFED, envelope, hint
+from contextd.engine.compress.router import SNIFFED, envelope, hint, unread
 from contextd.engine.compress.search import SAMPLES
 from contextd.engine.compress.text import MAX_FOCUS_TERMS, WORD
 from contextd.engine.model import ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
@@ -1331,3 +1331,40 @@ def test_search_results_keep_a_failure_few_lines_report_and_say_so() -> None:
     errors = [f"src/app/m{k}.py:{k}:    raise ValueError('bad {k}')" for k in range(300)]
     out = compress("\n".join(errors), NO_FOCUS, command="grep -rn ValueError src")
     assert out is not None and out.summary.startswith(f"{SAMPLES} of 300 result lines kept (the focus, one per")
+
+
+_UNREAD_FOCI = [NO_FOCUS, Focus(("src/app.py",), ()), Focus((), ("parse_header", "app")), Focus(("modified",), ())]
+
+
+@pytest.mark.parametrize(
+    ("text", "command", "read"),
+    [
+        ("On branch main\n\tmodified:   src/app.py\n\tmodified:   src/cli.py", "git status", False),
+        ("On branch main\n" + "\n".join(f"\tmodified:   src/m{k}.py" for k in range(60)), "git status", False),
+        ("1", "python3 -c 'print(1)'", False),
+        ("\n".join(f"step {k}: ok" for k in range(5)), "./run.sh", False),
+        ("\n".join(f"step {k}: ok" for k in range(40)), "./run.sh", True),  # enough lines to read
+        ("\n".join(f"def f_{k}(x):\n    return x\n" for k in range(10)), "cat src/app.py", True),
+    ],
+)
+def test_an_output_no_compressor_reads_is_left_whole_under_every_focus(text: str, command: str, read: bool) -> None:
+    """`router.unread`: what no compressor reads whatever the focus (its kind has no compressor, or
+    it is lines too few to read as lines); the compressing rule does not ask about it again as
+    the focus moves (compress/strategy.py, `Compress.keys`)."""
+    assert unread(text, command=command) is not read
+    if not read:
+        assert all(compress(text, focus, command=command) is None for focus in _UNREAD_FOCI)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["src/app.py", "parse_header", "ERROR", "modified:", "x = 1", "def f(x):", "  ok"]), max_size=30
+    ),
+    st.sampled_from(["git status", "ls -la", "./run.sh", "cat notes.txt", "make", "pytest -q", "grep -rn x src"]),
+    st.sampled_from(_UNREAD_FOCI),
+)
+def test_what_no_compressor_reads_none_compresses_under_any_focus(lines: list[str], command: str, focus: Focus) -> None:
+    text = "\n".join(lines)
+    if unread(text, command=command):
+        assert compress(text, focus, command=command) is None

@@ -170,8 +170,11 @@ def _bodies(source: str, lines: Sequence[str], language: str) -> tuple[tuple[Bod
     return PARSED.get(key, lambda: _parsed_bodies(source, lines, language))
 
 
-PARSED: Remembered[tuple[tuple[Body, ...] | None, str]] = Remembered(512)
-"""Definitions by language and content hash (a few KB for a large module)."""
+PARSED: Remembered[tuple[tuple[Body, ...] | None, str]] = Remembered(20_000, 16 << 20)
+"""Definitions by language and content hash (about 300 bytes a definition), to 16 MiB: an output
+is compressed again whenever a focus term it holds comes or goes, and a session's modules are
+read again in any order (512 of them, the bound before, was half the modules of a long session:
+every other recompression parsed its module again)."""
 
 
 def may_hold_bodies(source: str) -> bool:

@@ -199,6 +199,15 @@ def compress(
     return found if len(found.text) < len(text) else None
 
 
+def unread(text: str, *, declared: str = "", command: str = "", path: str = "") -> bool:
+    """Whether `compress` gives None for `text` whatever the focus: no compressor reads the kind
+    it is taken for (a `git status`, a compiler's diagnostics), or it is read as lines alone and
+    has fewer than a reading as lines needs (a short output of no kind: most outputs)."""
+    _, inner, _ = envelope(text)
+    readers = _READERS.get(route(inner, declared=declared, command=command, path=path)[0], ())
+    return not readers or (readers == (_text,) and inner.count("\n") + 1 < TEXT_MIN_LINES)
+
+
 def _read_cut(inner: str, cut: re.Match[str], focus: Focus, reading: Reading) -> Compressed | None:
     """A tool that kept the head and the tail of a long output: each is read on its own (the
     notice of what it left out, between them, is not a path, a row or a line of code). The

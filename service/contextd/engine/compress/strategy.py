@@ -23,7 +23,7 @@ from collections.abc import Callable, Hashable, Mapping
 from itertools import pairwise
 from typing import Any, ClassVar
 
-from contextd.engine.compress.router import compress, envelope
+from contextd.engine.compress.router import compress, envelope, unread
 from contextd.engine.compress.text import WORD, Compressed, Focus, identifiers, term_words
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Item, Representation, TextBlock, ToolUseBlock
@@ -57,10 +57,7 @@ class Compress(Strategy):
         if words is not None:
             # Only the focus terms that may occur in the output change its compression: the key.
             focus = focus.within(words)
-        declared = entry.item.metadata.get(CONTENT_KEY, "")
-        if not declared and seen.tool in context.tool_effects:
-            declared = getattr(context.tool_effects[seen.tool], "content", "")
-        path = seen.reads[0].path if seen.reads else ""
+        declared, path = _declared(context, entry, seen), seen.reads[0].path if seen.reads else ""
         held = _compressions.get((entry.item,), dict)
         ratio = params.get("max_ratio", MAX_RATIO)
         # A read of a file is what the call that made it works from: read whole by that call,
@@ -119,6 +116,19 @@ class Compress(Strategy):
             return ()
         return (("focus",),) if all(isinstance(p, TextBlock) for p in result.content) else ()
 
+    def keys(self, context: TransformContext, entry: Entry, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
+        """An output no compressor reads whatever the focus (`router.unread`: a `git status`, a
+        short output) rests on nothing but itself: a focus term it holds changes nothing, and
+        asking it again at each one would cost, at every call, as many outputs as hold the term."""
+        found = super().keys(context, entry, params)
+        if found:
+            seen = context.observations.by_seq[entry.seq]  # (there: the entry has keys)
+            path = seen.reads[0].path if seen.reads else ""
+            text, declared = output_text(entry), _declared(context, entry, seen)
+            if unread(text, declared=declared, command=seen.command, path=path):
+                return ()
+        return found
+
     def concerned(self, context: TransformContext, change: FocusChange) -> Callable[[Entry], bool]:
         """The focus reaches an output through the terms a compressor reads (`Focus.terms`) that
         may occur in it (`Focus.within`), and through the lines a recent call read again of the
@@ -138,6 +148,14 @@ class Compress(Strategy):
             return held is None or any(term <= held for term in words)
 
         return concerns
+
+
+def _declared(context: TransformContext, entry: Entry, seen: Observation) -> str:
+    """What the output is declared to hold (a compressor's kind), by its item or its tool."""
+    declared = entry.item.metadata.get(CONTENT_KEY, "")
+    if not declared and seen.tool in context.tool_effects:
+        declared = getattr(context.tool_effects[seen.tool], "content", "")
+    return declared
 
 
 def _every(entry: Entry) -> bool:

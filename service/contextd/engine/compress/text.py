@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Generic, TypeVar
 
+from contextd.engine.memo import weigh
+
 V = TypeVar("V")
 
 _DISTINCT = re.compile(r"[_./:\d-]|[a-z][A-Z]")
@@ -46,12 +48,16 @@ def identifiers(text: str, limit: int = MAX_FOCUS_TERMS) -> tuple[str, ...]:
 
 
 class Remembered(Generic[V]):
-    """Values by a key of content (a hash), bounded: the least recently used goes first.
-    Safe to share between threads (the order is kept under a lock; `compute` runs outside it)."""
+    """Values by a key of content (a hash), bounded by count and, with `max_bytes`, by their
+    weight (`memo.weigh`): the least recently used goes first. Safe to share between threads
+    (the order is kept under a lock; `compute` runs outside it)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, max_bytes: int = 0) -> None:
         self.size = size
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self._values: OrderedDict[Hashable, V] = OrderedDict()
+        self._weights: dict[Hashable, int] = {}
         self._lock = threading.Lock()
 
     def get(self, key: Hashable, compute: Callable[[], V]) -> V:
@@ -60,17 +66,27 @@ class Remembered(Generic[V]):
                 self._values.move_to_end(key)
                 return self._values[key]
         value = compute()
+        weight = weigh(value) if self.max_bytes else 0
         with self._lock:
+            if key in self._values:  # (another thread computed it meanwhile)
+                self.bytes -= self._weights.pop(key, 0)
             self._values[key] = value
-            if len(self._values) > self.size:
-                self._values.popitem(last=False)
+            if weight:
+                self._weights[key] = weight
+                self.bytes += weight
+            while len(self._values) > self.size or (self.max_bytes and self.bytes > self.max_bytes):
+                oldest, _ = self._values.popitem(last=False)
+                self.bytes -= self._weights.pop(oldest, 0)
         return value
 
     def __len__(self) -> int:
         return len(self._values)
 
     def clear(self) -> None:
-        self._values.clear()
+        with self._lock:
+            self._values.clear()
+            self._weights.clear()
+            self.bytes = 0
 
 
 @dataclass(frozen=True)
