@@ -1368,3 +1368,20 @@ def test_what_no_compressor_reads_none_compresses_under_any_focus(lines: list[st
     text = "\n".join(lines)
     if unread(text, command=command):
         assert compress(text, focus, command=command) is None
+
+
+def test_remembered_values_are_bounded_by_their_weight_the_least_recently_used_going_first() -> None:
+    from contextd.engine.compress.text import Remembered
+
+    held: Remembered[str] = Remembered(100, max_bytes=3_500)
+    for k in range(5):
+        held.get(k, lambda k=k: str(k) * 1_000)  # about 1,050 bytes each
+    assert len(held) == 3 and held.bytes <= 3_500
+    assert held.get(4, lambda: "again") == "4" * 1_000  # the newest stayed
+    assert held.get(0, lambda: "again") == "again"  # the oldest went
+    held.clear()
+    assert (len(held), held.bytes) == (0, 0)
+    by_count: Remembered[str] = Remembered(2)  # no byte bound: by count alone
+    for k in range(3):
+        by_count.get(k, lambda k=k: str(k) * 10_000)
+    assert len(by_count) == 2 and by_count.bytes == 0
