@@ -196,15 +196,18 @@ class IdentityMemo(Generic[V]):
             _BUDGET.trim()
         return value
 
-    def reweigh(self, sources: tuple[object, ...], grown_by: object = None) -> None:
+    def reweigh(self, sources: tuple[object, ...], grown_by: object = None, result: object = None) -> None:
         """Weigh again the result remembered for `sources`, which its holder changed in place
-        (a dict of results by another key, grown); `grown_by`: what was added to it and nothing
-        else changed (a key and its value), which alone is weighed and added."""
+        (a dict of results by another key, grown); `grown_by`: what was added to `result` (the
+        holder's) and nothing else changed (a key and its value), which alone is weighed and
+        added, if the memo still holds that result."""
         key: object = id(sources[0]) if len(sources) == 1 else tuple(map(id, sources))
         with _BUDGET.lock:
             found = self._held.get(key)
             if found is None or not all(map(is_, found[0], sources)):
                 return
+            if grown_by is not None and found[1] is not result:
+                return  # given up and computed again since: what it holds was weighed as it is
             weight = ENTRY_BYTES + weigh(found[1]) if grown_by is None else found[2] + weigh(grown_by)
             self._held[key] = (found[0], found[1], weight)
             self.bytes += weight - found[2]

@@ -81,10 +81,18 @@ def test_a_result_changed_in_place_is_weighed_again() -> None:
     # Grown by one key: that key and its value are weighed and added, as weighing it all says.
     whole = memo.bytes
     held["other"] = "y" * 3000
-    memo.reweigh((obj,), ("other", held["other"]))
+    memo.reweigh((obj,), ("other", held["other"]), held)
     grown = memo.bytes
     memo.reweigh((obj,))
     assert whole + 3000 < grown and abs(grown - memo.bytes) <= 200
+    # A result given up and computed again since: what grew is not the memo's, and is not added.
+    memo.clear()
+    fresh = memo.get((obj,), dict)
+    assert fresh is not held
+    before = memo.bytes
+    held["more"] = "w" * 5000
+    memo.reweigh((obj,), ("more", held["more"]), held)
+    assert memo.bytes == before
     memo.clear()
     assert memo.bytes == 0
 

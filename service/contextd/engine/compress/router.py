@@ -96,6 +96,16 @@ def _path_in(command: str) -> str:
 
 def hint(command: str = "", path: str = "") -> tuple[str, str]:
     """(kind, language) a command or a file path suggests; empty when it suggests nothing."""
+    # Asked for each output whenever it is compressed again: remembered (as `_path_of`).
+    return _hinted(command, path) if len(command) <= 1_000 else _hint(command, path)
+
+
+@lru_cache(maxsize=4096)
+def _hinted(command: str, path: str) -> tuple[str, str]:
+    return _hint(command, path)
+
+
+def _hint(command: str, path: str) -> tuple[str, str]:
     if command:
         last = _last_command(command)
         if _TEST_COMMANDS.search(last) or _TEST_COMMANDS.search(command.strip()):
@@ -336,6 +346,8 @@ _CLOSING = re.compile(r"\n?</(?:output|output_tail|stdout)>\s*$")
 def envelope(text: str) -> tuple[str, str, str]:
     """(opening, content, closing): a tool's wrapping of its output in tags (an exit code, a
     notice, ``<output>`` ... ``</output>``) is kept as it is; the content is compressed."""
+    if "<output" not in text and "<stdout>" not in text:
+        return "", text, ""  # (no tag to find: the pattern would try 2,000 characters first)
     opening = _OPENING.match(text)
     if opening is None:
         return "", text, ""

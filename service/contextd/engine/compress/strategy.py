@@ -89,7 +89,7 @@ class Compress(Strategy):
                 if found is not None and len(found.text) <= (entry_ratio if at_entry else ratio) * len(text)
                 else None
             )
-            _compressions.reweigh((entry.item,), None if cleared else (key, held[key]))
+            _compressions.reweigh((entry.item,), None if cleared else (key, held[key]), held)
         return held[key]
 
     @staticmethod
