@@ -177,11 +177,19 @@ class IdentityMemo(Generic[V]):
 
     def get(self, sources: tuple[object, ...], compute: Callable[[], V]) -> V:
         """`compute()`, remembered for exactly these objects."""
-        # On the hot path of every render, many times per item: C-level calls only.
-        key: object = id(sources[0]) if len(sources) == 1 else tuple(map(id, sources))
-        found = self._held.get(key)
-        if found is not None and all(map(is_, found[0], sources)):
-            return found[1]
+        # On the hot path of every render, many times per item: C-level calls only, and for
+        # one source (most memos) not even an iterator.
+        key: object
+        if len(sources) == 1:
+            key = id(sources[0])
+            found = self._held.get(key)
+            if found is not None and found[0][0] is sources[0]:
+                return found[1]
+        else:
+            key = tuple(map(id, sources))
+            found = self._held.get(key)
+            if found is not None and all(map(is_, found[0], sources)):
+                return found[1]
         value = compute()
         weight = ENTRY_BYTES + weigh(value)
         with _BUDGET.lock:
@@ -196,19 +204,28 @@ class IdentityMemo(Generic[V]):
             _BUDGET.trim()
         return value
 
-    def reweigh(self, sources: tuple[object, ...], grown_by: object = None, result: object = None) -> None:
+    def reweigh(self, sources: tuple[object, ...]) -> None:
         """Weigh again the result remembered for `sources`, which its holder changed in place
-        (a dict of results by another key, grown); `grown_by`: what was added to `result` (the
-        holder's) and nothing else changed (a key and its value), which alone is weighed and
-        added, if the memo still holds that result."""
+        (a dict of results by another key, grown or cleared)."""
+        self._weighed(sources, None, lambda found: ENTRY_BYTES + weigh(found[1]))
+
+    def grew(self, sources: tuple[object, ...], result: object, by: object) -> None:
+        """`result`, remembered for `sources`, grew in place by `by` alone (a key and its
+        value): its weight is added, the rest not weighed again; nothing if the memo holds
+        another result for them now (given up and computed again since: weighed as it is)."""
+        self._weighed(sources, result, lambda found: found[2] + weigh(by))
+
+    def _weighed(
+        self, sources: tuple[object, ...], result: object, weight_of: Callable[[tuple[Any, Any, int]], int]
+    ) -> None:
         key: object = id(sources[0]) if len(sources) == 1 else tuple(map(id, sources))
         with _BUDGET.lock:
             found = self._held.get(key)
             if found is None or not all(map(is_, found[0], sources)):
                 return
-            if grown_by is not None and found[1] is not result:
-                return  # given up and computed again since: what it holds was weighed as it is
-            weight = ENTRY_BYTES + weigh(found[1]) if grown_by is None else found[2] + weigh(grown_by)
+            if result is not None and found[1] is not result:
+                return
+            weight = weight_of(found)
             self._held[key] = (found[0], found[1], weight)
             self.bytes += weight - found[2]
             _BUDGET.held += weight - found[2]

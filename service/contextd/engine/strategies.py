@@ -340,7 +340,7 @@ class Errors(Strategy):
                 "errored",
                 _fixed_by(fix),
             )
-            _residues.reweigh((entry.item,), (key, held[key]), held)
+            _residues.grew((entry.item,), held, (key, held[key]))
         return held[key]
 
     def rests_on(self, entry: Entry, seen: Observation, params: Mapping[str, Any]) -> tuple[Hashable, ...]:

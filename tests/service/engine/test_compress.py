@@ -1356,18 +1356,38 @@ def test_an_output_no_compressor_reads_is_left_whole_under_every_focus(text: str
         assert all(compress(text, focus, command=command) is None for focus in _UNREAD_FOCI)
 
 
-@settings(max_examples=200, deadline=None)
+_WRAPPED = [
+    "{}",
+    "<output>\n{}\n</output>",
+    "<returncode>1</returncode>\n<output>\n{}\n</output>",
+    "<stdout>{}</stdout>",
+    "<returncode>0</returncode>\n<output_head>\n{}\n</output_head>\n<elided_chars>\n900 characters elided\n"
+    "</elided_chars>\n<output_tail>\n{}\n</output_tail>",
+]
+
+
+@settings(max_examples=300, deadline=None)
 @given(
     st.lists(
-        st.sampled_from(["src/app.py", "parse_header", "ERROR", "modified:", "x = 1", "def f(x):", "  ok"]), max_size=30
+        st.sampled_from(["src/app.py", "parse_header", "ERROR", "modified:", "x = 1", "def f(x):", "ok", '{"a": 1}']),
+        max_size=30,
     ),
-    st.sampled_from(["git status", "ls -la", "./run.sh", "cat notes.txt", "make", "pytest -q", "grep -rn x src"]),
+    st.sampled_from(["git status", "ls -la", "./run.sh", "cat notes.txt", "make", "pytest -q", "grep -rn x src", ""]),
     st.sampled_from(_UNREAD_FOCI),
+    st.sampled_from(["", "log", "text", "status", "json", "code", "bogus"]),
+    st.sampled_from(["", "src/app.py", "notes.txt", "data.json"]),
+    st.sampled_from(_WRAPPED),
 )
-def test_what_no_compressor_reads_none_compresses_under_any_focus(lines: list[str], command: str, focus: Focus) -> None:
-    text = "\n".join(lines)
-    if unread(text, command=command):
-        assert compress(text, focus, command=command) is None
+def test_what_no_compressor_reads_none_compresses_under_any_focus(
+    lines: list[str], command: str, focus: Focus, declared: str, path: str, wrapped: str
+) -> None:
+    """Whatever the kind it is declared, hinted or sniffed to be, its tool's tags, a notice of
+    what the tool cut, and the focus: what `unread` says no compressor reads, none compresses."""
+    body = "\n".join(lines)
+    text = wrapped.format(body, body)
+    if unread(text, declared=declared, command=command, path=path):
+        for examples in (False, True):
+            assert compress(text, focus, declared=declared, command=command, path=path, examples=examples) is None
 
 
 def test_remembered_values_are_bounded_by_their_weight_the_least_recently_used_going_first() -> None:
@@ -1381,6 +1401,9 @@ def test_remembered_values_are_bounded_by_their_weight_the_least_recently_used_g
     assert held.get(0, lambda: "again") == "again"  # the oldest went
     held.clear()
     assert (len(held), held.bytes) == (0, 0)
+    held.get("small", lambda: "s" * 500)
+    assert held.get("big", lambda: "b" * 20_000) == "b" * 20_000  # heavier than the bound: not kept,
+    assert len(held) == 1 and held.get("small", lambda: "again") == "s" * 500  # nor the rest pushed out
     by_count: Remembered[str] = Remembered(2)  # no byte bound: by count alone
     for k in range(3):
         by_count.get(k, lambda k=k: str(k) * 10_000)

@@ -81,7 +81,7 @@ def test_a_result_changed_in_place_is_weighed_again() -> None:
     # Grown by one key: that key and its value are weighed and added, as weighing it all says.
     whole = memo.bytes
     held["other"] = "y" * 3000
-    memo.reweigh((obj,), ("other", held["other"]), held)
+    memo.grew((obj,), held, ("other", held["other"]))
     grown = memo.bytes
     memo.reweigh((obj,))
     assert whole + 3000 < grown and abs(grown - memo.bytes) <= 200
@@ -91,7 +91,7 @@ def test_a_result_changed_in_place_is_weighed_again() -> None:
     assert fresh is not held
     before = memo.bytes
     held["more"] = "w" * 5000
-    memo.reweigh((obj,), ("more", held["more"]), held)
+    memo.grew((obj,), held, ("more", held["more"]))
     assert memo.bytes == before
     memo.clear()
     assert memo.bytes == 0

@@ -341,13 +341,16 @@ _OPENING = re.compile(
     r"^(?:\s*<returncode>-?\d+</returncode>)?(?:.{0,2000}?)<(?:output|output_head|stdout)>\n?", re.DOTALL
 )
 _CLOSING = re.compile(r"\n?</(?:output|output_tail|stdout)>\s*$")
+_SCANNED = 32_000
 
 
 def envelope(text: str) -> tuple[str, str, str]:
     """(opening, content, closing): a tool's wrapping of its output in tags (an exit code, a
     notice, ``<output>`` ... ``</output>``) is kept as it is; the content is compressed."""
-    if "<output" not in text and "<stdout>" not in text:
-        return "", text, ""  # (no tag to find: the pattern would try 2,000 characters first)
+    if len(text) <= _SCANNED and "<output" not in text and "<stdout>" not in text:
+        # No tag to find: the pattern would try 2,000 characters first (past this length,
+        # reading the whole text for a tag costs more than the pattern).
+        return "", text, ""
     opening = _OPENING.match(text)
     if opening is None:
         return "", text, ""

@@ -89,7 +89,10 @@ class Compress(Strategy):
                 if found is not None and len(found.text) <= (entry_ratio if at_entry else ratio) * len(text)
                 else None
             )
-            _compressions.reweigh((entry.item,), None if cleared else (key, held[key]), held)
+            if cleared:
+                _compressions.reweigh((entry.item,))
+            else:
+                _compressions.grew((entry.item,), held, (key, held[key]))
         return held[key]
 
     @staticmethod
@@ -123,9 +126,14 @@ class Compress(Strategy):
         found = super().keys(context, entry, params)
         if found:
             seen = context.observations.by_seq[entry.seq]  # (there: the entry has keys)
-            path = seen.reads[0].path if seen.reads else ""
-            text, declared = output_text(entry), _declared(context, entry, seen)
-            if unread(text, declared=declared, command=seen.command, path=path):
+            declared = _declared(context, entry, seen)
+
+            def read_by_none() -> tuple[str, bool]:
+                path = seen.reads[0].path if seen.reads else ""
+                return declared, unread(output_text(entry), declared=declared, command=seen.command, path=path)
+
+            said = _unread.get((entry.item,), read_by_none)
+            if (said if said[0] == declared else read_by_none())[1]:
                 return ()
         return found
 
@@ -139,13 +147,16 @@ class Compress(Strategy):
             return _every  # a term of no word is within every output
         paths = change.paths | {path for path, _, _ in context.read_again}
         by_seq = context.observations.by_seq
+        # Run over every output resting on the focus (hundreds in a long session): most hold
+        # none of the terms' words, which one test at C speed says.
+        needed = frozenset().union(*words)
 
         def concerns(entry: Entry) -> bool:
-            seen = by_seq.get(entry.seq)
-            if paths and seen is not None and any(read.path in paths for read in seen.reads):
-                return True
             held = _words_of(entry)
-            return held is None or any(term <= held for term in words)
+            if held is None or (not held.isdisjoint(needed) and any(term <= held for term in words)):
+                return True
+            seen = by_seq.get(entry.seq) if paths else None
+            return seen is not None and any(read.path in paths for read in seen.reads)
 
         return concerns
 
@@ -227,6 +238,9 @@ HELD_PER_ITEM = 8
 _compressions: IdentityMemo[dict[tuple[Any, ...], Proposal | None]] = IdentityMemo(20_000)
 """Per item, its compression under each focus (and ratio) asked (None: none worth having); the same
 proposal object each render, so what follows from it is remembered too."""
+_unread: IdentityMemo[tuple[str, bool]] = IdentityMemo(20_000)
+"""Per item, whether no compressor reads its output whatever the focus (`router.unread`), with
+the kind it was declared to hold when asked (another policy may declare another)."""
 _words: IdentityMemo[frozenset[str] | None] = IdentityMemo(20_000)
 """Per item, the words of its output (None: it holds escapes)."""
 
