@@ -68,7 +68,7 @@ class Remembered(Generic[V]):
         value = compute()
         weight = weigh(value) if self.max_bytes else 0
         if weight > self.max_bytes > 0:
-            return value  # (kept, it would push out everything else)
+            return value  # not kept: it would push out everything else
         with self._lock:
             if key in self._values:  # (another thread computed it meanwhile)
                 self.bytes -= self._weights.pop(key, 0)
