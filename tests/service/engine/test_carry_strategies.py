@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from functools import partial, reduce
 from typing import Any
@@ -540,6 +540,22 @@ def compress_asked(patch: pytest.MonkeyPatch) -> list[int]:
     return asked
 
 
+def renders_asking(items: list[Item], first: int) -> Iterator[tuple[int, RenderOutput, set[int]]]:
+    """From the render of `items[:first]` on, a render of each call appended (two items): its
+    length, its output (held to the render from the state alone) and the seqs the compressing
+    rule's transform was asked about in it."""
+    out = render(budgeted(items, 0, first, ViewState(), None))
+    with pytest.MonkeyPatch.context() as patch:
+        asked = compress_asked(patch)
+        for n in range(first + 2, len(items) + 1, 2):
+            inp = budgeted(items, 0, n, out.state, out.carry)
+            asked.clear()
+            out = render(inp)
+            asked_now = set(asked)
+            assert out == render(replace(inp, carry=None))
+            yield n, out, asked_now
+
+
 def test_outputs_compressed_but_still_in_the_pool_are_not_asked_again_at_every_call() -> None:
     """A skeleton stays in the compressing rule's pool (its conditions hold for it still), but its
     proposal no longer rests on the focus, which moves with every call: the render that asks it
@@ -581,21 +597,13 @@ def test_a_call_asks_about_the_outputs_shown_whole_that_its_focus_terms_may_occu
     items = stored_items(contents)
     policy = parse_policy(default_policy_text(), REGISTRY)
     slot = next(k for k, rule in enumerate(policy.rules) if rule.transform == "compress")
-    out = render(budgeted(items, 0, 41, ViewState(), None))
-    with pytest.MonkeyPatch.context() as patch:
-        asked = compress_asked(patch)
-        for n in range(43, len(items) + 1, 2):
-            inp = budgeted(items, 0, n, out.state, out.carry)
-            asked.clear()
-            out = render(inp)
-            asked_now = set(asked)
-            assert out == render(replace(inp, carry=None))
-            assert out.carry is not None and out.carry.ledgers is not None
-            by_key = out.carry.ledgers.rules[slot].by_key
-            assert by_key is not None
-            whole = by_key.get(("focus",), set())
-            if n < len(items):
-                assert asked_now <= set(range(n - 3, n + 1)), (n, sorted(asked_now))  # the latest turns
+    for n, out, asked_now in renders_asking(items, 41):
+        assert out.carry is not None and out.carry.ledgers is not None
+        by_key = out.carry.ledgers.rules[slot].by_key
+        assert by_key is not None
+        whole = by_key.get(("focus",), set())
+        if n < len(items):
+            assert asked_now <= set(range(n - 3, n + 1)), (n, sorted(asked_now))  # the latest turns
     assert len(whole) >= 15, sorted(whole)  # outputs shown whole, resting on the focus
     # The grep names step_3_1: the copy of module 3 shown whole is asked about again.
     copy = next(s for s in sorted(whole) if "step_3_1" in items[s - 1].content[0].content[0].text)  # type: ignore[union-attr]
@@ -735,20 +743,12 @@ def test_a_call_reading_other_lines_of_a_file_asks_about_the_outputs_of_that_fil
     items = stored_items(contents)
     policy = parse_policy(default_policy_text(), REGISTRY)
     slot = next(k for k, rule in enumerate(policy.rules) if rule.transform == "compress")
-    out = render(budgeted(items, 0, 85, ViewState(), None))
     file_outputs = {83, 85}  # the whole file, then a range of it
-    with pytest.MonkeyPatch.context() as patch:
-        asked = compress_asked(patch)
-        for n in range(87, len(items) + 1, 2):
-            inp = budgeted(items, 0, n, out.state, out.carry)
-            asked.clear()
-            out = render(inp)
-            asked_now = set(asked)
-            assert out == render(replace(inp, carry=None))
-            assert out.carry is not None and out.carry.ledgers is not None
-            whole = out.carry.ledgers.rules[slot].by_key.get(("focus",), set())  # type: ignore[union-attr]
-            assert asked_now <= file_outputs | set(range(n - 3, n + 1)), (n, sorted(asked_now - file_outputs))
-            file_outputs.add(n)
+    for n, out, asked_now in renders_asking(items, 85):
+        assert out.carry is not None and out.carry.ledgers is not None
+        whole = out.carry.ledgers.rules[slot].by_key.get(("focus",), set())  # type: ignore[union-attr]
+        assert asked_now <= file_outputs | set(range(n - 3, n + 1)), (n, sorted(asked_now - file_outputs))
+        file_outputs.add(n)
     assert len(whole - file_outputs) >= 15, sorted(whole)  # outputs shown whole, of other files
 
 
@@ -885,13 +885,5 @@ def test_an_output_no_compressor_reads_is_not_asked_again_when_a_term_it_holds_c
         contents += bash_round(call, f"cat {files[round_ % 8]}", module)
     items = stored_items(contents)
     statuses = {s for s in range(1, len(items) + 1) if "On branch" in str(items[s - 1].content)}
-    out = render(budgeted(items, 0, 21, ViewState(), None))
-    with pytest.MonkeyPatch.context() as patch:
-        asked = compress_asked(patch)
-        for n in range(23, len(items) + 1, 2):
-            inp = budgeted(items, 0, n, out.state, out.carry)
-            asked.clear()
-            out = render(inp)
-            asked_now = set(asked)
-            assert out == render(replace(inp, carry=None))
-            assert not asked_now & statuses - {n - 2, n}, (n, sorted(asked_now))  # but the latest turns
+    for n, _, asked_now in renders_asking(items, 21):
+        assert not asked_now & statuses - {n - 2, n}, (n, sorted(asked_now))  # but the latest turns
