@@ -171,7 +171,10 @@ class IdentityMemo(Generic[V]):
     def __init__(self, size: int) -> None:
         self.size = size
         self.bytes = 0
-        self._held: dict[object, tuple[tuple[object, ...], V, int]] = {}
+        self._held: dict[object, tuple[Any, V, int]] = {}
+        """id of the one source (or the ids of the sources) -> that source (or the sources),
+        the result, its weight: one source held alone, not in a tuple of its own, which would
+        be one more object an entry for the garbage collector to visit."""
         with _BUDGET.lock:
             _BUDGET.memos.add(self)
 
@@ -180,12 +183,15 @@ class IdentityMemo(Generic[V]):
         # On the hot path of every render, many times per item: C-level calls only, and for
         # one source (most memos) not even an iterator.
         key: object
+        held_by: object
         if len(sources) == 1:
-            key = id(sources[0])
+            held_by = sources[0]
+            key = id(held_by)
             found = self._held.get(key)
-            if found is not None and found[0][0] is sources[0]:
+            if found is not None and found[0] is held_by:
                 return found[1]
         else:
+            held_by = sources
             key = tuple(map(id, sources))
             found = self._held.get(key)
             if found is not None and all(map(is_, found[0], sources)):
@@ -198,7 +204,7 @@ class IdentityMemo(Generic[V]):
                 self._forget(key)
             elif len(held) >= self.size:
                 self.drop_oldest()
-            held[key] = (sources, value, weight)
+            held[key] = (held_by, value, weight)
             self.bytes += weight
             _BUDGET.held += weight
             _BUDGET.trim()
@@ -218,10 +224,11 @@ class IdentityMemo(Generic[V]):
     def _weighed(
         self, sources: tuple[object, ...], result: object, weight_of: Callable[[tuple[Any, Any, int]], int]
     ) -> None:
-        key: object = id(sources[0]) if len(sources) == 1 else tuple(map(id, sources))
+        single = len(sources) == 1
+        key: object = id(sources[0]) if single else tuple(map(id, sources))
         with _BUDGET.lock:
             found = self._held.get(key)
-            if found is None or not all(map(is_, found[0], sources)):
+            if found is None or not (found[0] is sources[0] if single else all(map(is_, found[0], sources))):
                 return
             if result is not None and found[1] is not result:
                 return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,10 +20,14 @@ from contextd.engine.model import (
     ToolUseBlock,
 )
 from contextd.engine.render.anthropic import render_anthropic
-from contextd.engine.render.base import ViewWarning, data_uri, to_json
+from contextd.engine.render.base import Rendered, ViewWarning, data_uri, to_json
+from contextd.engine.render.converse import render_converse
 from contextd.engine.render.openai import render_openai
+from contextd.engine.render.responses import render_responses
 from tests.helpers import make_item
 from tests.service.engine.conversations import conversations
+
+Renderer = Callable[[Sequence[Item]], Rendered]
 
 PNG = b"\x89PNG\r\n\x1a\n\x00\x01"
 PNG_B64 = "iVBORw0KGgoAAQ=="
@@ -571,3 +576,28 @@ def test_messages_are_serialized_as_the_whole_would_be(history: list[Item]) -> N
     for render in (render_openai, render_anthropic):
         rendered = render(history)
         assert "[" + ",".join(rendered.messages_json) + "]" == to_json(rendered.messages)
+
+
+@pytest.mark.parametrize(
+    "render",
+    [render_openai, render_responses, render_anthropic, render_converse],
+    ids=["openai_chat", "openai_responses", "anthropic_messages", "bedrock_converse"],
+)
+def test_what_a_format_left_out_of_an_item_is_said_again_when_the_item_is_rendered_again(render: Renderer) -> None:
+    """An item's rendering is remembered with what the format could not carry of it (the
+    warnings, the blocks left out): a later render of the same item hears the same, as its own."""
+    dropped_pdf = DocumentBlock("application/pdf", uri="file-abc123")
+    unsigned = ReasoningBlock("unsigned, from another provider")
+    history = items(
+        (Role.USER, (text("read this"), dropped_pdf)),
+        (Role.ASSISTANT, (unsigned, text("done"))),
+        (Role.ASSISTANT, (ReasoningBlock("only unsigned reasoning"),)),
+        (Role.USER, (text("thanks"),), "ana"),
+    )
+    first, again = render(history), render(history)
+    assert first.warnings and first.dropped  # every format leaves something of these out
+    assert again.warnings == first.warnings and again.omitted == first.omitted
+    assert again.dropped == first.dropped
+    assert all(again.dropped[seq] is not blocks for seq, blocks in first.dropped.items())  # each render's own
+    left_out = [b for blocks in first.dropped.values() for b in blocks]
+    assert all(any(b is block for item in history for block in item.content) for b in left_out)

@@ -35,7 +35,7 @@ from contextd.engine.model import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from contextd.engine.render.base import JsonObject, Renderable, Rendered, render_all, sources, to_json
+from contextd.engine.render.base import JsonObject, Notes, Renderable, Rendered, render_all, sources, to_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +43,7 @@ class _Blocks:
     """One item's blocks in the Messages format, with what the format could not carry."""
 
     blocks: tuple[JsonObject, ...]
-    notes: Rendered
+    notes: Notes
 
 
 _converted: IdentityMemo[_Blocks] = IdentityMemo(200_000)
@@ -51,7 +51,8 @@ _converted: IdentityMemo[_Blocks] = IdentityMemo(200_000)
 
 def _convert(item: Renderable) -> _Blocks:
     notes = Rendered()
-    return _Blocks(tuple(_block(b) for b in item.content if _carried(b, item.seq, notes)), notes)
+    blocks = tuple(_block(b) for b in item.content if _carried(b, item.seq, notes))
+    return _Blocks(blocks, Notes.of(notes))
 
 
 def render_anthropic(items: Sequence[Renderable]) -> Rendered:
@@ -89,9 +90,7 @@ class AnthropicFolder:
             )
         role = "assistant" if item.role is Role.ASSISTANT else "user"
         converted = _converted.get(sources(item), lambda: _convert(item))
-        out.warnings.extend(converted.notes.warnings)
-        for seq, dropped in converted.notes.dropped.items():
-            out.dropped.setdefault(seq, []).extend(dropped)
+        out.take(converted.notes)
         blocks = list(converted.blocks)  # a message's list is its own: merging extends it
         if not blocks:
             out.message_index[item.seq] = -1

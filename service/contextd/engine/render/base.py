@@ -78,6 +78,34 @@ class Rendered:
         self.dropped.setdefault(seq, []).extend(blocks)
         self.warn(code, message)
 
+    def take(self, notes: Notes) -> None:
+        """Hear what the format could not carry of an item rendered apart."""
+        if notes is NO_NOTES:
+            return
+        self.warnings.extend(notes.warnings)
+        for seq, blocks in notes.dropped:
+            self.dropped.setdefault(seq, []).extend(blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class Notes:
+    """What the format could not carry of one item, kept with the item's rendering (in a
+    `Rendered` of its own that would be six containers an item, nearly always empty)."""
+
+    warnings: tuple[ViewWarning, ...] = ()
+    dropped: tuple[tuple[int, tuple[Block, ...]], ...] = ()
+    """(seq, the blocks of that item left out), in the order they were."""
+
+    @staticmethod
+    def of(scratch: Rendered) -> Notes:
+        """The notes an item's rendering into `scratch` made."""
+        if not scratch.warnings and not scratch.dropped:
+            return NO_NOTES
+        return Notes(tuple(scratch.warnings), tuple((seq, tuple(blocks)) for seq, blocks in scratch.dropped.items()))
+
+
+NO_NOTES = Notes()
+
 
 class Folder(Protocol):
     """Renders items one at a time into `out`. What it carries from one item to the
@@ -108,7 +136,7 @@ class Piece:
 
     messages: tuple[JsonObject, ...]
     texts: tuple[str, ...]
-    notes: Rendered
+    notes: Notes
 
 
 class ItemwiseFolder:
@@ -123,10 +151,7 @@ class ItemwiseFolder:
     def feed(self, item: Renderable) -> bool:
         out = self.out
         piece = self.pieces.get(sources(item), lambda: self.make(item))
-        if piece.notes.warnings:
-            out.warnings.extend(piece.notes.warnings)
-            for seq, blocks in piece.notes.dropped.items():
-                out.dropped.setdefault(seq, []).extend(blocks)
+        out.take(piece.notes)
         if not piece.messages:
             out.message_index[item.seq] = -1
             out.omitted.add(item.seq)

@@ -59,7 +59,7 @@ from contextd.engine.model import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from contextd.engine.render.base import JsonObject, Renderable, Rendered, render_all, sources, to_json
+from contextd.engine.render.base import JsonObject, Notes, Renderable, Rendered, render_all, sources, to_json
 
 IMAGE_FORMATS = {
     "image/png": "png",
@@ -97,7 +97,7 @@ class _Blocks:
     """One item's blocks in the Converse format, with what the format could not carry."""
 
     blocks: tuple[JsonObject, ...]
-    notes: Rendered
+    notes: Notes
     documents: bool
     """Whether a block is or holds a document (whose name must not repeat in the request)."""
 
@@ -110,7 +110,7 @@ def _convert(item: Renderable) -> _Blocks:
     blocks = tuple(b for b in (_block(item.seq, block, notes) for block in item.content) if b is not None)
     if blocks and item.name:
         notes.warn("NAME_DROPPED", f"seq {item.seq}: Converse messages carry no participant name; left out")
-    return _Blocks(blocks, notes, any(_documents_in(b) for b in blocks))
+    return _Blocks(blocks, Notes.of(notes), any(_documents_in(b) for b in blocks))
 
 
 def render_converse(items: Sequence[Renderable]) -> Rendered:
@@ -146,9 +146,7 @@ class ConverseFolder:
                     "SYSTEM_AS_USER",
                     f"seq {item.seq}: Converse takes system text only before the first message; sent as user text",
                 )
-        out.warnings.extend(converted.notes.warnings)
-        for seq, dropped in converted.notes.dropped.items():
-            out.dropped.setdefault(seq, []).extend(dropped)
+        out.take(converted.notes)
         if not converted.blocks:
             out.message_index[item.seq] = -1
             out.omitted.add(item.seq)

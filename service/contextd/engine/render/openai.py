@@ -24,6 +24,7 @@ from contextd.engine.model import (
 from contextd.engine.render.base import (
     ItemwiseFolder,
     JsonObject,
+    Notes,
     Piece,
     Renderable,
     Rendered,
@@ -52,8 +53,8 @@ def _piece(item: Renderable) -> Piece:
     if message is not None and item.name and item.role is not Role.TOOL:
         message["name"] = item.name
     if message is None:
-        return Piece((), (), notes)
-    return Piece((message,), (to_json(message),), notes)
+        return Piece((), (), Notes.of(notes))
+    return Piece((message,), (to_json(message),), Notes.of(notes))
 
 
 def _message(item: Renderable, out: Rendered) -> JsonObject | None:

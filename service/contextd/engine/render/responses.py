@@ -38,6 +38,7 @@ from contextd.engine.model import (
 from contextd.engine.render.base import (
     ItemwiseFolder,
     JsonObject,
+    Notes,
     Piece,
     Renderable,
     Rendered,
@@ -76,7 +77,7 @@ def _piece(item: Renderable) -> Piece:
     messages = _items(item.seq, item.role, item.content, notes)
     if messages and item.name:
         notes.warn("NAME_DROPPED", f"seq {item.seq}: Responses input items carry no participant name; left out")
-    return Piece(tuple(messages), tuple(map(to_json, messages)), notes)
+    return Piece(tuple(messages), tuple(map(to_json, messages)), Notes.of(notes))
 
 
 def _turn(seq: int, content: Sequence[Block], out: Rendered) -> list[JsonObject]:
