@@ -219,7 +219,13 @@ class IdentityMemo(Generic[V]):
         """`result`, remembered for `sources`, grew in place by `by` alone (a key and its
         value): its weight is added, the rest not weighed again; nothing if the memo holds
         another result for them now (given up and computed again since: weighed as it is)."""
-        self._weighed(sources, result, lambda found: found[2] + weigh(by))
+        self.resized(sources, result, weigh(by))
+
+    def resized(self, sources: tuple[object, ...], result: object, by_bytes: int) -> None:
+        """`result`, remembered for `sources`, changed in place by about `by_bytes` (negative:
+        it shrank), which its holder knows without weighing it (`grew`); nothing if the memo
+        holds another result for them now."""
+        self._weighed(sources, result, lambda found: found[2] + by_bytes)
 
     def _weighed(
         self, sources: tuple[object, ...], result: object, weight_of: Callable[[tuple[Any, Any, int]], int]

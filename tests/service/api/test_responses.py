@@ -129,3 +129,27 @@ def test_a_view_remembered_from_a_carry_read_back_is_encoded_again_only_where_th
     sent = render_response(later.view, ())
     assert api.RenderViewResponse.FromString(sent.data) == api.RenderViewResponse(view=view_to_proto(later.view, ()))
     assert 0 < len(encoded) <= len(later.view.items) - responses.BLOCK  # the last block's, not the first's
+
+
+def test_the_blocks_remembered_count_their_bytes_not_the_view_items_and_a_block_let_go_takes_its_weight() -> None:
+    """A block of items is remembered with the view items it was encoded from, which the
+    session's carry holds: the memo counts the block's bytes and references, not the items
+    again. The last block grows an item a render; of the variants remembered for a block the
+    oldest goes, and its weight with it."""
+    responses._blocks.clear()
+    items = [ViewItem(n, Representation.FULL, 10, n - 1, "") for n in range(1, 201)]  # one block, growing
+    weights = []
+    for n in range(150, 201):
+        view = View(
+            "s", n, ViewFormat.OPENAI_CHAT, "o200k_base", (), "", tuple(items[:n]), 10 * n, 0, 10 * n, 0, False, ()
+        )
+        encoded = render_response(view, ()).data
+        weights.append(responses._blocks.bytes)
+    held = len(encoded)  # (the last block's bytes are most of the response)
+    variants = responses.BLOCK_VARIANTS
+    assert weights[-1] < variants * (held + 8 * 200) + 4096  # not the items: 200 of them weigh 40 KB
+    # Each render adds a variant one item longer than the newest and, from the fifth, lets go of
+    # one four items shorter: a few items' worth, not a variant's weight (2 KB and more).
+    grown = [later - earlier for earlier, later in zip(weights[variants:], weights[variants + 1 :], strict=False)]
+    assert 0 < max(grown) < variants * 40
+    responses._blocks.clear()
