@@ -7,7 +7,8 @@ identity of the objects it was computed from and holds them, so an id is
 never reused while its result is remembered.
 
 Every memo of the process draws on one byte budget (`set_memo_bytes`; the
-server sets it from `--memo-bytes`): each result is weighed when it is
+server sets it from `--memo-bytes`), with the caches of results by content
+beside them (`Budgeted`): each result is weighed when it is
 remembered (`weigh`: an estimate of its size, the objects it was computed
 from left out, as the caches that hold them count those), and past the
 budget the largest memo gives up its oldest results. A memo is also bounded
@@ -44,7 +45,7 @@ class _Budget:
         self.held = 0
         """What the memos hold, kept as they change (a memo dropped unused leaves its count in
         until the next trim recounts)."""
-        self.memos: weakref.WeakSet[IdentityMemo[Any]] = weakref.WeakSet()
+        self.memos: weakref.WeakSet[Budgeted] = weakref.WeakSet()
         self.lock = threading.Lock()
 
     def trim(self) -> None:
@@ -60,10 +61,12 @@ class _Budget:
         while self.held > target:
             memos.sort(key=attrgetter("bytes"), reverse=True)
             largest, floor = memos[0], memos[1].bytes if len(memos) > 1 else 0
-            if not largest.drop_oldest():
+            freed = largest.drop_oldest()
+            if freed is None:
                 return
-            while self.held > target and largest.bytes >= floor and largest.drop_oldest():
-                pass  # (the largest gives way until it is no longer the largest)
+            self.held -= freed
+            while self.held > target and largest.bytes >= floor and (freed := largest.drop_oldest()) is not None:
+                self.held -= freed  # (the largest gives way until it is no longer the largest)
 
 
 TRIMMED_TO = 0.9
@@ -74,6 +77,36 @@ to the budget alone, that was 5% of such a render)."""
 
 
 _BUDGET = _Budget(DEFAULT_MEMO_BYTES)
+
+
+class Budgeted(Protocol):
+    """What draws on the byte budget: every `IdentityMemo`, and the caches of results by
+    content (compress/text.py's `Remembered`: parsed modules, searches read)."""
+
+    bytes: int
+
+    def drop_oldest(self) -> int | None:
+        """Under the budget's lock: give up the oldest result; the bytes it held (None: there
+        was none). The budget counts them off."""
+        ...
+
+    def clear(self) -> None: ...
+
+
+def join_budget(member: Budgeted) -> None:
+    """Let `member`'s results count against the budget (its weight changes told by
+    `budget_changed`) and be given up past it."""
+    with _BUDGET.lock:
+        _BUDGET.memos.add(member)
+
+
+def budget_changed(by_bytes: int) -> None:
+    """A member that keeps its own lock now holds `by_bytes` more (fewer, negative): counted,
+    and past the budget the largest member gives way. Called with that lock released (the
+    budget's lock is taken first where both are: trimming takes the member's)."""
+    with _BUDGET.lock:
+        _BUDGET.held += by_bytes
+        _BUDGET.trim()
 
 
 class Resumable(Protocol):
@@ -201,9 +234,9 @@ class IdentityMemo(Generic[V]):
         with _BUDGET.lock:
             held = self._held
             if key in held:
-                self._forget(key)
+                _BUDGET.held -= self._forget(key)
             elif len(held) >= self.size:
-                self.drop_oldest()
+                _BUDGET.held -= self.drop_oldest() or 0
             held[key] = (held_by, value, weight)
             self.bytes += weight
             _BUDGET.held += weight
@@ -244,17 +277,14 @@ class IdentityMemo(Generic[V]):
             _BUDGET.held += weight - found[2]
             _BUDGET.trim()
 
-    def drop_oldest(self) -> bool:
-        """Under the budget's lock: give up the oldest result; False when there is none."""
-        if not self._held:
-            return False
-        self._forget(next(iter(self._held)))
-        return True
+    def drop_oldest(self) -> int | None:
+        """Under the budget's lock: give up the oldest result; its bytes (None: none held)."""
+        return self._forget(next(iter(self._held))) if self._held else None
 
-    def _forget(self, key: object) -> None:
+    def _forget(self, key: object) -> int:
         weight = self._held.pop(key)[2]
         self.bytes -= weight
-        _BUDGET.held -= weight
+        return weight
 
     def clear(self) -> None:
         with _BUDGET.lock:

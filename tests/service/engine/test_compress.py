@@ -18,6 +18,7 @@ from contextd.engine.compress.listing import UNNAMED
 from contextd.engine.compress.router import SNIFFED, envelope, hint, unread
 from contextd.engine.compress.search import SAMPLES
 from contextd.engine.compress.text import MAX_FOCUS_TERMS, WORD
+from contextd.engine.memo import weigh
 from contextd.engine.model import ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.pipeline import RenderInput, render
 from contextd.engine.policy import parse_policy, schema
@@ -1407,4 +1408,28 @@ def test_remembered_values_are_bounded_by_their_weight_the_least_recently_used_g
     by_count: Remembered[str] = Remembered(2)  # no byte bound: by count alone
     for k in range(3):
         by_count.get(k, lambda k=k: str(k) * 10_000)
-    assert len(by_count) == 2 and by_count.bytes == 0
+    assert len(by_count) == 2 and by_count.bytes == 2 * weigh("0" * 10_000)
+
+
+def test_remembered_values_count_against_the_memos_byte_budget() -> None:
+    """Parsed modules and searches read are remembered by content, beside the memos: they count
+    against the same budget (`--memo-bytes`), give way past it like a memo, and are forgotten
+    with the memos (a render after `clear_memos` is a genuine first one)."""
+    from contextd.engine.compress.text import Remembered
+    from contextd.engine.memo import DEFAULT_MEMO_BYTES, clear_memos, memo_bytes, set_memo_bytes
+
+    clear_memos()
+    held: Remembered[str] = Remembered(100)
+    each = weigh("0" * 10_000)
+    try:
+        for k in range(4):
+            held.get(k, lambda k=k: str(k) * 10_000)
+        assert memo_bytes() == held.bytes == 4 * each
+        set_memo_bytes(3 * each)  # past it: trimmed to 90%, the oldest first
+        assert len(held) == 2 and memo_bytes() == held.bytes == 2 * each
+        assert held.get(3, lambda: "again") == "3" * 10_000 and held.get(0, lambda: "again") == "again"
+        clear_memos()
+        assert (len(held), held.bytes, memo_bytes()) == (0, 0, 0)
+    finally:
+        set_memo_bytes(DEFAULT_MEMO_BYTES)
+        held.clear()

@@ -162,7 +162,7 @@ READ: Remembered[_Results | None] = Remembered(64)
 REMEMBERED_CHARS = 16_000
 """Search outputs up to this long are read once, 64 of them: a reading holds 5 to 25 times its
 output's size (tracemalloc: a grep of 30 KB holds 143 KB, one of short lines 26 times its size),
-so at most about 27 MB, outside the memos' byte budget."""
+so at most about 27 MB, counted against the memos' byte budget (`Remembered`)."""
 
 
 def _read_results(found: Lines) -> _Results | None:

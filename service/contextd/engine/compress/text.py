@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Generic, TypeVar
 
-from contextd.engine.memo import weigh
+from contextd.engine.memo import budget_changed, join_budget, weigh
 
 V = TypeVar("V")
 
@@ -49,8 +49,9 @@ def identifiers(text: str, limit: int = MAX_FOCUS_TERMS) -> tuple[str, ...]:
 
 class Remembered(Generic[V]):
     """Values by a key of content (a hash), bounded by count and, with `max_bytes`, by their
-    weight (`memo.weigh`): the least recently used goes first. Safe to share between threads
-    (the order is kept under a lock; `compute` runs outside it)."""
+    weight (`memo.weigh`): the least recently used goes first. They count against the memos'
+    byte budget too (`memo.join_budget`: `--memo-bytes`, `clear_memos`). Safe to share
+    between threads (the order is kept under a lock; `compute` runs outside it)."""
 
     def __init__(self, size: int, max_bytes: int = 0) -> None:
         self.size = size
@@ -59,6 +60,7 @@ class Remembered(Generic[V]):
         self._values: OrderedDict[Hashable, V] = OrderedDict()
         self._weights: dict[Hashable, int] = {}
         self._lock = threading.Lock()
+        join_budget(self)
 
     def get(self, key: Hashable, compute: Callable[[], V]) -> V:
         with self._lock:
@@ -66,29 +68,39 @@ class Remembered(Generic[V]):
                 self._values.move_to_end(key)
                 return self._values[key]
         value = compute()
-        weight = weigh(value) if self.max_bytes else 0
+        weight = weigh(value)
         if weight > self.max_bytes > 0:
             return value  # not kept: it would push out everything else
         with self._lock:
-            if key in self._values:  # (another thread computed it meanwhile)
-                self.bytes -= self._weights.pop(key, 0)
+            freed = self._weights.pop(key, 0)  # (another thread computed it meanwhile)
             self._values[key] = value
-            if weight:
-                self._weights[key] = weight
-                self.bytes += weight
-            while len(self._values) > self.size or (self.max_bytes and self.bytes > self.max_bytes):
+            self._weights[key] = weight
+            while len(self._values) > self.size or (self.max_bytes and self.bytes + weight - freed > self.max_bytes):
                 oldest, _ = self._values.popitem(last=False)
-                self.bytes -= self._weights.pop(oldest, 0)
+                freed += self._weights.pop(oldest)
+            self.bytes += weight - freed
+        budget_changed(weight - freed)
         return value
+
+    def drop_oldest(self) -> int | None:
+        """Under the memos' budget's lock: give up the least recently used value; its bytes."""
+        with self._lock:
+            if not self._values:
+                return None
+            oldest, _ = self._values.popitem(last=False)
+            weight = self._weights.pop(oldest)
+            self.bytes -= weight
+            return weight
 
     def __len__(self) -> int:
         return len(self._values)
 
     def clear(self) -> None:
         with self._lock:
+            freed, self.bytes = self.bytes, 0
             self._values.clear()
             self._weights.clear()
-            self.bytes = 0
+        budget_changed(-freed)
 
 
 @dataclass(frozen=True)
