@@ -119,10 +119,11 @@ def _remembered(
 
 def _variant_bytes(block: tuple[Any, ...], data: bytes) -> int:
     """What one block remembered adds to its memo: the block (a tuple of references) and its
-    bytes. Its elements are the view's own, held by the session's carry as long as it renders
-    (as history items are not counted: `memo.weigh`); weighing them (a variant is 256 view
-    items, weighed again whole at every render that grew the last block) cost each render
-    about a millisecond."""
+    bytes. Its elements are the view's own (its items, its serialized messages), held by the
+    session's carry while it shows them (as history items are not counted: `memo.weigh`): a
+    variant an edit superseded may hold the last reference to a few, not counted. Weighing them
+    (a variant is 256 view items, weighed again whole at every render that grew the last block)
+    cost each render about a millisecond."""
     return 80 + 56 + 8 * len(block) + 33 + len(data)  # its pair and list slot, the tuple, the bytes
 
 

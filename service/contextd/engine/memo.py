@@ -94,18 +94,20 @@ class Budgeted(Protocol):
 
 
 def join_budget(member: Budgeted) -> None:
-    """Let `member`'s results count against the budget (its weight changes told by
-    `budget_changed`) and be given up past it."""
+    """Let `member`'s results count against the budget (its changes made `within_budget`) and
+    be given up past it."""
     with _BUDGET.lock:
         _BUDGET.memos.add(member)
 
 
-def budget_changed(by_bytes: int) -> None:
-    """A member that keeps its own lock now holds `by_bytes` more (fewer, negative): counted,
-    and past the budget the largest member gives way. Called with that lock released (the
-    budget's lock is taken first where both are: trimming takes the member's)."""
+def within_budget(change: Callable[[], int]) -> None:
+    """Run `change`, a member's update of its results under its own lock, which returns the
+    bytes it added (negative: freed), under the budget's lock: counted, and past the budget the
+    largest member gives way. The budget's lock first, as trimming takes it before a member's;
+    and held throughout, so that a trim's recount of the members never sees the update and then
+    has it added again."""
     with _BUDGET.lock:
-        _BUDGET.held += by_bytes
+        _BUDGET.held += change()
         _BUDGET.trim()
 
 

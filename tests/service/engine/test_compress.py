@@ -1415,21 +1415,30 @@ def test_remembered_values_count_against_the_memos_byte_budget() -> None:
     """Parsed modules and searches read are remembered by content, beside the memos: they count
     against the same budget (`--memo-bytes`), give way past it like a memo, and are forgotten
     with the memos (a render after `clear_memos` is a genuine first one)."""
+    from contextd.engine import memo
     from contextd.engine.compress.text import Remembered
     from contextd.engine.memo import DEFAULT_MEMO_BYTES, clear_memos, memo_bytes, set_memo_bytes
 
     clear_memos()
+    memo_bytes()  # (the count recounted: memos of other tests' collected since may leave theirs in)
     held: Remembered[str] = Remembered(100)
     each = weigh("0" * 10_000)
     try:
         for k in range(4):
             held.get(k, lambda k=k: str(k) * 10_000)
-        assert memo_bytes() == held.bytes == 4 * each
+        # The budget's own count (not recounted from the members, as `memo_bytes` does) follows.
+        assert memo._BUDGET.held == held.bytes == 4 * each
         set_memo_bytes(3 * each)  # past it: trimmed to 90%, the oldest first
-        assert len(held) == 2 and memo_bytes() == held.bytes == 2 * each
+        assert len(held) == 2 and memo._BUDGET.held == held.bytes == 2 * each
         assert held.get(3, lambda: "again") == "3" * 10_000 and held.get(0, lambda: "again") == "again"
+        assert memo._BUDGET.held == held.bytes == 2 * each + weigh("again")
+        set_memo_bytes(DEFAULT_MEMO_BYTES)
+        two: Remembered[str] = Remembered(2)  # past its count: what it lets go of is counted off
+        for k in range(3):
+            two.get(k, lambda k=k: str(k) * 10_000)
+        assert len(two) == 2 and memo._BUDGET.held == held.bytes + two.bytes == 4 * each + weigh("again")
         clear_memos()
-        assert (len(held), held.bytes, memo_bytes()) == (0, 0, 0)
+        assert (len(held), held.bytes, memo._BUDGET.held, memo_bytes()) == (0, 0, 0, 0)
     finally:
         set_memo_bytes(DEFAULT_MEMO_BYTES)
         held.clear()

@@ -182,3 +182,55 @@ def test_the_shared_prefix_of_long_views_is_found_at_either_end() -> None:
         current[at] = object()
         assert shared_prefix(previous, current) == at
     assert shared_prefix([], previous) == 0
+
+
+def test_the_budget_counts_what_its_members_hold_while_threads_fill_and_clear_them() -> None:
+    """Renders run on several threads: memos and the caches by content fill, let go of results
+    past their bounds and the budget, and are cleared, at once; the budget's count stays the sum
+    of what they hold (a member updated outside the budget's lock was counted twice when a
+    trim recounted in between: the count ran low, and the memos stayed over the budget)."""
+    import sys
+    import threading
+    import time
+
+    from contextd.engine import memo
+    from contextd.engine.compress.text import Remembered
+
+    clear_memos()
+    by_content: Remembered[str] = Remembered(8)
+    by_object: IdentityMemo[str] = IdentityMemo(100_000)
+    held = [object() for _ in range(2_000)]
+    stop = threading.Event()
+
+    def fill_and_clear() -> None:
+        n = 0
+        while not stop.is_set():
+            by_content.get(n, lambda: "v" * 20_000)
+            n += 1
+            if n % 50 == 0:
+                by_content.clear()
+
+    def remember() -> None:
+        n = 0
+        while not stop.is_set():
+            by_object.get((held[n % len(held)],), lambda: "x" * 3_000)
+            n += 1
+
+    interval = sys.getswitchinterval()
+    threads = [threading.Thread(target=f) for f in (fill_and_clear, remember, fill_and_clear)]
+    try:
+        sys.setswitchinterval(1e-6)
+        set_memo_bytes(300_000)  # trims (and recounts) all the while
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        sys.setswitchinterval(interval)
+        set_memo_bytes(DEFAULT_MEMO_BYTES)
+    assert memo._BUDGET.held == sum(m.bytes for m in list(memo._BUDGET.memos))
+    assert by_content.bytes == sum(by_content._weights.values())
+    by_content.clear()
+    by_object.clear()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Generic, TypeVar
 
-from contextd.engine.memo import budget_changed, join_budget, weigh
+from contextd.engine.memo import join_budget, weigh, within_budget
 
 V = TypeVar("V")
 
@@ -71,15 +71,21 @@ class Remembered(Generic[V]):
         weight = weigh(value)
         if weight > self.max_bytes > 0:
             return value  # not kept: it would push out everything else
-        with self._lock:
-            freed = self._weights.pop(key, 0)  # (another thread computed it meanwhile)
-            self._values[key] = value
-            self._weights[key] = weight
-            while len(self._values) > self.size or (self.max_bytes and self.bytes + weight - freed > self.max_bytes):
-                oldest, _ = self._values.popitem(last=False)
-                freed += self._weights.pop(oldest)
-            self.bytes += weight - freed
-        budget_changed(weight - freed)
+
+        def keep() -> int:
+            with self._lock:
+                freed = self._weights.pop(key, 0)  # (another thread computed it meanwhile)
+                self._values[key] = value
+                self._weights[key] = weight
+                while len(self._values) > self.size or (
+                    self.max_bytes and self.bytes + weight - freed > self.max_bytes
+                ):
+                    oldest, _ = self._values.popitem(last=False)
+                    freed += self._weights.pop(oldest)
+                self.bytes += weight - freed
+                return weight - freed
+
+        within_budget(keep)
         return value
 
     def drop_oldest(self) -> int | None:
@@ -96,11 +102,14 @@ class Remembered(Generic[V]):
         return len(self._values)
 
     def clear(self) -> None:
-        with self._lock:
-            freed, self.bytes = self.bytes, 0
-            self._values.clear()
-            self._weights.clear()
-        budget_changed(-freed)
+        def forget() -> int:
+            with self._lock:
+                freed, self.bytes = self.bytes, 0
+                self._values.clear()
+                self._weights.clear()
+                return -freed
+
+        within_budget(forget)
 
 
 @dataclass(frozen=True)
