@@ -210,8 +210,7 @@ class IdentityMemo(Generic[V]):
         """id of the one source (or the ids of the sources) -> that source (or the sources),
         the result, its weight: one source held alone, not in a tuple of its own, which would
         be one more object an entry for the garbage collector to visit."""
-        with _BUDGET.lock:
-            _BUDGET.memos.add(self)
+        join_budget(self)
 
     def get(self, sources: tuple[object, ...], compute: Callable[[], V]) -> V:
         """`compute()`, remembered for exactly these objects."""

@@ -14,10 +14,13 @@ import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import lru_cache, wraps
+from typing import TypeVar
 
 from contextd.engine.compress import code, html, jsondata, listing, logs, search
 from contextd.engine.compress.text import Compressed, Focus, Remembered
+
+R = TypeVar("R")
 
 KINDS = ("log", "test", "json", "code", "search", "diff", "listing", "html", "diagnostics", "status", "file")
 """What a client or a policy may declare an output to hold. ``diagnostics`` (a linter's or a
@@ -74,18 +77,21 @@ def _last_command(command: str) -> str:
     return last
 
 
+def _remembered_when_short(function: Callable[..., R]) -> Callable[..., R]:
+    """`function` of a command (first) and more, remembered for commands up to 1,000
+    characters: an output is compressed again each time the focus moves, and its command read
+    again each time; a longer one (a heredoc writing a file, say) is read again, not held."""
+    remembered = lru_cache(maxsize=4096)(function)
+
+    @wraps(function)
+    def read(command: str, *more: str) -> R:
+        return remembered(command, *more) if len(command) <= 1_000 else function(command, *more)
+
+    return read
+
+
+@_remembered_when_short
 def _path_of(command: str) -> str:
-    # A command's output is compressed again as the focus moves: split once (a long one, a
-    # heredoc writing a file say, each time, rather than held).
-    return _split_path_of(command) if len(command) <= 1_000 else _path_in(command)
-
-
-@lru_cache(maxsize=4096)
-def _split_path_of(command: str) -> str:
-    return _path_in(command)
-
-
-def _path_in(command: str) -> str:
     try:
         words = shlex.split(command)
     except ValueError:
@@ -94,18 +100,9 @@ def _path_in(command: str) -> str:
     return files[-1] if files else ""
 
 
+@_remembered_when_short
 def hint(command: str = "", path: str = "") -> tuple[str, str]:
     """(kind, language) a command or a file path suggests; empty when it suggests nothing."""
-    # Asked for each output whenever it is compressed again: remembered (as `_path_of`).
-    return _hinted(command, path) if len(command) <= 1_000 else _hint(command, path)
-
-
-@lru_cache(maxsize=4096)
-def _hinted(command: str, path: str) -> tuple[str, str]:
-    return _hint(command, path)
-
-
-def _hint(command: str, path: str) -> tuple[str, str]:
     if command:
         last = _last_command(command)
         if _TEST_COMMANDS.search(last) or _TEST_COMMANDS.search(command.strip()):
