@@ -281,9 +281,26 @@ class ReadsFocusTerms(Incremental, Protocol):
     again of the file it shows): a render that follows another asks it again only about the
     entries that `concerned` says so of."""
 
-    def concerned(self, context: TransformContext, change: FocusChange) -> Callable[[Entry], bool]:
+    def concerned(self, context: TransformContext, change: FocusChange) -> Concerned:
         """Of the entries whose proposal rests on the focus, which `change` may change it for."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Concerned:
+    """Which entries resting on the focus a change to it may change the proposal for
+    (`ReadsFocusTerms.concerned`): `test` says it of one; `reach`, when it can be said, where
+    to look for them (a long session has hundreds of outputs resting on the focus, and most
+    changes concern a few)."""
+
+    test: Callable[[Entry], bool]
+    reach: tuple[frozenset[Hashable], ...] | None = None
+    """Only an entry whose `handles` hold all of one of these sets may be concerned; None:
+    any entry may be."""
+    handles: Callable[[Entry], frozenset[Hashable] | None] | None = None
+    """What of a change may reach the proposal for an entry (the words of its output, the files
+    it shows), whatever the change: the same for an entry from one render to the next (the
+    ledger keeps the entries by them: stages/ledger.py, `Reach`). None: any change may."""
 
 
 def prunable(entry: Entry) -> bool:

@@ -610,6 +610,41 @@ def test_a_call_asks_about_the_outputs_shown_whole_that_its_focus_terms_may_occu
     assert copy in asked_now and len(asked_now) <= 6, sorted(asked_now)
 
 
+def test_a_focus_change_is_looked_for_in_the_outputs_holding_its_words_not_in_every_output_resting_on_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Outputs shown whole rest on the focus, and each call changes it. The ledger keeps them by
+    the words they hold and the files they show (`ledger.Reach`): a change is tested against
+    the outputs holding all the words of one of its terms (or showing a file read again), a
+    few, not against every output resting on the focus (hundreds in a long session)."""
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
+    for call in range(1, 41):
+        module = "\n".join(f"def step_{call}_{k}(x):\n    return helper_{call}(x, {k})\n" for k in range(30))
+        contents += bash_round(call, f"cat src/m{call}.py", module)
+    contents += bash_round(41, "grep -n helper_7 src/m7.py", "2:    return helper_7(x, 0)")
+    items = stored_items(contents)
+    tested: list[int] = []
+    concerned = Compress.concerned
+
+    def counting(self: Compress, context: Any, change: FocusChange) -> Any:
+        found = concerned(self, context, change)
+        return replace(found, test=lambda entry: tested.append(entry.seq) or found.test(entry))
+
+    monkeypatch.setattr(Compress, "concerned", counting)
+    out = render(budgeted(items, 0, 61, ViewState(), None))
+    for n in range(63, len(items) + 1, 2):
+        inp = budgeted(items, 0, n, out.state, out.carry)
+        tested.clear()
+        out = render(inp)
+        assert out == render(replace(inp, carry=None))
+        assert out.carry is not None and out.carry.ledgers is not None
+        resting = max(len(ledger.by_key.get(("focus",), ())) for ledger in out.carry.ledgers.rules if ledger.by_key)
+        assert resting >= 20, resting
+        if n < len(items):
+            assert len(set(tested)) <= 2, sorted(tested)  # the path read: none holds ``m31`` and ``py``
+    assert 15 in tested  # the grep for helper_7: module 7's output (seq 15) holds it
+
+
 def judged_for(rule: str, monkeypatch: pytest.MonkeyPatch) -> list[set[int]]:
     """Per render from now on, the seqs the candidates of `rule` that the judge is given target."""
     judged: list[set[int]] = []
@@ -675,7 +710,7 @@ def test_a_focus_change_concerns_the_outputs_its_terms_or_its_ranges_reach() -> 
         given: frozenset[str] = frozenset(), derived: frozenset[str] = frozenset(), paths: frozenset[str] = frozenset()
     ) -> set[int]:
         change = FocusChange(given, derived, paths)
-        return {e.seq for e in (app, other) if compress.concerned(context, change)(e)}
+        return {e.seq for e in (app, other) if compress.concerned(context, change).test(e)}
 
     assert concerned(given=frozenset({"handler_3"})) == {3}
     assert concerned(derived=frozenset({"worker_3"})) == {5}
@@ -685,6 +720,33 @@ def test_a_focus_change_concerns_the_outputs_its_terms_or_its_ranges_reach() -> 
     assert concerned(given=frozenset({"parse"})) == set()  # (not a word of either: parse_header is)
     assert concerned(paths=frozenset({"src/other.py"})) == {5}
     assert concerned(given=frozenset({"()"})) == {3, 5}  # a term of no word is within every output
+
+
+def test_a_sed_script_in_the_focus_concerns_the_code_that_defines_its_last_part_only() -> None:
+    """``sed -i 's/a/b/' f`` gives the focus the term ``s/a/b``: of two modules holding the word
+    ``b``, it concerns the one defining a function ``b`` (its skeleton keeps that body whole),
+    not the one where ``b`` is a variable and no ``s`` occurs (nothing of its compression can
+    change); a term occurring whole concerns both."""
+    assigns = "\n".join(
+        f"def f_{k}(x):\n    a = x + {k}\n    b = a * 2\n    c = b - a\n    return a + b + c\n" for k in range(6)
+    )
+    defines = assigns.replace("f_", "g_") + "\ndef b(x):\n    y = x * 2\n    z = y - x\n    w = z + y\n    return w\n"
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix it."),))]
+    for call, (command, output) in enumerate([("cat src/a.py", assigns), ("cat src/b.py", defines)], start=1):
+        contents += bash_round(call, command, output)
+    policy = parse_policy(default_policy_text(), REGISTRY)
+    draft = Draft(stored_items(contents), frozenset(), policy.tools)
+    context = transform_context(draft, ViewRequest(ViewFormat.OPENAI_CHAT), CacheState(0, None, 300.0), (), policy)
+    compress = REGISTRY.get("compress")
+    assert isinstance(compress, Compress)
+
+    def concerned(*derived: str) -> set[int]:
+        change = FocusChange(frozenset(), frozenset(derived), frozenset())
+        return {e.seq for e in (draft.entries[3], draft.entries[5]) if compress.concerned(context, change).test(e)}
+
+    assert concerned("s/a/b") == {5}
+    assert concerned("x.b") == {3, 5}  # (``x`` and ``b`` are words of both: it may occur whole)
+    assert concerned("s/a/c") == set()
 
 
 def test_a_refusal_for_a_protection_that_lapses_is_judged_again_until_it_lapses(

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contextd.engine.compress import KINDS, NO_FOCUS, Focus, code, compress, logs, route
+from contextd.engine.compress import KINDS, NO_FOCUS, Focus, code, compress, logs, route, router
 from contextd.engine.compress.listing import UNNAMED
 from contextd.engine.compress.router import SNIFFED, envelope, hint, unread
 from contextd.engine.compress.search import SAMPLES
@@ -950,6 +950,74 @@ def test_terms_that_cannot_occur_in_an_output_do_not_change_its_compression(text
     assert "absent_name" not in narrowed.terms and "nowhere/else.py" not in narrowed.terms
     full, key = compress(text, focus, command=command), compress(text, narrowed, command=command)
     assert full is not None and key is not None and full.text == key.text
+
+
+def _cut_code() -> str:
+    head = "\n".join(
+        f"def step_{k}(x):\n    a = x + {k}\n    b = a * 2\n    c = b - a\n    return a + b + c\n" for k in range(8)
+    )
+    notice = "\n</output_head>\n<elided_chars>\n9000 characters elided\n</elided_chars>\n<output_tail>\n"
+    return f"<returncode>0</returncode>\n<output_head>\n{head}{notice}{head.replace('step_', 'tail_')}\n</output_tail>"
+
+
+_EVERY_READER = [
+    (_build_log(), "python worker.py"),
+    (_build_pytest(), "pytest -q"),
+    (_PY_SOURCE, "cat billing/invoices.py"),
+    ("\n".join(f"{n + 1:6d}\t{line}" for n, line in enumerate(_PY_SOURCE.split("\n"))), "cat -n billing/invoices.py"),
+    (_cut_code(), "cat src/steps.py"),
+    (_GREP, "grep -rn compute_total ."),
+    (_DIFF, "git diff"),
+    (
+        "\n".join([*(f"./src/pkg/module_{i}.py" for i in range(60)), *(f"./tests/test_{i}.py" for i in range(40))]),
+        "find .",
+    ),
+    (json.dumps({"count": 400, "orders": _rows()}, indent=2), "curl -s localhost:8080/orders"),
+]
+
+
+@pytest.mark.parametrize(("text", "command"), _EVERY_READER)
+def test_a_term_that_does_not_occur_whole_changes_a_compression_only_through_a_name_its_reader_reads(
+    text: str, command: str
+) -> None:
+    """The key of a compression keeps of a term that does not occur whole in the output (its
+    last part does: ``s/a/b`` and the word ``b``) only what a reader finds by its last part (a
+    definition's name in code; any word in a search, a listing, JSON): the compression under
+    that key is the one under every term whose last part's words the output holds."""
+    words = frozenset(WORD.findall(text))
+    picked = sorted(words)[:: max(1, len(words) // 40)]
+    focus = Focus(
+        ("compute_total",),
+        tuple(t for w in picked for t in (f"s/zz9q/{w}", f"absent_pkg.{w}", f"no/such/{w}.py", f"{w}.render")),
+    )
+    names = router.names_read(text, command=command)
+    broad, narrow = focus.within(words), focus.within(words, lambda: names)
+    full, key = compress(text, broad, command=command), compress(text, narrow, command=command)
+    assert full == key
+    if names is not None:  # each term left out: it occurs nowhere whole, and its last part names nothing read
+        assert set(broad.terms) - set(narrow.terms), "the key is narrower than the words' alone"
+
+
+def test_a_sed_script_concerns_code_only_where_a_definition_has_its_last_part_for_name() -> None:
+    """``sed -i 's/a/b/' f`` makes ``s/a/b`` a focus term (it looks like a path); its last part
+    ``b`` is a name the skeleton keeps whole where a function is so named, and nothing where
+    ``b`` is a variable of every function: there the term changes neither the compression nor
+    its key."""
+    assigns = "\n".join(
+        f"def f_{k}(x):\n    a = x + {k}\n    b = a * 2\n    c = b - a\n    return a + b + c\n" for k in range(6)
+    )
+    defines = assigns + "\ndef b(x):\n    y = x * 2\n    z = y - x\n    w = z + y\n    return w\n"
+    command, focus = "cat src/steps.py", Focus((), ("s/a/b",))
+    for text, kept in ((assigns, ()), (defines, ("s/a/b",))):
+        narrowed = focus.within(
+            frozenset(WORD.findall(text)), lambda text=text: router.names_read(text, command=command)
+        )
+        assert narrowed.terms == kept
+        assert compress(text, narrowed, command=command) == compress(text, focus, command=command)
+    whole = compress(defines, focus, command=command)
+    assert whole is not None and "    w = z + y" in whole.text
+    skeleton = compress(defines, NO_FOCUS, command=command)
+    assert skeleton is not None and "    w = z + y" not in skeleton.text
 
 
 # ------------------------------------------------------- found by a second reading

@@ -75,11 +75,7 @@ def compress_code(
 ) -> Compressed | None:
     """The skeleton of `text` (None when it is not code this reads); `examples`: keep what an
     agent writes new code from (as the module docstring says)."""
-    lines = text.split("\n")  # not splitlines(): a form feed or U+2028 inside a line is not a line break
-    numbered = _numbered(lines)
-    source_lines = [_NUMBERED.sub("", line, count=1) for line in lines] if numbered else lines
-    source = "\n".join(source_lines)
-    language = language or sniff_language(source)
+    lines, source_lines, source, language = _source(text, language)
     if not language:
         return None
     bodies, how = _bodies(source, source_lines, language)
@@ -129,6 +125,25 @@ def compress_code(
 
     summary = f"skeleton ({language}, {how}): {len(lines) - hidden:,} of {len(lines):,} lines kept, bodies left out"
     return Compressed("code", kept.write(marker), summary)
+
+
+def names(text: str, language: str = "") -> frozenset[str]:
+    """The names of the definitions `compress_code` reads in `text`: a focus term whose last
+    part is one keeps its body whole, wherever else the term occurs (`text.matters`)."""
+    _, source_lines, source, language = _source(text, language)
+    if not language:
+        return frozenset()
+    bodies, _ = _bodies(source, source_lines, language)
+    return frozenset(body.name for body in bodies or ())
+
+
+def _source(text: str, language: str) -> tuple[list[str], list[str], str, str]:
+    """(the lines of `text`, the lines of source (without the numbers a numbered listing gives
+    them), the source, its language: `language`, or sniffed; "" when it is not code)."""
+    lines = text.split("\n")  # not splitlines(): a form feed or U+2028 inside a line is not a line break
+    source_lines = [_NUMBERED.sub("", line, count=1) for line in lines] if _numbered(lines) else lines
+    source = "\n".join(source_lines)
+    return lines, source_lines, source, language or sniff_language(source)
 
 
 def _numbered(lines: Sequence[str]) -> bool:

@@ -194,16 +194,39 @@ def compress(
     `examples`: read by the call that made the output, which has seen none of it whole (a
     skeleton of code keeps what an agent writes new code from: code.py)."""
     opening, inner, closing = envelope(text)
-    kind, language = route(inner, declared=declared, command=command, path=path)
-    language = language or hint("", _path_of(_last_command(command)))[1]
-    reading = Reading(kind, language, opening.count("\n") + 1, examples)
-    cut = _ELIDED.search(inner) if kind not in _LINES and "</output_head>" in inner else None
+    reading, cut = _reading(inner, opening, declared, command, path, examples)
     found = _read(inner, focus, reading) if cut is None else _read_cut(inner, cut, focus, reading)
     if found is None:
         return None
     if opening or closing:
         found = replace(found, text=opening + found.text + closing)
     return found if len(found.text) < len(text) else None
+
+
+def names_read(text: str, *, declared: str = "", command: str = "", path: str = "") -> frozenset[str] | None:
+    """The names in `text` by which `compress` finds a focus term that does not occur in it
+    whole (`text.matters`): by its last part, a skeleton of code finds the definitions it names;
+    a search, a listing and JSON read it by any word (None); the others find only the term whole."""
+    opening, inner, _ = envelope(text)
+    reading, cut = _reading(inner, opening, declared, command, path)
+    readers = _READERS.get(reading.kind, ())
+    if any(reader in _BY_ANY_WORD for reader in readers):
+        return None
+    if _code not in readers:
+        return frozenset()
+    parts = (inner,) if cut is None else _cut(inner, cut)[::2]
+    return frozenset().union(*(code.names(part, reading.language) for part in parts if part))
+
+
+def _reading(
+    inner: str, opening: str, declared: str, command: str, path: str, examples: bool = False
+) -> tuple[Reading, re.Match[str] | None]:
+    """How an output's content (`inner`, after a tool's `opening`) is read, and where its tool
+    cut it (None: it is read whole)."""
+    kind, language = route(inner, declared=declared, command=command, path=path)
+    language = language or hint("", _path_of(_last_command(command)))[1]
+    cut = _ELIDED.search(inner) if kind not in _LINES and "</output_head>" in inner else None
+    return Reading(kind, language, opening.count("\n") + 1, examples), cut
 
 
 def unread(text: str, *, declared: str = "", command: str = "", path: str = "") -> bool:
@@ -219,12 +242,7 @@ def _read_cut(inner: str, cut: re.Match[str], focus: Focus, reading: Reading) ->
     """A tool that kept the head and the tail of a long output: each is read on its own (the
     notice of what it left out, between them, is not a path, a row or a line of code). The
     tool cut them mid-line: the line on each side of the notice stays as it is, with it."""
-    head, tail = inner[: cut.start()], inner[cut.end() :]
-    end = head.rfind("\n")
-    start = tail.find("\n")
-    head_text = head[:end] if end >= 0 else ""
-    tail_text = tail[start + 1 :] if start >= 0 else ""
-    middle = head[end + 1 :] + cut.group(0) + (tail[:start] if start >= 0 else tail)
+    head_text, middle, tail_text = _cut(inner, cut)
     if reading.kind == "listing" and listing.is_recursive(head_text) and (names := listing.first_header(tail_text)):
         # The tail goes on listing some directory, but which one is in what the tool left out
         # (headers may be there): its names are put in no directory, beside the notice.
@@ -245,6 +263,17 @@ def _read_cut(inner: str, cut: re.Match[str], focus: Focus, reading: Reading) ->
         " / ".join(p.summary for p in read),
         lossless=all(p.lossless for p in read),
     )
+
+
+def _cut(inner: str, cut: re.Match[str]) -> tuple[str, str, str]:
+    """(the whole lines before the notice, the notice with the line cut on each side of it,
+    the whole lines after it)."""
+    head, tail = inner[: cut.start()], inner[cut.end() :]
+    end = head.rfind("\n")
+    start = tail.find("\n")
+    head_text = head[:end] if end >= 0 else ""
+    tail_text = tail[start + 1 :] if start >= 0 else ""
+    return head_text, head[end + 1 :] + cut.group(0) + (tail[:start] if start >= 0 else tail), tail_text
 
 
 def _read(text: str, focus: Focus, reading: Reading) -> Compressed | None:
@@ -333,6 +362,10 @@ _READERS: dict[str, tuple[Reader, ...]] = {
     "": (_text,),
 }
 """Per kind, the compressors to try in order (the next when one cannot read the content)."""
+_BY_ANY_WORD = (_search, _listing, _json)
+"""Readers that may find a focus term by any of the text's words though it does not occur whole:
+a search by a definition of its last part, a listing by a path it puts together from a
+directory and a name, JSON by the values it parses and writes again (`names_read`)."""
 
 _OPENING = re.compile(
     r"^(?:\s*<returncode>-?\d+</returncode>)?(?:.{0,2000}?)<(?:output|output_head|stdout)>\n?", re.DOTALL

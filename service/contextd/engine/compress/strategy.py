@@ -19,19 +19,19 @@ searched for, the reason the agent gave.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Hashable, Mapping
 from itertools import pairwise
 from typing import Any, ClassVar
 
-from contextd.engine.compress.router import compress, envelope, unread
-from contextd.engine.compress.text import WORD, Compressed, Focus, identifiers, term_words
+from contextd.engine.compress.router import compress, envelope, names_read, unread
+from contextd.engine.compress.text import WORD, Compressed, Focus, identifiers, matters, term_words
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Item, Representation, TextBlock, ToolUseBlock
 from contextd.engine.observations import Observation
 from contextd.engine.placeholders import PREFIX, describe, handle_of
 from contextd.engine.shell import WHOLE
 from contextd.engine.strategies import Strategy, output_text
-from contextd.engine.types import Entry, FocusChange, Proposal, Replace, TransformContext
+from contextd.engine.types import Concerned, Entry, FocusChange, Proposal, Replace, TransformContext
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +53,11 @@ class Compress(Strategy):
             (*_reason(context, seen), *context.focus),
             _read_again(context, entry, seen, text),
         )
+        declared, path = _declared(context, entry, seen), seen.reads[0].path if seen.reads else ""
         words = _words_of(entry)
         if words is not None:
             # Only the focus terms that may occur in the output change its compression: the key.
-            focus = focus.within(words)
-        declared, path = _declared(context, entry, seen), seen.reads[0].path if seen.reads else ""
+            focus = focus.within(words, lambda: _names_read(entry, seen, declared))
         held = _compressions.get((entry.item,), dict)
         ratio = params.get("max_ratio", MAX_RATIO)
         # A read of a file is what the call that made it works from: read whole by that call,
@@ -137,28 +137,45 @@ class Compress(Strategy):
                 return ()
         return found
 
-    def concerned(self, context: TransformContext, change: FocusChange) -> Callable[[Entry], bool]:
+    def concerned(self, context: TransformContext, change: FocusChange) -> Concerned:
         """The focus reaches an output through the terms a compressor reads (`Focus.terms`) that
         may occur in it (`Focus.within`), and through the lines a recent call read again of the
         file it shows (`_read_again`: those whose ranges changed, and, as a write since may move
-        lines, those read again now)."""
-        words = {term_words(t) for t in Focus(tuple(change.given), tuple(change.derived)).terms}
+        lines, those read again now). Only an output holding the words of a term's last part,
+        or showing one of those files, may be concerned: the ledger looks for them by those
+        (`Concerned.reach`)."""
+        terms = Focus(tuple(change.given), tuple(change.derived)).terms
+        words = [term_words(t) for t in terms]
         if frozenset() in words:
-            return _every  # a term of no word is within every output
+            return Concerned(_every)  # a term of no word is within every output
         paths = change.paths | {path for path, _, _ in context.read_again}
         by_seq = context.observations.by_seq
-        # Run over every output resting on the focus (hundreds in a long session): most hold
-        # none of the terms' words, which one test at C speed says.
         needed = frozenset().union(*words)
 
         def concerns(entry: Entry) -> bool:
             held = _words_of(entry)
-            if held is None or (not held.isdisjoint(needed) and any(term <= held for term in words)):
+            if held is None:
                 return True
+            if not held.isdisjoint(needed):
+
+                def names() -> frozenset[str] | None:
+                    seen = by_seq.get(entry.seq)
+                    return None if seen is None else _names_read(entry, seen, _declared(context, entry, seen))
+
+                if any(matters(term, held, names) for term in terms):
+                    return True
             seen = by_seq.get(entry.seq) if paths else None
             return seen is not None and any(read.path in paths for read in seen.reads)
 
-        return concerns
+        def handles(entry: Entry) -> frozenset[Hashable] | None:
+            held = _words_of(entry)
+            seen = by_seq.get(entry.seq)
+            if held is None or seen is None or not seen.reads:
+                return held
+            return held | {(_PATH, read.path) for read in seen.reads}
+
+        reach = (*dict.fromkeys(words), *(frozenset({(_PATH, path)}) for path in paths))
+        return Concerned(concerns, reach, handles)
 
 
 def _declared(context: TransformContext, entry: Entry, seen: Observation) -> str:
@@ -171,6 +188,10 @@ def _declared(context: TransformContext, entry: Entry, seen: Observation) -> str
 
 def _every(entry: Entry) -> bool:
     return True
+
+
+_PATH = "path"
+"""With a path, the handle of an output showing that file (`Concerned.handles`; a word is its own)."""
 
 
 def _read_again(context: TransformContext, entry: Entry, seen: Observation, text: str) -> frozenset[int]:
@@ -243,6 +264,23 @@ _unread: IdentityMemo[tuple[str, bool]] = IdentityMemo(20_000)
 the kind it was declared to hold when asked (another policy may declare another)."""
 _words: IdentityMemo[frozenset[str] | None] = IdentityMemo(20_000)
 """Per item, the words of its output (None: it holds escapes)."""
+
+
+_names: IdentityMemo[tuple[str, frozenset[str] | None]] = IdentityMemo(20_000)
+"""Per item, the names in its output by which its compressor finds a focus term that does not
+occur in it whole (`router.names_read`), with the kind it was declared to hold when asked."""
+
+
+def _names_read(entry: Entry, seen: Observation, declared: str) -> frozenset[str] | None:
+    """`router.names_read` of the output of `entry`, asked once an item (and again for another
+    declared kind)."""
+
+    def read() -> tuple[str, frozenset[str] | None]:
+        path = seen.reads[0].path if seen.reads else ""
+        return declared, names_read(output_text(entry), declared=declared, command=seen.command, path=path)
+
+    said = _names.get((entry.item,), read)
+    return (said if said[0] == declared else read())[1]
 
 
 def _words_of(entry: Entry) -> frozenset[str] | None:

@@ -145,13 +145,16 @@ class Focus:
                 out.add(last)
         return frozenset(out)
 
-    def within(self, words: frozenset[str]) -> Focus:
+    def within(self, words: frozenset[str], names: Callable[[], frozenset[str] | None] | None = None) -> Focus:
         """The focus without the terms that cannot matter to a text made of `words` (its
-        ``\\w+`` runs): a term matters only where it, or its last part, occurs. The same
-        compression, and a key for remembering it that changes only when the text is concerned."""
+        ``\\w+`` runs): the same compression, and a key for remembering it that changes only
+        when the text is concerned. A term matters only where it, or its last part, occurs;
+        given `names` (`matters`), only where it occurs whole or its last part is a name the
+        compressor reads."""
+        read = _Once(names) if names is not None else None
         return Focus(
-            tuple(t for t in self.given if term_words(t) <= words),
-            tuple(t for t in self.derived if term_words(t) <= words),
+            tuple(t for t in self.given if matters(t, words, read)),
+            tuple(t for t in self.derived if matters(t, words, read)),
             self.lines,
         )
 
@@ -202,6 +205,48 @@ def term_words(term: str) -> frozenset[str]:
     """The words a text must hold for `term` to matter to it (`Focus.within`): those of its last
     part (none: it matters to every text)."""
     return frozenset(WORD.findall(_last_part(term) or term))
+
+
+@functools.lru_cache(maxsize=4096)
+def whole_words(term: str) -> frozenset[str]:
+    """The words of all of `term`: a text holds every one where the term occurs whole (each
+    ``\\w+`` run of the term is one of the text's, its first and last bounded as whole words)."""
+    return frozenset(WORD.findall(term))
+
+
+def matters(term: str, words: frozenset[str], names: Callable[[], frozenset[str] | None] | None = None) -> bool:
+    """Whether focus `term` may change the compression of a text made of `words`. Compressors
+    find a term where it occurs whole in the text (a line mentioning it), and some by its last
+    part alone (`Focus.names`: a path's file name, a dotted name's last): `names()` says which
+    of the text's names they read so (the definitions of a skeleton of code), None any word.
+    Without `names` (or when `names()` is None), a term whose last part's words the text holds
+    matters; with it, ``s/a/b`` (a ``sed`` script) does not matter to code that assigns ``b``
+    and holds no ``s``, unless ``b`` is a definition's name."""
+    if not term_words(term) <= words:
+        return False
+    if names is None or whole_words(term) <= words:
+        return True
+    read = names()
+    if read is None or term in read:
+        return True
+    last = _last_part(term)
+    return bool(last) and last in read
+
+
+class _Once:
+    """`names` called once, when first needed (`Focus.within` asks for each term)."""
+
+    __slots__ = ("_done", "_names", "_read")
+
+    def __init__(self, names: Callable[[], frozenset[str] | None]) -> None:
+        self._names = names
+        self._read: frozenset[str] | None = None
+        self._done = False
+
+    def __call__(self) -> frozenset[str] | None:
+        if not self._done:
+            self._read, self._done = self._names(), True
+        return self._read
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ from contextd.engine.policy import When
 from contextd.engine.rules import holds_for
 from contextd.engine.shell import WHOLE
 from contextd.engine.types import (
+    Concerned,
     Entry,
     FocusChange,
     Incremental,
@@ -71,6 +72,85 @@ class Ledger:
     """key -> seqs of the pool whose proposal rests on it (and of entries that have left the
     pool since, dropped once they outnumber it: `to_ask`); None when the transform is not
     incremental. Updated in place by the render that takes the ledger over."""
+    reach: Reach = field(default_factory=lambda: Reach(), compare=False, repr=False)
+    """The entries resting on the focus by what of a change may reach them (a transform that
+    `ReadsFocusTerms`); likewise updated in place."""
+
+
+class Reach:
+    """The seqs of a rule's entries resting on the focus by their handles (`Concerned.handles`),
+    kept with its ledgers from render to render and brought up to date at each (`among`): a
+    change to the focus is looked for where it may reach, not over every output resting on it.
+    A carry is written with it empty (it is built again when first needed)."""
+
+    __slots__ = ("_anything", "_by_handle", "_entries")
+
+    def __init__(self) -> None:
+        self._entries: dict[int, Entry | None] = {}
+        """seq -> the entry as indexed (None: out of the pool then, so not indexed: an entry
+        comes back into a pool only appended or shown otherwise, asked about anyway)."""
+        self._by_handle: dict[Hashable, set[int]] = {}
+        self._anything: set[int] = set()
+        """Seqs that any change may reach (handles None)."""
+
+    def __reduce__(self) -> tuple[type[Reach], tuple[()]]:
+        return Reach, ()
+
+    def among(
+        self,
+        resting: set[int],
+        pool: Mapping[int, Entry],
+        asked: set[int],
+        handles: Callable[[Entry], frozenset[Hashable] | None],
+        reach: tuple[frozenset[Hashable], ...],
+    ) -> set[int]:
+        """Of `resting` (the seqs resting on the focus), those whose handles hold all of one of
+        the sets of `reach`, or that any change reaches; `asked`: the seqs asked about anyway
+        (appended, shown otherwise since: indexed again, as they are now)."""
+        entries = self._entries
+        for seq in asked & entries.keys():
+            self._drop(seq, handles)
+        for seq in entries.keys() - resting:
+            self._drop(seq, handles)
+        for seq in resting - entries.keys():
+            entry = entries[seq] = pool.get(seq)
+            if entry is None:
+                continue
+            held = handles(entry)
+            if held is None:
+                self._anything.add(seq)
+                continue
+            by_handle = self._by_handle
+            for handle in held:
+                found = by_handle.get(handle)
+                if found is None:
+                    by_handle[handle] = {seq}
+                else:
+                    found.add(seq)
+        out = set(self._anything)
+        for wanted in reach:
+            sets = sorted((self._by_handle.get(h, _NONE) for h in wanted), key=len)
+            if sets:
+                out |= sets[0].intersection(*sets[1:])
+        return out
+
+    def _drop(self, seq: int, handles: Callable[[Entry], frozenset[Hashable] | None]) -> None:
+        entry = self._entries.pop(seq)
+        if entry is None:
+            return
+        held = handles(entry)
+        if held is None:
+            self._anything.discard(seq)
+            return
+        for handle in held:
+            found = self._by_handle.get(handle)
+            if found is not None:
+                found.discard(seq)
+                if not found:
+                    del self._by_handle[handle]
+
+
+_NONE: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +235,7 @@ def recorded(
             by_key[key] = set(named)
         else:
             found.update(named)
-    return Ledger(pool, frozenset(waiting), proposed, by_key)
+    return Ledger(pool, frozenset(waiting), proposed, by_key, earlier.reach)
 
 
 _KINDS: dict[tuple[type, type], bool] = {}
@@ -186,7 +266,7 @@ def to_ask(
     pool: Mapping[int, Entry],
     fresh: Iterable[int],
     touched: set[Hashable],
-    concerned: Callable[[Entry], bool] | None = None,
+    concerned: Concerned | None = None,
 ) -> tuple[list[Entry], dict[int, tuple[Proposal, ...]]]:
     """The entries of `pool` a rule's transform is asked about again, in seq order (the view's
     order while nothing is reordered), and of the others those it proposed for, with what it
@@ -195,7 +275,8 @@ def to_ask(
     which the focus's change concerns (the transform's `ReadsFocusTerms.concerned`)."""
     if ledger.by_key is None:
         return [pool[s] for s in sorted(pool)], {}
-    seqs = set(fresh) | ledger.waiting
+    asked = set(fresh)
+    seqs = asked | ledger.waiting
     by_key = ledger.by_key
     for key in touched:
         found = by_key.get(key)
@@ -207,7 +288,10 @@ def to_ask(
             # every entry rests on (the focus) would otherwise be read whole at each render.
             found.intersection_update(pool)
         if key == FOCUS and concerned is not None:
-            seqs.update(s for s in found if s in pool and concerned(pool[s]))
+            test, reach, handles = concerned.test, concerned.reach, concerned.handles
+            if reach is not None and handles is not None:
+                found = ledger.reach.among(found, pool, asked, handles, reach)
+            seqs.update(s for s in found if s in pool and test(pool[s]))
         else:
             seqs |= found
     kept = {seq: made for seq, made in ledger.proposed.items() if seq in pool and seq not in seqs}
