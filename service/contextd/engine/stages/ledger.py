@@ -81,7 +81,7 @@ class Reach:
     """The seqs of a rule's entries resting on the focus by their handles (`Concerned.handles`),
     kept with its ledgers from render to render and brought up to date at each (`among`): a
     change to the focus is looked for where it may reach, not over every output resting on it.
-    A carry is written with it empty (it is built again when first needed)."""
+    A carry is written with it empty (it is built again over the renders that follow)."""
 
     __slots__ = ("_anything", "_by_handle", "_entries")
 
@@ -105,14 +105,17 @@ class Reach:
         reach: tuple[frozenset[Hashable], ...],
     ) -> set[int]:
         """Of `resting` (the seqs resting on the focus), those whose handles hold all of one of
-        the sets of `reach`, or that any change reaches; `asked`: the seqs asked about anyway
-        (appended, shown otherwise since: indexed again, as they are now)."""
+        the sets of `reach`, those any change reaches, and those not indexed yet (past
+        `INDEXED_PER_RENDER`); `asked`: the seqs asked about anyway (appended, shown otherwise
+        since: indexed again, as they are now)."""
         entries = self._entries
         for seq in asked & entries.keys():
             self._drop(seq, handles)
         for seq in entries.keys() - resting:
             self._drop(seq, handles)
-        for seq in resting - entries.keys():
+        new = list(resting - entries.keys())
+        out = set(new[INDEXED_PER_RENDER:])  # indexed by a later render: looked at as they are
+        for seq in new[:INDEXED_PER_RENDER]:
             entry = entries[seq] = pool.get(seq)
             if entry is None:
                 continue
@@ -127,7 +130,7 @@ class Reach:
                     by_handle[handle] = {seq}
                 else:
                     found.add(seq)
-        out = set(self._anything)
+        out |= self._anything
         for wanted in reach:
             sets = sorted((self._by_handle.get(h, _NONE) for h in wanted), key=len)
             if sets:
@@ -151,6 +154,11 @@ class Reach:
 
 
 _NONE: frozenset[int] = frozenset()
+INDEXED_PER_RENDER = 64
+"""Entries a render adds to a `Reach` at most (about 10 µs each, for an output of a few dozen
+words): after a carry is read back, every entry resting on the focus is new to it (480 at 10,000
+items of bench/scale.py's mixed workload, 5 ms), and those left for the renders that follow are
+looked at one by one, as they were before there was an index."""
 
 
 @dataclass(frozen=True, slots=True)
