@@ -357,10 +357,11 @@ def refreshed(
     pool = ledger.pool
     fresh = []
     for entry in entries:
-        pool.pop(entry.seq, None)
-        if entry.seq > 0 and entry.seq not in taken and holds_for(when, entry):
-            pool[entry.seq] = entry
-            fresh.append(entry.seq)
+        seq = entry.item.seq  # (read once: after a first render, every rule runs over thousands)
+        pool.pop(seq, None)
+        if seq > 0 and seq not in taken and holds_for(when, entry):
+            pool[seq] = entry
+            fresh.append(seq)
     return pool, fresh
 
 
