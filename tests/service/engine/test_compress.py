@@ -1023,6 +1023,27 @@ def test_a_sed_script_concerns_code_only_where_a_definition_has_its_last_part_fo
 # ------------------------------------------------------- found by a second reading
 
 
+_LONE_RETURNS = (
+    "x = 1\r" * 40
+    + '\ndef parse_header(a):\n    """Doc.\n\n    More.\n    """\n'
+    + "".join(f"    v_{k} = a + {k}\n" for k in range(4))
+    + "    return v_0\n"
+)
+"""Python whose first lines end in lone carriage returns (a progress bar's output, old line endings)."""
+
+
+def test_python_with_lone_carriage_returns_is_read_as_its_lines_are_shown() -> None:
+    """The parser breaks lines at a lone carriage return, the lines shown do not: its line
+    numbers pointed past them (an IndexError, or a body said by the wrong range). Such source is
+    read by indentation, over the lines as shown."""
+    out = compress(_LONE_RETURNS, NO_FOCUS, command="cat src/app.py")
+    assert out is not None and out.kind == "code" and "by indentation" in out.summary
+    shown = _LONE_RETURNS.split("\n")
+    assert out.text.split("\n")[:3] == shown[:3]  # the carriage returns' line, the signature, the docstring's first
+    assert "[… lines 4-11 left out …]" in out.text and "v_2 = a + 2" not in out.text
+    assert code.names(_LONE_RETURNS) == {"parse_header"}
+
+
 def test_inputs_that_broke_compressors_are_read_or_left_whole() -> None:
     # A lower case longer than its letter (İ) must not shift where lines are found.
     turkish = "\n".join([*(f"Kullanıcı: {'İ' * 40} {n}" for n in range(30)), "ERROR build failed"])

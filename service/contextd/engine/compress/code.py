@@ -224,6 +224,7 @@ def _opened(brackets: str) -> int:
 
 
 _DEFINING = re.compile(r"\b(?:def|class)\b")
+_LONE_CR = re.compile(r"\r(?!\n)")
 _NESTED_QUOTES = sys.version_info >= (3, 12)
 _FORMATTED = re.compile(r"(?<!\w)(?:[fFtT][rR]?|[rR][fFtT])[\"']")
 """An f-string's prefix, or a t-string's (3.14: the same rules)."""
@@ -241,6 +242,10 @@ def _parsed_bodies(source: str, lines: Sequence[str], language: str) -> tuple[tu
     if language == "python":
         if not may_hold_bodies(source):
             return (), "ast"
+        if "\r" in source and _LONE_CR.search(source):
+            # The parser breaks lines at a lone carriage return, the lines shown do not: its
+            # line numbers would point past what is shown. Read as the lines are shown.
+            return tuple(_indented_bodies(lines)), "by indentation"
         try:
             tree = ast.parse(source)
         except (SyntaxError, ValueError, RecursionError, MemoryError):  # deep nesting recurses in the parser

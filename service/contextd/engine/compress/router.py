@@ -363,9 +363,11 @@ _READERS: dict[str, tuple[Reader, ...]] = {
 }
 """Per kind, the compressors to try in order (the next when one cannot read the content)."""
 _BY_ANY_WORD = (_search, _listing, _json)
-"""Readers that may find a focus term by any of the text's words though it does not occur whole:
-a search by a definition of its last part, a listing by a path it puts together from a
-directory and a name, JSON by the values it parses and writes again (`names_read`)."""
+"""Readers taken to find a focus term by any of the text's words though it does not occur whole
+(`names_read`): a search does, by a definition of the term's last part; a listing (the paths it
+puts together from a directory and a name) and JSON (the values it parses and writes again)
+match terms against strings that are not the text itself, and are taken so too rather than
+followed that far."""
 
 _OPENING = re.compile(
     r"^(?:\s*<returncode>-?\d+</returncode>)?(?:.{0,2000}?)<(?:output|output_head|stdout)>\n?", re.DOTALL

@@ -277,7 +277,11 @@ def _names_read(entry: Entry, seen: Observation, declared: str) -> frozenset[str
 
     def read() -> tuple[str, frozenset[str] | None]:
         path = seen.reads[0].path if seen.reads else ""
-        return declared, names_read(output_text(entry), declared=declared, command=seen.command, path=path)
+        try:
+            return declared, names_read(output_text(entry), declared=declared, command=seen.command, path=path)
+        except Exception:  # a reader's bug must not fail the render (as in `proposal`): any word, then
+            log.exception("reading the names in the output at seq %d failed; any word is taken for one", entry.seq)
+            return declared, None
 
     said = _names.get((entry.item,), read)
     return (said if said[0] == declared else read())[1]

@@ -86,9 +86,9 @@ class Reach:
     __slots__ = ("_anything", "_by_handle", "_entries")
 
     def __init__(self) -> None:
-        self._entries: dict[int, Entry | None] = {}
-        """seq -> the entry as indexed (None: out of the pool then, so not indexed: an entry
-        comes back into a pool only appended or shown otherwise, asked about anyway)."""
+        self._entries: dict[int, Entry] = {}
+        """seq -> the entry as indexed (a seq resting on the focus out of the pool is not: it is
+        looked at again at each render, and indexed once it is back in the pool)."""
         self._by_handle: dict[Hashable, set[int]] = {}
         self._anything: set[int] = set()
         """Seqs that any change may reach (handles None)."""
@@ -113,12 +113,10 @@ class Reach:
             self._drop(seq, handles)
         for seq in entries.keys() - resting:
             self._drop(seq, handles)
-        new = list(resting - entries.keys())
+        new = [seq for seq in resting - entries.keys() if seq in pool]
         out = set(new[INDEXED_PER_RENDER:])  # indexed by a later render: looked at as they are
         for seq in new[:INDEXED_PER_RENDER]:
-            entry = entries[seq] = pool.get(seq)
-            if entry is None:
-                continue
+            entry = entries[seq] = pool[seq]
             held = handles(entry)
             if held is None:
                 self._anything.add(seq)
@@ -138,10 +136,7 @@ class Reach:
         return out
 
     def _drop(self, seq: int, handles: Callable[[Entry], frozenset[Hashable] | None]) -> None:
-        entry = self._entries.pop(seq)
-        if entry is None:
-            return
-        held = handles(entry)
+        held = handles(self._entries.pop(seq))
         if held is None:
             self._anything.discard(seq)
             return
