@@ -183,10 +183,13 @@ class Judge:
         """The history's seqs in their natural order."""
         self._protected = protected
         self._policy = policy
+        self._accepted: dict[int, int] = {}
+        """evidence seq -> the seq whose reduction rests on it, of what this render accepts."""
+        self._in_force = relied_on
+        """Likewise of the edits in force (which grows with the session: read, not copied, and
+        asked directly: a ChainMap's membership test runs a generator, at every candidate)."""
         # (A ChainMap writes to its first map only: the one below it is never changed.)
-        self._relied_on: ChainMap[int, int] = ChainMap({}, relied_on)  # type: ignore[arg-type]
-        """evidence seq -> the seq whose reduction rests on it: what this render accepts, over
-        what the edits in force rest on (which grows with the session: read, not copied)."""
+        self._relied_on: ChainMap[int, int] = ChainMap(self._accepted, relied_on)  # type: ignore[arg-type]
         self._reduced: set[int] = set()
 
     @functools.cached_property
@@ -212,7 +215,8 @@ class Judge:
         if seq is not None:
             self._reduced.add(seq)
             for s in proposal.evidence_seqs:
-                self._relied_on.setdefault(s, seq)
+                if s not in self._accepted and s not in self._in_force:
+                    self._accepted[s] = seq
 
     def refused(self, proposal: Proposal) -> str:
         """KEEP or ABSTAIN when `judge` refuses `proposal` whatever else it reads (its target is
@@ -220,7 +224,9 @@ class Judge:
         Cheaper than judging, for the proposals refused at every render that go uncertified
         after the first (an edit's evidence stays whole for as long as the edit is in force)."""
         seq = target_of(proposal.edit)
-        if seq is None or seq not in self._relied_on or seq not in self._entries or seq <= 0:
+        if seq is None or (seq not in self._accepted and seq not in self._in_force):
+            return ""
+        if seq not in self._entries or seq <= 0:
             return ""
         reason = self._protected.of(seq)
         if reason and proposal.on_entry and reason.startswith(RECENT):
@@ -233,7 +239,7 @@ class Judge:
         accepts), and is not protected (protection does not begin while the pins and policy
         stand) or is protected for good."""
         seq = target_of(proposal.edit)
-        if seq is None or seq not in self._relied_on.maps[1]:
+        if seq is None or seq not in self._in_force:
             return False
         return refused == "ABSTAIN" or self._protected.lasting(seq)
 
@@ -266,7 +272,7 @@ class Judge:
         return self._evidence(proposal, seq)
 
     def _evidence(self, proposal: Proposal, seq: int | None) -> Verdict:
-        if seq is not None and seq in self._relied_on:
+        if seq is not None and (seq in self._accepted or seq in self._in_force):
             return _abstain(f"item {seq} is the evidence for the reduction of item {self._relied_on[seq]}")
         for s in proposal.evidence_seqs:
             entry = self._entries.get(s)
