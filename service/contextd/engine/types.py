@@ -299,8 +299,9 @@ class Concerned:
     any entry may be."""
     handles: Callable[[Entry], frozenset[Hashable] | None] | None = None
     """What of a change may reach the proposal for an entry (the words of its output, the files
-    it shows), whatever the change: the same for an entry from one render to the next (the
-    ledger keeps the entries by them: stages/ledger.py, `Reach`). None: any change may."""
+    it shows; None: any change may), whatever the change: the same for an entry from one render
+    to the next (the ledger keeps the entries by them: stages/ledger.py, `Reach`). Without it
+    (or without `reach`), every entry resting on the focus is tested."""
 
 
 def prunable(entry: Entry) -> bool:
