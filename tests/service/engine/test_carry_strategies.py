@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import pickle
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from functools import partial, reduce
@@ -753,6 +754,36 @@ def test_a_sed_script_in_the_focus_concerns_the_code_that_defines_its_last_part_
     assert concerned("s/a/b") == {5}
     assert concerned("x.b") == {3, 5}  # (``x`` and ``b`` are words of both: it may occur whole)
     assert concerned("s/a/c") == set()
+
+
+def test_the_index_of_outputs_resting_on_the_focus_finds_them_by_all_of_a_terms_words_and_lets_go_of_what_leaves() -> (
+    None
+):
+    """`ledger.Reach`: an output is found by a set of words when it holds all of them, whether a
+    word is its own alone (held without a set) or shared; one that leaves the focus, or is asked
+    about anyway (indexed again as it is), is let go of whole; what it weighs goes with it, and a
+    carry writes it empty."""
+    draft = Draft(module_reads(3), frozenset(), {})
+    a, b, c = draft.entries[3], draft.entries[5], draft.entries[7]
+    words = {a.seq: {"shared", "only_a"}, b.seq: {"shared", "only_b"}, c.seq: {"shared", "x", "y"}}
+    pool = {e.seq: e for e in (a, b, c)}
+    reach = ledger_module.Reach()
+
+    def among(resting: set[int], *terms: set[str], asked: frozenset[int] = frozenset()) -> set[int]:
+        wanted = tuple(frozenset(t) for t in terms)
+        return reach.among(resting, pool, set(asked), lambda e: frozenset(words[e.seq]), wanted)
+
+    everything = set(pool)
+    assert among(everything, {"shared"}) == everything
+    assert among(everything, {"only_a"}) == {a.seq}
+    assert among(everything, {"x", "y"}, {"only_b"}) == {b.seq, c.seq}
+    assert among(everything, {"x", "only_a"}) == set()
+    assert reach.footprint() > 0 and pickle.loads(pickle.dumps(reach)).footprint() == 0
+    assert among({a.seq, c.seq}, {"shared"}) == {a.seq, c.seq}  # b left the focus
+    assert among({a.seq, c.seq}, {"only_b"}) == set()
+    assert among({a.seq, c.seq}, {"shared"}, asked=frozenset({a.seq})) == {a.seq, c.seq}
+    assert among({c.seq}, {"only_a"}, {"shared"}) == {c.seq}
+    assert among(set(), {"shared"}) == set() and reach.footprint() == 0
 
 
 def test_an_output_resting_on_the_focus_met_out_of_the_pool_is_found_once_it_is_back() -> None:
