@@ -176,14 +176,15 @@ def engine_child(
     started, cpu = time.perf_counter(), time.process_time()
     first = run(n_items, ViewState(), 0.0)
     cold_ms, cold_cpu = (time.perf_counter() - started) * 1000, time.process_time() - cpu
-    appended, uncarried = [], []
+    appended, appended_cpu, uncarried = [], [], []
     stages: dict[str, list[float]] = {}
     out = first
     for k in range(repeat):  # one item appended each time, as a session goes on
         n = n_items + 1 + k
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         following = run(n, out.state, 60.0 * (k + 1), out.carry)
         appended.append((time.perf_counter() - started) * 1000)
+        appended_cpu.append((time.process_time() - cpu) * 1000)  # (less moved by other processes)
         for stage, seconds in following.stages:
             stages.setdefault(stage, []).append(seconds * 1000)
         if not back_to_back:
@@ -195,6 +196,7 @@ def engine_child(
         "cold_ms": cold_ms,
         "cold_cpu_s": cold_cpu,
         "appended_ms": statistics.median(appended),
+        "appended_cpu_ms": statistics.median(appended_cpu),
         **({"uncarried_ms": statistics.median(uncarried)} if uncarried else {}),
         **{f"stage {stage}_ms": statistics.median(times) for stage, times in stages.items()},
     }
@@ -378,6 +380,7 @@ def main() -> int:
     columns = [c for c in rows[sizes[0]] if c != "engine cold_ms"]
     names = {
         "engine appended_ms": "engine, one appended",
+        "engine appended_cpu_ms": "engine, one appended (CPU)",
         "engine uncarried_ms": "engine, without the carry",
         "engine cold_cpu_s": "engine, cold (CPU s; ms/item)",
         "service appended_ms": "service, one appended",
@@ -403,6 +406,8 @@ def main() -> int:
     for small, large in itertools.pairwise(sizes):
         cells = [f"{exponent(rows[small][c], rows[large][c], small, large):.2f}" for c in columns]
         print(f"| exponent {small:,}→{large:,} | " + " | ".join(cells) + " |")
+        cells = [f"{rows[large][c] / rows[small][c]:.2f}" if rows[small][c] else "" for c in columns]
+        print(f"| ratio {large:,} : {small:,} | " + " | ".join(cells) + " |")
     stages = [c for c in rows[sizes[0]] if c.startswith("engine stage ")]
     if stages:  # where the engine's render after one append goes, stage by stage (pipeline.py's laps)
         print()
