@@ -19,9 +19,9 @@ searched for, the reason the agent gave.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from itertools import pairwise
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from contextd.engine.compress.router import compress, envelope, names_read, unread
 from contextd.engine.compress.text import WORD, Compressed, Focus, identifiers, matters, term_words
@@ -132,8 +132,7 @@ class Compress(Strategy):
                 path = seen.reads[0].path if seen.reads else ""
                 return declared, unread(output_text(entry), declared=declared, command=seen.command, path=path)
 
-            said = _unread.get((entry.item,), read_by_none)
-            if (said if said[0] == declared else read_by_none())[1]:
+            if _as_declared(_unread, entry, declared, read_by_none):
                 return ()
         return found
 
@@ -283,7 +282,18 @@ def _names_read(entry: Entry, seen: Observation, declared: str) -> frozenset[str
             log.exception("reading the names in the output at seq %d failed; any word is taken for one", entry.seq)
             return declared, None
 
-    said = _names.get((entry.item,), read)
+    return _as_declared(_names, entry, declared, read)
+
+
+T = TypeVar("T")
+
+
+def _as_declared(
+    memo: IdentityMemo[tuple[str, T]], entry: Entry, declared: str, read: Callable[[], tuple[str, T]]
+) -> T:
+    """What `read` says of the output of `entry` (with the kind it was declared to hold), remembered
+    per item in `memo`, and read again, not remembered, for another declared kind (another policy)."""
+    said = memo.get((entry.item,), read)
     return (said if said[0] == declared else read())[1]
 
 
