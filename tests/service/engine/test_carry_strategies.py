@@ -27,6 +27,7 @@ from contextd.engine.carry_pickle import UnusableCarry, dump_carry, load_carry
 from contextd.engine.changes import StateChange, advance, change_from_json, change_to_json
 from contextd.engine.compress import code as code_module
 from contextd.engine.compress.strategy import Compress
+from contextd.engine.eligibility import Judge
 from contextd.engine.memo import clear_memos, shared_prefix
 from contextd.engine.model import Item, ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.observations import COMPLETES
@@ -35,6 +36,7 @@ from contextd.engine.policy import default_policy_text, parse_policy
 from contextd.engine.stages import ledger as ledger_module
 from contextd.engine.stages import show as show_module
 from contextd.engine.stages.draft import Draft
+from contextd.engine.stages.eligible import NOT_SMALLER
 from contextd.engine.stages.ledger import STALE_SLACK, Ledger, to_ask
 from contextd.engine.stages.propose import transform_context
 from contextd.engine.state import ViewState, slot_of, state_from_json, state_to_json
@@ -473,6 +475,40 @@ def test_a_proposal_refused_at_every_render_is_not_made_again_while_nothing_it_r
         out = render(inp)
         assert not {3, 5} & set(asked)  # taken as it stands
         assert out == render(replace(inp, carry=None))
+
+
+def test_a_proposal_judged_no_smaller_than_its_entry_is_not_judged_again_while_nothing_it_rests_on_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A short `git status` run again: the snapshots rule would replace the first with a note
+    longer than it, refused (ABSTAIN, not smaller) once and certified. A render from the carry
+    lets that proposal go (its entry shown as it was, it would be refused again) rather than
+    judging it at every render; the command run a third time, the rule is asked about it again,
+    once. Every render is the render without the carry."""
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
+    for call in range(1, 61):
+        status = "On branch main\n" + "\n".join(f"\tmodified:   src/m{k}.py" for k in range(5 + (call > 2)))
+        command, output = ("git status", status) if call in (1, 3, 40) else (f"ls src/d{call}", f"f{call}.py")
+        contents += bash_round(call, command, output)
+    items = stored_items(contents)
+    judged: list[int | None] = []
+    judge = Judge.judge
+
+    def spied(self: Judge, proposal: Any, control: Any, protection: bool = True) -> Any:
+        judged.append(target_of(proposal.edit))
+        return judge(self, proposal, control, protection)
+
+    monkeypatch.setattr(Judge, "judge", spied)
+    out = render(budgeted(items, 0, 10, ViewState(), None))
+    assert [(c.seq, c.rationale) for c in out.certificates] == [(3, NOT_SMALLER)]
+    counts = []
+    for n in range(11, 121):
+        inp = budgeted(items, 0, n, out.state, out.carry)
+        judged.clear()
+        out = render(inp)
+        counts.append(judged.count(3))
+        assert out == render(replace(inp, carry=None))
+    assert sum(counts) == 1 and counts[81 - 11] == 1  # once: as the third run comes (its result: seq 81)
 
 
 def test_a_whole_file_read_by_the_latest_call_is_asked_about_again_once_a_turn_follows() -> None:

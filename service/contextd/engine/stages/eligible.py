@@ -54,9 +54,11 @@ class Judged:
     """The items protected only until the next render that a rule's edit would reduce, with
     their tokens once reduced (None unless asked for)."""
     standing: tuple[tuple[str, Proposal], ...] = ()
-    """(rule, proposal) of the rules' proposals passed over unjudged whose refusal stands for as
-    long as the edits in force do (`Judge.stands`): the rules' ledgers let them go
-    (`ledger.let_go`), and a render that follows asks for them again only with their entry."""
+    """(rule, proposal) of the rules' proposals whose refusal stands: passed over unjudged for as
+    long as the edits in force do (`Judge.stands`), or judged no smaller than their entry as it
+    is shown (what an edit gives its target is the same for the same entry). The rules' ledgers
+    let them go (`ledger.let_go`), and a render that follows asks for them again only with their
+    entry (shown otherwise since, or a key it rests on touched)."""
 
 
 def judge(
@@ -107,6 +109,8 @@ def judge(
             saving = entry.tokens - tokens if entry is not None else -tokens if isinstance(edit, Insert) else 0
             if entry is not None and saving <= 0:
                 verdict = replace(verdict, eligible=False, decision="ABSTAIN", why=NOT_SMALLER)
+                if candidate.control is ControlMode.RULE and not candidate.pending:
+                    standing.append((candidate.rule, proposal))  # (for as long as the entry is shown so)
         elif (
             shrinks is not None
             and entry is not None
