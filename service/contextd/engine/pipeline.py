@@ -23,7 +23,7 @@ from contextd.engine.repair import RepairRun
 from contextd.engine.stages.apply import apply, time_edits
 from contextd.engine.stages.budget import fit_budget
 from contextd.engine.stages.draft import Draft
-from contextd.engine.stages.eligible import judge
+from contextd.engine.stages.eligible import Eligible, judge, still_eligible
 from contextd.engine.stages.ledger import Ledgers, let_go
 from contextd.engine.stages.load import Finished, Loaded, load, take
 from contextd.engine.stages.propose import AgentProposal, propose, transform_context
@@ -109,6 +109,8 @@ class Carry:
     repaired: RepairRun
     assembly: Assembly
     """The view as rendered, for the next render in the same format to resume."""
+    settled: tuple[Eligible, ...] = ()
+    """The edits the render deferred that the next render takes as judged (`still_eligible`)."""
 
     def footprint(self) -> int:
         """About how many bytes it holds: per item its entry and what the stages derived (the
@@ -158,7 +160,7 @@ class Carry:
         finished = Finished(draft, held.taken, held.compressed, held.relied)
         changed = frozenset(s for s in map(target_of, (a.edit for a in edits)) if s is not None and s > 0)
         ledgers = None if self.ledgers is None else replace(self.ledgers, changed=self.ledgers.changed | changed)
-        return replace(self, state=state, items=list(items[:seen]), finished=finished, ledgers=ledgers)
+        return replace(self, state=state, items=list(items[:seen]), finished=finished, ledgers=ledgers, settled=())
 
     def follows(self, inp: RenderInput) -> bool:
         """Whether `inp` differs from the input that made this carry only by items appended."""
@@ -190,7 +192,14 @@ def render(inp: RenderInput) -> RenderOutput:
         loaded, context, policy, inp.registry, state.pending, inp.agent_proposals, carry.ledgers if carry else None
     )
     lap("propose")
-    judged = judge(proposed.candidates, loaded, policy, counter, look_ahead=looks_ahead(request, policy))
+    judged = judge(
+        proposed.candidates,
+        loaded,
+        policy,
+        counter,
+        look_ahead=looks_ahead(request, policy),
+        settled=carry.settled if carry else (),
+    )
     if judged.standing:
         let_go(proposed.ledgers, [r.name for r in policy.rules], judged.standing)
     lap("judge")
@@ -242,7 +251,10 @@ def render(inp: RenderInput) -> RenderOutput:
         *fitted.certificates,
     )
     # Edits made durable come back as history, which a carry does not follow.
-    carried = None if applied.durable else _carry(inp, recorded.state, loaded, proposed.ledgers, fitted.applied, shown)
+    carried = None
+    if not applied.durable:
+        deferred = [t.eligible for t in timed.timed if not t.timing.apply]
+        carried = _carry(inp, recorded.state, loaded, proposed.ledgers, fitted.applied, shown, deferred)
     agent_ids = tuple(p.id for p in inp.agent_proposals)  # every one is decided now, or waits in the state
     return RenderOutput(
         recorded.view,
@@ -273,9 +285,16 @@ class _Laps:
 
 
 def _carry(
-    inp: RenderInput, state: ViewState, loaded: Loaded, ledgers: Ledgers, applied: Sequence[AppliedEdit], shown: Shown
+    inp: RenderInput,
+    state: ViewState,
+    loaded: Loaded,
+    ledgers: Ledgers,
+    applied: Sequence[AppliedEdit],
+    shown: Shown,
+    deferred: Sequence[Eligible],
 ) -> Carry:
-    """What the next render from `state` may start from, after a render that applied `applied`."""
+    """What the next render from `state` may start from, after a render that applied `applied`
+    and deferred `deferred`."""
     # An edit of this render may have taken over a compression's slot (record.py).
     take(loaded.taken, loaded.compressed, loaded.relied, applied)
     finished = Finished(loaded.draft, loaded.taken, loaded.compressed, loaded.relied)
@@ -292,6 +311,7 @@ def _carry(
         ledgers=None if reordered else replace(ledgers, changed=changed),
         repaired=shown.repaired,
         assembly=shown.assembly,
+        settled=still_eligible(deferred, applied),
     )
 
 

@@ -36,13 +36,13 @@ from contextd.engine.policy import default_policy_text, parse_policy
 from contextd.engine.stages import ledger as ledger_module
 from contextd.engine.stages import show as show_module
 from contextd.engine.stages.draft import Draft
-from contextd.engine.stages.eligible import NOT_SMALLER
+from contextd.engine.stages.eligible import NOT_SMALLER, Eligible, still_eligible
 from contextd.engine.stages.ledger import STALE_SLACK, Ledger, to_ask
-from contextd.engine.stages.propose import transform_context
-from contextd.engine.state import ViewState, slot_of, state_from_json, state_to_json
+from contextd.engine.stages.propose import Candidate, transform_context
+from contextd.engine.state import AppliedEdit, ControlMode, ViewState, slot_of, state_from_json, state_to_json
 from contextd.engine.strategies import Snapshots
 from contextd.engine.transforms import TransformRegistry
-from contextd.engine.types import CacheState, Concerned, FocusChange, target_of
+from contextd.engine.types import CacheState, Concerned, FocusChange, Proposal, Remove, Reorder, Replace, target_of
 from contextd.engine.view import ViewFormat, ViewRequest
 from tests.helpers import counter, make_session, stored_items
 from tests.service.engine.test_changes import assert_change_makes
@@ -509,6 +509,65 @@ def test_a_proposal_judged_no_smaller_than_its_entry_is_not_judged_again_while_n
         counts.append(judged.count(3))
         assert out == render(replace(inp, carry=None))
     assert sum(counts) == 1 and counts[81 - 11] == 1  # once: as the third run comes (its result: seq 81)
+
+
+def test_edits_waiting_for_the_cache_are_not_judged_again_while_nothing_done_since_bears_on_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Forty files read three times over: each earlier read superseded by the later one, deep in
+    a cached prompt, waits for the cache, and a render applies something often (a read
+    superseded as the next comes, about one render in two). A render from the carry takes the
+    waiting edits as the render before judged them (nothing applied since bears on them) rather
+    than judging them again, and renders what a render without the carry does."""
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
+    for call in range(1, 121):
+        f = call % 40
+        lines = "\n".join(f"value_{f}_{k} = compute({k}, {call // 40})" for k in range(30))
+        contents += bash_round(call, f"sed -n '1,30p' src/m{f}.py", lines)
+    items = stored_items(contents)
+    judged: list[int | None] = []
+    judge = Judge.judge
+
+    def spied(self: Judge, proposal: Any, control: Any, protection: bool = True) -> Any:
+        judged.append(target_of(proposal.edit))
+        return judge(self, proposal, control, protection)
+
+    monkeypatch.setattr(Judge, "judge", spied)
+    out = render(budgeted(items, 0, 150, ViewState(), None))
+    waited = applied = 0
+    for n in range(151, 241):
+        inp = budgeted(items, 0, n, out.state, out.carry)
+        judged.clear()
+        out = render(inp)
+        waiting = {target_of(p.proposal.edit) for p in inp.state.pending}
+        assert not waiting & set(judged)
+        assert out == render(replace(inp, carry=None))
+        waited += len(waiting)
+        applied += len(out.state.applied) > len(inp.state.applied)
+    assert waited >= 400 and applied >= 30  # (504 waiting in all, 39 of the 90 renders applied something)
+
+
+def test_of_the_edits_deferred_those_an_edit_applied_bears_on_are_judged_again() -> None:
+    """`still_eligible`: a deferred edit is taken as judged unless an edit applied with it
+    reduced its target or its evidence, or rests on its target; after a reorder, none is; nor is
+    one normalized afresh (it waits as another proposal)."""
+
+    def judged(edit: Remove, *evidence: int, normalized: Remove | None = None) -> Eligible:
+        proposal = Proposal(edit, 2, "superseded", evidence_seqs=evidence)
+        return Eligible(Candidate(proposal, "r", ControlMode.RULE), normalized or edit, (), 3, 40)
+
+    waiting, other = judged(Remove(5), 9), judged(Remove(7), 11)
+    deferred = (waiting, other, judged(Remove(13, False), normalized=Remove(13)))
+
+    def applied(edit: Any, *evidence: int) -> AppliedEdit:
+        return AppliedEdit(edit, "r", "why", (), 1, evidence)
+
+    assert still_eligible(deferred, ()) == (waiting, other)
+    assert still_eligible(deferred, (applied(Replace(20, ()), 21),)) == (waiting, other)
+    assert still_eligible(deferred, (applied(Remove(9)),)) == (other,)  # its evidence reduced
+    assert still_eligible(deferred, (applied(Replace(20, ()), 5),)) == (other,)  # its target rested on
+    assert still_eligible(deferred, (applied(Replace(5, ())),)) == (other,)  # its target reduced
+    assert still_eligible(deferred, (applied(Reorder((2, 1))),)) == ()
 
 
 def test_a_whole_file_read_by_the_latest_call_is_asked_about_again_once_a_turn_follows() -> None:

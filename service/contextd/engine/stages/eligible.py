@@ -6,7 +6,7 @@ ABSTAIN), a rule's the first time it is made, the agent's every time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -19,9 +19,9 @@ from contextd.engine.stages.certify import certificate, refusal_key
 from contextd.engine.stages.draft import new_representation
 from contextd.engine.stages.load import Loaded
 from contextd.engine.stages.propose import Candidate
-from contextd.engine.state import ControlMode, Slot, slot_of
+from contextd.engine.state import AppliedEdit, ControlMode, Slot, slot_of
 from contextd.engine.tokens import TokenCounter, blocks_tokens
-from contextd.engine.types import Edit, Entry, Insert, Proposal, Remove, target_of
+from contextd.engine.types import Edit, Entry, Insert, Proposal, Remove, Reorder, target_of
 
 NOT_SMALLER = "what would replace it is not smaller"
 """Why an edit that would not shrink its item is refused (ABSTAIN): no gain, not a doubt about safety."""
@@ -67,12 +67,16 @@ def judge(
     policy: Policy,
     counter: TokenCounter,
     look_ahead: bool = False,
+    settled: Sequence[Eligible] = (),
 ) -> Judged:
     """The candidates that may happen, at most one per slot: the first eligible one wins.
     Proposals for a taken slot are dropped unseen, but for a slot held by a compression,
     which any edit but another compression may take over. With `look_ahead`, the shrinks
-    are found too (for the cache breakpoint: show.py)."""
+    are found too (for the cache breakpoint: show.py). `settled`: deferred edits the render
+    before judged eligible, which nothing done since bears on (`still_eligible`): taken as
+    judged when they come back waiting."""
     draft = loaded.draft
+    before = {id(e.candidate.proposal): e for e in settled}
     judging = Judge(draft.entries, draft.natural, loaded.protected, policy, loaded.relied)
     # What this render takes and decides, beside what the edits in force took and the state
     # decided (those sets grow with the session: they are read, not copied).
@@ -88,6 +92,11 @@ def judge(
         edit = _normalized(proposal.edit, draft.entries)
         slot = slot_of(edit)
         if slot in claimed or (slot in taken and (slot not in compressed or proposal.compression)):
+            continue
+        if candidate.pending and (e := before.get(id(proposal))) is not None and e.candidate.proposal is proposal:
+            claimed.add(slot)
+            judging.accept(proposal)
+            out.append(Eligible(candidate, e.edit, e.content, e.tokens, e.saving))
             continue
         if candidate.control is not ControlMode.AGENT and (refused := judging.refused(proposal)):
             key = refusal_key(Decision(refused.lower()), edit, candidate.rule, proposal.reason)
@@ -151,6 +160,28 @@ def judge(
         judging.relied_on,
         shrinks,
         tuple(standing),
+    )
+
+
+def still_eligible(deferred: Iterable[Eligible], applied: Sequence[AppliedEdit]) -> tuple[Eligible, ...]:
+    """Of the edits a render judged eligible and deferred, and the edits it applied, those the
+    next render from its state would judge eligible again, the same: nothing since bears on
+    them. They come back first, waiting, in the order they were judged in, and what is
+    appended since changes no verdict (the items' protection only lapses as turns go by; the
+    evidence an edit names is shown as it was, and no other edit rests on its target), but
+    for the edits applied: an edit whose target or evidence an applied edit reduced, or whose
+    target an applied edit rests on, is judged again; so is every one after a reorder. A
+    deferred edit normalized afresh (`_normalized`) waits as another proposal: judged again."""
+    if any(isinstance(a.edit, Reorder) for a in applied):
+        return ()
+    reduced = {seq for a in applied if (seq := target_of(a.edit)) is not None}
+    rested = reduced.union(*(a.evidence_seqs for a in applied))
+    return tuple(
+        e
+        for e in deferred
+        if e.edit is e.candidate.proposal.edit
+        and target_of(e.edit) not in rested
+        and reduced.isdisjoint(e.candidate.proposal.evidence_seqs)
     )
 
 
