@@ -262,6 +262,16 @@ class Snapshots(Strategy):
             f"the same command ran again at seq {later.seq} (call {later.call_id})",
         )
 
+    def keys(self, context: TransformContext, entry: Entry, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
+        """Once the command ran again, nothing: the run after an output stays the one after it
+        (the history only grows), and the proposal reads what that run showed as its item holds
+        it. Until then, the command's runs: an output of a command run every few calls is not
+        asked about again at each of its runs for as long as it waits for the cache."""
+        seen = context.observations.by_seq.get(entry.seq)
+        if seen is None or not worth(entry, params) or context.observations.next_run(seen) is not None:
+            return ()
+        return self.rests_on(entry, seen, params)
+
     def rests_on(self, entry: Entry, seen: Observation, params: Mapping[str, Any]) -> tuple[Hashable, ...]:
         return (("run", seen.tool, seen.command.strip()),) if self._applies(seen, params) else ()
 
