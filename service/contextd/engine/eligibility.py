@@ -179,8 +179,9 @@ class Judge:
         relied_on: Mapping[int, int],
     ) -> None:
         self._entries = entries
-        self._order = tuple(order)
-        """The history's seqs in their natural order."""
+        self._order = order
+        """The history's seqs in their natural order (read, not copied: it is as long as the
+        session, and stays as it is while the render judges)."""
         self._protected = protected
         self._policy = policy
         self._accepted: dict[int, int] = {}
@@ -319,7 +320,7 @@ class Judge:
                     s for s in order if self._entries[s].role is not Role.SYSTEM
                 ):
                     return "the new order moves the opening turn (a conversation starts where it started)"
-                if tuple(order) == self._order:
+                if list(order) == list(self._order):
                     return "the new order is the history's own"
         return ""
 

@@ -66,7 +66,7 @@ class Draft:
             item.seq: Entry(item, item.content, Representation.FULL, item.token_count, turn, item.seq in pins)
             for item, turn in zip(items, turns, strict=True)
         }
-        self.natural: tuple[int, ...] = tuple(item.seq for item in items)
+        self.natural: list[int] = [item.seq for item in items]
         self.turns = turns[-1] + 1 if turns else 0
         self.order: list[int] = list(self.natural)
         """History items in the order shown."""
@@ -149,7 +149,7 @@ class Draft:
         # assembly hold the one it handed them, and tell what changed by it. Nothing is inserted
         # after the appended items, so the lists handed out share what they shared.
         self._ordered, self._handed_out = [*self._listed(), *(entries[s] for s in seqs)], False
-        self.natural += tuple(seqs)
+        self.natural += seqs  # (in place: what held it during the render before let go of it)
         self.turns = turn + 1
         self.order += seqs  # appended items follow, whatever order is in force
         self._note(new)

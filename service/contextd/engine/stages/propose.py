@@ -147,7 +147,9 @@ def propose(
         changed = [draft.entries[s] for s in sorted(ledgers.changed) if s in draft.entries]
         held = frozenset(e.seq for e in (*changed, *new) if e.seq in taken and e.seq not in compressed)
         latest = []
-        for seq in reversed(draft.natural[: ledgers.items]):
+        natural = draft.natural
+        for at in range(ledgers.items - 1, -1, -1):  # (no copy of the order, as long as the session)
+            seq = natural[at]
             if draft.entries[seq].turn < ledgers.turns - 1:
                 break
             latest.append(seq)
