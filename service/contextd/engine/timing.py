@@ -32,8 +32,10 @@ batch may pay where each edit alone does not.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from contextd.engine.policy import BANKED, BREAKPOINTS, CACHE_STEPS, MIN_CACHED_TOKENS, CachePolicy
 from contextd.engine.state import PreviousRender
@@ -219,16 +221,21 @@ def schedule(
         why = "applied by the operator" if force else "the cache is cold: nothing cached to keep"
         return [Timing(True, why, r, v) for r, v in zip(radii, values, strict=True)]
 
-    starts = sorted({total - r for r, e in zip(radii, edits, strict=True) if r > 0})
+    starts = sorted({total - r for r in radii if r > 0})
+    # What the rewrite from a start saves: the reductions from there on (by their positions, with
+    # what those from each on save: a bisect a start, where a sum each was quadratic in the
+    # edits waiting). An edit that grows the view (an insert) rides on the rewrite, but is no
+    # reason to make it; counting it here could pass over an earlier start that pays for every
+    # reduction after it.
+    reducing = sorted((e.position, max(0, e.saving)) for e, r in zip(edits, radii, strict=True) if r > 0)
+    positions = [p for p, _ in reducing]
+    from_each = [*reversed(list(accumulate(s for _, s in reversed(reducing)))), 0]
     limited = cache.stakes == BANKED
     best: int | None = None
     best_value = 0.0
     over_stake: tuple[float, int] | None = None  # the best start left out for its stake: (worth, start)
     for start in starts:
-        # What the rewrite from `start` saves: the reductions from there on. An edit that grows
-        # the view (an insert) rides on the rewrite, but is no reason to make it; counting it
-        # here could pass over an earlier start that pays for every reduction after it.
-        saving = sum(max(0, e.saving) for e, r in zip(edits, radii, strict=True) if r > 0 and e.position >= start)
+        saving = from_each[bisect_left(positions, start)]
         worth = value_now(saving, total - start, cache)
         if worth <= best_value:
             continue

@@ -124,3 +124,27 @@ def test_the_bank_is_what_each_call_saved_against_the_whole_history_sent_and_cac
         again, BANKED
     )
     assert banked(None, CacheState(0, None, 300.0), 5_000, Usage(0, 5_000, 0), BANKED) == 0.0
+
+
+@settings(max_examples=500)
+@given(
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(-2_000, 2_000)), max_size=12),
+    st.none() | st.lists(st.integers(1_024, 9_999), unique=True).map(sorted),
+)
+def test_the_rewrite_made_is_the_one_worth_most_of_those_from_where_the_cache_stops_reading(
+    edits: list[tuple[int, int]], ends: list[int] | None
+) -> None:
+    """Against the schedule worked out by hand: each start where the cache stops reading for an
+    edit, worth what the reductions from there on save over what they make the calls write
+    again; the best one that is worth something is made, with every edit from it on."""
+    costed = [Costed(position, saving) for position, saving in edits]
+    cache = WARM if ends is None else at_breakpoints(*ends)
+    total = cache.previous_tokens
+    radii = [total - cache.read_until(e.position) for e in costed]
+    best, best_value = None, 0.0
+    for start in sorted({total - r for r in radii if r > 0}):
+        saving = sum(max(0, e.saving) for e, r in zip(costed, radii, strict=True) if r > 0 and e.position >= start)
+        if (worth := value_now(saving, total - start, CACHE)) > best_value:
+            best, best_value = start, worth
+    expected = [r == 0 or (best is not None and e.position >= best) for e, r in zip(costed, radii, strict=True)]
+    assert [t.apply for t in schedule(costed, cache, CACHE, utilization=0.0)] == expected
