@@ -189,7 +189,9 @@ ReadAgain = tuple[tuple[str, int, Span], ...]
 
 @dataclass(frozen=True, slots=True)
 class TransformContext:
-    entries: tuple[Entry, ...]
+    entries: Sequence[Entry]
+    """In view order: a sequence the render does not change (the draft's own list, handed out: its
+    later edits go to a copy), not a copy as long as the session."""
     budget_tokens: int
     """0: no budget."""
     view_tokens: int
