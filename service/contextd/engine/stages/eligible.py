@@ -89,10 +89,10 @@ def judge(
     standing: list[tuple[str, Proposal]] = []
     for candidate in candidates:
         proposal = candidate.proposal
-        edit = _normalized(proposal.edit, draft.entries)
-        slot = slot_of(edit)
+        slot = slot_of(proposal.edit)  # (normalizing keeps the slot: a proposal passed over is not normalized)
         if slot in claimed or (slot in taken and (slot not in compressed or proposal.compression)):
             continue
+        edit = _normalized(proposal.edit, draft.entries)
         if candidate.pending and (e := before.get(id(proposal))) is not None and e.candidate.proposal is proposal:
             claimed.add(slot)
             judging.accept(proposal)
