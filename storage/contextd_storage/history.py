@@ -274,7 +274,8 @@ class HistoryStore:
         )
 
     async def load_history(self, tenant: str, session_id: str) -> tuple[Session, list[Item]]:
-        """The session and all its items up to its current version, in seq order."""
+        """The session and all its items up to its current version, in seq order (not to be
+        changed: `history_in`)."""
         async with self.db.read() as conn:
             _, session, items = await self.history_in(conn, tenant, session_id)
         return session, items
@@ -285,7 +286,10 @@ class HistoryStore:
 
     @traced("storage.load_history")
     async def history_in(self, conn: AsyncConnection, tenant: str, session_id: str) -> tuple[Any, Session, list[Item]]:
-        """Like `load_history`, inside the caller's transaction; also the session row."""
+        """Like `load_history`, inside the caller's transaction; also the session row. The items
+        are the cache's own list when it holds the version read (a copy as long as the session
+        saved at every call): read them, never change them (the cache holds a new list once
+        more are read)."""
         row = await _session_row(conn, tenant, session_id)
         key, version = row["key"], row["version"]
         cached = self.cache.get(key, [])
@@ -296,7 +300,7 @@ class HistoryStore:
             added = [item_of(r) for r in rows]
             cached = [*cached, *added]
             self.cache.put(key, cached, added)
-        items = cached[:version]
+        items = cached if len(cached) == version else cached[:version]
         annotate(session_id=session_id, tenant=tenant, items=len(items), tokens=row["token_count"])
         return row, session_of(row), items
 
