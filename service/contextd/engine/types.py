@@ -189,9 +189,7 @@ ReadAgain = tuple[tuple[str, int, Span], ...]
 
 @dataclass(frozen=True, slots=True)
 class TransformContext:
-    entries: Sequence[Entry]
-    """In view order: a sequence the render does not change (the draft's own list, handed out: its
-    later edits go to a copy), not a copy as long as the session."""
+    entries: tuple[Entry, ...]
     budget_tokens: int
     """0: no budget."""
     view_tokens: int
