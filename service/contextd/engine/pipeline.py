@@ -100,6 +100,10 @@ class Carry:
     the next render's with it, and two lists compare at pointer speed, a list and a tuple not)."""
     pins: frozenset[int]
     durable: tuple[AppliedEdit, ...]
+    counter: TokenCounter
+    """What the render counted tokens with: what it worked out (an edit's tokens, whether it is
+    smaller than its item: `settled`, the proposals let go) holds for the same counter only (a
+    carry read back counts with the reader's: carry_pickle.py)."""
     finished: Finished
     """The render's draft with every edit in force applied, the slots those edits take
     and what they rest on (where load resumes)."""
@@ -163,9 +167,11 @@ class Carry:
         return replace(self, state=state, items=list(items[:seen]), finished=finished, ledgers=ledgers, settled=())
 
     def follows(self, inp: RenderInput) -> bool:
-        """Whether `inp` differs from the input that made this carry only by items appended."""
+        """Whether `inp` differs from the input that made this carry only by items appended (its
+        tokens counted by the same counter)."""
         return (
             self.state is inp.state
+            and self.counter is inp.counter
             and inp.policy.version == inp.state.policy_version
             and self.pins == inp.pins
             and self.durable == inp.durable
@@ -307,6 +313,7 @@ def _carry(
         items=list(inp.items),
         pins=inp.pins,
         durable=inp.durable,
+        counter=inp.counter,
         finished=finished,
         ledgers=None if reordered else replace(ledgers, changed=changed),
         repaired=shown.repaired,

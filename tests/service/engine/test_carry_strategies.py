@@ -41,6 +41,7 @@ from contextd.engine.stages.ledger import STALE_SLACK, Ledger, to_ask
 from contextd.engine.stages.propose import Candidate, transform_context
 from contextd.engine.state import AppliedEdit, ControlMode, ViewState, slot_of, state_from_json, state_to_json
 from contextd.engine.strategies import Snapshots
+from contextd.engine.tokens import TiktokenCounter
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.types import CacheState, Concerned, FocusChange, Proposal, Remove, Reorder, Replace, target_of
 from contextd.engine.view import ViewFormat, ViewRequest
@@ -547,6 +548,50 @@ def test_edits_waiting_for_the_cache_are_not_judged_again_while_nothing_done_sin
         waited += len(waiting)
         applied += len(out.state.applied) > len(inp.state.applied)
     assert waited >= 400 and applied >= 30  # (504 waiting in all, 39 of the 90 renders applied something)
+
+
+class Scaled(TiktokenCounter):
+    """Counts `scale` times the tokens tiktoken counts (another tokenizer, as a render sees it)."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def count(self, text: str) -> int:
+        return int(self.scale * super().count(text))
+
+
+def test_a_render_counting_with_another_counter_does_not_start_from_the_carry() -> None:
+    """What a render from the carry takes as the render before worked it out rests on its
+    tokens: the edits waiting for the cache taken as judged (what they give their items, how
+    many tokens), a proposal let go as no smaller than its item. Counted with another counter,
+    the cache gone cold (everything waiting applies), the render is the render without the carry."""
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
+    for call in range(1, 121):
+        f = call % 40
+        lines = "\n".join(f"value_{f}_{k} = compute({k}, {call // 40})" for k in range(30))
+        contents += bash_round(call, f"sed -n '1,30p' src/m{f}.py", lines)
+    items = stored_items(contents)
+    out = render(budgeted(items, 0, 150, ViewState(), None))
+    for n in range(151, 171):
+        out = render(budgeted(items, 0, n, out.state, out.carry))
+    assert out.carry is not None and out.carry.settled
+    inp = replace(budgeted(items, 0, 171, out.state, out.carry), counter=Scaled(2), now=60 * 171 + 3600)
+    assert render(inp) == render(replace(inp, carry=None))
+
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
+    for call in range(1, 21):
+        status = "On branch main\n" + "\n".join(f"\tmodified:   src/m{k}.py" for k in range(5 + (call > 2)))
+        command, output = ("git status", status) if call in (1, 3) else (f"ls src/d{call}", f"f{call}.py")
+        contents += bash_round(call, command, output)
+    items = stored_items(contents)
+    out = render(budgeted(items, 0, 10, ViewState(), None))
+    assert [(c.seq, c.rationale) for c in out.certificates] == [(3, NOT_SMALLER)]
+    out = render(budgeted(items, 0, 11, out.state, out.carry))  # (let go)
+    inp = replace(budgeted(items, 0, 12, out.state, out.carry), counter=Scaled(0.1))
+    uncarried = render(replace(inp, carry=None))
+    assert [(c.seq, c.decision.value) for c in uncarried.certificates] == [(3, "prune")]  # smaller, counted so
+    assert render(inp) == uncarried
 
 
 def test_of_the_edits_deferred_those_an_edit_applied_bears_on_are_judged_again() -> None:
