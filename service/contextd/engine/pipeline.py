@@ -20,7 +20,7 @@ from contextd.engine.memo import shared_prefix, take_over
 from contextd.engine.model import Item, Session
 from contextd.engine.policy import Policy, default_policy
 from contextd.engine.repair import RepairRun
-from contextd.engine.stages.apply import apply, time_edits
+from contextd.engine.stages.apply import Timed, apply, time_edits
 from contextd.engine.stages.budget import fit_budget
 from contextd.engine.stages.draft import Draft
 from contextd.engine.stages.eligible import Eligible, judge, still_eligible
@@ -29,7 +29,7 @@ from contextd.engine.stages.load import Finished, Loaded, load, take
 from contextd.engine.stages.propose import AgentProposal, propose, transform_context
 from contextd.engine.stages.record import record
 from contextd.engine.stages.show import Shown, looks_ahead, show
-from contextd.engine.state import AppliedEdit, ViewState, slot_of
+from contextd.engine.state import AppliedEdit, ControlMode, ViewState, slot_of
 from contextd.engine.timing import NO_USAGE, Usage, prompt_cache
 from contextd.engine.tokens import TokenCounter
 from contextd.engine.transforms import TransformRegistry
@@ -206,11 +206,15 @@ def render(inp: RenderInput) -> RenderOutput:
         look_ahead=looks_ahead(request, policy),
         settled=carry.settled if carry else (),
     )
-    if judged.standing:
-        let_go(proposed.ledgers, [r.name for r in policy.rules], judged.standing)
     lap("judge")
     timed = time_edits(judged.eligible, draft, cache, context.utilization, inp.force)
     applied = apply(timed.timed, draft, policy)
+    # The rules let go of what they proposed that stands refused, and of what waits for the
+    # cache: it comes back as a deferred edit, first, and a rule's copy after it would be passed
+    # over for the slot it holds (or refused as it is, once it no longer waits).
+    waiting = [(t.eligible.candidate.rule, t.eligible.candidate.proposal) for t in timed.timed if _waits(t)]
+    if judged.standing or waiting:
+        let_go(proposed.ledgers, [r.name for r in policy.rules], (*judged.standing, *waiting))
     lap("apply")
     fitted = fit_budget(
         draft, applied.now, loaded.compressed, request, counter, loaded.protected, judged.relied, cache, loaded.relied
@@ -320,6 +324,12 @@ def _carry(
         assembly=shown.assembly,
         settled=still_eligible(deferred, applied),
     )
+
+
+def _waits(timed: Timed) -> bool:
+    """Whether a rule's proposal was deferred in this render (not one deferred before)."""
+    candidate = timed.eligible.candidate
+    return not timed.timing.apply and candidate.control is ControlMode.RULE and not candidate.pending
 
 
 def protection_map(items: Sequence[Item], policy: Policy, pins: frozenset[int]) -> dict[int, str]:

@@ -521,7 +521,8 @@ def test_edits_waiting_for_the_cache_are_not_judged_again_while_nothing_done_sin
     a cached prompt, waits for the cache, and a render applies something often (a read
     superseded as the next comes, about one render in two). A render from the carry takes the
     waiting edits as the render before judged them (nothing applied since bears on them) rather
-    than judging them again, and renders what a render without the carry does."""
+    than judging them again, its rules do not propose them again beside them, and it renders what
+    a render without the carry does."""
     contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
     for call in range(1, 121):
         f = call % 40
@@ -536,14 +537,25 @@ def test_edits_waiting_for_the_cache_are_not_judged_again_while_nothing_done_sin
         return judge(self, proposal, control, protection)
 
     monkeypatch.setattr(Judge, "judge", spied)
+    candidates: list[Candidate] = []
+    judge_all = pipeline.judge
+
+    def offered(given: Sequence[Candidate], *args: Any, **kwargs: Any) -> Any:
+        candidates.extend(given)
+        return judge_all(given, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "judge", offered)
     out = render(budgeted(items, 0, 150, ViewState(), None))
     waited = applied = 0
     for n in range(151, 241):
         inp = budgeted(items, 0, n, out.state, out.carry)
         judged.clear()
+        candidates.clear()
         out = render(inp)
         waiting = {target_of(p.proposal.edit) for p in inp.state.pending}
         assert not waiting & set(judged)
+        # The rule's own proposal of what waits is not made a candidate again beside it (let go).
+        assert not {id(p.proposal) for p in inp.state.pending} & {id(c.proposal) for c in candidates if not c.pending}
         assert out == render(replace(inp, carry=None))
         waited += len(waiting)
         applied += len(out.state.applied) > len(inp.state.applied)
