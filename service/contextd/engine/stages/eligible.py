@@ -92,12 +92,12 @@ def judge(
         slot = slot_of(proposal.edit)  # (normalizing keeps the slot: a proposal passed over is not normalized)
         if slot in claimed or (slot in taken and (slot not in compressed or proposal.compression)):
             continue
-        edit = _normalized(proposal.edit, draft.entries)
         if candidate.pending and (e := before.get(id(proposal))) is not None and e.candidate.proposal is proposal:
             claimed.add(slot)
             judging.accept(proposal)
             out.append(Eligible(candidate, e.edit, e.content, e.tokens, e.saving))
             continue
+        edit = _normalized(proposal.edit, draft.entries)
         if candidate.control is not ControlMode.AGENT and (refused := judging.refused(proposal)):
             key = refusal_key(Decision(refused.lower()), edit, candidate.rule, proposal.reason)
             if key in decided or key in certified:
