@@ -478,6 +478,41 @@ def test_a_proposal_refused_at_every_render_is_not_made_again_while_nothing_it_r
         assert out == render(replace(inp, carry=None))
 
 
+def short_statuses(calls: int, runs: tuple[int, ...]) -> list[Item]:
+    """A task, then `calls` calls: a short `git status` at the calls `runs` names (five files
+    changed, six from the third call on), a listing of one file at the others."""
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
+    for call in range(1, calls + 1):
+        status = "On branch main\n" + "\n".join(f"\tmodified:   src/m{k}.py" for k in range(5 + (call > 2)))
+        command, output = ("git status", status) if call in runs else (f"ls src/d{call}", f"f{call}.py")
+        contents += bash_round(call, command, output)
+    return stored_items(contents)
+
+
+def files_read_three_times() -> list[Item]:
+    """A task, then 120 reads of 30 lines of forty files in turn (each file read three times, its
+    values changed each time)."""
+    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
+    for call in range(1, 121):
+        f = call % 40
+        lines = "\n".join(f"value_{f}_{k} = compute({k}, {call // 40})" for k in range(30))
+        contents += bash_round(call, f"sed -n '1,30p' src/m{f}.py", lines)
+    return stored_items(contents)
+
+
+def judged_targets(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
+    """From now on, the targets of the proposals the judge judges (not those it passes over)."""
+    judged: list[int | None] = []
+    judge = Judge.judge
+
+    def spied(self: Judge, proposal: Any, control: Any, protection: bool = True) -> Any:
+        judged.append(target_of(proposal.edit))
+        return judge(self, proposal, control, protection)
+
+    monkeypatch.setattr(Judge, "judge", spied)
+    return judged
+
+
 def test_a_proposal_judged_no_smaller_than_its_entry_is_not_judged_again_while_nothing_it_rests_on_changes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -487,20 +522,8 @@ def test_a_proposal_judged_no_smaller_than_its_entry_is_not_judged_again_while_n
     judging it at every render; the command run a third time, the rule is asked about the
     second run (the first has had its next run since: nothing changes for it). Every render is
     the render without the carry."""
-    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
-    for call in range(1, 61):
-        status = "On branch main\n" + "\n".join(f"\tmodified:   src/m{k}.py" for k in range(5 + (call > 2)))
-        command, output = ("git status", status) if call in (1, 3, 40) else (f"ls src/d{call}", f"f{call}.py")
-        contents += bash_round(call, command, output)
-    items = stored_items(contents)
-    judged: list[int | None] = []
-    judge = Judge.judge
-
-    def spied(self: Judge, proposal: Any, control: Any, protection: bool = True) -> Any:
-        judged.append(target_of(proposal.edit))
-        return judge(self, proposal, control, protection)
-
-    monkeypatch.setattr(Judge, "judge", spied)
+    items = short_statuses(60, runs=(1, 3, 40))
+    judged = judged_targets(monkeypatch)
     out = render(budgeted(items, 0, 10, ViewState(), None))
     assert [(c.seq, c.rationale) for c in out.certificates] == [(3, NOT_SMALLER)]
     counts = []
@@ -523,20 +546,8 @@ def test_edits_waiting_for_the_cache_are_not_judged_again_while_nothing_done_sin
     waiting edits as the render before judged them (nothing applied since bears on them) rather
     than judging them again, its rules do not propose them again beside them, and it renders what
     a render without the carry does."""
-    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
-    for call in range(1, 121):
-        f = call % 40
-        lines = "\n".join(f"value_{f}_{k} = compute({k}, {call // 40})" for k in range(30))
-        contents += bash_round(call, f"sed -n '1,30p' src/m{f}.py", lines)
-    items = stored_items(contents)
-    judged: list[int | None] = []
-    judge = Judge.judge
-
-    def spied(self: Judge, proposal: Any, control: Any, protection: bool = True) -> Any:
-        judged.append(target_of(proposal.edit))
-        return judge(self, proposal, control, protection)
-
-    monkeypatch.setattr(Judge, "judge", spied)
+    items = files_read_three_times()
+    judged = judged_targets(monkeypatch)
     candidates: list[Candidate] = []
     judge_all = pipeline.judge
 
@@ -578,12 +589,7 @@ def test_a_render_counting_with_another_counter_does_not_start_from_the_carry() 
     tokens: the edits waiting for the cache taken as judged (what they give their items, how
     many tokens), a proposal let go as no smaller than its item. Counted with another counter,
     the cache gone cold (everything waiting applies), the render is the render without the carry."""
-    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
-    for call in range(1, 121):
-        f = call % 40
-        lines = "\n".join(f"value_{f}_{k} = compute({k}, {call // 40})" for k in range(30))
-        contents += bash_round(call, f"sed -n '1,30p' src/m{f}.py", lines)
-    items = stored_items(contents)
+    items = files_read_three_times()
     out = render(budgeted(items, 0, 150, ViewState(), None))
     for n in range(151, 171):
         out = render(budgeted(items, 0, n, out.state, out.carry))
@@ -591,12 +597,7 @@ def test_a_render_counting_with_another_counter_does_not_start_from_the_carry() 
     inp = replace(budgeted(items, 0, 171, out.state, out.carry), counter=Scaled(2), now=60 * 171 + 3600)
     assert render(inp) == render(replace(inp, carry=None))
 
-    contents = [ItemContent(role=Role.USER, content=(TextBlock("Fix parse_header in src/app.py."),))]
-    for call in range(1, 21):
-        status = "On branch main\n" + "\n".join(f"\tmodified:   src/m{k}.py" for k in range(5 + (call > 2)))
-        command, output = ("git status", status) if call in (1, 3) else (f"ls src/d{call}", f"f{call}.py")
-        contents += bash_round(call, command, output)
-    items = stored_items(contents)
+    items = short_statuses(20, runs=(1, 3))
     out = render(budgeted(items, 0, 10, ViewState(), None))
     assert [(c.seq, c.rationale) for c in out.certificates] == [(3, NOT_SMALLER)]
     out = render(budgeted(items, 0, 11, out.state, out.carry))  # (let go)
