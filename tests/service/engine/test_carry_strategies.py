@@ -458,14 +458,7 @@ def test_a_proposal_refused_at_every_render_is_not_made_again_while_nothing_it_r
         command, output = ("git status", statuses[call % 2]) if call <= 8 else (f"ls src/d{call}", f"f{call}.py")
         contents += bash_round(call, command, output)
     items = stored_items(contents)
-    asked: list[int] = []
-    proposal = Snapshots.proposal
-
-    def counted(self: Snapshots, context: Any, entry: Any, seen: Any, params: Any) -> Any:
-        asked.append(entry.seq)
-        return proposal(self, context, entry, seen, params)
-
-    monkeypatch.setattr(Snapshots, "proposal", counted)
+    asked = snapshots_asked(monkeypatch)
     out = render(budgeted(items, 0, 20, ViewState(), None))
     refused = {c.seq for c in out.certificates if c.rule == "snapshots" and c.decision.value == "abstain"}
     assert refused == {3, 5}  # the first status of each kind: the evidence of the copies' removals
@@ -476,6 +469,19 @@ def test_a_proposal_refused_at_every_render_is_not_made_again_while_nothing_it_r
         out = render(inp)
         assert not {3, 5} & set(asked)  # taken as it stands
         assert out == render(replace(inp, carry=None))
+
+
+def snapshots_asked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on, the seqs the snapshots rule is asked about, in order."""
+    asked: list[int] = []
+    proposal = Snapshots.proposal
+
+    def counted(self: Snapshots, context: Any, entry: Any, seen: Any, params: Any) -> Any:
+        asked.append(entry.seq)
+        return proposal(self, context, entry, seen, params)
+
+    monkeypatch.setattr(Snapshots, "proposal", counted)
+    return asked
 
 
 def short_statuses(calls: int, runs: tuple[int, ...]) -> list[Item]:
@@ -644,14 +650,7 @@ def test_an_output_of_a_command_run_again_is_not_asked_about_at_every_later_run(
         command, output = ("git status", status) if call % 3 == 0 else (f"ls src/d{call}", f"f{call}.py")
         contents += bash_round(call, command, output)
     items = stored_items(contents)
-    asked: list[int] = []
-    proposal = Snapshots.proposal
-
-    def counted(self: Snapshots, context: Any, entry: Any, seen: Any, params: Any) -> Any:
-        asked.append(entry.seq)
-        return proposal(self, context, entry, seen, params)
-
-    monkeypatch.setattr(Snapshots, "proposal", counted)
+    asked = snapshots_asked(monkeypatch)
     out = render(budgeted(items, 0, 20, ViewState(), None))
     carried: list[int] = []
     for n in range(21, 182):
