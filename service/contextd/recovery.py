@@ -20,6 +20,7 @@ import re
 import threading
 from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -482,7 +483,7 @@ class _EncodedTexts:
     by index (`search.HeldTexts`): what a regex no index narrows is matched over. Remembered per
     item, as items never change."""
 
-    def __init__(self, items: list[Item]) -> None:
+    def __init__(self, items: Sequence[Item]) -> None:
         self.items = items
 
     def __len__(self) -> int:
@@ -516,7 +517,7 @@ def _grep(lines: list[str], pattern: str, context: int, first: int) -> list[str]
     return out
 
 
-def _call_of(item: Item, items: list[Item]) -> ToolUseBlock | None:
+def _call_of(item: Item, items: Sequence[Item]) -> ToolUseBlock | None:
     """The call a tool output answers."""
     result = item.tool_result
     if result is None:
@@ -528,12 +529,12 @@ def _call_of(item: Item, items: list[Item]) -> ToolUseBlock | None:
     return None
 
 
-def _tool_of(item: Item, items: list[Item]) -> str:
+def _tool_of(item: Item, items: Sequence[Item]) -> str:
     call = _call_of(item, items)
     return call.name if call is not None else ",".join(u.name for u in item.tool_uses)
 
 
-def _digest_of(item: Item, items: list[Item]) -> str:
+def _digest_of(item: Item, items: Sequence[Item]) -> str:
     call = _call_of(item, items)
     calls = [call] if call is not None else list(item.tool_uses)
     return ",".join(arguments_digest(c.input_json) for c in calls)

@@ -32,6 +32,7 @@ from contextd.engine.model import (
     Session,
     ToolUseBlock,
 )
+from contextd.engine.prefix import Prefix
 from contextd.engine.validation import ToolCall, link_tool_results
 from contextd.telemetry import annotate, traced
 from contextd_storage import append_statement, events, page_tokens, schema
@@ -273,9 +274,8 @@ class HistoryStore:
             receipts=tuple(ItemReceipt(r["seq"], r["content_hash"], r["token_count"]) for r in rows),
         )
 
-    async def load_history(self, tenant: str, session_id: str) -> tuple[Session, list[Item]]:
-        """The session and all its items up to its current version, in seq order (not to be
-        changed: `history_in`)."""
+    async def load_history(self, tenant: str, session_id: str) -> tuple[Session, Prefix[Item]]:
+        """The session and all its items up to its current version, in seq order (`history_in`)."""
         async with self.db.read() as conn:
             _, session, items = await self.history_in(conn, tenant, session_id)
         return session, items
@@ -285,23 +285,27 @@ class HistoryStore:
         return await _session_row(conn, tenant, session_id)
 
     @traced("storage.load_history")
-    async def history_in(self, conn: AsyncConnection, tenant: str, session_id: str) -> tuple[Any, Session, list[Item]]:
+    async def history_in(
+        self, conn: AsyncConnection, tenant: str, session_id: str
+    ) -> tuple[Any, Session, Prefix[Item]]:
         """Like `load_history`, inside the caller's transaction; also the session row. The items
-        are the cache's own list when it holds the version read (a copy as long as the session
-        saved at every call): read them, never change them (the cache holds a new list once
-        more are read)."""
+        are a prefix of the cache's own list of the session's items, which it only ever extends
+        (engine/prefix.py): the history as of the version read, made without a copy, and
+        unchanged by what the cache reads after."""
         row = await _session_row(conn, tenant, session_id)
         key, version = row["key"], row["version"]
         cached = self.cache.get(key, [])
         if len(cached) < version:
             # Items are immutable and seqs dense, so only the new ones are read;
             # bounding by the version read above gives a consistent snapshot.
-            rows = (await conn.execute(_ITEMS, {"key": key, "after": len(cached), "through": version})).mappings()
-            added = [item_of(r) for r in rows]
-            cached = [*cached, *added]
+            after = len(cached)
+            rows = (await conn.execute(_ITEMS, {"key": key, "after": after, "through": version})).mappings()
+            # Another call may have read some of them into the same list meanwhile.
+            added = [item_of(r) for r in rows][len(cached) - after :]
+            cached.extend(added)
             self.cache.put(key, cached, added)
-        items = cached if len(cached) == version else cached[:version]
-        annotate(session_id=session_id, tenant=tenant, items=len(items), tokens=row["token_count"])
+        items = Prefix(cached, min(version, len(cached)))
+        annotate(session_id=session_id, tenant=tenant, items=version, tokens=row["token_count"])
         return row, session_of(row), items
 
 

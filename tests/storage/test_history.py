@@ -40,6 +40,7 @@ from contextd.engine.model import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from contextd.engine.prefix import Prefix
 from contextd_storage import migrate, search
 from contextd_storage.database import Database
 from contextd_storage.history import HistoryStore
@@ -94,6 +95,24 @@ async def test_concurrent_appends_get_dense_contiguous_seqs(store: HistoryStore,
     for result, batch in zip(results, batches, strict=True):
         stored = [by_seq[s].content for s in range(result.first_seq, result.last_seq + 1)]
         assert stored == [b.content for b in batch]  # each batch's own order kept
+
+
+async def test_the_history_read_is_a_prefix_of_one_list_the_cache_extends_and_stays_as_it_was_read(
+    store: HistoryStore, session: str
+) -> None:
+    await store.append(request(session, [text_item("a"), text_item("b")]))
+    _, first = await store.load_history("tenant", session)
+    await store.append(request(session, [text_item("c")]))
+    _, second = await store.load_history("tenant", session)
+    assert isinstance(first, Prefix) and isinstance(second, Prefix) and second.base is first.base  # no copy
+    assert [i.seq for i in first] == [1, 2] and [i.seq for i in second] == [1, 2, 3]
+    # Calls reading the same new items at once extend the one list by them once (their
+    # connections opened before, so that their reads interleave).
+    await asyncio.gather(*(store.load_history("tenant", session) for _ in range(4)))
+    await store.append(request(session, [text_item(f"d{n}") for n in range(5)]))
+    read = await asyncio.gather(*(store.load_history("tenant", session) for _ in range(4)))
+    assert all(items.base is first.base and len(items) == 8 for _, items in read)
+    assert [i.seq for i in first.base] == list(range(1, 9)) and [i.seq for i in first] == [1, 2]
 
 
 async def test_retried_append_returns_the_first_result_and_writes_nothing(store: HistoryStore, session: str) -> None:

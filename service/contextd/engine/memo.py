@@ -30,6 +30,7 @@ from operator import attrgetter, is_, ne
 from typing import Any, Generic, Protocol, TypeVar
 
 from contextd.engine.model import Item
+from contextd.engine.prefix import common
 
 V = TypeVar("V")
 T = TypeVar("T")
@@ -158,6 +159,8 @@ def shared_prefix(previous: Sequence[T], current: Sequence[T], known: int = 0) -
     several times a render over the whole view. Equal but distinct elements count as shared:
     a render is a pure function of what it is given, so they give what the same objects give.
     """
+    if (shared := common(previous, current)) is not None:
+        return shared  # (two prefixes of one list: the shorter, uncompared)
     n = min(len(previous), len(current))
     if known > 0:
         known = min(known, n)  # what follows is copied and compared: the short part

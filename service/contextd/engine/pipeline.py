@@ -19,6 +19,7 @@ from contextd.engine.changes import StateChange
 from contextd.engine.memo import shared_prefix, take_over
 from contextd.engine.model import Item, Session
 from contextd.engine.policy import Policy, default_policy
+from contextd.engine.prefix import held
 from contextd.engine.repair import RepairRun
 from contextd.engine.stages.apply import Timed, apply, time_edits
 from contextd.engine.stages.budget import fit_budget
@@ -96,8 +97,10 @@ class Carry:
     state: ViewState
     """The state the render produced: the carry serves renders from this state only."""
     items: Sequence[Item]
-    """The history it was rendered from: a list of its own, never changed (`follows` compares
-    the next render's with it, and two lists compare at pointer speed, a list and a tuple not)."""
+    """The history it was rendered from, as it stays (`prefix.held`): the same prefix of
+    storage's list of the session's items the render was given, else a list of its own.
+    `follows` compares the next render's with it: two prefixes of one list by their lengths,
+    two lists at pointer speed, a list and a tuple not."""
     pins: frozenset[int]
     durable: tuple[AppliedEdit, ...]
     counter: TokenCounter
@@ -156,15 +159,15 @@ class Carry:
         if not take_over(self.finished.claim):
             return None
         draft = self.finished.draft
-        draft.append(items[:seen], self.pins)
+        draft.append(held(items, seen), self.pins)
         for applied in edits:
             draft.apply(applied)
-        held = self.finished
-        take(held.taken, held.compressed, held.relied, edits)  # in order: later changes take over slots
-        finished = Finished(draft, held.taken, held.compressed, held.relied)
+        was = self.finished
+        take(was.taken, was.compressed, was.relied, edits)  # in order: later changes take over slots
+        finished = Finished(draft, was.taken, was.compressed, was.relied)
         changed = frozenset(s for s in map(target_of, (a.edit for a in edits)) if s is not None and s > 0)
         ledgers = None if self.ledgers is None else replace(self.ledgers, changed=self.ledgers.changed | changed)
-        return replace(self, state=state, items=list(items[:seen]), finished=finished, ledgers=ledgers, settled=())
+        return replace(self, state=state, items=held(items, seen), finished=finished, ledgers=ledgers, settled=())
 
     def follows(self, inp: RenderInput) -> bool:
         """Whether `inp` differs from the input that made this carry only by items appended (its
@@ -314,7 +317,7 @@ def _carry(
     reordered = any(isinstance(a.edit, Reorder) for a in applied)
     return Carry(
         state=state,
-        items=list(inp.items),
+        items=held(inp.items),
         pins=inp.pins,
         durable=inp.durable,
         counter=inp.counter,

@@ -30,6 +30,7 @@ from contextd.engine.model import (
 from contextd.engine.pipeline import AgentProposal, RenderInput, RenderOutput, render
 from contextd.engine.placeholders import PREFIX, handle_of, placeholder_blocks
 from contextd.engine.policy import Policy, parse_policy
+from contextd.engine.prefix import Prefix
 from contextd.engine.stages import budget as budget_stage
 from contextd.engine.stages import messages as messages_stage
 from contextd.engine.state import (
@@ -1006,7 +1007,7 @@ def test_a_render_from_the_carry_is_the_render_without_it(items: list[Item], dat
             pins = frozenset(data.draw(st.lists(st.integers(1, cut), max_size=2)))
         asks = data.draw(st.lists(st.integers(1, cut), max_size=2))
         previous, _ = follow(
-            items[:cut],
+            Prefix(items, cut) if data.draw(st.booleans()) else items[:cut],  # (as storage gives it, or a list)
             policy,
             previous,
             now,
@@ -1036,6 +1037,28 @@ def test_a_render_after_appends_follows_the_carry_and_one_after_a_change_does_no
     shorten_in_history = FOLLOWED % (1, "true", "true", "zzz", "true", "zzz")
     made_durable, _ = follow(items, shorten_in_history, None, 0.0)
     assert made_durable.durable and made_durable.carry is None  # history changed under it
+
+
+def test_a_render_given_a_longer_prefix_of_the_same_list_follows_the_carry_without_a_copy_of_it() -> None:
+    items = history(*(tool_round(f"c{n}", "bash", f"output {n}") for n in range(6)))
+    policy = FOLLOWED % (1, "true", "true", "o", "false", "zzz")
+    first, _ = follow(Prefix(items, 6), policy, None, 0.0)
+    assert first.carry is not None and _a_prefix(first.carry.items, of=items, n=6)
+    second, followed = follow(Prefix(items, 10), policy, first, 10.0)
+    assert followed and second.carry is not None and _a_prefix(second.carry.items, of=items, n=10)
+    # A prefix of another list is compared, as a list is.
+    _, followed = follow(Prefix(list(items), 12), policy, second, 20.0)
+    assert followed
+    other = [*items[:9], replace(items[9], content_hash="another"), *items[10:]]
+    _, followed = follow(Prefix(other, 12), policy, second, 20.0)
+    assert not followed  # not the history the carry was made from
+    shorter, followed = follow(Prefix(items, 8), policy, second, 20.0)
+    assert not followed and shorter.carry is not None and _a_prefix(shorter.carry.items, of=items, n=8)
+
+
+def _a_prefix(items: Sequence[Item], of: list[Item], n: int) -> bool:
+    """Whether `items` is the first `n` of the list `of` itself (not of a copy)."""
+    return isinstance(items, Prefix) and items.base is of and items.n == n
 
 
 # ------------------------------------------------------------------ budget
