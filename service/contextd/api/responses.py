@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from contextd.api.mapping import REPRESENTATION_TO_PROTO, view_to_proto
+from contextd.engine.blocks import BLOCK
 from contextd.engine.certificates import Certificate
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.view import View, ViewItem
@@ -59,13 +60,14 @@ def render_response(view: View, certificates: Sequence[Certificate]) -> Encoded:
     texts, items = view.message_parts, view.items
     # The messages' JSON array, a block of messages at a time: encoded once, as the next
     # render resumes this one (the same strings at the same places but for the last few).
-    messages = [b"[", *_joined(texts[start : start + BLOCK] for start in range(0, len(texts), BLOCK)), b"]"]
+    blocks = (tuple(texts[start : start + BLOCK]) for start in range(0, len(texts), BLOCK))  # (`Blocks`': as held)
+    messages = [b"[", *_joined(blocks), b"]"]
     parts = [
         head.SerializeToString(),
         MESSAGES_FIELD,
         _varint(sum(map(len, messages))),
         *messages,
-        *(_block(items[start : start + BLOCK]) for start in range(0, len(items), BLOCK)),
+        *(_block(tuple(items[start : start + BLOCK])) for start in range(0, len(items), BLOCK)),
     ]
     return Encoded(b"".join([VIEW_FIELD, _varint(sum(map(len, parts))), *parts]))
 
@@ -130,13 +132,6 @@ def _variant_bytes(block: tuple[Any, ...], data: bytes) -> int:
 BLOCK_VARIANTS = 4
 """Blocks remembered that open with the same element (the last block grows an element a
 render; a cache breakpoint marks a message of the block before it; an edit changes an item)."""
-
-
-BLOCK = 256
-"""Items encoded and remembered together: a render resumes the previous one's, the same
-objects at the same places but for the last and the few an edit changed, so most blocks
-come back whole. Looking each item up (a memo's get, about a microsecond) cost 10 ms of a
-10,000-item view's 13 (the interpreter lock held in small steps all the while)."""
 
 
 def _item(item: ViewItem) -> bytes:

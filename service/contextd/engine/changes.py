@@ -93,7 +93,7 @@ def change_of(
         format=fmt,
         render=render,
         kept=shared,
-        segments=render.segments[shared:],
+        segments=tuple(render.segments[shared:]),  # (a slice of `Blocks` is a tuple: not copied again)
     )
 
 

@@ -29,6 +29,7 @@ from itertools import compress, count
 from operator import attrgetter, is_, ne
 from typing import Any, Generic, Protocol, TypeVar
 
+from contextd.engine.blocks import shared as blocks_shared
 from contextd.engine.model import Item
 from contextd.engine.prefix import common
 
@@ -162,6 +163,8 @@ def shared_prefix(previous: Sequence[T], current: Sequence[T], known: int = 0) -
     if (shared := common(previous, current)) is not None:
         return shared  # (two prefixes of one list: the shorter, uncompared)
     n = min(len(previous), len(current))
+    if (same := blocks_shared(previous, current)) is not None:
+        known = max(known, same)  # (the blocks both hold: the rest compared)
     if known > 0:
         known = min(known, n)  # what follows is copied and compared: the short part
         return known + shared_prefix(previous[known:n], current[known:n]) if known < n else n

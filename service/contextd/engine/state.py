@@ -10,7 +10,7 @@ JSON for storage; the view is a pure function of (history, policy, state).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from operator import attrgetter
@@ -82,7 +82,7 @@ class PreviousRender:
 
     rendered_at: float
     """Seconds since the epoch."""
-    segments: tuple[Segment, ...]
+    segments: Sequence[Segment]
     view_tokens: int = 0
     """The view's `total_tokens` (message framing included), as RenderView said it."""
     budget_tokens: int = 0
@@ -156,7 +156,7 @@ class ViewState:
 
 
 def first_divergence(
-    previous: tuple[Segment, ...], current: tuple[Segment, ...], total: int | None = None, same: int | None = None
+    previous: Sequence[Segment], current: Sequence[Segment], total: int | None = None, same: int | None = None
 ) -> int:
     """Tokens at the start of `current` identical to `previous` (where the two first differ);
     `total`: the tokens of `previous`, when known; `same`: the segments they share

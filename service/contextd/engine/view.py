@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from operator import attrgetter
 from typing import Any, NamedTuple
 
+from contextd.engine.blocks import Blocked, Blocks
 from contextd.engine.codec import blocks_to_json, canonical_json
 from contextd.engine.memo import IdentityMemo, shared_prefix, take_over
 from contextd.engine.model import Block, Representation, Session
@@ -65,12 +66,14 @@ class View:
     version: int
     format: ViewFormat
     encoding: str
-    message_parts: tuple[str, ...]
+    message_parts: Sequence[str]
     """Each message as JSON, in order: the view's messages are their join (`messages_json`),
-    made only when asked for (the service sends the parts, encoded a block at a time)."""
+    made only when asked for (the service sends the parts, encoded a block at a time). A
+    sequence that never changes: `Blocks` of the list a later render resumes (blocks.py)."""
     system_json: str
     """The top-level ``system`` as JSON (Anthropic, Converse); empty when there is none."""
-    items: tuple[ViewItem, ...]
+    items: Sequence[ViewItem]
+    """In seq order (a sequence that never changes, as `message_parts`)."""
     item_tokens: int
     framing_tokens: int
     total_tokens: int
@@ -160,11 +163,14 @@ class Assembly:
     """A later render resumed this assembly: its lists are that render's now."""
     kept: int = 0
     """How many leading segments are those of the assembly it resumed (the same objects)."""
-    shown: tuple[Segment, ...] = ()
+    shown: Sequence[Segment] = ()
     """`segments` as the view's record holds them (stages/show.py), never changed."""
     counted: Counted | None = None
     """Its offsets, for the state's record of the render (`PreviousRender.counted`): marked
     taken with the assembly."""
+    item_blocks: Blocked = field(default_factory=Blocked)
+    """`items` as handed out (`View.items`), told of its cuts; and `segments` (`shown`)."""
+    segment_blocks: Blocked = field(default_factory=Blocked)
 
 
 def assemble_view(
@@ -185,7 +191,9 @@ def assemble_view(
     asm.counted = Counted(asm.offsets)
     folder.finish()
     rendered = asm.rendered
-    view_items = tuple(asm.items) if asm.in_order else tuple(sorted(asm.items, key=attrgetter("seq")))
+    view_items = (
+        asm.item_blocks.blocks(asm.items) if asm.in_order else Blocks.of(sorted(asm.items, key=attrgetter("seq")))
+    )
     item_tokens = asm.item_tokens + asm.inserted
     frames = len(rendered.messages) + (1 if rendered.system is not None else 0)
     framing = frames * FRAMING_TOKENS_PER_MESSAGE + REPLY_PRIMING_TOKENS if frames else 0
@@ -205,7 +213,7 @@ def assemble_view(
         version=session.version,
         format=request.format,
         encoding=counter.encoding,
-        message_parts=tuple(rendered.messages_json),
+        message_parts=rendered.json_blocks.blocks(rendered.messages_json),
         system_json=to_json(rendered.system) if rendered.system is not None else "",
         items=view_items,
         item_tokens=item_tokens,
@@ -254,8 +262,8 @@ def _resumed(
             folder = _FOLDERS[fmt](rendered)
             folder.resume(mark.folder)
             items, segments, marks = previous.items, previous.segments, previous.marks
-            del items[mark.items :]
-            del segments[mark.segments :]
+            previous.item_blocks.cut(items, mark.items)
+            previous.segment_blocks.cut(segments, mark.segments)
             del marks[start:]
             # The offsets are taken over with the rest: the state's record of the previous
             # render reads them only until now (`PreviousRender.counted`, marked taken above),
@@ -275,6 +283,8 @@ def _resumed(
                 mark.in_order,
                 mark.last,
                 kept=mark.segments,
+                item_blocks=previous.item_blocks,
+                segment_blocks=previous.segment_blocks,
             )
             return asm, folder, start, redo
     rendered = Rendered()

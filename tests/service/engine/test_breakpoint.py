@@ -126,7 +126,7 @@ def test_the_messages_view_carries_one_mark_where_the_breakpoint_is() -> None:
     assert [(b["type"], b["cache_control"]) for _, b in marked] == [("tool_use", CACHE_CONTROL)]
     assert marked[0][0] == len(messages) - 2  # the call's message: its output, last, is not cached
     # The mark is the view's only: what the state keeps (and the next render compares) is unmarked.
-    assert "cache_control" not in json.dumps(first.state.renders[ANTHROPIC.value].segments)
+    assert "cache_control" not in json.dumps(list(first.state.renders[ANTHROPIC.value].segments))
     second = go(2, first.state, 10.0, ANTHROPIC)
     assert second.view.stable_prefix_tokens == sent(first, ANTHROPIC).total_tokens
 

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextd.engine import view as view_module
+from contextd.engine.blocks import BLOCK
 from contextd.engine.certificates import CertificateBody, Decision
 from contextd.engine.model import (
     ImageBlock,
@@ -1054,6 +1055,29 @@ def test_a_render_given_a_longer_prefix_of_the_same_list_follows_the_carry_witho
     assert not followed  # not the history the carry was made from
     shorter, followed = follow(Prefix(items, 8), policy, second, 20.0)
     assert not followed and shorter.carry is not None and _a_prefix(shorter.carry.items, of=items, n=8)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_long_view_changed_near_its_start_from_the_carry_is_the_view_without_it(fmt: ViewFormat) -> None:
+    # Views longer than a few of the blocks they are handed out in (blocks.py): the render
+    # from the carry cuts the lists it resumes back to the change, in their first block.
+    items = history(*(tool_round(f"c{n}", "bash", f"output {n}") for n in range(3 * BLOCK // 2)))
+    policy = "evidence: {max_level: 4}\nprotection: {last_turns: 1, user_items: false}\nrules: []"
+    first, _ = follow(items[:-4], policy, None, 0.0, fmt=fmt)
+    for n, (cut, seq) in enumerate([(-2, 4), (len(items), 2 * BLOCK + 6)], start=1):
+        previous = first
+        first, followed = follow(
+            items[:cut],
+            policy,
+            previous,
+            10.0 * n,
+            fmt=fmt,
+            agent_proposals=[AgentProposal(n, seq, "done")],
+            force=True,
+        )
+        assert followed and [c.seq for c in first.certificates if c.rule == "agent"] == [seq]
+        assert len(first.view.items) == len(items[:cut]) and len(previous.view.items) < len(first.view.items)
+        assert previous.view.items[seq - 1].representation is Representation.FULL  # (as it was handed out)
 
 
 def _a_prefix(items: Sequence[Item], of: list[Item], n: int) -> bool:

@@ -121,7 +121,7 @@ _UNMARKABLE = ("thinking", "redacted_thinking")  # the API takes no cache_contro
 
 def mark_breakpoint(
     rendered: Rendered, through: Renderable | None = None, shared: bool = False
-) -> tuple[tuple[str, ...], str] | None:
+) -> tuple[Sequence[str], str] | None:
     """The messages (each as JSON) and system JSON of `rendered` (final) with a cache breakpoint after item
     `through` (None: at the end of the view); None when it cannot be put there exactly.
     `shared`: items after `through` are in its message too, whose blocks the format may have
@@ -137,7 +137,7 @@ def mark_breakpoint(
         if at is None:
             return None
         blocks[at] = {**blocks[at], "cache_control": CACHE_CONTROL}
-        return tuple(rendered.messages_json), to_json(blocks)
+        return rendered.json_blocks.blocks(rendered.messages_json), to_json(blocks)
     content = messages[index]["content"]
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
     own = None
@@ -149,9 +149,9 @@ def mark_breakpoint(
     if at is None:
         return None
     blocks[at] = {**blocks[at], "cache_control": CACHE_CONTROL}
-    marked = list(rendered.messages_json)
-    marked[index] = to_json({"role": messages[index]["role"], "content": blocks})
-    return tuple(marked), to_json(system) if system is not None else ""
+    marked = rendered.json_blocks.blocks(rendered.messages_json)
+    marked = marked.replaced(index, to_json({"role": messages[index]["role"], "content": blocks}))
+    return marked, to_json(system) if system is not None else ""
 
 
 def _last_of(content: Sequence[JsonObject], own: Sequence[JsonObject] | None = None) -> int | None:

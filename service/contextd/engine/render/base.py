@@ -7,6 +7,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from contextd.engine.blocks import Blocked
 from contextd.engine.codec import b64_text
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Block, Role, ToolResultBlock
@@ -60,6 +61,8 @@ class Rendered:
     the view's JSON is their join."""
     json_chars: int = 0
     """The characters of `messages_json`, kept as they are added (`add_json`) and cut."""
+    json_blocks: Blocked = field(default_factory=Blocked, compare=False, repr=False)
+    """`messages_json` as handed out (`View.message_parts`), told of its cuts."""
 
     def add_json(self, texts: Sequence[str]) -> None:
         self.messages_json.extend(texts)
@@ -68,7 +71,7 @@ class Rendered:
     def cut_json(self, messages: int) -> None:
         """Keep the first `messages` serialized messages."""
         self.json_chars -= sum(map(len, self.messages_json[messages:]))
-        del self.messages_json[messages:]
+        self.json_blocks.cut(self.messages_json, messages)
 
     def warn(self, code: str, message: str) -> None:
         self.warnings.append(ViewWarning(code, message))

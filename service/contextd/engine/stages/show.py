@@ -33,7 +33,7 @@ class Shown:
     """What a later render in the same format resumes."""
     repaired: RepairRun
     """What a later render's repair resumes."""
-    segments: tuple[Segment, ...]
+    segments: Sequence[Segment]
     shared: int
     """Segments it shares with the previous render in its format (`memo.shared_prefix`)."""
     stable: int
@@ -82,7 +82,7 @@ def show(
         assembled,
         run.kept if repaired is not None and assembled is not None and assembled.entries is repaired.out else 0,
     )
-    segments = assembly.shown = tuple(assembly.segments)
+    segments = assembly.shown = assembly.segment_blocks.blocks(assembly.segments)
     previous = cache.previous
     shared = 0
     if previous is not None:  # (the segments the assembly took over are those of this record's)

@@ -1,0 +1,154 @@
+"""Lists as long as the view, handed out without copying them whole.
+
+A render resumes the previous render's lists (the view's items, its segments, its
+messages' JSON, the entries repaired): it cuts each back to where the view changed and
+appends what follows, in place. What it hands out (the view, the state's record of the
+render, the lists the next render compares) must not change with them, so each was a
+tuple or list of its own, copied whole at every render: about 40 µs a copy at 10,000
+items (touching each element's reference count), and as many again when it is freed,
+five of them a render.
+
+`Blocked` keeps a list's elements as tuples of `BLOCK` and `Blocks` is a sequence
+made of them: handing the list out as `Blocks` copies the elements of the last, partial
+block and of the blocks a cut reached since the last time, and shares the others (the
+same tuple objects). A `Blocks` never changes; two of one list compare block by block,
+by identity first (`shared`).
+
+Whoever cuts the list tells its `Blocked` (`cut`, which cuts it): a block it is not told
+of stays as it was, stale. Appending needs no word (only the last, partial block is
+ever rebuilt from the list).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from itertools import chain
+from typing import Any, TypeVar, overload
+
+T = TypeVar("T")
+
+BLOCK = 256
+"""Elements a block holds. The service encodes a view's items and messages by these blocks and
+remembers each block's bytes (api/responses.py): a render resumes the previous one's, the same
+objects at the same places but for the last and the few an edit changed, so most blocks come
+back whole. Looking each item up (a memo's get, about a microsecond) cost 10 ms of a
+10,000-item view's 13 (the interpreter lock held in small steps all the while)."""
+
+
+class Blocks(Sequence[T]):
+    """A sequence held as tuples of `BLOCK` elements (the last one may hold fewer)."""
+
+    __slots__ = ("blocks", "n")
+
+    def __init__(self, blocks: tuple[tuple[T, ...], ...] = ()) -> None:
+        self.blocks = blocks
+        self.n = (len(blocks) - 1) * BLOCK + len(blocks[-1]) if blocks else 0
+
+    @classmethod
+    def of(cls, elements: Sequence[T]) -> Blocks[T]:
+        """`elements` as blocks (a copy)."""
+        return cls(tuple(tuple(elements[k : k + BLOCK]) for k in range(0, len(elements), BLOCK)))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def replaced(self, index: int, value: T) -> Blocks[T]:
+        """These elements with the one at `index` replaced by `value` (the other blocks shared)."""
+        at, offset = divmod(index, BLOCK)
+        block = self.blocks[at]
+        changed = (*block[:offset], value, *block[offset + 1 :])
+        return Blocks((*self.blocks[:at], changed, *self.blocks[at + 1 :]))
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[T, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> T | tuple[T, ...]:
+        if isinstance(index, slice):  # (a tuple, as slicing a tuple gives; a whole block is that block)
+            start, stop, step = index.indices(self.n)
+            if step != 1:
+                return tuple(self)[index]
+            if stop <= start:
+                return ()
+            first, last = divmod(start, BLOCK), divmod(stop - 1, BLOCK)
+            if first[0] == last[0]:
+                block = self.blocks[first[0]]
+                return block if first[1] == 0 and last[1] == len(block) - 1 else block[first[1] : last[1] + 1]
+            pieces = self.blocks[first[0] : last[0] + 1]
+            return (*pieces[0][first[1] :], *chain.from_iterable(pieces[1:-1]), *pieces[-1][: last[1] + 1])
+        if index < 0:
+            index += self.n
+        if not 0 <= index < self.n:
+            raise IndexError("blocks index out of range")
+        return self.blocks[index // BLOCK][index % BLOCK]
+
+    def __iter__(self) -> Iterator[T]:
+        return chain.from_iterable(self.blocks)
+
+    def __reversed__(self) -> Iterator[T]:
+        return chain.from_iterable(map(reversed, reversed(self.blocks)))
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a tuple, list or blocks of the same elements, as a tuple is."""
+        if isinstance(other, Blocks):
+            return self.n == other.n and self.blocks == other.blocks  # (identity first, block by block)
+        if isinstance(other, tuple | list):
+            return self.n == len(other) and tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"Blocks({list(self)!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Blocks, (self.blocks,)
+
+
+def shared(previous: Sequence[Any], current: Sequence[Any]) -> int | None:
+    """How many leading elements two `Blocks` share by their blocks alone (the blocks both hold
+    as the same objects: a block compares at pointer speed); None when either is not `Blocks`."""
+    if type(previous) is not Blocks or type(current) is not Blocks:
+        return None
+    same = 0
+    for a, b in zip(previous.blocks, current.blocks, strict=False):
+        if a is not b:
+            break
+        same += len(a)
+    return same
+
+
+class Blocked:
+    """The blocks of one list its owner appends to and cuts back (through `cut`), kept from
+    one hand-out (`blocks`) to the next."""
+
+    __slots__ = ("clean", "full")
+
+    def __init__(self) -> None:
+        self.full: list[tuple[Any, ...]] = []
+        """The list's whole blocks as last handed out."""
+        self.clean = 0
+        """How many of `full` the list still holds as they are (a cut reaches the others)."""
+
+    def cut(self, elements: list[Any], at: int) -> None:
+        """`del elements[at:]`, the blocks it reaches let go."""
+        self.clean = min(self.clean, at // BLOCK)
+        del elements[at:]
+
+    def changed(self, at: int) -> None:
+        """The element at `at` (or after it) was replaced in place."""
+        self.clean = min(self.clean, at // BLOCK)
+
+    def blocks(self, elements: list[T]) -> Blocks[T]:
+        """`elements` as they are now, as `Blocks`: the whole blocks still as they were shared,
+        those a cut reached and those appended since made, and the last, partial one."""
+        whole = len(elements) // BLOCK
+        full = self.full
+        del full[min(self.clean, whole) :]
+        full.extend(tuple(elements[k * BLOCK : (k + 1) * BLOCK]) for k in range(len(full), whole))
+        self.clean = whole
+        rest = tuple(elements[whole * BLOCK :])
+        return Blocks((*full, rest) if rest else tuple(full))
