@@ -18,8 +18,9 @@ are applied (placeholders.with_calls), not here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from contextd.engine.blocks import Blocked, Blocks
 from contextd.engine.memo import IdentityMemo, shared_prefix, take_over
 from contextd.engine.model import Representation, Role, ToolUseBlock
 from contextd.engine.placeholders import placeholder_blocks
@@ -58,15 +59,17 @@ class RepairRun:
     """Before each entry of `shown`: len(ordered), len(warnings)."""
     taken: bool = False
     """A later render resumed this run: its lists, maps and sets are that render's now."""
-    out: list[Entry] | None = None
-    """The entries it gave, repaired (never changed after)."""
+    out: Sequence[Entry] | None = None
+    """The entries it gave, repaired (never changed after: blocks of `ordered`)."""
     kept: int = 0
     """How many leading entries of `out` are those of the run it resumed (the same objects)."""
+    ordered_blocks: Blocked = field(default_factory=Blocked)
+    """`ordered` as handed out (`out`), told of its cuts."""
 
 
 def repair(
     entries: Sequence[Entry], counter: TokenCounter, previous: RepairRun | None = None, known: int = 0
-) -> tuple[list[Entry], list[ViewWarning], RepairRun]:
+) -> tuple[Sequence[Entry], list[ViewWarning], RepairRun]:
     """The entries in an order and form every provider accepts, and what was changed;
     `previous`: the repair of a previous render, to resume (`known`: how many leading entries
     of `entries` are its entries', the same objects)."""
@@ -101,13 +104,16 @@ def repair(
                 )
             ordered.append(answer)
             placed.add(answer.seq)
-    out, notes = list(ordered), list(warnings)
+    out: Sequence[Entry] = run.ordered_blocks.blocks(ordered)
+    notes = list(warnings)
     if len(placed) < len(answers):  # results whose call is not in the view
+        dropped = []
         for entry in shown:
             if id(entry) in answers and entry.seq not in placed:
                 if entry.representation is not Representation.OMITTED:
                     notes.append(ViewWarning("REPAIR_RESULT_DROPPED", f"seq {entry.seq}: its call is not in the view"))
-                out.append(_omit(entry))
+                dropped.append(_omit(entry))
+        out = Blocks.of([*out, *dropped])
     run.out = out
     return out, notes, run
 
@@ -137,6 +143,7 @@ def _resumed(
                 previous.warnings,
                 previous.placed,
                 previous.marks,
+                ordered_blocks=previous.ordered_blocks,
             )
             start, gone = same, dict[str, tuple[Entry, int]]()
             for entry in run.shown[same:]:
@@ -165,7 +172,7 @@ def _resumed(
                 )
                 run.placed.difference_update(e.seq for e in run.ordered[ordered_len:])
                 run.kept = ordered_len  # (the previous run's `out` begins with its `ordered`)
-                del run.ordered[ordered_len:]
+                run.ordered_blocks.cut(run.ordered, ordered_len)
                 del run.warnings[warnings_len:]
                 del run.marks[start:]
                 return run, start
