@@ -14,9 +14,9 @@ block and of the blocks a cut reached since the last time, and shares the others
 same tuple objects). A `Blocks` never changes; two of one list compare block by block,
 by identity first (`shared`).
 
-Whoever cuts the list tells its `Blocked` (`cut`, which cuts it): a block it is not told
-of stays as it was, stale. Appending needs no word (only the last, partial block is
-ever rebuilt from the list).
+Whoever cuts the list or replaces an element of it in place tells its `Blocked` (`cut`,
+which cuts it; `changed`): a block it is not told of stays as it was, stale. Appending
+needs no word (the last, partial block is made from the list at every hand-out).
 """
 
 from __future__ import annotations
@@ -109,29 +109,47 @@ class Blocks(Sequence[T]):
 
 
 def shared(previous: Sequence[Any], current: Sequence[Any]) -> int | None:
-    """How many leading elements two `Blocks` share by their blocks alone (the blocks both hold
-    as the same objects: a block compares at pointer speed); None when either is not `Blocks`."""
+    """How many leading elements two `Blocks` share, as `memo.shared_prefix` counts them (equal
+    elements): block by block, the blocks both hold as the same objects passed over, and
+    within the first that differs element by element; None when either is not `Blocks`."""
     if type(previous) is not Blocks or type(current) is not Blocks:
         return None
     same = 0
     for a, b in zip(previous.blocks, current.blocks, strict=False):
-        if a is not b:
+        if a is not b and a != b:  # (a tuple's equality tests each pair for identity first)
+            return same + _first_difference(a, b)
+        same += min(len(a), len(b))
+        if len(a) != len(b):
             break
-        same += len(a)
     return same
 
 
-class Blocked:
-    """The blocks of one list its owner appends to and cuts back (through `cut`), kept from
-    one hand-out (`blocks`) to the next."""
+def _first_difference(a: tuple[Any, ...], b: tuple[Any, ...]) -> int:
+    """Where two blocks that differ first differ: halves compared at C speed, then a few
+    elements one by one."""
+    lo, hi = 0, min(len(a), len(b))
+    while hi - lo > 8:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return next((i for i in range(lo, hi) if a[i] != b[i]), hi)
 
-    __slots__ = ("clean", "full")
+
+class Blocked:
+    """The blocks of one list its owner appends to, replaces elements of in place (telling
+    `changed`) and cuts back (through `cut`), kept from one hand-out (`blocks`) to the next."""
+
+    __slots__ = ("clean", "dirty", "full")
 
     def __init__(self) -> None:
         self.full: list[tuple[Any, ...]] = []
         """The list's whole blocks as last handed out."""
         self.clean = 0
-        """How many of `full` the list still holds as they are (a cut reaches the others)."""
+        """How many of `full` a cut left alone (those after it are made again)."""
+        self.dirty: set[int] = set()
+        """Blocks of `full` an element of which was replaced in place since."""
 
     def cut(self, elements: list[Any], at: int) -> None:
         """`del elements[at:]`, the blocks it reaches let go."""
@@ -139,15 +157,19 @@ class Blocked:
         del elements[at:]
 
     def changed(self, at: int) -> None:
-        """The element at `at` (or after it) was replaced in place."""
-        self.clean = min(self.clean, at // BLOCK)
+        """The element at `at` was replaced in place."""
+        self.dirty.add(at // BLOCK)
 
     def blocks(self, elements: list[T]) -> Blocks[T]:
         """`elements` as they are now, as `Blocks`: the whole blocks still as they were shared,
-        those a cut reached and those appended since made, and the last, partial one."""
+        those a change reached and those appended since made, and the last, partial one."""
         whole = len(elements) // BLOCK
         full = self.full
         del full[min(self.clean, whole) :]
+        for k in self.dirty:
+            if k < len(full):
+                full[k] = tuple(elements[k * BLOCK : (k + 1) * BLOCK])
+        self.dirty.clear()
         full.extend(tuple(elements[k * BLOCK : (k + 1) * BLOCK]) for k in range(len(full), whole))
         self.clean = whole
         rest = tuple(elements[whole * BLOCK :])

@@ -162,9 +162,9 @@ def shared_prefix(previous: Sequence[T], current: Sequence[T], known: int = 0) -
     """
     if (shared := common(previous, current)) is not None:
         return shared  # (two prefixes of one list: the shorter, uncompared)
-    n = min(len(previous), len(current))
     if (same := blocks_shared(previous, current)) is not None:
-        known = max(known, same)  # (the blocks both hold: the rest compared)
+        return max(same, min(known, len(previous), len(current)))  # (block by block)
+    n = min(len(previous), len(current))
     if known > 0:
         known = min(known, n)  # what follows is copied and compared: the short part
         return known + shared_prefix(previous[known:n], current[known:n]) if known < n else n

@@ -189,7 +189,9 @@ ReadAgain = tuple[tuple[str, int, Span], ...]
 
 @dataclass(frozen=True, slots=True)
 class TransformContext:
-    entries: tuple[Entry, ...]
+    entries: Sequence[Entry]
+    """The view's entries in view order, as the edits in force show them: a sequence that never
+    changes (read as a tuple; its slices are tuples: engine/blocks.py)."""
     budget_tokens: int
     """0: no budget."""
     view_tokens: int

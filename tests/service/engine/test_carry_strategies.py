@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from contextd.engine import pipeline
 from contextd.engine import repair as repair_module
 from contextd.engine import view as view_module
+from contextd.engine.blocks import Blocks
 from contextd.engine.carry_pickle import UnusableCarry, dump_carry, load_carry
 from contextd.engine.changes import StateChange, advance, change_from_json, change_to_json
 from contextd.engine.compress import code as code_module
@@ -1178,24 +1179,31 @@ def test_a_render_after_an_append_compares_the_view_from_where_the_last_one_chan
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A render resumes the last render's repair, assembly and record of segments where they
-    first differ; the draft knows which of its entries no edit touched since it handed them out,
-    and the assembly which segments it took over, so only what follows is compared, not the
-    whole view at each render."""
-    items = file_reads(150)
-    out = render(budgeted(items, 0, 201, ViewState(), None))
+    first differ; what each is given and what it resumes are blocks of one list (blocks.py),
+    shared where no edit touched them since, so only the blocks after the change are compared,
+    not the whole view at each render."""
+    items = file_reads(490)  # (a view of 4 blocks)
+    out = render(budgeted(items, 0, 940, ViewState(), None))
     compared: list[int] = []
 
     def comparing(previous: Sequence[Any], current: Sequence[Any], known: int = 0) -> int:
-        compared.append(min(len(previous), len(current)) - known)
+        assert isinstance(previous, Blocks) and isinstance(current, Blocks)
+        shared = sum(
+            1
+            for _ in itertools.takewhile(
+                lambda pair: pair[0] is pair[1], zip(previous.blocks, current.blocks, strict=False)
+            )
+        )
+        compared.append(len(current.blocks) - shared)
         return shared_prefix(previous, current, known)
 
     for module in (repair_module, view_module, show_module):
         monkeypatch.setattr(module, "shared_prefix", comparing)
-    for n in range(202, 240):
+    for n in range(941, 951):
         compared.clear()
         inp = budgeted(items, 0, n, out.state, out.carry)
         out = render(inp)
-        assert len(compared) == 3 and max(compared) <= 12, compared  # (the whole view: about 200)
+        assert len(compared) == 3 and max(compared) <= 1, compared  # (of 4)
         assert out.carry is not None and out.carry.repaired.kept >= n - 12 and out.carry.assembly.kept >= n - 12
         assert out == render(replace(inp, carry=None))
 

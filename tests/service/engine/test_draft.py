@@ -4,9 +4,13 @@ whole history."""
 
 from __future__ import annotations
 
-from hypothesis import given
+from collections.abc import Sequence
+
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contextd.engine.blocks import BLOCK
+from contextd.engine.memo import shared_prefix
 from contextd.engine.model import Item, ItemContent, Role, TextBlock
 from contextd.engine.stages.draft import Draft
 from contextd.engine.state import AppliedEdit
@@ -85,63 +89,65 @@ def test_a_draft_appended_to_in_place_is_the_draft_of_the_whole_history() -> Non
     assert carried.ordered() == fresh.ordered()
 
 
-def _same_objects(given: list[object], current: list[object]) -> int:
+def _equal_prefix(given: Sequence[object], current: Sequence[object]) -> int:
     n = min(len(given), len(current))
-    return next((i for i in range(n) if given[i] is not current[i]), n)
+    return next((i for i in range(n) if given[i] != current[i]), n)
 
 
 _STEPS = st.lists(
     st.one_of(
-        st.tuples(st.just("reduce"), st.integers(1, 30)),
-        st.tuples(st.just("append"), st.integers(1, 5)),
+        st.tuples(st.just("reduce"), st.floats(0, 1)),
+        st.tuples(st.just("append"), st.integers(1, BLOCK)),
         st.tuples(st.just("hand out"), st.just(0)),
-        st.tuples(st.just("insert"), st.integers(1, 30)),
+        st.tuples(st.just("insert"), st.floats(0, 1)),
         st.tuples(st.just("reorder"), st.just(0)),
     ),
     max_size=25,
 )
+_MANY = _items(3 * BLOCK)
 
 
-@given(_STEPS)
-def test_what_the_draft_says_a_list_it_handed_out_shares_is_the_same_objects(steps: list[tuple[str, int]]) -> None:
-    """`Draft.shares` lets a render's repair and assembly skip comparing what the draft knows is
-    unchanged: never more than the leading entries that are the very objects it handed out,
-    whatever edits, appends, insertions and reorders came between."""
-    items = _items(40)
-    length = 10
-    draft = Draft(items[:length], frozenset(), {})
-    handed = [draft.ordered()]
-    for step, at in steps:
-        if step == "reduce" and at <= length:
+@settings(deadline=None)
+@given(_STEPS, st.integers(1, 2 * BLOCK))
+def test_the_entries_handed_out_stay_as_they_were_and_compare_with_later_ones_as_lists_do(
+    steps: list[tuple[str, float]], length: int
+) -> None:
+    """What `Draft.ordered()` hands out (blocks shared from one hand-out to the next) never
+    changes, whatever edits, appends, insertions and reorders come after, and
+    `memo.shared_prefix` finds where two of them first differ, as it would of two lists."""
+    draft = Draft(_MANY[:length], frozenset(), {})
+    handed = [(draft.ordered(), _listed(draft))]
+    for step, arg in steps:
+        at = 1 + int(arg * (length - 1))
+        if step == "reduce":
             draft.apply(_reduced(at))
         elif step == "append":
-            length = min(length + at, len(items))
-            draft.append(items[:length], frozenset())
+            length = min(length + int(arg), len(_MANY))
+            draft.append(_MANY[:length], frozenset())
         elif step == "hand out":
-            handed.append(draft.ordered())
-        elif step == "insert" and at <= length:
+            handed.append((draft.ordered(), _listed(draft)))
+        elif step == "insert":
             note = ItemContent(role=Role.USER, content=(TextBlock("a note"),))
             draft.apply(AppliedEdit(Insert(at, note), "rule", "reason", note.content, 2))
         elif step == "reorder":
             draft.apply(AppliedEdit(Reorder(tuple(reversed(draft.order))), "rule", "reason"))
     current = draft.ordered()
-    assert current == _listed(draft)
-    for given_list in handed:
-        assert draft.shares(given_list, current) <= _same_objects(given_list, current)
-    assert draft.shares(current, current) == len(current)
-    assert draft.shares(handed[0], list(current)) == 0  # a list it did not give now: unknown
+    assert current == _listed(draft) and draft.ordered() is current  # (nothing changed: the same)
+    for given_blocks, as_listed in handed:
+        assert list(given_blocks) == as_listed
+        assert shared_prefix(given_blocks, current) == _equal_prefix(as_listed, list(current))
 
 
-def test_a_list_handed_out_shares_its_entries_up_to_the_first_edit_since() -> None:
-    items = _items(20)
-    draft = Draft(items[:10], frozenset(), {})
+def test_entries_handed_out_share_their_blocks_up_to_the_first_edit_since() -> None:
+    items = _items(3 * BLOCK)
+    draft = Draft(items[: 2 * BLOCK + 10], frozenset(), {})
     first = draft.ordered()
-    draft.apply(_reduced(7))
-    draft.append(items[:12], frozenset())
-    second = draft.ordered()
-    draft.apply(_reduced(4))
-    current = draft.ordered()
-    assert (draft.shares(first, current), draft.shares(second, current)) == (3, 3)
+    draft.apply(_reduced(BLOCK + 7))
     draft.append(items, frozenset())
+    second = draft.ordered()
+    assert second.blocks[0] is first.blocks[0] and second.blocks[1] is not first.blocks[1]
+    assert shared_prefix(first, second) == BLOCK + 6 and shared_prefix(second, first) == BLOCK + 6
+    draft.apply(_reduced(4))
     latest = draft.ordered()
-    assert (draft.shares(first, latest), draft.shares(second, latest), draft.shares(current, latest)) == (3, 3, 12)
+    assert shared_prefix(second, latest) == 3
+    assert all(a is b for a, b in zip(latest.blocks[1:], second.blocks[1:], strict=True))  # (shared)

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from contextd.engine.asked import RECENT_CALLS
+from contextd.engine.blocks import Blocked, Blocks
 from contextd.engine.codec import content_hash
 from contextd.engine.compress.strategy import COMPRESSED
 from contextd.engine.eligibility import Protections
@@ -39,11 +40,6 @@ def turn_indexes(items: Sequence[Item]) -> list[int]:
         turns.append(current)
     return turns
 
-
-HANDED_KEPT = 4
-"""How many of the lists `Draft.ordered()` gave out it remembers (`Draft.shares`): a render hands
-out two (to the transforms, to the repair) and one more at each count of messages under a budget;
-a list it no longer remembers is compared whole."""
 
 BUDGET = "budget"
 """The rule and reason of what is offloaded to fit a view's token budget (stages/budget.py)."""
@@ -89,11 +85,12 @@ class Draft:
         self.observations = ObservationIndex(tools)
         self._note(items)
         self._ordered: list[Entry] | None = None
-        self._handed_out = False
-        """Whether `ordered()` gave `_ordered` out since it was made."""
-        self._handed: list[tuple[list[Entry], int]] = []
-        """The lists `ordered()` gave out lately, each with how many of its leading entries
-        `_ordered` still holds (the same objects): what `shares` says."""
+        """The entries in view order, changed in place as edits apply and items are appended
+        (None: listed again when asked, after an insert or a reorder)."""
+        self._blocked = Blocked()
+        """`_ordered` as `ordered()` hands it out, told of what changed in place."""
+        self._given: Blocks[Entry] | None = None
+        """What `ordered()` handed out last, while `_ordered` is as it was then."""
         self.budget_walk: BudgetWalk | None = None
         """The turns the budget's last walk left unsettled (stages/budget.py), for the next render
         of a draft that follows this one to walk those alone."""
@@ -145,10 +142,9 @@ class Draft:
             self.view_tokens += item.token_count
             self.history_tokens += item.token_count
         seqs = [item.seq for item in new]
-        # A new list, made before the order takes the new seqs: the previous render's repair and
-        # assembly hold the one it handed them, and tell what changed by it. Nothing is inserted
-        # after the appended items, so the lists handed out share what they shared.
-        self._ordered, self._handed_out = [*self._listed(), *(entries[s] for s in seqs)], False
+        # (Listed before the order takes the new seqs; nothing is inserted after appended items.)
+        self._listed().extend(entries[s] for s in seqs)
+        self._given = None
         self.natural += seqs  # (in place: what held it during the render before let go of it)
         self.turns = turn + 1
         self.order += seqs  # appended items follow, whatever order is in force
@@ -184,11 +180,11 @@ class Draft:
                 )
                 self.inserted.append((after_seq, seq))
                 self.view_tokens += applied.tokens
-                self._ordered = None
+                self._ordered = self._given = None
             case Reorder():
                 self.order = reordered(edit, self.order)
                 self.reordered = True
-                self._ordered = None
+                self._ordered = self._given = None
             case PatchRequest(name, value):
                 self.patches[name] = value
 
@@ -220,42 +216,30 @@ class Draft:
     def _place(self, seq: int, entry: Entry) -> None:
         """Put `entry` where `seq` stands in the entries in view order: while nothing is
         reordered or inserted, that is its place in history (bisected); else they are listed
-        again when asked. A list handed out is never changed (the previous render's repair and
-        assembly, and the budget's count, tell what changed by the lists they were given): it
-        is copied first, at C speed, where listing the entries again costs a lookup each."""
+        again when asked. What `ordered()` handed out stays as it was (blocks.py)."""
         ordered, natural = self._ordered, self.natural
         at = bisect_left(natural, seq)
         if ordered is None or self.reordered or self.inserted or at == len(natural) or natural[at] != seq:
-            self._ordered = None
+            self._ordered = self._given = None
             return
-        if self._handed_out:
-            ordered = self._ordered = list(ordered)
-            self._handed_out = False
         ordered[at] = entry
-        self._handed = [(given, min(same, at)) for given, same in self._handed]
+        self._blocked.changed(at)
+        self._given = None
 
-    def shares(self, given: Sequence[Entry], current: Sequence[Entry]) -> int:
-        """How many leading entries `current`, the list `ordered()` gives now, holds of `given`,
-        one it gave before, as the same objects: as far as the draft knows, without comparing
-        them (0 when it does not know; `memo.shared_prefix` compares the rest)."""
-        if current is not self._ordered:
-            return 0
-        return next((same for g, same in self._handed if g is given), 0)
-
-    def ordered(self) -> list[Entry]:
-        """The entries in view order (a list not to be changed: the draft's later edits go to
-        a copy)."""
-        ordered = self._listed()
-        self._handed_out = True
-        if not any(given is ordered for given, _ in self._handed):
-            self._handed = [*self._handed[1 - HANDED_KEPT :], (ordered, len(ordered))]
-        return ordered
+    def ordered(self) -> Blocks[Entry]:
+        """The entries in view order, as blocks that never change (those of what it handed out
+        before are shared where nothing changed since: compared block by block,
+        `memo.shared_prefix` finds where they first differ without going through the rest)."""
+        if self._given is None:
+            listed = self._listed()  # (first: listing again starts its blocks afresh)
+            self._given = self._blocked.blocks(listed)
+        return self._given
 
     def _listed(self) -> list[Entry]:
         """`_ordered`, listed again if an edit left it unknown."""
         if self._ordered is None:
             self._ordered = self._in_view_order()
-            self._handed = []  # listed again: what was handed out before is compared whole
+            self._blocked = Blocked()  # (another list: its blocks are made afresh)
         return self._ordered
 
     def _in_view_order(self) -> list[Entry]:

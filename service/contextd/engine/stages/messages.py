@@ -25,7 +25,7 @@ def count_messages(draft: Draft, fmt: ViewFormat) -> int:
     last = draft.message_count
     same = 0
     if last is not None and last.format is fmt:
-        same = shared_prefix(last.entries, entries, draft.shares(last.entries, entries))
+        same = shared_prefix(last.entries, entries)  # (blocks of the draft's: compared block by block)
     after = last.after[:same] if last is not None and same else []
     state = after[-1] if after else _OPENING
     fold = (

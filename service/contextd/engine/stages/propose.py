@@ -106,7 +106,7 @@ def transform_context(
 ) -> TransformContext:
     """What every transform sees: the view as the edits in force show it."""
     return TransformContext(
-        entries=tuple(draft.ordered()),
+        entries=draft.ordered(),
         budget_tokens=request.budget_tokens,
         view_tokens=draft.view_tokens,
         cache=cache,

@@ -68,10 +68,8 @@ def show(
     expected to reduce, for the breakpoint; `staked`: what this render's rewrite already put at
     risk of the session's bank). `repaired` and `assembled`: the last render's, from the same
     state, which repair and rendering resume where the entries are the same."""
-    # What each step resumes it knows to hold the same objects up to a point: compared from there.
-    entries = draft.ordered()
-    known = draft.shares(repaired.entries, entries) if repaired is not None else 0
-    ordered, repair_warnings, run = repair(entries, counter, repaired, known)
+    # What each step resumes it compares with what it is given now: blocks, block by block.
+    ordered, repair_warnings, run = repair(draft.ordered(), counter, repaired)
     view, assembly = assemble_view(
         session,
         ordered,
