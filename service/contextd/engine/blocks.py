@@ -54,6 +54,10 @@ class Blocks(Sequence[T]):
 
     def replaced(self, index: int, value: T) -> Blocks[T]:
         """These elements with the one at `index` replaced by `value` (the other blocks shared)."""
+        if index < 0:
+            index += self.n
+        if not 0 <= index < self.n:
+            raise IndexError("blocks index out of range")
         at, offset = divmod(index, BLOCK)
         block = self.blocks[at]
         changed = (*block[:offset], value, *block[offset + 1 :])
@@ -84,6 +88,14 @@ class Blocks(Sequence[T]):
             raise IndexError("blocks index out of range")
         return self.blocks[index // BLOCK][index % BLOCK]
 
+    def extended(self, more: Sequence[T]) -> Blocks[T]:
+        """These elements, then `more` (the whole blocks shared)."""
+        if not more:
+            return self
+        whole = self.blocks if not self.blocks or len(self.blocks[-1]) == BLOCK else self.blocks[:-1]
+        rest = (*self.blocks[len(whole) :][0], *more) if len(whole) < len(self.blocks) else tuple(more)
+        return Blocks((*whole, *(rest[k : k + BLOCK] for k in range(0, len(rest), BLOCK))))
+
     def __iter__(self) -> Iterator[T]:
         return chain.from_iterable(self.blocks)
 
@@ -91,10 +103,10 @@ class Blocks(Sequence[T]):
         return chain.from_iterable(map(reversed, reversed(self.blocks)))
 
     def __eq__(self, other: object) -> bool:
-        """Equal to a tuple, list or blocks of the same elements, as a tuple is."""
+        """Equal to a sequence of the same elements (not a string), as a tuple is to a tuple."""
         if isinstance(other, Blocks):
             return self.n == other.n and self.blocks == other.blocks  # (identity first, block by block)
-        if isinstance(other, tuple | list):
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
             return self.n == len(other) and tuple(self) == tuple(other)
         return NotImplemented
 

@@ -63,13 +63,13 @@ class Prefix(Sequence[T]):
         return reversed(self.base[: self.n])
 
     def __eq__(self, other: object) -> bool:
-        """Equal to a list, tuple or prefix of the same elements (two prefixes of one list: by
+        """Equal to a sequence of the same elements (not a string; two prefixes of one list: by
         their lengths alone)."""
         if isinstance(other, Prefix):
             if other.base is self.base:
                 return other.n == self.n
             return self.base[: self.n] == other.base[: other.n]
-        if isinstance(other, list | tuple):
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
             return len(other) == self.n and self.base[: self.n] == list(other)
         return NotImplemented
 

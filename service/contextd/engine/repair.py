@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from contextd.engine.blocks import Blocked, Blocks
+from contextd.engine.blocks import Blocked
 from contextd.engine.memo import IdentityMemo, shared_prefix, take_over
 from contextd.engine.model import Representation, Role, ToolUseBlock
 from contextd.engine.placeholders import placeholder_blocks
@@ -104,7 +104,7 @@ def repair(
                 )
             ordered.append(answer)
             placed.add(answer.seq)
-    out: Sequence[Entry] = run.ordered_blocks.blocks(ordered)
+    out = run.ordered_blocks.blocks(ordered)
     notes = list(warnings)
     if len(placed) < len(answers):  # results whose call is not in the view
         dropped = []
@@ -113,7 +113,7 @@ def repair(
                 if entry.representation is not Representation.OMITTED:
                     notes.append(ViewWarning("REPAIR_RESULT_DROPPED", f"seq {entry.seq}: its call is not in the view"))
                 dropped.append(_omit(entry))
-        out = Blocks.of([*out, *dropped])
+        out = out.extended(dropped)
     run.out = out
     return out, notes, run
 

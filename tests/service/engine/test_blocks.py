@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from contextd.engine.blocks import BLOCK, Blocked, Blocks, shared
 from contextd.engine.memo import shared_prefix
+from contextd.engine.prefix import Prefix
 
 # What an owner does to its list: append some, cut back to a point, replace one in place; and
 # when it hands the list out (after some of those).
@@ -70,13 +71,29 @@ def test_blocks_read_as_the_tuple_of_their_elements(n: int, data: st.DataObject)
         step = data.draw(st.sampled_from([None, 1, 2, -1]))
         assert out[start:stop:step] == elements[start:stop:step]
     if n:
-        at = data.draw(st.integers(0, n - 1))
+        at = data.draw(st.integers(-n, n - 1))
         replaced = out.replaced(at, -1)
-        assert tuple(replaced) == (*elements[:at], -1, *elements[at + 1 :]) and tuple(out) == elements
+        changed = list(elements)
+        changed[at] = -1
+        assert tuple(replaced) == tuple(changed) and tuple(out) == elements
         assert sum(a is not b for a, b in zip(out.blocks, replaced.blocks, strict=True)) == 1  # the others shared
+    assert _raises_index_error_on_replace(out, n) and _raises_index_error_on_replace(out, -n - 1)
+    more = tuple(range(-data.draw(st.integers(0, BLOCK + 3)), 0))
+    longer = out.extended(more)
+    assert tuple(longer) == elements + more and all(len(b) == BLOCK for b in longer.blocks[:-1])
+    assert all(a is b for a, b in zip(out.blocks[: n // BLOCK], longer.blocks, strict=False))  # whole blocks shared
+    assert out == list(elements) and out == Prefix(list(elements), n) and Prefix(list(elements), n) == out
     assert pickle.loads(pickle.dumps(out)) == out and hash(out) == hash(elements)
     if n >= BLOCK:
         assert out[:BLOCK] is out.blocks[0]  # a whole block is handed out as it is held
+
+
+def _raises_index_error_on_replace(out: Blocks[int], index: int) -> bool:
+    try:
+        out.replaced(index, 0)
+    except IndexError:
+        return True
+    return False
 
 
 def _raises_index_error(out: Blocks[int], index: int) -> bool:

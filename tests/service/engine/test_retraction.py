@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from contextd.engine.blocks import BLOCK, Blocks
 from contextd.engine.certificates import Decision
 from contextd.engine.model import ItemContent, Representation, Role, TextBlock
 from contextd.engine.retraction import REDACTED, RETRACTED, certificate_of, retracted, retraction
@@ -86,3 +87,20 @@ def test_a_retracted_user_item_opening_the_conversation_stays_out_when_another_o
     out = run(more, fmt=ANTHROPIC, durable=[retraction(more[1], False, counter())])
     check_view(out, ANTHROPIC)
     assert json.loads(out.view.messages_json) == [{"role": "user", "content": "second ask"}]
+
+
+def test_a_long_view_with_an_early_turn_retracted_resumes_its_repair_and_shares_its_blocks() -> None:
+    # The retracted turn's result is placed by repair after the rest (its call is gone): the
+    # entries repair hands out keep the whole blocks they share with the last render's.
+    from tests.service.engine.test_pipeline import follow
+
+    items = history(*(tool_round(f"c{n}", "bash", f"output {n}") for n in range(3 * BLOCK // 2)))
+    durable = (retraction(items[2], False, counter()),)
+    policy = "rules: []"
+    first, _ = follow(items[:-4], policy, None, 0.0, durable=durable)
+    second, followed = follow(items[:-2], policy, first, 10.0, durable=durable)
+    assert followed and "REPAIR_RESULT_DROPPED" in [w.code for w in second.view.warnings]
+    assert first.carry is not None and second.carry is not None
+    before, after = first.carry.repaired.out, second.carry.repaired.out
+    assert isinstance(before, Blocks) and isinstance(after, Blocks) and after[-1].seq == 4  # (placed last)
+    assert all(a is b for a, b in zip(before.blocks[:2], after.blocks[:2], strict=True))
