@@ -1162,7 +1162,11 @@ def test_a_budget_walk_after_appends_weighs_the_turns_it_left_unsettled_not_the_
         inp = following(items[:cut], policy, ViewRequest(fmt, 1_500), previous)
         walked.clear()
         folded.clear()
+        last = previous.carry.finished.draft.message_count if previous and previous.carry else None
         out = render(inp)
+        if last is not None:  # (the count goes on in the list of the one before, cut back: no copy)
+            assert out.carry is not None and out.carry.finished.draft.message_count is not None
+            assert out.carry.finished.draft.message_count.after is last.after
         turns_walked.append(len(walked))
         counted.append(len(folded))
         walked.clear()

@@ -26,7 +26,9 @@ def count_messages(draft: Draft, fmt: ViewFormat) -> int:
     same = 0
     if last is not None and last.format is fmt:
         same = shared_prefix(last.entries, entries)  # (blocks of the draft's: compared block by block)
-    after = last.after[:same] if last is not None and same else []
+    # The draft's count is this one's to go on from (no other holds it): cut back in place.
+    after = last.after if last is not None and same else []
+    del after[same:]
     state = after[-1] if after else _OPENING
     fold = (
         _fold_chat
