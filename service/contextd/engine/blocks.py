@@ -120,14 +120,16 @@ class Blocks(Sequence[T]):
         return Blocks, (self.blocks,)
 
 
-def shared(previous: Sequence[Any], current: Sequence[Any]) -> int | None:
+def shared(previous: Sequence[Any], current: Sequence[Any], known: int = 0) -> int | None:
     """How many leading elements two `Blocks` share, as `memo.shared_prefix` counts them (equal
     elements): block by block, the blocks both hold as the same objects passed over, and
-    within the first that differs element by element; None when either is not `Blocks`."""
+    within the first that differs element by element (from the block holding element `known`
+    on: the caller knows those before it are shared); None when either is not `Blocks`."""
     if type(previous) is not Blocks or type(current) is not Blocks:
         return None
-    same = 0
-    for a, b in zip(previous.blocks, current.blocks, strict=False):
+    skipped = min(known, previous.n, current.n) // BLOCK  # (whole blocks, both sides)
+    same = skipped * BLOCK
+    for a, b in zip(previous.blocks[skipped:], current.blocks[skipped:], strict=False):
         if a is not b and a != b:  # (a tuple's equality tests each pair for identity first)
             return same + _first_difference(a, b)
         same += min(len(a), len(b))

@@ -162,7 +162,7 @@ def shared_prefix(previous: Sequence[T], current: Sequence[T], known: int = 0) -
     """
     if (shared := common(previous, current)) is not None:
         return shared  # (two prefixes of one list: the shorter, uncompared)
-    if (same := blocks_shared(previous, current)) is not None:
+    if (same := blocks_shared(previous, current, known)) is not None:
         return max(same, min(known, len(previous), len(current)))  # (block by block)
     n = min(len(previous), len(current))
     if known > 0:

@@ -54,7 +54,8 @@ def test_what_is_handed_out_is_the_list_as_it_was_and_stays_so_whatever_the_owne
         expected = next(
             (i for i, (a, b) in enumerate(zip(was, now, strict=False)) if a is not b), min(len(was), len(now))
         )
-        assert shared_prefix(before, after) == expected
+        for known in {0, expected // 3, expected}:  # (what the caller knows they share: from there on)
+            assert shared_prefix(before, after, known) == expected
         by_blocks = shared(before, after)
         assert by_blocks is not None and by_blocks <= expected  # (the blocks shared: a lower bound)
 
