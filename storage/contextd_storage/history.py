@@ -305,7 +305,7 @@ class HistoryStore:
             cached.extend(added)
             self.cache.put(key, cached, added)
         items = Prefix(cached, min(version, len(cached)))
-        annotate(session_id=session_id, tenant=tenant, items=version, tokens=row["token_count"])
+        annotate(session_id=session_id, tenant=tenant, items=len(items), tokens=row["token_count"])
         return row, session_of(row), items
 
 

@@ -11,7 +11,8 @@ and two prefixes of one list share the shorter of them without a compare.
 
 What makes it safe is the list's owner's promise: it only appends (`extend`,
 `append`), never replaces, removes or reorders an element. Nothing here can check
-that; only storage's item cache makes them (`contextd_storage.history`).
+that: storage's item cache makes them (`contextd_storage.history`), and
+bench/scale.py as the cache does.
 """
 
 from __future__ import annotations
