@@ -68,12 +68,12 @@ class RepairRun:
 
 
 def repair(
-    entries: Sequence[Entry], counter: TokenCounter, previous: RepairRun | None = None, known: int = 0
+    entries: Sequence[Entry], counter: TokenCounter, previous: RepairRun | None = None
 ) -> tuple[Sequence[Entry], list[ViewWarning], RepairRun]:
     """The entries in an order and form every provider accepts, and what was changed;
-    `previous`: the repair of a previous render, to resume (`known`: how many leading entries
-    of `entries` are its entries', the same objects)."""
-    run, start = _resumed(previous, entries, counter, known)
+    `previous`: the repair of a previous render, to resume (where the entries it was given and
+    `entries` first differ: `Blocks` of the draft's, compared block by block)."""
+    run, start = _resumed(previous, entries, counter)
     shown, results, answers, placed = run.shown, run.results, run.answers, run.placed
     ordered, warnings, marks = run.ordered, run.warnings, run.marks
     for index in range(start, len(shown)):
@@ -118,16 +118,14 @@ def repair(
     return out, notes, run
 
 
-def _resumed(
-    previous: RepairRun | None, entries: Sequence[Entry], counter: TokenCounter, known: int
-) -> tuple[RepairRun, int]:
+def _resumed(previous: RepairRun | None, entries: Sequence[Entry], counter: TokenCounter) -> tuple[RepairRun, int]:
     """A run over `entries` with what `previous` did that still holds; and where to go on.
 
     The run takes the previous one's lists, maps and sets over, cut back to where it goes on
     (a cost in what changed, not in the view's length), and marks it taken: a run resumed
     once is not resumed again (another render from the same carry repairs from the start)."""
     if previous is not None and not previous.taken and previous.counter is counter and not previous.repeated:
-        same = shared_prefix(previous.entries, entries, known)
+        same = shared_prefix(previous.entries, entries)
         if same > previous.opening and take_over(previous):
             run = RepairRun(
                 counter,

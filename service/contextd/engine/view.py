@@ -169,8 +169,9 @@ class Assembly:
     """Its offsets, for the state's record of the render (`PreviousRender.counted`): marked
     taken with the assembly."""
     item_blocks: Blocked = field(default_factory=Blocked)
-    """`items` as handed out (`View.items`), told of its cuts; and `segments` (`shown`)."""
+    """`items` as handed out (`View.items`), told of its cuts."""
     segment_blocks: Blocked = field(default_factory=Blocked)
+    """`segments` as handed out (`shown`), told of its cuts."""
 
 
 def assemble_view(
