@@ -37,9 +37,13 @@ class LoseAnswers(grpc.aio.ServerInterceptor):
     after the work was committed."""
 
     def __init__(self, methods: set[str], times: int, delay: float = 0, late: bool = False) -> None:
-        """With `late`, the first `times` answers arrive after `delay` instead of being lost."""
+        """With `late`, the first `times` answers arrive after `delay` instead of being lost:
+        the work goes on to its commit though the caller gives up waiting (a deadline cancels
+        the handler, not the work), and the same request sent again is let in only once the
+        first has committed, as a retry after a late answer on the wire would arrive."""
         self.methods, self.times, self.delay, self.late = methods, times, delay, late
         self.seen: Counter[tuple[str, str]] = Counter()
+        self.committed: dict[tuple[str, str], asyncio.Event] = {}
 
     async def intercept_service(
         self,
@@ -58,7 +62,15 @@ class LoseAnswers(grpc.aio.ServerInterceptor):
             self.seen[key] += 1
             if self.delay and not self.late:
                 await asyncio.sleep(self.delay)
-            response = await inner(request, context)
+            if not self.late:
+                response = await inner(request, context)
+            else:
+                committed = self.committed.setdefault(key, asyncio.Event())
+                if self.seen[key] > 1:
+                    await committed.wait()
+                work = asyncio.ensure_future(inner(request, context))
+                work.add_done_callback(lambda _: committed.set())
+                response = await asyncio.shield(work)
             if self.seen[key] <= self.times:
                 if self.late:
                     await asyncio.sleep(self.delay)  # committed, but the caller has given up waiting

@@ -139,42 +139,71 @@ class PrivatePostgres:
 
 
 class PrivateRedis:
-    """A redis-server of the test's own on a spare port, without persistence: a restart is empty."""
+    """A redis-server of the test's own on a spare port, without persistence: a restart is empty.
 
-    def __init__(self, *options: str) -> None:
+    With `cluster`, a Redis Cluster node (on a spare bus port too) keeping its cluster state
+    in its directory; `destroy()` kills it and removes the directory. A spare port is one
+    nobody listened on when it was chosen, and another process may take it before the
+    server binds it: until the server has once answered, a start that exits picks fresh
+    ports and starts again (`ATTEMPTS` in all); a restart keeps the ports its clients know."""
+
+    ATTEMPTS = 3
+
+    def __init__(self, cluster: bool = False) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             backends.unavailable("Redis", "redis-server is not installed")
         assert binary is not None
         self._binary = binary
-        self._options = options
-        self.port = spare_port()
+        self._cluster = cluster
+        self.root = Path(tempfile.mkdtemp(prefix="contextd-redis-"))
+        self.logfile = self.root / "redis.log"
+        self.port, self.bus_port = spare_port(), spare_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self._answered = False
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def _command(self) -> Sequence[str]:
-        return (
-            self._binary,
-            *("--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"),
-            *self._options,
-        )
+        command = [self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        command += ["--logfile", str(self.logfile)]
+        if self._cluster:
+            # The bus port is chosen too: by default it is the port + 10,000, past 65,535 for
+            # a spare port above 55,535, and redis-server would not start.
+            command += ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]
+            command += ["--cluster-port", str(self.bus_port), "--dir", str(self.root)]
+            command += ["--cluster-config-file", str(self.root / "nodes.conf")]
+        return command
 
     def start(self) -> None:
-        """Start redis-server on the port and wait until it answers PING."""
+        """Start redis-server and wait until it answers PING."""
+        for attempt in range(1, self.ATTEMPTS + 1):
+            if self._try_start():
+                self._answered = True
+                return
+            if self._answered or attempt == self.ATTEMPTS:
+                log = self.logfile.read_text(errors="replace") if self.logfile.exists() else "(no log)"
+                raise RuntimeError(f"redis-server on port {self.port} did not start:\n{log[-2000:]}")
+            self.port, self.bus_port = spare_port(), spare_port()
+
+    def _try_start(self) -> bool:
+        """Whether the server started answers PING within `START_TIMEOUT` (False: it exited)."""
         self.process = subprocess.Popen(self._command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + START_TIMEOUT
         probe = redis.Redis.from_url(self.url, socket_connect_timeout=1, socket_timeout=1)
         try:
             while True:
+                if self.process.poll() is not None:
+                    return False
                 try:
                     probe.ping()
-                    return
-                except redis.ConnectionError:
-                    if self.process.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"redis-server on port {self.port} did not start") from None
+                    return True
+                except (redis.ConnectionError, redis.TimeoutError):
+                    if time.monotonic() > deadline:
+                        self.kill()
+                        raise RuntimeError(f"redis-server on port {self.port} did not answer") from None
                     time.sleep(0.05)
         finally:
             probe.close()
@@ -185,6 +214,10 @@ class PrivateRedis:
             self.process.kill()
             self.process.wait(timeout=10)
             self.process = None
+
+    def destroy(self) -> None:
+        self.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 class PrivateRedisCluster:
@@ -197,16 +230,7 @@ class PrivateRedisCluster:
             backends.unavailable("Redis", "redis-cli is not installed")
         assert cli is not None
         self._cli = cli
-        self.root = Path(tempfile.mkdtemp(prefix="contextd-redis-cluster-"))
-        # The bus port is chosen too: by default it is the port + 10,000, past 65,535 for a
-        # spare port above 55,535, and redis-server would not start.
-        self.nodes = [
-            PrivateRedis(
-                *("--cluster-enabled", "yes", "--cluster-node-timeout", "2000", "--cluster-port", str(spare_port())),
-                *("--cluster-config-file", str(self.root / f"nodes-{n}.conf"), "--dir", str(self.root)),
-            )
-            for n in range(nodes)
-        ]
+        self.nodes = [PrivateRedis(cluster=True) for _ in range(nodes)]
 
     @property
     def url(self) -> str:
@@ -236,8 +260,7 @@ class PrivateRedisCluster:
 
     def destroy(self) -> None:
         for node in self.nodes:
-            node.kill()
-        shutil.rmtree(self.root, ignore_errors=True)
+            node.destroy()
 
 
 # The replicas' log: a record's first line, an ERROR record, an exception line of a traceback.
@@ -292,7 +315,7 @@ class Cluster:
                 if replica.process.poll() is None:
                     replica.process.kill()
                 replica.wait(10)
-            self.redis.kill()
+            self.redis.destroy()
         finally:
             self.postgres.destroy()
 
