@@ -114,10 +114,23 @@ class PrivatePostgres:
         self._initialised = True
 
     def start(self) -> None:
-        """Start the cluster (initialising it the first time) and wait until it takes connections."""
-        if not self._initialised:
+        """Start the cluster (initialising it the first time) and wait until it takes connections.
+
+        The first start on a spare port another process took since (see `PrivateRedis`) is
+        made again on a fresh one; a restart keeps the port its clients know."""
+        first = not self._initialised
+        if first:
             self._initialise()
-        self._pg_ctl_run("-l", str(self.logfile), "start")
+        for attempt in range(1, PrivateRedis.ATTEMPTS + 1):
+            try:
+                self._pg_ctl_run("-l", str(self.logfile), "start")
+                return
+            except RuntimeError as failed:
+                if not first or attempt == PrivateRedis.ATTEMPTS or "Address already in use" not in str(failed):
+                    raise
+            self.port = spare_port()
+            with open(self.data / "postgresql.conf", "a") as conf:
+                conf.write(f"port = {self.port}\n")  # the last setting of a name wins
 
     def stop(self, mode: str = "fast", *, wait: bool = True) -> None:
         """`pg_ctl stop -m mode`, waiting until the server has gone unless `wait` is False.
