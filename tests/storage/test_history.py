@@ -273,14 +273,15 @@ async def test_list_sessions_pages_through_everything(store: HistoryStore) -> No
 
 async def test_a_held_session_lock_makes_others_wait_then_fail_busy(store: HistoryStore, session: str) -> None:
     db = store.db
-    released = asyncio.Event()
+    held, released = asyncio.Event(), asyncio.Event()
 
     async def hold() -> None:
         async with db.write("tenant", session):
+            held.set()
             await released.wait()
 
     holder = asyncio.create_task(hold())
-    await asyncio.sleep(0.1)
+    await held.wait()
     started = asyncio.get_running_loop().time()
     with pytest.raises(SessionBusy) as busy:
         await store.append(request(session, [text_item("blocked")]))
@@ -305,14 +306,15 @@ async def test_on_postgres_other_sessions_are_not_blocked_by_a_held_lock(pg_stor
     locked, free = f"locked-{uuid.uuid4().hex[:8]}", f"free-{uuid.uuid4().hex[:8]}"
     await store.create_session("tenant", locked, {})
     await store.create_session("tenant", free, {})
-    released = asyncio.Event()
+    held, released = asyncio.Event(), asyncio.Event()
 
     async def hold() -> None:
         async with store.db.write("tenant", locked):
+            held.set()
             await released.wait()
 
     holder = asyncio.create_task(hold())
-    await asyncio.sleep(0.1)
+    await held.wait()
     assert (await store.append(request(free, [text_item("fine")]))).first_seq == 1
     released.set()
     await holder
@@ -372,14 +374,15 @@ async def test_writers_queued_on_a_busy_session_leave_connections_for_others(pos
     busy, other = f"busy-{uuid.uuid4().hex[:8]}", f"other-{uuid.uuid4().hex[:8]}"
     await store.create_session("tenant", busy, {})
     await store.create_session("tenant", other, {})
-    released = asyncio.Event()
+    held, released = asyncio.Event(), asyncio.Event()
 
     async def hold() -> None:  # another replica holding the session's lock
         async with holder_db.write("tenant", busy):
+            held.set()
             await released.wait()
 
     holder = asyncio.create_task(hold())
-    await asyncio.sleep(0.1)
+    await held.wait()
     waiting = [asyncio.create_task(store.append(request(busy, [text_item(f"w{n}")]))) for n in range(10)]
     await asyncio.sleep(0.2)
     started = asyncio.get_running_loop().time()

@@ -305,15 +305,19 @@ def test_the_asyncio_client_watches_too(server: ServerThread) -> None:
     async def run() -> list[str]:
         async with AsyncClient(server.target) as client:
             session = (await client.create_session()).id
-            watch = client.watch_session(session)
+            watch = client.watch_session(session, heartbeats=True)
             seen: list[str] = []
+            watching = asyncio.Event()
 
             async def read() -> None:
                 async for event in watch:
-                    seen.append(event.kind)
+                    if event.kind == "heartbeat":  # the first answer: the watch stands from now on
+                        watching.set()
+                    else:
+                        seen.append(event.kind)
 
             reading = asyncio.create_task(read())
-            await asyncio.sleep(0.5)
+            await asyncio.wait_for(watching.wait(), 20)
             await client.append_items(
                 session, [pb.Item(role=pb.ROLE_USER, content=[pb.ContentBlock(text=pb.TextBlock(text="hi"))])]
             )
