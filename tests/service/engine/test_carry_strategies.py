@@ -8,9 +8,9 @@ moves with the latest turns."""
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
-import pickle
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from functools import partial, reduce
@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contextd.engine import pipeline
+from contextd.engine import carry_pickle, pipeline
 from contextd.engine import repair as repair_module
 from contextd.engine import view as view_module
 from contextd.engine.blocks import Blocks
@@ -952,8 +952,9 @@ def test_the_index_of_outputs_resting_on_the_focus_finds_them_by_all_of_a_terms_
     """`ledger.Reach`: an output is found by a set of words when it holds all of them, whether a
     word is its own alone (held without a set) or shared; one that leaves the focus, or is asked
     about anyway (indexed again as it is), is let go of whole; what it weighs goes with it, and a
-    carry writes it empty."""
-    draft = Draft(module_reads(3), frozenset(), {})
+    carry writes it as it is."""
+    history = module_reads(3)
+    draft = Draft(history, frozenset(), {})
     a, b, c = draft.entries[3], draft.entries[5], draft.entries[7]
     words = {a.seq: {"shared", "only_a"}, b.seq: {"shared", "only_b"}, c.seq: {"shared", "x", "y"}}
     pool = {e.seq: e for e in (a, b, c)}
@@ -968,7 +969,11 @@ def test_the_index_of_outputs_resting_on_the_focus_finds_them_by_all_of_a_terms_
     assert among(everything, {"only_a"}) == {a.seq}
     assert among(everything, {"x", "y"}, {"only_b"}) == {b.seq, c.seq}
     assert among(everything, {"x", "only_a"}) == set()
-    assert reach.footprint() > 0 and pickle.loads(pickle.dumps(reach)).footprint() == 0
+    written = io.BytesIO()  # as a carry writes it, with the entries it holds
+    carry_pickle._Writer(written, COUNTER).dump((reach, pool))
+    copy = carry_pickle._Reader(io.BytesIO(written.getvalue()), history, COUNTER).load()[0]
+    assert reach.footprint() > 0 and copy.footprint() == reach.footprint()
+    assert copy.among(everything, pool, set(), lambda e: frozenset(words[e.seq]), (frozenset({"only_a"}),)) == {a.seq}
     assert among({a.seq, c.seq}, {"shared"}) == {a.seq, c.seq}  # b left the focus
     assert among({a.seq, c.seq}, {"only_b"}) == set()
     assert among({a.seq, c.seq}, {"shared"}, asked=frozenset({a.seq})) == {a.seq, c.seq}
