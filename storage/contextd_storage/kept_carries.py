@@ -122,6 +122,10 @@ def deployment_of(secret: str) -> str:
     return hashlib.pbkdf2_hmac("sha256", secret.encode(), b"contextd carries", 100_000).hex()[:16]
 
 
+_UNREADABLE = (pickle.UnpicklingError, zlib.error, AttributeError, ImportError, EOFError, ValueError, TypeError)
+"""What reading signed bytes back may raise when they are not a carry of this code."""
+
+
 def key_of(deployment: str, session_key: int) -> str:
     return f"{PREFIX}:{deployment}:{{{session_key}}}"
 
@@ -296,7 +300,7 @@ class KeptCarries:
             raise UnusableCarry("its signature does not hold (another secret, or altered)")
         try:
             return load_carry(zlib.decompress(body), items, self._counter)
-        except (pickle.UnpicklingError, zlib.error, AttributeError, ImportError, EOFError, ValueError) as exc:
+        except _UNREADABLE as exc:
             raise UnusableCarry(f"it does not read back: {exc}") from exc
 
     def _key(self, session_key: int) -> str:

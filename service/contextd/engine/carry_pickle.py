@@ -155,6 +155,9 @@ def _fields_of(kind: type) -> tuple[tuple[str, ...], Callable[[Any], Any]] | Non
     found = None
     state = (getattr(kind, "__getstate__", None), getattr(kind, "__setstate__", None))
     plain = kind.__reduce_ex__ is object.__reduce_ex__ and kind.__reduce__ is object.__reduce__  # type: ignore[comparison-overlap]
+    # (what else pickle's own way would heed: arguments for __new__, a reduction registered)
+    plain = plain and not hasattr(kind, "__getnewargs_ex__") and not hasattr(kind, "__getnewargs__")
+    plain = plain and kind not in copyreg.dispatch_table
     if None not in _DATACLASS_STATE and state == _DATACLASS_STATE and plain and "__slots__" in kind.__dict__:
         names = tuple(f.name for f in dataclasses.fields(kind))
         if names:
@@ -204,7 +207,8 @@ class _Reader(pickle.Unpickler):
         return super().find_class(module, name)
 
     def _item(self, seq: int, content_hash: str) -> Item:
-        if not 1 <= seq <= len(self._items) or self._items[seq - 1].content_hash != content_hash:
+        known = type(seq) is int and 1 <= seq <= len(self._items)
+        if not known or self._items[seq - 1].content_hash != content_hash:
             raise UnusableCarry(f"item {seq} is not in the history as the carry was written")
         return self._items[seq - 1]
 

@@ -4,6 +4,7 @@ were, the history's items by reference."""
 
 from __future__ import annotations
 
+import copyreg
 import io
 import pickle
 from dataclasses import dataclass, field
@@ -75,9 +76,28 @@ def test_objects_are_read_back_as_they_were_written_not_made_again() -> None:
     assert back == made and back.made == 7  # neither __init__ nor __post_init__ ran
 
 
+@dataclass(frozen=True, slots=True)
+class Registered:
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class WithNewArgs:
+    value: int
+
+    def __getnewargs__(self) -> tuple[int]:
+        return (self.value,)
+
+
 def test_a_class_with_a_reduction_of_its_own_is_written_by_it() -> None:
     assert carry_pickle._fields_of(Reduced) is None
     assert round_trip(Reduced(2)) == Reduced(20)
+    assert carry_pickle._fields_of(WithNewArgs) is None
+    copyreg.pickle(Registered, lambda r: (Registered, (r.value + 1,)))
+    try:
+        assert carry_pickle._fields_of(Registered) is None and round_trip(Registered(1)) == Registered(2)
+    finally:
+        del copyreg.dispatch_table[Registered]
 
 
 def test_items_are_written_by_reference_and_read_back_as_the_reader_s_own() -> None:
@@ -97,3 +117,23 @@ def test_the_stand_ins_for_the_reader_s_items_and_counter_read_nothing_elsewhere
     carry_pickle._Writer(written, COUNTER).dump(COUNTER)
     with pytest.raises(UnusableCarry):
         pickle.loads(written.getvalue())  # a plain unpickler: no counter of its own to give
+
+
+class BadReference(pickle.Pickler):
+    """Writes each `Node` as a reference to an item with `args` (a writer gone wrong)."""
+
+    def __init__(self, out: io.BytesIO, args: tuple[object, ...]) -> None:
+        super().__init__(out, protocol=pickle.HIGHEST_PROTOCOL)
+        self.args = args
+
+    def reducer_override(self, obj: Any) -> Any:
+        return (carry_pickle._item, self.args) if type(obj) is Node else NotImplemented
+
+
+def test_a_reference_to_an_item_that_is_not_a_seq_and_a_hash_is_refused() -> None:
+    mine = [text_item("one", seq=1)]
+    for args in (("1", mine[0].content_hash), (1, 2), (True, mine[0].content_hash)):
+        written = io.BytesIO()
+        BadReference(written, args).dump([Node("ref")])
+        with pytest.raises(UnusableCarry):
+            carry_pickle._Reader(io.BytesIO(written.getvalue()), mine, COUNTER).load()
