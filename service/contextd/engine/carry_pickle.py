@@ -13,7 +13,7 @@ Why a pickle rather than a codec written here: the carry is dozens of the engine
 for and kept in step with; pickle writes them as they are, keeps the objects they share
 shared, and is C code on both sides. The price is that a carry is this code's only.
 
-Two things the default ways cost most of the time at 10,000 items, and are done otherwise
+Two of pickle's default ways took most of the time at 10,000 items, and are done otherwise
 here (`_Writer.reducer_override`): a `persistent_id` hook, which pickle calls for each of the
 1.5 million objects written (ints and strings too), where a reducer is asked about the others
 only (about 100,000); and the frozen slotted dataclasses' own state methods, which list their
@@ -146,8 +146,9 @@ _FIELDS: dict[type, tuple[tuple[str, ...], Callable[[Any], Any]] | None] = {}
 
 
 def _fields_of(kind: type) -> tuple[tuple[str, ...], Callable[[Any], Any]] | None:
-    """The names of the fields of a slotted dataclass whose state is its fields (as pickle
-    would write it), with a getter of their values; None for any other class."""
+    """The names of the fields of a frozen slotted dataclass whose state is its fields (the
+    state methods `dataclass` gives such a class, and nothing else pickle would heed), with a
+    getter of their values; None for any other class."""
     try:
         return _FIELDS[kind]
     except KeyError:
@@ -167,7 +168,8 @@ def _fields_of(kind: type) -> tuple[tuple[str, ...], Callable[[Any], Any]] | Non
 
 
 def _set_fields(obj: object, values: tuple[object, ...]) -> None:
-    """What `dataclass(slots=True)`'s `__setstate__` does, by the names listed once a class."""
+    """What `dataclass(frozen=True, slots=True)`'s `__setstate__` does, by the names listed once
+    a class."""
     fields = _fields_of(type(obj))
     if fields is None or len(fields[0]) != len(values):
         raise UnusableCarry(f"{type(obj).__name__} is not a slotted dataclass of these fields here")

@@ -81,10 +81,9 @@ class Reach:
     """The seqs of a rule's entries resting on the focus by their handles (`Concerned.handles`),
     kept with its ledgers from render to render and brought up to date at each (`among`): a
     change to the focus is looked for where it may reach, not over every output resting on it.
-    A carry is written with it (carry_pickle.py): built again, it cost the renders after a
-    carry was read back what their proposals cost without it (11.5 → 6.5 ms at 10,000 items of
-    bench/scale.py's mixed workload, the first render after one is read back with the memos
-    empty, against 0.06 MB more of a 9.5 MB carry)."""
+    A carry is written with it: built again after a read back, it cost the first renders there
+    (at 10,000 items of bench/scale.py's mixed workload, the memos empty, the first render after
+    a read back 11.5 ms, 6.5 with it; it is 0.06 MB of a 9.5 MB carry)."""
 
     __slots__ = ("_anything", "_by_handle", "_entries", "_pairs")
 
