@@ -3,6 +3,7 @@
     python bench/scale.py [--sizes 1000,10000] [--workload unprunable|modules|mixed|sliding] [--repeat 20]
                           [--backend sqlite|postgres] [--postgres-url URL] [--parts engine,service]
                           [--budget-tokens N] [--format openai_chat|anthropic_messages|...] [--back-to-back]
+                          [--redis-url URL] [--restarts N]
 
 The session is a coding agent's tool calls whose outputs the default policy can remove
 nothing of (`unprunable`: reads of different files, every output its own, 60 lines of
@@ -34,7 +35,8 @@ is measured in processes of its own:
   (it reads the carries kept most recently before it serves, `--carry-warm-seconds`); *new to
   the session, from the kept carry*, the first render of the first replica started again with
   `--carry-warm-seconds 0` (it reads the session's carry at its first render); *cold response*,
-  the size of the cold render's response.
+  the size of the cold render's response. Each restart's first render is a single render, of
+  whichever item came; `--restarts N` restarts each kind N times and reports the median.
 
 `--budget-tokens N`: every render, the engine's and the service's, asks for that budget (a
 session over it offloads its oldest turns to placeholders, and the first render decides about
@@ -234,7 +236,15 @@ def engine(n_items: int, workload: str, repeat: int, budget: int, fmt: str, back
 
 
 def service(
-    n_items: int, workload: str, repeat: int, database: str, folder: Path, budget: int, fmt: str, redis_url: str = ""
+    n_items: int,
+    workload: str,
+    repeat: int,
+    database: str,
+    folder: Path,
+    budget: int,
+    fmt: str,
+    redis_url: str = "",
+    restarts: int = 1,
 ) -> dict[str, float]:
     import grpc
 
@@ -251,7 +261,7 @@ def service(
 
     flags = ("--database-url", database, "--no-migrate-on-start", "--max-message-bytes", str(1 << 30))
     options = [("grpc.max_receive_message_length", 1 << 30)]
-    messages = tool_calls(n_items + 2 * repeat + 3, workload)
+    messages = tool_calls(n_items + 2 * repeat + 3 * restarts, workload)
     following = iter(messages[n_items:])  # appended one at a time: a call, then its output, ...
     results: dict[str, float] = {}
 
@@ -295,14 +305,18 @@ def service(
             clients[replica].append_openai(session_id, [next(following)])
             return timed(channels[replica][1], request)
 
-        results["restart_ms"] = restart(0)  # without kept carries: it derives the session again
+        # Each restart's first render is one render, of whichever item came: the median of
+        # `restarts` of them is what compares with the median of the renders after an append.
+        # Without kept carries: it derives the session again.
+        results["restart_ms"] = statistics.median(restart(0) for _ in range(restarts))
         if kept:
             # The other replica stops (keeping its carry) and starts again: it reads the carry back
             # before it serves, and its first render resumes from it.
-            results["warm_ms"] = restart(1, *kept)
+            results["warm_ms"] = statistics.median(restart(1, *kept) for _ in range(restarts))
             # The first replica starts again with kept carries, reading none as it starts: its first
-            # render reads the session's (the one the other kept as it stopped) and catches it up.
-            results["kept_ms"] = restart(0, *kept, "--carry-warm-seconds", "0")
+            # render reads the session's (the one kept as the last replica to render it stopped).
+            warm_none = ("--carry-warm-seconds", "0")
+            results["kept_ms"] = statistics.median(restart(0, *kept, *warm_none) for _ in range(restarts))
     finally:
         for channel, _ in channels:
             channel.close()
@@ -337,6 +351,12 @@ def main() -> int:
         help="the engine's renders after an append follow one another, with no render from the state alone "
         "between them (which leaves the processor's caches cold for the next, as other sessions' renders "
         "do in a shared process); the column without the carry is not measured",
+    )
+    parser.add_argument(
+        "--restarts",
+        type=int,
+        default=1,
+        help="the service's restarts of each kind, the median of their first renders reported",
     )
     parser.add_argument("--engine-child", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -375,6 +395,7 @@ def main() -> int:
                     args.budget_tokens,
                     args.format,
                     args.redis_url,
+                    args.restarts,
                 )
                 row |= {f"service {k}": v for k, v in measured.items()}
         rows[n] = row
