@@ -209,7 +209,7 @@ async def test_a_held_carry_waiting_behind_others_is_given_up_to_the_render_that
         await asyncio.sleep(0.01)
     started = time.monotonic()
     await carries.settled(3)
-    assert time.monotonic() - started < 0.1  # given up: its render takes it over at once
+    assert time.monotonic() - started < 0.25  # given up at once (waiting: behind 0.3 s writes)
     await carries.settled(1)  # being written: waited for
     await written_all(carries)
     assert carries.stats.kept == 2 and carries.stats.dropped == 1
