@@ -60,7 +60,8 @@ def render_response(view: View, certificates: Sequence[Certificate]) -> Encoded:
     texts, items = view.message_parts, view.items
     # The messages' JSON array, a block of messages at a time: encoded once, as the next
     # render resumes this one (the same strings at the same places but for the last few).
-    blocks = (tuple(texts[start : start + BLOCK]) for start in range(0, len(texts), BLOCK))  # (`Blocks`': as held)
+    # A slice of the engine's `Blocks` at a block's bounds is the tuple it holds: the object remembered.
+    blocks = (tuple(texts[start : start + BLOCK]) for start in range(0, len(texts), BLOCK))
     messages = [b"[", *_joined(blocks), b"]"]
     parts = [
         head.SerializeToString(),
