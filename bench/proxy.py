@@ -59,7 +59,7 @@ from typing import Any
 import httpx2
 
 from common import cpu_seconds, percentile
-from contextd_lab.service import ServerProcess
+from contextd_lab.service import ServerProcess, child_environment
 
 HERE = Path(__file__).resolve()
 SESSION_HEADER = "x-contextd-session"
@@ -362,6 +362,7 @@ class Child:
         self.process = subprocess.Popen(
             command,
             cwd=cwd,
+            env=child_environment(),
             stdout=subprocess.PIPE if stream == "stdout" else subprocess.DEVNULL,
             stderr=subprocess.PIPE if stream == "stderr" else None,
             text=True,

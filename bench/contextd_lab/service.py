@@ -14,6 +14,17 @@ from pathlib import Path
 SERVING = re.compile(r"contextd serving on [^:]+:(\d+)")
 
 
+def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a child started in another folder, with `extra`: the
+    relative entries of PYTHONPATH (an empty one too) made absolute against this process's
+    folder. Left relative, they name nothing in the child's folder and it imports the installed
+    package instead: a benchmark run in each of two checkouts to compare them ran one code twice."""
+    env = {**os.environ, **(extra or {})}
+    if env.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(entry) for entry in env["PYTHONPATH"].split(os.pathsep))
+    return env
+
+
 class ServerProcess:
     def __init__(self, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
         """`contextd serve` on a free loopback port, with `args` (flags) in `cwd`."""
@@ -21,7 +32,7 @@ class ServerProcess:
         self.process = subprocess.Popen(
             command,
             cwd=cwd,
-            env={**os.environ, **(env or {})},
+            env=child_environment(env),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
