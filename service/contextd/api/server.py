@@ -120,6 +120,12 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     set_memo_bytes(settings.memo_bytes)
     store = HistoryStore(db, ItemCache(settings.session_cache_bytes // 2))
     counter, registry = TiktokenCounter(), TransformRegistry.default()
+    # Every append counts tokens. The encoding (0.15 s of CPU) is built on a thread while the
+    # rest starts, and the service says SERVING once it is built: built after, it held up the
+    # first append after a restart by about 130 ms (bench/startup.py). (The policy checker,
+    # which only a session's own policy needs, is left for its first use: loading it as the
+    # server starts slowed the first appends and renders more than it saved such a session.)
+    encoding = asyncio.get_running_loop().run_in_executor(None, counter.warm)
     stash: Stash = (
         RedisStash.from_url(
             settings.redis_url,
@@ -237,6 +243,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
         await warm_start(
             views, settings.carry_warm_seconds, share_of(settings.render_share), lambda c: remember_view(*c.shown())
         )
+    await encoding
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     if settings.render_worker:
@@ -281,11 +288,6 @@ async def serve(settings: Settings) -> bool:
     if provider is not None:
         instrument_storage(running.db.engine)
 
-    # Start-up leaves the tokenizer out to be SERVING sooner (0.15 s of CPU); every append
-    # needs it, so it is built now, off the loop. (The policy checker, which only a session's
-    # own policy needs, is left for its first use: loading it here too slowed the first
-    # appends and renders more than it saved the first such session.)
-    threading.Thread(target=TiktokenCounter().warm, name="contextd-warm", daemon=True).start()
     interpreter.tune()  # renders on threads must not stall the loop through the GC (interpreter.py)
     collecting = asyncio.create_task(interpreter.maintain())
     loop = asyncio.get_running_loop()
