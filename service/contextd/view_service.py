@@ -169,7 +169,13 @@ class ViewService:
             # Another replica rendered since this one's last render: its carry, caught up.
             earlier = self._states.carry(key, stored.since) if stored.since is not None else None
             started = time.perf_counter()
-            out, change_json, carry_bytes, resumed = await self._run(_render, render_input, earlier, stored.changes)
+            # A caller that gives up while the engine works (its deadline passes) leaves the
+            # render to go on: the work is done whatever it does (a thread cannot be stopped),
+            # and stored, it spares the session's next render deriving it again (its carry was
+            # taken by this render, resumed in place). It ends as cancelled once stored.
+            (out, change_json, carry_bytes, resumed), abandoned = await self._finish(
+                _render, render_input, earlier, stored.changes
+            )
             if self.carries is not None:
                 self.carries.rendered(key, resumed)
             spent = time.perf_counter() - started
@@ -240,7 +246,10 @@ class ViewService:
             cache_breakpoint_seq=view.cache_breakpoint_seq,
             warnings=",".join(sorted({w.code for w in view.warnings})),
             volatile_content=sum(w.code == "VOLATILE_CONTENT" for w in view.warnings),
+            abandoned=abandoned,
         )
+        if abandoned:
+            raise asyncio.CancelledError
         return result
 
     async def _resume_kept(self, key: int, items: Sequence[Item]) -> Carry | None:
@@ -319,6 +328,12 @@ class ViewService:
         if self.workers is None:
             return fn(*args, **kwargs)
         return await self.workers.run(fn, *args, **kwargs)
+
+    async def _finish(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> tuple[R, bool]:
+        """`_run`, and whether the caller was cancelled meanwhile (`RenderWorkers.finish`)."""
+        if self.workers is None:
+            return fn(*args, **kwargs), False
+        return await self.workers.finish(fn, *args, **kwargs)
 
     async def report_usage(self, tenant: str, session_id: str, view_version: int, usage: views.ReportedUsage) -> bool:
         """Record what the provider billed for the call made with render `view_version`, beside
