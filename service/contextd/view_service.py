@@ -179,6 +179,8 @@ class ViewService:
             if self.carries is not None:
                 self.carries.rendered(key, resumed)
             spent = time.perf_counter() - started
+            # An operator's render, a dry run and a render its caller gave up on send no model anything.
+            model_call = not (dry_run or force or abandoned)
             stamp = Stamp(out.state.view_version, request.format.value, policy.version)
             stored_bytes = 0
             if dry_run:
@@ -188,14 +190,12 @@ class ViewService:
                 await views.forget_proposals(conn, out.decided_proposals)
                 await views.append_mutations(conn, key, out.durable)
                 copy = await self._run(state_to_json, out.state) if stored.copy_due(len(change_json)) else None
-                call = (  # an operator's render is no model call
-                    None
-                    if force
-                    else views.CallRecord(
-                        out.state.view_version, request.format.value, out.view.total_tokens, out.predicted
-                    )
+                call = (
+                    views.CallRecord(out.state.view_version, request.format.value, out.view.total_tokens, out.predicted)
+                    if model_call
+                    else None
                 )
-                told = _render_events(tenant, session, request, out, certificates, state, force)
+                told = _render_events(tenant, session, request, out, certificates, state, model_call)
                 await views.save_render(conn, key, stored, change_json, copy, call, told)
                 stored_bytes = stored.bytes_after(change_json, copy)
             shown = replace(out.view, retracted_items=len(retracted(render_input.durable)))
@@ -217,7 +217,6 @@ class ViewService:
             if pruned and self.on_pruned is not None:
                 await self.on_pruned(tenant, key, pruned)
         view = out.view
-        model_call = not (dry_run or force)  # an operator's render and a dry run send no model anything
         fmt = request.format.value
         costs = (
             call_costs(state.renders.get(fmt), out.state.renders[fmt], out.predicted, policy.cache)
@@ -521,7 +520,7 @@ def _render_events(
     out: RenderOutput,
     certificates: Sequence[Certificate],
     before: ViewState,
-    force: bool,
+    model_call: bool,
 ) -> list[NewEvent]:
     """What a committed render tells watchers: the view it made, its decisions, and the
     deferred edits it applied (edits that were waiting before it and are in force after)."""
@@ -534,7 +533,7 @@ def _render_events(
         "tokens_removed": sum(c.body.net_tokens_removed for c in certificates),
         "budget_tokens": request.budget_tokens,
         "over_budget": view.over_budget,
-        "model_call": not force,
+        "model_call": model_call,
     }
     found = [NewEvent(tenant, session.id, "view_rendered", rendered)]
     if certificates:

@@ -1,6 +1,6 @@
 """A render whose caller gave up while the engine worked (its deadline passed, the call was
 cancelled) is kept: the work, which a render thread cannot stop, is stored as any render's,
-and the next render resumes from it instead of deriving the session again."""
+and the next render resumes from it instead of deriving the session again. It is no model call."""
 
 from __future__ import annotations
 
@@ -36,3 +36,5 @@ def test_a_render_its_caller_gave_up_on_is_stored_and_the_next_resumes_from_it(
     client.append_openai(session_id, [{"role": "user", "content": "Now run the tests."}])
     view = client.render_view(session_id, ViewFormat.OPENAI_CHAT)  # after the first (the session's lock)
     assert (view.view_version, resumed) == (2, [False, True])
+    # No model is called with the view its caller never got: one render of the two is a call.
+    assert client.get_status(session_id).usage.renders == 1
