@@ -4,7 +4,7 @@ it serves (`--carry-warm-seconds`).
 In a rolling restart each new replica takes the place of one that, as it stopped, kept in Redis
 the carries of the sessions it held (kept_carries.py). Without this, the first render of each of
 those sessions on any replica reads the history and the carry, at a cost that grows with the
-session (0.5 s at 10,000 items, docs/benchmarks.md); with it, the replica does that for the
+session (about 0.4 s at 10,000 items, docs/benchmarks.md); with it, the replica does that for the
 sessions most recently used before its service's health says SERVING (the process's own, service
 "", answers at once), and their first renders cost what a render after one append does. The
 process serves calls meanwhile (a render of a session being read waits for that read alone,
