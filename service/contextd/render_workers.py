@@ -152,23 +152,5 @@ class RenderWorkers:
             await asyncio.wait([work])
             raise
 
-    async def finish(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> tuple[R, bool]:
-        """`fn(*args, **kwargs)` as `run` runs it, and whether the caller was cancelled while it
-        ran: then the work, finished all the same, is returned instead of thrown away, with the
-        cancellation withdrawn, for the caller to keep what it did and end as cancelled after
-        (a work that failed ends the caller as cancelled at once)."""
-        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-        work = asyncio.get_running_loop().run_in_executor(self._pool, call)
-        try:
-            return await asyncio.shield(work), False
-        except asyncio.CancelledError:
-            await asyncio.wait([work])
-            if work.cancelled() or work.exception() is not None:
-                raise
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
-        return work.result(), True
-
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

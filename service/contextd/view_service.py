@@ -6,6 +6,7 @@ proposals, the certificate log, explanations). Nothing here knows gRPC.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -37,6 +38,8 @@ from contextd_storage.events import NewEvent
 from contextd_storage.history import HistoryStore
 from contextd_storage.state_cache import MEMORY_PER_STORED_BYTE, StateCache
 
+log = logging.getLogger("contextd.views")
+
 if TYPE_CHECKING:
     from contextd_storage.kept_carries import KeptCarries
 
@@ -56,6 +59,15 @@ class RenderResult:
     view: View
     certificates: list[Certificate]
     """The decisions of this render, numbered and chained (a dry run numbers none: 0)."""
+
+
+@dataclass(slots=True)
+class _Progress:
+    """Where a render is, for its caller to decide what its cancellation does (`ViewService.render`)."""
+
+    engine_started: bool = False
+    abandoned: bool = False
+    """The caller gave up once the engine had started: the render is stored, as no model call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +115,8 @@ class ViewService:
         self.carries = carries
         """Where the renders' carries are kept for other replicas and restarts (None: nowhere)."""
         self._warming: dict[tuple[str, str], asyncio.Event] = {}
+        self._abandoned: set[asyncio.Task[RenderResult]] = set()
+        """Renders whose callers gave up while the engine worked, still storing what they did."""
         """Sessions (tenant, id) whose kept carries `warm` is reading: a render of one waits for it."""
 
     async def policy_of(self, session: Session) -> Policy:
@@ -132,10 +146,56 @@ class ViewService:
         service has them, so the event loop goes on serving other calls.
         `check` sees the result before the transaction commits, on that thread
         too; if it raises (the response would be too large to send), nothing
-        is stored.
+        is stored. A caller cancelled (its deadline passed) once the engine has
+        started ends at once, and the render is stored all the same, as no
+        model call and without `check`.
         """
         check_session_id(session_id)
         tools = _tools(tools_json)
+        progress = _Progress()
+        work = asyncio.create_task(self._render(tenant, session_id, request, tools, force, dry_run, check, progress))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if not progress.engine_started:
+                work.cancel()  # nothing of the session taken yet: the render ends at its next wait
+                raise
+        # The caller gave up (its deadline passed) while the engine worked, which a render thread
+        # cannot stop. The render goes on to store what it worked out, as any render's: its carry,
+        # taken by the engine and resumed in place, spares the session's next render deriving it
+        # again. It sends no model anything; a server stopping waits for it (`abandoned_stored`).
+        progress.abandoned = True
+        self._abandoned.add(work)
+        work.add_done_callback(self._stored)
+        raise asyncio.CancelledError
+
+    def _stored(self, work: asyncio.Task[RenderResult]) -> None:
+        """An abandoned render's end: what went wrong is logged, there being no caller to tell."""
+        self._abandoned.discard(work)
+        if not work.cancelled() and (exc := work.exception()) is not None:
+            log.warning("a render whose caller gave up was not stored: %r", exc)
+
+    async def abandoned_stored(self, seconds: float) -> None:
+        """Wait up to `seconds` for the renders whose callers gave up to be stored (a server
+        stopping, before it closes what they store with), then cancel those still at work (one
+        on its render thread ends with it: the process's exit does not wait for that)."""
+        if not self._abandoned:
+            return
+        _, late = await asyncio.wait(set(self._abandoned), timeout=max(seconds, 0.0))
+        for task in late:
+            task.cancel()
+
+    async def _render(
+        self,
+        tenant: str,
+        session_id: str,
+        request: ViewRequest,
+        tools: tuple[dict[str, Any], ...],
+        force: bool,
+        dry_run: bool,
+        check: Callable[[RenderResult], None] | None,
+        progress: _Progress,
+    ) -> RenderResult:
         if (warming := self._warming.get((tenant, session_id))) is not None:
             await warming.wait()  # its kept carry is being read as the process starts (before its lock)
         async with self._slot(tenant), self.store.db.write(tenant, session_id) as conn:
@@ -169,18 +229,12 @@ class ViewService:
             # Another replica rendered since this one's last render: its carry, caught up.
             earlier = self._states.carry(key, stored.since) if stored.since is not None else None
             started = time.perf_counter()
-            # A caller that gives up while the engine works (its deadline passes) leaves the
-            # render to go on: the work is done whatever it does (a thread cannot be stopped),
-            # and stored, it spares the session's next render deriving it again (its carry was
-            # taken by this render, resumed in place). It ends as cancelled once stored.
-            (out, change_json, carry_bytes, resumed), abandoned = await self._finish(
-                _render, render_input, earlier, stored.changes
-            )
+            progress.engine_started = True
+            out, change_json, carry_bytes, resumed = await self._run(_render, render_input, earlier, stored.changes)
             if self.carries is not None:
                 self.carries.rendered(key, resumed)
             spent = time.perf_counter() - started
-            # An operator's render, a dry run and a render its caller gave up on send no model anything.
-            model_call = not (dry_run or force or abandoned)
+            model_call = not (dry_run or force)  # an operator's render and a dry run send no model anything
             stamp = Stamp(out.state.view_version, request.format.value, policy.version)
             stored_bytes = 0
             if dry_run:
@@ -190,6 +244,7 @@ class ViewService:
                 await views.forget_proposals(conn, out.decided_proposals)
                 await views.append_mutations(conn, key, out.durable)
                 copy = await self._run(state_to_json, out.state) if stored.copy_due(len(change_json)) else None
+                model_call = model_call and not progress.abandoned  # nor one whose caller has given up
                 call = (
                     views.CallRecord(out.state.view_version, request.format.value, out.view.total_tokens, out.predicted)
                     if model_call
@@ -200,7 +255,7 @@ class ViewService:
                 stored_bytes = stored.bytes_after(change_json, copy)
             shown = replace(out.view, retracted_items=len(retracted(render_input.durable)))
             result = RenderResult(shown, certificates)
-            if check is not None:
+            if check is not None and not progress.abandoned:  # (a limit on what is sent)
                 await self._run(check, result)
         if not dry_run:
             in_memory = int(MEMORY_PER_STORED_BYTE * stored_bytes)
@@ -245,10 +300,8 @@ class ViewService:
             cache_breakpoint_seq=view.cache_breakpoint_seq,
             warnings=",".join(sorted({w.code for w in view.warnings})),
             volatile_content=sum(w.code == "VOLATILE_CONTENT" for w in view.warnings),
-            abandoned=abandoned,
+            abandoned=progress.abandoned,
         )
-        if abandoned:
-            raise asyncio.CancelledError
         return result
 
     async def _resume_kept(self, key: int, items: Sequence[Item]) -> Carry | None:
@@ -327,12 +380,6 @@ class ViewService:
         if self.workers is None:
             return fn(*args, **kwargs)
         return await self.workers.run(fn, *args, **kwargs)
-
-    async def _finish(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> tuple[R, bool]:
-        """`_run`, and whether the caller was cancelled meanwhile (`RenderWorkers.finish`)."""
-        if self.workers is None:
-            return fn(*args, **kwargs), False
-        return await self.workers.finish(fn, *args, **kwargs)
 
     async def report_usage(self, tenant: str, session_id: str, view_version: int, usage: views.ReportedUsage) -> bool:
         """Record what the provider billed for the call made with render `view_version`, beside

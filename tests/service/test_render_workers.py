@@ -128,34 +128,3 @@ async def test_a_cancelled_call_keeps_its_slot_until_its_thread_is_done() -> Non
         assert workers.slots.in_use == 0
     finally:
         workers.close()
-
-
-async def test_a_call_cancelled_while_its_thread_works_may_keep_the_work_and_end_cancelled_after() -> None:
-    workers = RenderWorkers(threads=1, wait_seconds=5)
-    kept: list[object] = []
-    try:
-
-        def render(fails: bool) -> str:
-            _spin(0.3)
-            if fails:
-                raise ValueError("the render failed")
-            return "the view"
-
-        async def call(fails: bool) -> None:
-            async with workers.slot("a"):
-                done, cancelled = await workers.finish(render, fails)
-                await asyncio.sleep(0.01)  # storing it: the cancellation was withdrawn
-                kept.append((done, cancelled, asyncio.current_task().cancelling()))  # type: ignore[union-attr]
-            raise asyncio.CancelledError
-
-        for fails in (False, True):
-            task = asyncio.create_task(call(fails))
-            await asyncio.sleep(0.05)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            assert workers.slots.in_use == 0
-        assert kept == [("the view", True, 0)]  # a failed work is not kept: the call ends cancelled at once
-        assert await workers.finish(render, False) == ("the view", False)
-    finally:
-        workers.close()

@@ -80,12 +80,16 @@ class RunningServer:
     renders: RenderProcesses | None = None
     states: StateCache | None = None
     carries: KeptCarries | None = None
+    views: ViewService | None = None
 
     async def stop(self, grace: float) -> None:
         started = time.monotonic()
         await self.health.enter_graceful_shutdown()
         await self.feed.close()  # watches end now (SERVER_STOPPING) and resume elsewhere, not at the grace's end
         await self.server.stop(grace)  # renders in flight on the render processes finish first
+        if self.views is not None:
+            # Renders whose callers gave up (gRPC counts them done) store what they worked out.
+            await self.views.abandoned_stored(grace - (time.monotonic() - started))
         if self.renders is not None:
             await self.renders.close(grace)
         if self.carries is not None and self.states is not None:
@@ -246,9 +250,12 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     await encoding
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    if settings.render_worker:
+    running = RunningServer(
+        server, health_servicer, db, port, stash, workers, admission, feed, renders, states, carries, views
+    )
+    if settings.render_worker:  # (which starts no render processes of its own)
         log.info("serving the renders of its parent on %s (database: %s)", settings.listen, db.dialect)
-        return RunningServer(server, health_servicer, db, port, stash, workers, admission, feed, None, states, carries)
+        return running
     host = settings.listen.rsplit(":", 1)[0]
     security = "mutual TLS" if settings.tls_client_ca else "TLS" if settings.tls_cert else "plaintext"
     log.info(
@@ -261,7 +268,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     )
     if settings.api_keys and not settings.tls_cert and host not in ("127.0.0.1", "localhost", "[::1]"):
         log.warning("API keys travel in plaintext: serve TLS (--tls-cert, --tls-key) or terminate TLS in front")
-    return RunningServer(server, health_servicer, db, port, stash, workers, admission, feed, renders, states, carries)
+    return running
 
 
 async def serve(settings: Settings) -> bool:

@@ -1,40 +1,115 @@
-"""A render whose caller gave up while the engine worked (its deadline passed, the call was
-cancelled) is kept: the work, which a render thread cannot stop, is stored as any render's,
-and the next render resumes from it instead of deriving the session again. It is no model call."""
+"""A render whose caller gave up once the engine had started (its deadline passed, the call was
+cancelled) is kept: the work, which a render thread cannot stop, is stored as any render's, and
+the next render resumes from it instead of deriving the session again. It is no model call, and
+a server that stops waits for it to be stored."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from contextd import view_service
 from contextd_client import Client, DeadlineExceeded, RetryPolicy, ViewFormat
+from contextd_storage import views
 from tests.conftest import ServerThread
+from tests.conftest import test_settings as settings_for
 from tests.service.api.test_view_engine import conversation
 
 
-def test_a_render_its_caller_gave_up_on_is_stored_and_the_next_resumes_from_it(
-    server: ServerThread, client: Client, session_id: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    conversation(client, session_id)
+def resumed_by_renders(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each render from here on resumed from a carry (else it derived the session)."""
     engine = view_service._render
     resumed: list[bool] = []
 
-    def outlasting_the_first_caller(*args: Any) -> Any:
-        if not resumed:
-            time.sleep(1.0)  # on the render thread: the caller's deadline passes meanwhile
+    def spied(*args: Any) -> Any:
         done = engine(*args)
         resumed.append(done[3])
         return done
 
-    monkeypatch.setattr(view_service, "_render", outlasting_the_first_caller)
-    hasty = Client(server.target, timeout=0.3, retry=RetryPolicy(max_attempts=1))
+    monkeypatch.setattr(view_service, "_render", spied)
+    return resumed
+
+
+def slowed_once(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> None:
+    """`owner.name` sleeps 1.5 s at its first call (on a render thread: nothing stops it; in
+    the render's transaction: past the caller's deadline, `given_up`)."""
+    slow: Callable[..., Any] = getattr(owner, name)
+    calls: list[int] = []
+
+    def first_slow(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(1.5)
+        return slow(*args, **kwargs)
+
+    async def first_slow_async(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            await asyncio.sleep(1.5)
+        return await slow(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, first_slow_async if inspect.iscoroutinefunction(slow) else first_slow)
+
+
+def given_up(target: str, session_id: str) -> None:
+    # 0.5 s: time enough for the render to start its engine first on a busy machine.
+    hasty = Client(target, timeout=0.5, retry=RetryPolicy(max_attempts=1))
     with hasty, pytest.raises(DeadlineExceeded):
         hasty.render_view(session_id, ViewFormat.OPENAI_CHAT)
+
+
+@pytest.mark.parametrize(
+    ("slowed", "model_calls"),
+    [
+        ("the engine", 1),
+        ("its certificates", 1),  # given up before its model call was recorded: none is
+        ("its commit", None),  # given up after its call was recorded (or before, on a slow machine)
+    ],
+)
+def test_a_render_its_caller_gave_up_on_is_stored_and_the_next_resumes_from_it(
+    server: ServerThread,
+    client: Client,
+    session_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+    slowed: str,
+    model_calls: int | None,
+) -> None:
+    conversation(client, session_id)
+    resumed = resumed_by_renders(monkeypatch)
+    owner, name = {
+        "the engine": (view_service, "_render"),
+        "its certificates": (view_service.certificate_log, "append_certificates"),
+        "its commit": (views, "save_render"),
+    }[slowed]
+    slowed_once(monkeypatch, owner, name)
+    given_up(server.target, session_id)
     client.append_openai(session_id, [{"role": "user", "content": "Now run the tests."}])
     view = client.render_view(session_id, ViewFormat.OPENAI_CHAT)  # after the first (the session's lock)
     assert (view.view_version, resumed) == (2, [False, True])
-    # No model is called with the view its caller never got: one render of the two is a call.
-    assert client.get_status(session_id).usage.renders == 1
+    if model_calls is not None:
+        assert client.get_status(session_id).usage.renders == model_calls
+
+
+def test_a_server_stopping_waits_for_an_abandoned_render_to_be_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'stopping.db'}"
+    first = ServerThread(settings_for(url, migrate_on_start=True)).start()
+    with Client(first.target, timeout=15) as client:
+        session_id = client.create_session().id
+        conversation(client, session_id)
+    slowed_once(monkeypatch, view_service, "_render")
+    given_up(first.target, session_id)
+    first.stop(grace=10)  # at once: the call was over; the render still works on its thread
+    second = ServerThread(settings_for(url)).start()
+    try:
+        with Client(second.target, timeout=15) as client:
+            assert client.render_view(session_id, ViewFormat.OPENAI_CHAT).view_version == 2
+    finally:
+        second.stop()
