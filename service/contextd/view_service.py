@@ -6,6 +6,7 @@ proposals, the certificate log, explanations). Nothing here knows gRPC.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -66,8 +67,9 @@ class _Progress:
     """Where a render is, for its caller to decide what its cancellation does (`ViewService.render`)."""
 
     engine_started: bool = False
-    abandoned: bool = False
-    """The caller gave up once the engine had started: the render is stored, as no model call."""
+    gave_up: bool = False
+    """The caller was cancelled: before the engine started, the render ends there; after, it is
+    stored, as no model call unless its call was recorded already."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +117,9 @@ class ViewService:
         self.carries = carries
         """Where the renders' carries are kept for other replicas and restarts (None: nowhere)."""
         self._warming: dict[tuple[str, str], asyncio.Event] = {}
-        self._abandoned: set[asyncio.Task[RenderResult]] = set()
-        """Renders whose callers gave up while the engine worked, still storing what they did."""
         """Sessions (tenant, id) whose kept carries `warm` is reading: a render of one waits for it."""
+        self._renders: set[asyncio.Task[RenderResult]] = set()
+        """The renders under way (a render runs as a task of its own: `render`)."""
 
     async def policy_of(self, session: Session) -> Policy:
         """The session's parsed policy, parsed once per version (a large document off the loop)."""
@@ -154,34 +156,40 @@ class ViewService:
         tools = _tools(tools_json)
         progress = _Progress()
         work = asyncio.create_task(self._render(tenant, session_id, request, tools, force, dry_run, check, progress))
+        self._renders.add(work)
+        work.add_done_callback(functools.partial(self._ended, progress))
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
-            if not progress.engine_started:
-                work.cancel()  # nothing of the session taken yet: the render ends at its next wait
+            progress.gave_up = True
+            if not progress.engine_started or self.workers is None:
+                # Nothing of the session taken yet (or no render thread: the engine runs on the
+                # loop, with nothing done that is not undone): the render ends at its next wait.
+                work.cancel()
                 raise
-        # The caller gave up (its deadline passed) while the engine worked, which a render thread
-        # cannot stop. The render goes on to store what it worked out, as any render's: its carry,
-        # taken by the engine and resumed in place, spares the session's next render deriving it
-        # again. It sends no model anything; a server stopping waits for it (`abandoned_stored`).
-        progress.abandoned = True
-        self._abandoned.add(work)
-        work.add_done_callback(self._stored)
+        # The caller gave up (its deadline passed) while a render thread worked, which nothing can
+        # stop. The render goes on to store what it worked out, as any render's: its carry, taken
+        # by the engine and resumed in place, spares the session's next render deriving it again.
+        # It sends no model anything; a server stopping waits for it (`settled`).
+        annotate(session_id=session_id, abandoned=True)  # (the call's span ends now)
         raise asyncio.CancelledError
 
-    def _stored(self, work: asyncio.Task[RenderResult]) -> None:
-        """An abandoned render's end: what went wrong is logged, there being no caller to tell."""
-        self._abandoned.discard(work)
-        if not work.cancelled() and (exc := work.exception()) is not None:
-            log.warning("a render whose caller gave up was not stored: %r", exc)
+    def _ended(self, progress: _Progress, work: asyncio.Task[RenderResult]) -> None:
+        self._renders.discard(work)
+        # What went wrong in a render whose caller gave up has no one else to tell (a caller
+        # still waiting hears of its render's errors through the shield).
+        if progress.gave_up and not work.cancelled() and (exc := work.exception()) is not None:
+            log.warning("a render whose caller gave up was not stored", exc_info=exc)
 
-    async def abandoned_stored(self, seconds: float) -> None:
-        """Wait up to `seconds` for the renders whose callers gave up to be stored (a server
-        stopping, before it closes what they store with), then cancel those still at work (one
-        on its render thread ends with it: the process's exit does not wait for that)."""
-        if not self._abandoned:
+    async def settled(self, seconds: float) -> None:
+        """Wait up to `seconds` for the renders under way to end (a server stopping: those its
+        callers gave up on store what they worked out before it closes what they store with),
+        then cancel those still at work (one on its render thread ends with it, which the
+        process's exit does not wait for)."""
+        await asyncio.sleep(0)  # (calls the stop cancelled: their renders are told so first)
+        if not self._renders:
             return
-        _, late = await asyncio.wait(set(self._abandoned), timeout=max(seconds, 0.0))
+        _, late = await asyncio.wait(set(self._renders), timeout=max(seconds, 0.0))
         for task in late:
             task.cancel()
 
@@ -229,6 +237,8 @@ class ViewService:
             # Another replica rendered since this one's last render: its carry, caught up.
             earlier = self._states.carry(key, stored.since) if stored.since is not None else None
             started = time.perf_counter()
+            if progress.gave_up:  # (a wait that took a slot as it was cancelled may not say so)
+                raise asyncio.CancelledError
             progress.engine_started = True
             out, change_json, carry_bytes, resumed = await self._run(_render, render_input, earlier, stored.changes)
             if self.carries is not None:
@@ -244,7 +254,7 @@ class ViewService:
                 await views.forget_proposals(conn, out.decided_proposals)
                 await views.append_mutations(conn, key, out.durable)
                 copy = await self._run(state_to_json, out.state) if stored.copy_due(len(change_json)) else None
-                model_call = model_call and not progress.abandoned  # nor one whose caller has given up
+                model_call = model_call and not progress.gave_up  # nor one whose caller has given up
                 call = (
                     views.CallRecord(out.state.view_version, request.format.value, out.view.total_tokens, out.predicted)
                     if model_call
@@ -255,7 +265,7 @@ class ViewService:
                 stored_bytes = stored.bytes_after(change_json, copy)
             shown = replace(out.view, retracted_items=len(retracted(render_input.durable)))
             result = RenderResult(shown, certificates)
-            if check is not None and not progress.abandoned:  # (a limit on what is sent)
+            if check is not None and not progress.gave_up:  # (a limit on what is sent)
                 await self._run(check, result)
         if not dry_run:
             in_memory = int(MEMORY_PER_STORED_BYTE * stored_bytes)
@@ -300,7 +310,7 @@ class ViewService:
             cache_breakpoint_seq=view.cache_breakpoint_seq,
             warnings=",".join(sorted({w.code for w in view.warnings})),
             volatile_content=sum(w.code == "VOLATILE_CONTENT" for w in view.warnings),
-            abandoned=progress.abandoned,
+            abandoned=progress.gave_up,
         )
         return result
 

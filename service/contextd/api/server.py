@@ -88,8 +88,9 @@ class RunningServer:
         await self.feed.close()  # watches end now (SERVER_STOPPING) and resume elsewhere, not at the grace's end
         await self.server.stop(grace)  # renders in flight on the render processes finish first
         if self.views is not None:
-            # Renders whose callers gave up (gRPC counts them done) store what they worked out.
-            await self.views.abandoned_stored(grace - (time.monotonic() - started))
+            # Renders whose callers gave up (gRPC counts those calls done, and the stop cancels
+            # the calls left at its grace's end) store what they worked out first.
+            await self.views.settled(grace - (time.monotonic() - started))
         if self.renders is not None:
             await self.renders.close(grace)
         if self.carries is not None and self.states is not None:

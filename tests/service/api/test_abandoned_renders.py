@@ -6,6 +6,7 @@ a server that stops waits for it to be stored."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 from collections.abc import Callable
@@ -15,6 +16,8 @@ from typing import Any
 import pytest
 
 from contextd import view_service
+from contextd.engine.view import ViewFormat as Format
+from contextd.engine.view import ViewRequest
 from contextd_client import Client, DeadlineExceeded, RetryPolicy, ViewFormat
 from contextd_storage import views
 from tests.conftest import ServerThread
@@ -113,3 +116,32 @@ def test_a_server_stopping_waits_for_an_abandoned_render_to_be_stored(
             assert client.render_view(session_id, ViewFormat.OPENAI_CHAT).view_version == 2
     finally:
         second.stop()
+
+
+def test_a_caller_cancelled_as_its_render_is_handed_a_slot_leaves_nothing_rendered(
+    server: ServerThread, client: Client, session_id: str
+) -> None:
+    conversation(client, session_id)
+    running = server._running
+    assert running is not None and running.views is not None and running.views.workers is not None
+    views, slots = running.views, running.views.workers.slots
+
+    async def cancelled_as_a_slot_frees() -> int:
+        held = []
+        for _ in range(slots.per_tenant):  # the tenant's every slot taken
+            stack = contextlib.AsyncExitStack()
+            await stack.enter_async_context(slots.slot("default", 5))
+            held.append(stack)
+        caller = asyncio.create_task(views.render("default", session_id, ViewRequest(Format.OPENAI_CHAT)))
+        await asyncio.sleep(0.05)  # its render waits for a slot
+        await held.pop().aclose()  # one is handed to it, and in the same turn of the loop
+        caller.cancel()  # its caller gives up (a wait handed what it waited for may not say so)
+        with contextlib.suppress(asyncio.CancelledError):
+            await caller
+        for stack in held:
+            await stack.aclose()
+        await views.settled(5)
+        return slots.in_use
+
+    assert asyncio.run_coroutine_threadsafe(cancelled_as_a_slot_frees(), server._loop).result(30) == 0
+    assert client.render_view(session_id, ViewFormat.OPENAI_CHAT).view_version == 1  # the first stored

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from contextd import view_service
 from contextd.config import Settings
 from contextd.telemetry import _exporter, instrument_storage
 from contextd_client import Client, NotFound, ViewFormat
@@ -22,6 +23,8 @@ from contextd_client.v1 import content_pb2 as pb
 from contextd_client.v1 import contextd_pb2 as api
 from contextd_client.v1 import contextd_pb2_grpc
 from tests.conftest import ServerThread
+from tests.service.api.test_abandoned_renders import given_up, slowed_once
+from tests.service.api.test_view_engine import conversation
 
 _EXPORTER = InMemorySpanExporter()
 
@@ -188,3 +191,18 @@ def test_database_statements_and_redis_commands_get_spans_of_their_own(
     statements = [s for s in finished if system(s) == "sqlite"]
     assert any(under_rpc(s) for s in statements), [s.name for s in finished]
     assert any(system(s) == "redis" for s in finished)
+
+
+def test_a_render_whose_caller_gave_up_says_so_on_the_calls_span(
+    spans: InMemorySpanExporter, server: ServerThread, client: Client, session_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conversation(client, session_id)
+    slowed_once(monkeypatch, view_service, "_render")
+    given_up(server.target, session_id)
+    render = _finished(spans, "ContextService/RenderView")
+    assert {k: v for k, v in (render.attributes or {}).items() if k.startswith("contextd.")} == {
+        "contextd.tenant": "default",
+        "contextd.session_id": session_id,
+        "contextd.abandoned": True,
+    }
+    assert client.render_view(session_id, ViewFormat.OPENAI_CHAT).view_version == 2  # (once it is stored)
