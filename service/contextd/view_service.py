@@ -170,7 +170,7 @@ class ViewService:
         # The caller gave up (its deadline passed) while a render thread worked, which nothing can
         # stop. The render goes on to store what it worked out, as any render's: its carry, taken
         # by the engine and resumed in place, spares the session's next render deriving it again.
-        # It sends no model anything; a server stopping waits for it (`settled`).
+        # It sends no model anything; a server stopping waits for it (`wait_for_renders`).
         annotate(session_id=session_id, abandoned=True)  # (the call's span ends now)
         raise asyncio.CancelledError
 
@@ -181,7 +181,7 @@ class ViewService:
         if progress.gave_up and not work.cancelled() and (exc := work.exception()) is not None:
             log.warning("a render whose caller gave up was not stored", exc_info=exc)
 
-    async def settled(self, seconds: float) -> None:
+    async def wait_for_renders(self, seconds: float) -> None:
         """Wait up to `seconds` for the renders under way to end (a server stopping: those its
         callers gave up on store what they worked out before it closes what they store with),
         then cancel those still at work (one on its render thread ends with it, which the

@@ -90,7 +90,7 @@ class RunningServer:
         if self.views is not None:
             # Renders whose callers gave up (gRPC counts those calls done, and the stop cancels
             # the calls left at its grace's end) store what they worked out first.
-            await self.views.settled(grace - (time.monotonic() - started))
+            await self.views.wait_for_renders(grace - (time.monotonic() - started))
         if self.renders is not None:
             await self.renders.close(grace)
         if self.carries is not None and self.states is not None:

@@ -140,7 +140,7 @@ def test_a_caller_cancelled_as_its_render_is_handed_a_slot_leaves_nothing_render
             await caller
         for stack in held:
             await stack.aclose()
-        await views.settled(5)
+        await views.wait_for_renders(5)
         return slots.in_use
 
     assert asyncio.run_coroutine_threadsafe(cancelled_as_a_slot_frees(), server._loop).result(30) == 0
