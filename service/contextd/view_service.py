@@ -146,10 +146,13 @@ class ViewService:
 
         The engine's work runs on a render thread (render_workers.py) when the
         service has them, so the event loop goes on serving other calls.
-        `check` sees the result before the transaction commits, on that thread
-        too; if it raises (the response would be too large to send), nothing
-        is stored. A caller cancelled (its deadline passed) once the engine has
-        started ends at once, and the render is stored all the same, as no
+        `check` sees the result before it is stored, on that thread too; if it
+        raises (the response would be too large to send), the render is stored
+        all the same, as no model call, and then that error is raised: the
+        carry the engine resumed in place is kept, so the session's next render
+        (with a budget, or refused again) costs what changed, not the whole
+        session again. A caller cancelled (its deadline passed) once the engine
+        has started ends at once, and the render is stored all the same, as no
         model call and without `check`.
         """
         check_session_id(session_id)
@@ -251,10 +254,17 @@ class ViewService:
                 certificates = [Certificate(0, body, stamp, "", "") for body in out.certificates]
             else:
                 certificates = await certificate_log.append_certificates(conn, key, out.certificates, stamp)
+            shown = replace(out.view, retracted_items=len(retracted(render_input.durable)))
+            result = RenderResult(shown, certificates)
+            refused = await self._refusal(check, result) if check is not None and not progress.gave_up else None
+            if dry_run and refused is not None:
+                raise refused
+            if not dry_run:
                 await views.forget_proposals(conn, out.decided_proposals)
                 await views.append_mutations(conn, key, out.durable)
                 copy = await self._run(state_to_json, out.state) if stored.copy_due(len(change_json)) else None
-                model_call = model_call and not progress.gave_up  # nor one whose caller has given up
+                # Nor one whose caller has given up, nor one refused: no model is sent either.
+                model_call = model_call and not progress.gave_up and refused is None
                 call = (
                     views.CallRecord(out.state.view_version, request.format.value, out.view.total_tokens, out.predicted)
                     if model_call
@@ -263,10 +273,6 @@ class ViewService:
                 told = _render_events(tenant, session, request, out, certificates, state, model_call)
                 await views.save_render(conn, key, stored, change_json, copy, call, told)
                 stored_bytes = stored.bytes_after(change_json, copy)
-            shown = replace(out.view, retracted_items=len(retracted(render_input.durable)))
-            result = RenderResult(shown, certificates)
-            if check is not None and not progress.gave_up:  # (a limit on what is sent)
-                await self._run(check, result)
         if not dry_run:
             in_memory = int(MEMORY_PER_STORED_BYTE * stored_bytes)
             self._states.put(key, out.state, out.carry, in_memory, carry_bytes)  # committed now
@@ -311,8 +317,19 @@ class ViewService:
             warnings=",".join(sorted({w.code for w in view.warnings})),
             volatile_content=sum(w.code == "VOLATILE_CONTENT" for w in view.warnings),
             abandoned=progress.gave_up,
+            refused=refused is not None,
         )
+        if refused is not None:
+            raise refused
         return result
+
+    async def _refusal(self, check: Callable[[RenderResult], None], result: RenderResult) -> Exception | None:
+        """What `check` refused `result` with (the response too large to send), or None."""
+        try:
+            await self._run(check, result)
+        except Exception as refusal:  # (the caller's to say which: the render is stored, then it is raised)
+            return refusal
+        return None
 
     async def _resume_kept(self, key: int, items: Sequence[Item]) -> Carry | None:
         """Hold the session's kept carry as if this process had made its render, unless this

@@ -128,7 +128,7 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
             return response
 
         def fits(result: RenderResult) -> None:
-            # Inside the render's transaction: a view too large to send stores nothing.
+            # A view too large to send is refused; its render is stored as no model call (ViewService.render).
             response = render_response(result.view, result.certificates)
             if len(response.data) > self.max_response_bytes:
                 raise ViewTooLarge(request.session_id, len(response.data), self.max_response_bytes)

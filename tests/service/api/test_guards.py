@@ -3,6 +3,7 @@ sees when the server itself fails."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,7 @@ from contextd_client.v1 import content_pb2 as pb
 from contextd_client.v1 import contextd_pb2 as api
 from tests import backends, conftest
 from tests.conftest import ServerThread
+from tests.service.api.test_abandoned_renders import resumed_by_renders
 
 MakeServer = Callable[..., ServerThread]
 
@@ -58,24 +60,36 @@ def test_configured_limits_are_enforced_naming_the_field(make_server: MakeServer
         assert client.get_session(sid).version == 0
 
 
-def test_a_view_larger_than_a_message_is_refused_with_the_limit_named(make_server: MakeServer) -> None:
+def test_a_view_larger_than_a_message_is_refused_with_the_limit_named(
+    make_server: MakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     server = make_server(max_message_bytes=30_000, max_item_bytes=20_000)
+    resumed = resumed_by_renders(monkeypatch)
     with Client(server.target) as client:
         sid = client.create_session().id
         client.append_items(sid, [user("a" * 15_000)])
         client.append_items(sid, [user("b" * 15_000)])
         with pytest.raises(ContextdError) as refused:
             client.render_view(sid, ViewFormat.OPENAI_CHAT)
+        client.append_items(sid, [user("c")])
+        with pytest.raises(ContextdError) as again:
+            client.render_view(sid, ViewFormat.OPENAI_CHAT)
+        model_calls = client.get_status(sid).usage.renders
     error = refused.value
     assert (error.code, error.reason) == ("RESOURCE_EXHAUSTED", "VIEW_TOO_LARGE")
     assert int(error.metadata["view_bytes"]) > 30_000 and error.metadata["max_message_bytes"] == "30000"
     assert "render with a budget or raise the limit" in error.message
-    # Refused inside the render's transaction: no view state, no certificates.
+    assert again.value.reason == "VIEW_TOO_LARGE"
+    # Each refused render is stored, as no model call: the next resumes from what it worked
+    # out (the carry its engine took), instead of deriving the whole session again.
+    assert resumed == [False, True] and model_calls == 0
     conn = sqlite3.connect(server.settings.database_url.removeprefix("sqlite+aiosqlite:///"))
     try:
-        assert conn.execute("SELECT count(*) FROM view_states").fetchone() == (0,)
+        assert conn.execute("SELECT view_version FROM view_states").fetchall() == [(2,)]
+        told = conn.execute("SELECT body FROM events WHERE kind = 'view_rendered' ORDER BY id").fetchall()
     finally:
         conn.close()
+    assert [json.loads(body)["model_call"] for (body,) in told] == [False, False]
 
 
 def test_a_renders_certificates_never_make_its_view_too_large_to_send(
