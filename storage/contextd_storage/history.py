@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Select, bindparam, exists, func, insert, select, update
+from sqlalchemy import Select, Text, bindparam, cast, exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -40,12 +40,13 @@ from contextd_storage.database import Database
 from contextd_storage.events import NewEvent
 from contextd_storage.rows import (
     BULK_ITEMS,
+    JSON_AS_TEXT,
     AppendRequest,
     AppendRows,
     PreparedItem,
     append_rows,
     chunk_rows,
-    item_of,
+    items_of,
     off_loop,
     session_of,
 )
@@ -299,9 +300,12 @@ class HistoryStore:
             # Items are immutable and seqs dense, so only the new ones are read;
             # bounding by the version read above gives a consistent snapshot.
             after = len(cached)
-            rows = (await conn.execute(_ITEMS, {"key": key, "after": after, "through": version})).mappings()
+            rows = await conn.execute(_ITEMS, {"key": key, "after": after, "through": version})
+            # Decoded off the event loop (every other call of the replica): a long session's
+            # first read on a replica is hundreds of milliseconds of rows, JSON and objects.
+            decoded = await off_loop(version - after > BULK_ITEMS, items_of, rows.mappings())
             # Another call may have read some of them into the same list meanwhile.
-            added = [item_of(r) for r in rows][len(cached) - after :]
+            added = decoded[len(cached) - after :]
             cached.extend(added)
             self.cache.put(key, cached, added)
         items = Prefix(cached, min(version, len(cached)))
@@ -372,7 +376,7 @@ def _session_queries() -> tuple[Select[Any], Select[Any], Select[Any]]:
 
 _SESSION_ROW, _SESSION_ROW_WITH_APPEND, _SESSION_KEY = _session_queries()
 _ITEMS = (
-    select(schema.items)
+    select(*(cast(c, Text).label(c.name) if c.name in JSON_AS_TEXT else c for c in schema.items.columns))
     .where(
         schema.items.c.session_key == bindparam("key"),
         schema.items.c.seq > bindparam("after"),
@@ -380,7 +384,8 @@ _ITEMS = (
     )
     .order_by(schema.items.c.seq)
 )
-"""A session's items after one seq through another."""
+"""A session's items after one seq through another, their JSON columns as the text stored (the
+driver would decode them as it reads the rows, on the event loop: `items_of` does, off it)."""
 _CALLS = select(
     schema.tool_uses.c.tool_use_id,
     schema.tool_uses.c.name,

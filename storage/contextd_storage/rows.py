@@ -4,7 +4,8 @@ full-text chunks, their tool calls) and the objects read back from the rows."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
@@ -129,12 +130,23 @@ def item_row(
     }
 
 
+JSON_AS_TEXT = frozenset({"content", "metadata"})
+"""The items' columns of JSON that `items_of` reads as the text stored (decoded by it, not the driver)."""
+
+
+def items_of(rows: Iterable[Any]) -> list[Item]:
+    """The items of rows read with their JSON columns as text (`JSON_AS_TEXT`): a database
+    result's rows once it has read them all (as SQLAlchemy's asyncio results have)."""
+    return [item_of(row) for row in rows]
+
+
 def item_of(row: Any) -> Item:
     observed = row["source_observed_at"]
+    metadata = row["metadata"]
     return Item(
         seq=row["seq"],
         role=Role(row["role"]),
-        content=blocks_from_json(row["content"]),
+        content=blocks_from_json(json.loads(row["content"])),
         source=Source(row["source_uri"], row["source_version"] or "", utc(observed) if observed else None)
         if row["source_uri"] is not None
         else None,
@@ -142,7 +154,7 @@ def item_of(row: Any) -> Item:
         if row["tool_effect"]
         else None,
         name=row["name"],
-        metadata=dict(row["metadata"] or {}),
+        metadata=dict((json.loads(metadata) if metadata is not None else None) or {}),
         content_hash=row["content_hash"],
         token_count=row["token_count"],
         author=row["author"],

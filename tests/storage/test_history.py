@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import itertools
 import re
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -41,10 +42,10 @@ from contextd.engine.model import (
     ToolUseBlock,
 )
 from contextd.engine.prefix import Prefix
-from contextd_storage import migrate, search
+from contextd_storage import migrate, rows, search
 from contextd_storage.database import Database
 from contextd_storage.history import HistoryStore
-from contextd_storage.rows import AppendRequest, PreparedItem
+from contextd_storage.rows import BULK_ITEMS, AppendRequest, PreparedItem
 from tests import backends
 
 
@@ -206,9 +207,9 @@ async def test_bad_tool_links_are_refused_and_nothing_is_written(
     assert (await store.get_session("tenant", session)).version == 2
 
 
-async def test_items_come_back_as_they_went_in(store: HistoryStore, session: str) -> None:
+def rich_items(turn: int = 1) -> list[ItemContent]:
     observed = datetime(2026, 11, 1, 12, 30, tzinfo=UTC)
-    rich = [
+    return [
         ItemContent(role=Role.SYSTEM, content=(TextBlock("Be terse."),)),
         ItemContent(
             role=Role.USER,
@@ -222,17 +223,35 @@ async def test_items_come_back_as_they_went_in(store: HistoryStore, session: str
         ),
         ItemContent(
             role=Role.ASSISTANT,
-            content=(ReasoningBlock("thinking", signature="sig"), ToolUseBlock("r1", "read", '{"path": "x"}')),
+            content=(ReasoningBlock("thinking", signature="sig"), ToolUseBlock(f"r{turn}", "read", '{"path": "x"}')),
         ),
         ItemContent(
             role=Role.TOOL,
-            content=(ToolResultBlock("r1", (TextBlock("contents"),), name="read"),),
+            content=(ToolResultBlock(f"r{turn}", (TextBlock("contents"),), name="read"),),
             source=Source("file:///x", "v2", observed),
             tool_effect=ToolEffect(ToolEffectKind.READ, "path"),
         ),
     ]
+
+
+@pytest.mark.parametrize("copies", [1, 20])  # decoded on the event loop, and off it (BULK_ITEMS)
+async def test_items_come_back_as_they_went_in(
+    store: HistoryStore, session: str, monkeypatch: pytest.MonkeyPatch, copies: int
+) -> None:
+    decoded_on: set[int] = set()
+    decode = rows.item_of
+
+    def noted(row: Any) -> Any:
+        decoded_on.add(threading.get_ident())
+        return decode(row)
+
+    monkeypatch.setattr(rows, "item_of", noted)
+    rich = [item for turn in range(copies) for item in rich_items(turn)]
     await store.append(request(session, rich))
     _, items = await store.load_history("tenant", session)
+    # A long history's rows are decoded on a worker thread: the event loop (every other call of
+    # the replica) is not held by them.
+    assert len(decoded_on) == 1 and (threading.get_ident() in decoded_on) == (len(rich) <= BULK_ITEMS)
     for stored, sent in zip(items, rich, strict=True):
         assert (stored.role, stored.content, stored.source, stored.tool_effect, stored.name, dict(stored.metadata)) == (
             sent.role,
