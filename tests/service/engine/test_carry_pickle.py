@@ -77,6 +77,19 @@ def test_objects_are_read_back_as_they_were_written_not_made_again() -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class Derived(Single):
+    more: str
+    extra: tuple[int, ...] = ()
+
+
+def test_the_fields_a_slotted_base_holds_are_set_too() -> None:
+    back = round_trip([Derived("a", "b", (1,)), Derived(2, "c")])
+    assert back == [Derived("a", "b", (1,)), Derived(2, "c")]
+    fields = carry_pickle._fields_of(Derived)  # (written by its fields, not pickle's own way)
+    assert fields is not None and fields[0] == ("value", "more", "extra")
+
+
+@dataclass(frozen=True, slots=True)
 class Registered:
     value: int
 
