@@ -11,7 +11,15 @@ import grpc
 import pytest
 
 from contextd_client import NO_RETRY, ContextdError, DeadlineExceeded, RetryPolicy, Unavailable
-from contextd_client._calls import Call, Tries, append_items, create_session, get_session, propose_prune
+from contextd_client._calls import (
+    Call,
+    Tries,
+    append_items,
+    create_session,
+    get_session,
+    propose_prune,
+    render_view,
+)
 from contextd_client._retry import MIN_TRY, retry_after
 
 Code = grpc.StatusCode
@@ -156,6 +164,10 @@ def test_reads_are_not_repeated_after_their_deadline_and_writes_are() -> None:
     late = FakeError(Code.DEADLINE_EXCEEDED)
     assert simulate(READ, RetryPolicy(), [late]).tries == 1
     assert simulate(APPEND, RetryPolicy(), [late, FakeError(Code.NOT_FOUND)]).tries == 2
+    # A render past its deadline is stored by the service, and the next resumes from it; the
+    # history as stored is only read.
+    assert simulate(render_view("s", "openai_chat", 0, (), None), RetryPolicy(), [late, late]).tries == 3
+    assert simulate(render_view("s", "openai_chat", 0, (), None, as_stored=True), RetryPolicy(), [late]).tries == 1
     created = create_session(None, None, "")  # its id chosen here: safe
     run = simulate(created, RetryPolicy(), [late, FakeError(Code.ALREADY_EXISTS)])
     assert run.tries == 2 and run.settled

@@ -51,8 +51,9 @@ class Call(Generic[T]):
     settle: Call[T] | None = None
     settle_value: T | None = None
     writes: bool = False
-    """A mutation made safe to repeat (by key or client-chosen id): retried even
-    after a deadline, when the first try may have been committed unseen."""
+    """A mutation made safe to repeat (by key or client-chosen id), or a render:
+    retried even after a deadline, when the first try may have been committed
+    unseen (a render is, once the service has started it)."""
     safe_to_repeat: bool = True
     """False for a mutation nothing makes harmless to repeat: it gets only a few
     tries, when the service could not take it (`RetryPolicy.unsafe_attempts`)."""
@@ -194,6 +195,9 @@ def render_view(
             as_stored=as_stored,
         ),
         lambda r: View.from_proto(r.view),
+        # A render whose deadline passes once the service's engine has started is finished and
+        # stored all the same: tried again, it resumes from that one (a view as stored is not).
+        writes=not as_stored,
     )
 
 

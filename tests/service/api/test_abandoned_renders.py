@@ -99,6 +99,18 @@ def test_a_render_its_caller_gave_up_on_is_stored_and_the_next_resumes_from_it(
         assert client.get_status(session_id).usage.renders == model_calls
 
 
+def test_the_client_renders_again_after_its_deadline_and_the_render_resumes_from_the_abandoned_one(
+    server: ServerThread, client: Client, session_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conversation(client, session_id)
+    resumed = resumed_by_renders(monkeypatch)
+    slowed_once(monkeypatch, view_service, "_render")
+    with Client(server.target, timeout=0.5) as hasty:  # the default retries
+        view = hasty.render_view(session_id, ViewFormat.OPENAI_CHAT)
+    # (a try of it may outlast 0.5 s on a busy machine too, and be kept as the first was)
+    assert view.view_version == len(resumed) >= 2 and resumed == [False] + [True] * (len(resumed) - 1)
+
+
 def test_a_server_stopping_waits_for_an_abandoned_render_to_be_stored(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
