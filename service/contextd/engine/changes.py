@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from contextd.engine.codec import compact_json
 from contextd.engine.memo import shared_prefix
 from contextd.engine.state import (
     AppliedEdit,
@@ -150,7 +151,7 @@ def change_to_json(change: StateChange) -> str:
         "kept": change.kept,
         "segments": [list(s) for s in change.segments],
     }
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return compact_json(data)
 
 
 def change_from_json(text: str) -> StateChange:

@@ -16,7 +16,7 @@ from enum import StrEnum
 from operator import attrgetter
 from typing import Any, NamedTuple
 
-from contextd.engine.codec import blocks_from_json, blocks_to_json, canonical_json
+from contextd.engine.codec import blocks_from_json, blocks_to_json, canonical_json, compact_json
 from contextd.engine.memo import shared_prefix
 from contextd.engine.model import Block, ItemContent, Role
 from contextd.engine.types import Edit, Insert, PatchRequest, Proposal, Remove, Reorder, Replace
@@ -298,7 +298,7 @@ def pending_from_json(data: dict[str, Any]) -> PendingEdit:
 def state_to_json(state: ViewState) -> str:
     """The whole state as stored (a render stores its change, changes.py; this, now and then)."""
     renders = {name: _render_to_json(r) for name, r in sorted(state.renders.items())}
-    return _json(
+    return compact_json(
         {
             "view_version": state.view_version,
             "policy_version": state.policy_version,
@@ -327,10 +327,6 @@ def _render_to_json(render: PreviousRender) -> dict[str, Any]:
 def early_from_json(value: Any) -> tuple[float, float]:
     """A stored record of early breakpoints (none in a state stored before it was kept)."""
     return (float(value[0]), float(value[1])) if value else (0.0, 0.0)
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def state_from_json(text: str) -> ViewState:

@@ -6,17 +6,20 @@ import hashlib
 import json
 from datetime import UTC, datetime
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from contextd.engine import codec
 from contextd.engine.codec import (
     block_from_json,
     block_to_json,
     blocks_from_json,
     blocks_to_json,
     canonical_json,
+    compact_json,
     content_hash,
     item_to_json,
 )
@@ -311,3 +314,24 @@ def test_hash_survives_a_storage_round_trip(blocks: tuple[Block, ...], role: Rol
     item = ItemContent(role=role, content=blocks)
     rebuilt = ItemContent(role=role, content=blocks_from_json(json.loads(canonical_json(blocks_to_json(blocks)))))
     assert content_hash(rebuilt) == content_hash(item)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=12)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(max_size=5), inner, max_size=6)
+        | st.dictionaries(st.integers(), inner, max_size=3)
+    ),  # (keys json.dumps makes strings of)
+    max_leaves=60,
+)
+
+
+@given(json_values)
+def test_compact_json_writes_in_parts_what_json_dumps_writes_whole(value: Any) -> None:
+    with mock.patch.object(codec, "JSON_PART", 3):  # long lists at 4 elements here
+        assert compact_json(value) == json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    assert compact_json([list(range(2500)), {"a": ["é"] * 3000}]) == json.dumps(
+        [list(range(2500)), {"a": ["é"] * 3000}], separators=(",", ":"), ensure_ascii=False
+    )
