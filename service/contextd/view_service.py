@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from contextd import metrics
 from contextd.engine.certificates import Certificate, Decision, Stamp, verify_chain
 from contextd.engine.changes import StateChange, change_to_json
-from contextd.engine.errors import InvalidArgument, LimitExceeded
+from contextd.engine.errors import InvalidArgument, LimitExceeded, ViewTooLarge
 from contextd.engine.model import Item, Representation, Session
 from contextd.engine.pipeline import Carry, RenderInput, RenderOutput, identity_view, protection_map, render
 from contextd.engine.policy import Policy
@@ -67,6 +67,8 @@ class _Progress:
     """Where a render is, for its caller to decide what its cancellation does (`ViewService.render`)."""
 
     engine_started: bool = False
+    stored: bool = False
+    """Its transaction committed (a render refused as too large to send is stored, then raises)."""
     gave_up: bool = False
     """The caller was cancelled: before the engine started, the render ends there; after, it is
     stored, as no model call unless its call was recorded already."""
@@ -147,7 +149,7 @@ class ViewService:
         The engine's work runs on a render thread (render_workers.py) when the
         service has them, so the event loop goes on serving other calls.
         `check` sees the result before it is stored, on that thread too; if it
-        raises (the response would be too large to send), the render is stored
+        raises ViewTooLarge (the response would be too large to send), the render is stored
         all the same, as no model call, and then that error is raised: the
         carry the engine resumed in place is kept, so the session's next render
         (with a budget, or refused again) costs what changed, not the whole
@@ -181,8 +183,11 @@ class ViewService:
         self._renders.discard(work)
         # What went wrong in a render whose caller gave up has no one else to tell (a caller
         # still waiting hears of its render's errors through the shield).
-        if progress.gave_up and not work.cancelled() and (exc := work.exception()) is not None:
-            log.warning("a render whose caller gave up was not stored", exc_info=exc)
+        # (One stored and then refused as too large to send has no one to refuse.)
+        failed = work.exception() if progress.gave_up and not work.cancelled() else None
+        if failed is not None and not isinstance(failed, ViewTooLarge):
+            what = "failed after it was stored" if progress.stored else "was not stored"
+            log.warning("a render whose caller gave up %s", what, exc_info=failed)
 
     async def wait_for_renders(self, seconds: float) -> None:
         """Wait up to `seconds` for the renders under way to end (a server stopping: those its
@@ -273,6 +278,7 @@ class ViewService:
                 told = _render_events(tenant, session, request, out, certificates, state, model_call)
                 await views.save_render(conn, key, stored, change_json, copy, call, told)
                 stored_bytes = stored.bytes_after(change_json, copy)
+        progress.stored = not dry_run
         if not dry_run:
             in_memory = int(MEMORY_PER_STORED_BYTE * stored_bytes)
             self._states.put(key, out.state, out.carry, in_memory, carry_bytes)  # committed now
@@ -323,11 +329,12 @@ class ViewService:
             raise refused
         return result
 
-    async def _refusal(self, check: Callable[[RenderResult], None], result: RenderResult) -> Exception | None:
-        """What `check` refused `result` with (the response too large to send), or None."""
+    async def _refusal(self, check: Callable[[RenderResult], None], result: RenderResult) -> ViewTooLarge | None:
+        """What `check` refused `result` with (the response too large to send), or None. (Any
+        other error of it fails the render: nothing is stored.)"""
         try:
             await self._run(check, result)
-        except Exception as refusal:  # (the caller's to say which: the render is stored, then it is raised)
+        except ViewTooLarge as refusal:
             return refusal
         return None
 

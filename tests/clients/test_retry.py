@@ -182,3 +182,18 @@ def test_reads_are_not_repeated_after_their_deadline_and_writes_are() -> None:
 )
 def test_a_malformed_hint_is_no_hint(trailer: tuple[str, str | bytes]) -> None:
     assert retry_after(FakeError(Code.UNAVAILABLE, [trailer])) is None
+
+
+def test_a_retry_moves_to_the_next_channel_but_after_a_deadline_or_a_busy_session() -> None:
+    busy = FakeError(Code.UNAVAILABLE, [("contextd-reason", "SESSION_BUSY"), hint_ms(100)])
+    tries = Tries(render_view("s", "openai_chat", 0, (), None), RetryPolicy(), 10)
+    channels = []
+    for error in [UNAVAILABLE, FakeError(Code.DEADLINE_EXCEEDED), busy, UNAVAILABLE, busy]:
+        tries.begin()
+        channels.append(tries.channel(5, 3))
+        assert tries.failed(error).delay is not None
+    tries.begin()
+    channels.append(tries.channel(5, 3))
+    # The replica that may still be working on the call (a render it finishes, which the
+    # next try resumes from) is tried again; one that could not take it is left.
+    assert channels == [2, 0, 0, 0, 1, 1]

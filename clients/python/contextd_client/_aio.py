@@ -291,8 +291,8 @@ class AsyncClient:
         tries = Tries(call, self._config.retry, self._config.timeout)
         while True:
             timeout = tries.begin()
-            # With several channels, each try goes to the next: a retry leaves the one that failed.
-            method = getattr(stubs[(turn + tries.attempt) % len(stubs)], call.method)
+            # With several channels, a retry goes to the next but after a deadline (Tries.channel).
+            method = getattr(stubs[tries.channel(turn, len(stubs))], call.method)
             try:
                 response = await method(call.request, timeout=timeout, metadata=self._config.metadata)
                 return call.decode(response)

@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
-from contextd_client._errors import ContextdError, error_from_rpc
+from contextd_client._errors import REASON_KEY, ContextdError, error_from_rpc, trailers
 from contextd_client._retry import RetryPolicy
 from contextd_client._types import (
     AppendResult,
@@ -90,13 +90,26 @@ class Tries(Generic[T]):
         self.call, self.policy, self.timeout, self.clock = call, policy, timeout, clock
         self.attempt = 0
         self.started = clock()
+        self.moves = 0
+        """Tries that went on to the next channel (`channel`)."""
 
     def begin(self) -> float:
         """Count a new try; returns its deadline, in seconds."""
         self.attempt += 1
         return self.policy.try_timeout(self.timeout, self.attempt, self.clock() - self.started)
 
+    def channel(self, first: int, channels: int) -> int:
+        """The channel of this try, of `channels` whose turn `first` the call took: the next after
+        a try the replica could not take; the same after a try whose deadline passed, where the
+        call may still run (a render the service finishes, which the next resumes from, holding
+        what it worked out), or that found its session busy (as busy on every replica: most
+        likely with that render)."""
+        return (first + self.moves) % channels
+
     def failed(self, error: grpc.RpcError) -> Outcome[T]:
+        busy = any(key == REASON_KEY and value == "SESSION_BUSY" for key, value in trailers(error))
+        if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED and not busy:
+            self.moves += 1
         return after_failure(self.call, self.attempt, error, self.policy, self.clock() - self.started)
 
 

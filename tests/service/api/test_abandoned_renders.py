@@ -20,6 +20,7 @@ from contextd.engine.view import ViewFormat as Format
 from contextd.engine.view import ViewRequest
 from contextd_client import Client, DeadlineExceeded, RetryPolicy, ViewFormat
 from contextd_storage import views
+from tests.clients.test_targets import CountCalls
 from tests.conftest import ServerThread
 from tests.conftest import test_settings as settings_for
 from tests.service.api.test_view_engine import conversation
@@ -108,6 +109,32 @@ def test_the_client_renders_again_after_its_deadline_and_the_render_resumes_from
     with Client(server.target, timeout=0.5) as hasty:  # the default retries
         view = hasty.render_view(session_id, ViewFormat.OPENAI_CHAT)
     # (a try of it may outlast 0.5 s on a busy machine too, and be kept as the first was)
+    assert view.view_version == len(resumed) >= 2 and resumed == [False] + [True] * (len(resumed) - 1)
+
+
+def test_a_render_tried_again_after_its_deadline_goes_to_the_replica_that_kept_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'replicas.db'}"
+    counters = [CountCalls(), CountCalls()]
+    replicas = [ServerThread(settings_for(url, migrate_on_start=True), [counters[0]]).start()]
+    replicas.append(ServerThread(settings_for(url), [counters[1]]).start())
+    try:
+        with Client(replicas[0].target, timeout=15) as client:
+            session_id = client.create_session().id
+            conversation(client, session_id)
+        resumed = resumed_by_renders(monkeypatch)
+        slowed_once(monkeypatch, view_service, "_render")
+        # Host names: a channel each, a call's retries moving from one to the next (test_targets.py).
+        targets = [f"localhost:{r.target.rsplit(':', 1)[1]}" for r in replicas]
+        with Client(targets, timeout=0.5) as hasty:
+            view = hasty.render_view(session_id, ViewFormat.OPENAI_CHAT)
+    finally:
+        for replica in replicas:
+            replica.stop()
+    # Every try on the replica that kept the render (the other would derive the session, holding
+    # no carry of it): the one that resumed from it answered.
+    assert sorted(c.seen["RenderView"] for c in counters)[0] == 0
     assert view.view_version == len(resumed) >= 2 and resumed == [False] + [True] * (len(resumed) - 1)
 
 
