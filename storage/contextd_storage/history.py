@@ -307,7 +307,8 @@ class HistoryStore:
             # Another call may have read some of them into the same list meanwhile.
             added = decoded[len(cached) - after :]
             cached.extend(added)
-            self.cache.put(key, cached, added)
+            # (Let go of meanwhile, to stay in the cache's bytes, the list is held again whole.)
+            self.cache.put(key, cached, added if self.cache.holds(key, cached) else None)
         items = Prefix(cached, min(version, len(cached)))
         annotate(session_id=session_id, tenant=tenant, items=len(items), tokens=row["token_count"])
         return row, session_of(row), items
@@ -336,6 +337,11 @@ class ItemCache:
             return default
         self._entries.move_to_end(key)
         return found[0]
+
+    def holds(self, key: int, items: list[Item]) -> bool:
+        """Whether the session's history held is the list `items`."""
+        found = self._entries.get(key)
+        return found is not None and found[0] is items
 
     def put(self, key: int, items: list[Item], added: Sequence[Item] | None = None) -> None:
         """Hold `items`, the session's history: those held before with `added` (all of them

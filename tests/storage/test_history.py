@@ -42,9 +42,9 @@ from contextd.engine.model import (
     ToolUseBlock,
 )
 from contextd.engine.prefix import Prefix
-from contextd_storage import migrate, rows, search
+from contextd_storage import history, migrate, rows, search
 from contextd_storage.database import Database
-from contextd_storage.history import HistoryStore
+from contextd_storage.history import HistoryStore, item_bytes
 from contextd_storage.rows import BULK_ITEMS, AppendRequest, PreparedItem
 from tests import backends
 
@@ -232,6 +232,24 @@ def rich_items(turn: int = 1) -> list[ItemContent]:
             tool_effect=ToolEffect(ToolEffectKind.READ, "path"),
         ),
     ]
+
+
+async def test_a_history_let_go_of_while_it_is_read_is_weighed_whole_again(
+    store: HistoryStore, session: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await store.append(request(session, [text_item("a"), text_item("b")]))
+    await store.load_history("tenant", session)
+    await store.append(request(session, [text_item(f"c{n}") for n in range(40)]))
+    decode = history.off_loop
+
+    async def evicting(*args: Any) -> Any:  # the cache lets the session go as its rows are decoded
+        for key in list(store.cache._entries):
+            store.cache.discard(key)
+        return await decode(*args)
+
+    monkeypatch.setattr(history, "off_loop", evicting)
+    _, items = await store.load_history("tenant", session)
+    assert len(items) == 42 and store.cache.held_bytes == sum(map(item_bytes, items))
 
 
 @pytest.mark.parametrize("copies", [1, 20])  # decoded on the event loop, and off it (BULK_ITEMS)
