@@ -11,12 +11,14 @@ Meanwhile the main thread sleeps 1 ms at a time; each wake-up later than `--long
 a stretch in which it could not take the lock back. Prints the stretches by where the render
 thread was when the main thread next ran (its innermost frames: where the stretch ended, so
 the code that held the lock is at or just before it; a garbage collection's is the callback
-`_freeze_survivors`), their count, longest and sum, and the command. A benchmark, not a test.
+`_freeze_survivors`), their count, longest and sum; then the garbage collections of the run by
+generation (count, longest, sum, objects collected); and the command. A benchmark, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import threading
@@ -68,6 +70,16 @@ def main() -> int:
             change_to_json(out.change)
         done.set()
 
+    collections: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    began = [0.0]
+
+    def timed(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            collections[info["generation"]].append(((time.perf_counter() - began[0]) * 1000, info["collected"]))
+
+    gc.callbacks.insert(0, timed)
     worker = threading.Thread(target=work, name="render")
     stretches: dict[str, list[float]] = defaultdict(list)
     started = last = time.perf_counter()
@@ -94,6 +106,19 @@ def main() -> int:
         f"the longest {max(every, default=0):.1f} ms"
     )
     report("held_lock.py", ("stretches", "longest ms", "sum ms", "the render thread then (innermost first)"), rows)
+    gc.callbacks.remove(timed)
+    by_generation = [
+        (
+            str(gen),
+            str(len(found)),
+            f"{max(ms for ms, _ in found):.1f}",
+            f"{sum(ms for ms, _ in found):.1f}",
+            f"{sum(n for _, n in found):,}",
+        )
+        for gen, found in sorted(collections.items())
+    ]
+    print(f"garbage collections (thresholds {gc.get_threshold()}):")
+    report("held_lock.py", ("generation", "collections", "longest ms", "sum ms", "objects collected"), by_generation)
     return 0
 
 

@@ -1,7 +1,7 @@
 """The interpreter tuned for a server whose renders run on threads beside the event loop.
 
-Two things let one tenant's render stall every call of a replica even off
-the loop, both measured with bench/stall.py (docs/benchmarks.md):
+Three things let one tenant's render stall every call of a replica even off
+the loop, measured with bench/stall.py and bench/held_lock.py (docs/benchmarks.md):
 
 * Full garbage collections. A replica's heap holds what its recent sessions
   need (decoded items, the engine's memos, carries): millions of objects for
@@ -17,6 +17,11 @@ the loop, both measured with bench/stall.py (docs/benchmarks.md):
   5 ms adds up behind a busy render thread. At 0.2 ms another tenant's call
   waits under 20 ms at p99 while a 10,000-item session renders back to back
   (17-19 ms, against 22-23 ms at 1 ms; the renders themselves got no slower).
+* Calls that let the lock go for a moment and take it straight back, made thousands of
+  times a second by a render's thread (RE2's matches, tiktoken's encoding). CPython forces
+  a switch only after an interval in which no thread took the lock, so the loop's thread
+  waits as long as they go on. Those calls make way for it (contextd/engine/handoff.py)
+  once `tune` has named it.
 
 And one that makes every render of a long session slower: young collections.
 The interpreter collects its youngest generation once 700 more containers
@@ -36,8 +41,11 @@ import asyncio
 import gc
 import logging
 import sys
+import threading
 import time
 from typing import Any
+
+from contextd.engine import handoff
 
 log = logging.getLogger("contextd.interpreter")
 
@@ -47,8 +55,10 @@ YOUNG_THRESHOLD = 20_000
 
 
 def tune() -> None:
-    """Freeze the survivors of full collections from now on, collect the young less often, and
-    shorten the switch interval."""
+    """Freeze the survivors of full collections from now on, collect the young less often,
+    shorten the switch interval, and make the calling thread (the event loop's) the one other
+    threads make way for."""
+    handoff.start(threading.get_ident())
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     _, middle, oldest = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, middle, oldest)
@@ -58,6 +68,7 @@ def tune() -> None:
 
 def untune() -> None:
     """Back to the interpreter's defaults (for tests and embedders)."""
+    handoff.stop()
     if _freeze_survivors in gc.callbacks:
         gc.callbacks.remove(_freeze_survivors)
     gc.unfreeze()

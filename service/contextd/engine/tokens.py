@@ -20,6 +20,7 @@ from typing import Protocol
 
 import tiktoken
 
+from contextd.engine.handoff import make_way
 from contextd.engine.model import (
     Block,
     DocumentBlock,
@@ -79,13 +80,17 @@ class TiktokenCounter:
         return ENCODING
 
     def count(self, text: str) -> int:
-        return len(self._encoding.encode_ordinary(text)) if text else 0
+        if not text:
+            return 0
+        make_way()  # tiktoken lets the interpreter lock go while it encodes (handoff.py)
+        return len(self._encoding.encode_ordinary(text))
 
     def starts(self, text: str) -> list[int]:
         """Where each token of `text` starts (a character offset): slicing there cuts
         `text` into pieces that join back to it exactly."""
         if not text:
             return []
+        make_way()
         _, offsets = self._encoding.decode_with_offsets(self._encoding.encode_ordinary(text))
         return list(offsets)
 
