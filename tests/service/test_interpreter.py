@@ -1,4 +1,4 @@
-"""The interpreter's tuning: survivors of full collections frozen, cycles freed in full later."""
+"""The interpreter's tuning: survivors of every collection frozen, cycles freed in full later."""
 
 from __future__ import annotations
 
@@ -25,11 +25,19 @@ class _Node:
         self.other: _Node | None = None
 
 
-def test_survivors_of_a_full_collection_are_frozen(tuned: None) -> None:
+@pytest.mark.parametrize("generation", [0, 1, 2])
+def test_survivors_of_every_collection_are_frozen(tuned: None, generation: int) -> None:
     assert sys.getswitchinterval() == pytest.approx(interpreter.SWITCH_INTERVAL_SECONDS)
     kept = [[n] for n in range(1000)]
-    gc.collect()
-    assert gc.get_freeze_count() >= len(kept)  # the next full collection scans none of them
+    gc.collect(generation)
+    assert gc.get_freeze_count() >= len(kept)  # no later collection scans them
+
+
+def test_a_cycle_that_dies_young_is_freed_by_the_young_collection(tuned: None) -> None:
+    first, second = _Node(), _Node()
+    first.other, second.other = second, first
+    del first, second  # garbage before any collection saw it
+    assert gc.collect(0) >= 2
 
 
 def test_cycles_among_frozen_objects_are_freed_by_the_full_collection(tuned: None) -> None:
