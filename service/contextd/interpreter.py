@@ -13,12 +13,13 @@ the loop, measured with bench/stall.py and bench/held_lock.py (docs/benchmarks.m
   collection scans only what was allocated since the one before (at most 9-17 ms
   during that render, bench/held_lock.py). A frozen object is still freed when its
   last reference goes; only reference cycles that outlive a collection and become
-  garbage later are kept, so every `REFREEZE_SECONDS` everything is unfrozen and
-  collected once in full (one pause as long as the heap: 0.3 s at 560,000
-  objects, 1.0 s at 1.5 million). Those cycles are few: in bench/memory.py's run
-  the middle and full collections found 7,500 objects of garbage in 8 minutes,
-  and RSS ended the same with every survivor frozen as with only a full
-  collection's.
+  garbage later are kept. Those are few: in bench/memory.py's run the middle and
+  full collections found 7,500 objects of garbage in 8 minutes, and RSS ended the
+  same with every survivor frozen as with only a full collection's. To free them,
+  everything is unfrozen and collected once in full (one pause as long as the
+  heap: 0.3 s at 560,000 objects, 1.0 s at 1.5 million), but only once the frozen
+  objects have grown by a quarter (`REFREEZE_GROWTH`, looked at every
+  `REFREEZE_SECONDS`): a replica whose heap holds steady is not paused for it.
 * The interpreter's switch interval. A waiting thread gets the lock after at
   most this long; a call on the loop needs it several times, so the default
   5 ms adds up behind a busy render thread. At 0.2 ms another tenant's call
@@ -58,6 +59,9 @@ log = logging.getLogger("contextd.interpreter")
 
 SWITCH_INTERVAL_SECONDS = 0.0002
 REFREEZE_SECONDS = 900.0
+REFREEZE_GROWTH = 1.25
+"""A full collection once the frozen objects number this many times those the last one left,
+looked at every `REFREEZE_SECONDS` (CPython's own rule for its full collections: a quarter more)."""
 YOUNG_THRESHOLD = 20_000
 
 
@@ -98,8 +102,13 @@ def collect_in_full() -> int:
     return collected
 
 
-async def maintain(every_seconds: float = REFREEZE_SECONDS) -> None:
-    """Run `collect_in_full` every `every_seconds`, until cancelled."""
+async def maintain(every_seconds: float = REFREEZE_SECONDS, growth: float = REFREEZE_GROWTH) -> None:
+    """Every `every_seconds`, until cancelled: `collect_in_full` if the frozen objects have grown
+    `growth` times since the last one (or since the start). A heap that holds steady is never
+    paused for a full scan; frozen garbage, counted with the rest, grows it at most that much."""
+    left = gc.get_freeze_count()
     while True:
         await asyncio.sleep(every_seconds)
-        collect_in_full()
+        if gc.get_freeze_count() > left * growth:
+            collect_in_full()
+            left = gc.get_freeze_count()

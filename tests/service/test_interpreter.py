@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import sys
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -65,3 +67,25 @@ def test_young_containers_are_collected_less_often(tuned: None) -> None:
     kept = [[n] for n in range(interpreter.YOUNG_THRESHOLD // 2)]  # 10,000 live containers
     assert gc.get_stats()[0]["collections"] == collections
     del kept
+
+
+async def test_the_full_collection_waits_until_the_frozen_objects_grow(tuned: None) -> None:
+    first, second = _Node(), _Node()
+    first.other, second.other = second, first
+    cycle = weakref.ref(first)
+    gc.collect()  # frozen
+    del first, second  # frozen garbage from now on
+    maintaining = asyncio.create_task(interpreter.maintain(every_seconds=0.01))
+    try:
+        await asyncio.sleep(0.1)
+        assert cycle() is not None  # the heap held steady: no full collection
+        kept = [[n] for n in range(gc.get_freeze_count())]  # it doubles
+        gc.collect(0)
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if cycle() is None:
+                break
+        assert cycle() is None
+        assert len(kept) > 0
+    finally:
+        maintaining.cancel()
