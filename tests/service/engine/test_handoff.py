@@ -92,7 +92,8 @@ def test_each_thread_keeps_its_own_interval(pauses: tuple[Clock, list[str]]) -> 
 
 
 def test_re2_matches_and_token_counts_make_way(pauses: tuple[Clock, list[str]]) -> None:
-    """The calls that let the lock go: each RE2 search or substitution, each tiktoken count."""
+    """The calls that let the lock go: each RE2 search, substitution or match found, each
+    tiktoken count."""
     clock, paused = pauses
     pattern, counter = compile_linear(r"\bexit code (\d+)"), TiktokenCounter()
     found: list[object] = []
@@ -101,6 +102,7 @@ def test_re2_matches_and_token_counts_make_way(pauses: tuple[Clock, list[str]]) 
         for call in (
             lambda: pattern.search("done, exit code 3"),
             lambda: pattern.sub("", "exit code 1 then exit code 2"),
+            lambda: [m.group(1) for m in pattern.finditer("exit code 1, exit code 2")],
             lambda: counter.count("some words to count"),
             lambda: counter.starts("some words"),
         ):
@@ -108,9 +110,9 @@ def test_re2_matches_and_token_counts_make_way(pauses: tuple[Clock, list[str]]) 
             found.append(call())
 
     on_a_thread(work)
-    assert paused == ["render"] * 4
+    assert paused == ["render"] * 5
     assert found[0] is not None and found[0].group(1) == "3"  # type: ignore[attr-defined]
-    assert found[1:] == [" then ", 4, [0, 4]]
+    assert found[1:] == [" then ", ["1", "2"], 4, [0, 4]]
 
 
 def test_tuning_the_interpreter_names_the_calling_thread_as_the_loop_s() -> None:
