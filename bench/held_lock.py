@@ -12,7 +12,7 @@ a stretch in which it could not take the lock back. Prints the stretches by wher
 thread was when the main thread next ran (its innermost frames: where the stretch ended, so
 the code that held the lock is at or just before it; a garbage collection's is the callback
 `_freeze_survivors`), their count, longest and sum; then the garbage collections of the run by
-generation (count, longest, sum, objects collected) and how long the server's periodic full
+generation (count, longest, sum, objects collected) and how long the server's occasional full
 collection (interpreter.collect_in_full) of what is left takes; and the command. A benchmark,
 not a test.
 """
@@ -99,7 +99,7 @@ def main() -> int:
     seconds = time.perf_counter() - started
     gc.callbacks.remove(timed)
     sweep_started = time.perf_counter()
-    interpreter.collect_in_full()  # what the server does every REFREEZE_SECONDS, one pause
+    interpreter.collect_in_full()  # what the server does once its heap grew (interpreter.maintain)
     sweep_ms = (time.perf_counter() - sweep_started) * 1000
     rows = [
         (str(len(found)), f"{max(found):.1f}", f"{sum(found):.1f}", where)
@@ -124,8 +124,8 @@ def main() -> int:
     ]
     print(
         f"garbage collections (thresholds {gc.get_threshold()}); then a full one of everything "
-        f"(the server's every {interpreter.REFREEZE_SECONDS:g} s), {gc.get_freeze_count():,} objects "
-        f"kept: {sweep_ms:.0f} ms"
+        f"(the server's once its heap grew by a quarter), {gc.get_freeze_count():,} objects kept: "
+        f"{sweep_ms:.0f} ms"
     )
     report("held_lock.py", ("generation", "collections", "longest ms", "sum ms", "objects collected"), by_generation)
     return 0

@@ -10,7 +10,7 @@ the loop, measured with bench/stall.py and bench/held_lock.py (docs/benchmarks.m
   of the middle generation scans what outlived the last ten young collections,
   50-90 ms at a time during a 20,000-item first render. So the survivors of every
   collection are frozen (`gc.freeze`): the older generations stay empty, and each
-  collection scans only what was allocated since the one before (at most 9-17 ms
+  collection scans only what was allocated since the one before (at most 9-15 ms
   during that render, bench/held_lock.py). A frozen object is still freed when its
   last reference goes; only reference cycles that outlive a collection and become
   garbage later are kept. Those are few: in bench/memory.py's run the middle and
@@ -105,7 +105,7 @@ def collect_in_full() -> int:
 async def maintain(every_seconds: float = REFREEZE_SECONDS, growth: float = REFREEZE_GROWTH) -> None:
     """Every `every_seconds`, until cancelled: `collect_in_full` if the frozen objects have grown
     `growth` times since the last one (or since the start). A heap that holds steady is never
-    paused for a full scan; frozen garbage, counted with the rest, grows it at most that much."""
+    paused for a full scan; frozen garbage counts toward the growth as any other object does."""
     left = gc.get_freeze_count()
     while True:
         await asyncio.sleep(every_seconds)

@@ -3,7 +3,7 @@
 They are compiled by RE2: matching takes time linear in the text whatever the
 pattern (no backtracking, hence no backreferences or lookaround), so no pattern
 can stall a render or a search, whoever wrote it. Python's `re` stays for the
-engine's own fixed patterns, but for those it would read too slowly.
+engine's own fixed patterns, but those it would read too slowly (failures.py).
 
 RE2 lets the interpreter lock go for every match, so each match first makes way for the
 event loop's thread (handoff.py): a thread matching thousands of texts would otherwise
