@@ -38,10 +38,6 @@ class LinearPattern:
     def __init__(self, compiled: Any) -> None:
         self._compiled = compiled
 
-    @property
-    def pattern(self) -> str:
-        return str(self._compiled.pattern)
-
     def search(self, text: Any, pos: int | None = None, endpos: int | None = None) -> Any:
         make_way()
         return self._compiled.search(text, pos, endpos)
@@ -60,7 +56,7 @@ class LinearPattern:
         return self._compiled.sub(repl, text, count)
 
     def __repr__(self) -> str:
-        return f"LinearPattern({self.pattern!r})"
+        return f"LinearPattern({self._compiled.pattern!r})"
 
 
 def compile_linear(pattern: str) -> LinearPattern:
