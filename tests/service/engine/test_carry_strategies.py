@@ -35,6 +35,7 @@ from contextd.engine.observations import COMPLETES
 from contextd.engine.pipeline import AgentProposal, Carry, RenderInput, RenderOutput, render
 from contextd.engine.policy import default_policy_text, parse_policy
 from contextd.engine.stages import ledger as ledger_module
+from contextd.engine.stages import propose as propose_module
 from contextd.engine.stages import show as show_module
 from contextd.engine.stages.draft import Draft
 from contextd.engine.stages.eligible import NOT_SMALLER, Eligible, still_eligible
@@ -1233,3 +1234,42 @@ def test_an_output_no_compressor_reads_is_not_asked_again_when_a_term_it_holds_c
     statuses = {s for s in range(1, len(items) + 1) if "On branch" in str(items[s - 1].content)}
     for n, _, asked_now in renders_asking(items, 21):
         assert not asked_now & statuses - {n - 2, n}, (n, sorted(asked_now))  # but the latest turns
+
+
+def entries_asked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on, the seqs every rule's transform is asked about, in order, rule after rule."""
+    asked: list[int] = []
+    proposals = propose_module._proposals
+
+    def counted(transform: Any, context: Any, picked: Sequence[Any], params: Any) -> Any:
+        asked.extend(e.seq for e in picked)
+        return proposals(transform, context, picked, params)
+
+    monkeypatch.setattr(propose_module, "_proposals", counted)
+    return asked
+
+
+@pytest.mark.parametrize("read_back", [False, True], ids=["held", "read-back"])
+def test_after_a_render_that_changed_many_entries_the_next_asks_about_what_follows(
+    monkeypatch: pytest.MonkeyPatch, read_back: bool
+) -> None:
+    """A first render compresses every output older than the last turn (the default policy):
+    it asks the rules about them again as it leaves them, so that the render after one append,
+    from its carry held or read back (a replica that follows another), asks about what changed
+    since, not about every output again; and renders what a render without the carry does."""
+    items = file_reads(150)
+    n = len(items) - 2
+    first = render(budgeted(items, 0, n, ViewState(), None))
+    compressed = [a for a in first.state.applied if a.rule == "compress-outputs"]
+    assert len(compressed) >= pipeline.SETTLED_FROM  # (what the next render would else ask about)
+    carry = first.carry
+    assert carry is not None
+    if read_back:
+        written = dump_carry(carry, COUNTER)
+        assert written is not None
+        carry = load_carry(written, items[:n], COUNTER)
+    asked = entries_asked(monkeypatch)
+    inp = budgeted(items, 0, n + 1, carry.state, carry)  # (read back, its state is the carry's)
+    out = render(inp)
+    assert 0 < len(asked) <= 20, len(asked)  # (before: the 150 outputs, for each rule that reads them)
+    assert out == render(replace(inp, carry=None))
