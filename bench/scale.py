@@ -19,7 +19,8 @@ is measured in processes of its own:
   one append stage by stage, medians in ms):
   *cold*, a genuine first render in a fresh process (nothing memoised; wall time and
   CPU time, and CPU per item); *one appended*, a render after one item is appended,
-  from the previous render's state and carry, as the service keeps them; *without
+  from the previous render's state and carry, as the service keeps them (*the first after the
+  cold render*: the first of those, from the cold render's carry); *without
   the carry*, the same from the state alone (memos warm, as in the process that made it),
   measured between two renders after an append: a render as long as the session leaves the
   processor's caches cold for the next, as other sessions' renders do in a shared process
@@ -34,7 +35,12 @@ is measured in processes of its own:
   starts*, the first render of the other replica, stopped (keeping its carry) and started again
   (it reads the carries kept most recently before it serves, `--carry-warm-seconds`); *new to
   the session, from the kept carry*, the first render of the first replica started again with
-  `--carry-warm-seconds 0` (it reads the session's carry at its first render); *cold response*,
+  `--carry-warm-seconds 0 --carry-follow-seconds 0` (it reads the session's carry at its first
+  render); *new to the session, read as another replica kept it*, the first render of a replica
+  started with `--carry-warm-seconds 0` while the other stops, keeping its carry, which the new
+  one reads back as it is kept (`--carry-follow-seconds`) and which it has read before the render
+  comes (the other replica, likewise, reads what the cold render kept before anything after it
+  is timed); *cold response*,
   the size of the cold render's response. Each restart's first render is a single render, of
   whichever item came; `--restarts N` restarts each kind N times and reports the median.
 
@@ -55,6 +61,7 @@ import math
 import os
 import platform
 import random
+import re
 import secrets
 import statistics
 import subprocess
@@ -68,6 +75,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 CODE_LINES = 60
+FOLLOWED = re.compile(r"read back the carries other replicas kept of \d+ sessions in [\d.]+ s")
 
 
 def tool_calls(n_items: int, workload: str, start: int = 0) -> list[dict[str, Any]]:
@@ -205,6 +213,7 @@ def engine_child(
     return {
         "cold_ms": cold_ms,
         "cold_cpu_s": cold_cpu,
+        "after_cold_ms": appended[0],
         "appended_ms": statistics.median(appended),
         "appended_cpu_ms": statistics.median(appended_cpu),
         **({"uncarried_ms": statistics.median(uncarried)} if uncarried else {}),
@@ -235,6 +244,15 @@ def engine(n_items: int, workload: str, repeat: int, budget: int, fmt: str, back
 # ----------------------------------------------------------------- service
 
 
+def read_ahead_by(replica: Any) -> None:
+    """Wait until `replica` (a ServerProcess) has read back a carry another replica kept, and print
+    its line saying so (how long it took)."""
+    deadline = time.monotonic() + 600
+    while not any(FOLLOWED.search(line) for line in replica.log) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print(next((line for line in replica.log if FOLLOWED.search(line)), "(nothing read ahead)"), file=sys.stderr)
+
+
 def service(
     n_items: int,
     workload: str,
@@ -251,6 +269,7 @@ def service(
     from contextd_client import Client, RetryPolicy
     from contextd_client.v1 import contextd_pb2 as api
     from contextd_lab.service import ServerProcess
+    from contextd_storage.kept_carries import KEEP_FROM_ITEMS
 
     sizes: list[int] = []
 
@@ -261,7 +280,7 @@ def service(
 
     flags = ("--database-url", database, "--no-migrate-on-start", "--max-message-bytes", str(1 << 30))
     options = [("grpc.max_receive_message_length", 1 << 30)]
-    messages = tool_calls(n_items + 2 * repeat + 3 * restarts, workload)
+    messages = tool_calls(n_items + 2 * repeat + 4 * restarts, workload)
     following = iter(messages[n_items:])  # appended one at a time: a call, then its output, ...
     results: dict[str, float] = {}
 
@@ -271,6 +290,7 @@ def service(
         return channel, channel.unary_unary("/contextd.v1.ContextService/RenderView")
 
     kept = ("--redis-url", redis_url, "--carry-secret", secrets.token_hex(16)) if redis_url else ()
+    unfollowing = ("--carry-follow-seconds", "0")  # (a replica that reads a session's carry at its first render)
     replicas = [ServerProcess(*flags, *kept, cwd=folder).wait_serving() for _ in range(2)]
     clients = [Client(r.target, timeout=600, retry=RetryPolicy(budget=60)) for r in replicas]
     channels = [renderer(r.target) for r in replicas]
@@ -283,6 +303,8 @@ def service(
         ).SerializeToString()
         results["cold_ms"] = timed(channels[0][1], request)
         results["cold_mb"] = sizes[0] / 1e6
+        if kept and n_items >= KEEP_FROM_ITEMS:  # the other replica reads back what the cold render kept:
+            read_ahead_by(replicas[1])  # done before anything is timed
         same, other = [], []
         for _ in range(repeat):  # append and render on the replica that made the previous render
             clients[0].append_openai(session_id, [next(following)])
@@ -305,6 +327,21 @@ def service(
             clients[replica].append_openai(session_id, [next(following)])
             return timed(channels[replica][1], request)
 
+        def followed(*command: str) -> float:
+            """A replica new to the session starts (reading nothing as it starts); the other stops,
+            keeping its carry, which the new one reads back as it is kept (`--carry-follow-seconds`),
+            and takes the stopped one's place: one append and its first render of the session."""
+            newcomer = ServerProcess(*command, cwd=folder).wait_serving()
+            channels[1][0].close()
+            clients[1].close()
+            replicas[1].stop()
+            replicas[1] = newcomer
+            read_ahead_by(newcomer)
+            clients[1] = Client(newcomer.target, timeout=600, retry=RetryPolicy(budget=60))
+            channels[1] = renderer(newcomer.target)
+            clients[1].append_openai(session_id, [next(following)])
+            return timed(channels[1][1], request)
+
         # Each restart's first render is one render, of whichever item came: the median of
         # `restarts` of them is what compares with the median of the renders after an append.
         # Without kept carries: it derives the session again.
@@ -316,7 +353,8 @@ def service(
             # The first replica starts again with kept carries, reading none as it starts: its first
             # render reads the session's (the one kept as the last replica to render it stopped).
             warm_none = ("--carry-warm-seconds", "0")
-            results["kept_ms"] = statistics.median(restart(0, *kept, *warm_none) for _ in range(restarts))
+            results["kept_ms"] = statistics.median(restart(0, *kept, *warm_none, *unfollowing) for _ in range(restarts))
+            results["followed_ms"] = statistics.median(followed(*flags, *kept, *warm_none) for _ in range(restarts))
     finally:
         for channel, _ in channels:
             channel.close()
@@ -408,6 +446,7 @@ def main() -> int:
     print()
     columns = [c for c in rows[sizes[0]] if c != "engine cold_ms"]
     names = {
+        "engine after_cold_ms": "engine, the first after the cold render",
         "engine appended_ms": "engine, one appended",
         "engine appended_cpu_ms": "engine, one appended (CPU)",
         "engine uncarried_ms": "engine, without the carry",
@@ -417,6 +456,7 @@ def main() -> int:
         "service restart_ms": "service, after a restart",
         "service warm_ms": "service, after a restart, its kept carries read as it starts",
         "service kept_ms": "service, new to the session, from the kept carry",
+        "service followed_ms": "service, new to the session, read as another replica kept it",
         "service cold_ms": "service, cold",
         "service cold_mb": "service, cold response",
     }

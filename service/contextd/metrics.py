@@ -163,7 +163,7 @@ def watch_carries(carries: KeptCarries) -> None:
 
 def _carry_counts(_: CallbackOptions) -> Iterable[Observation]:
     live = list(_carries)
-    for what in ("kept", "loaded", "warmed", "resumed", "missed", "refused", "dropped"):
+    for what in ("kept", "loaded", "warmed", "followed", "resumed", "missed", "refused", "dropped"):
         yield Observation(sum(getattr(c.stats, what) for c in live), {"contextd.carry.operation": what})
 
 

@@ -9,6 +9,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import asdict, dataclass, replace
@@ -122,6 +123,8 @@ class ViewService:
         """Sessions (tenant, id) whose kept carries `warm` is reading: a render of one waits for it."""
         self._renders: set[asyncio.Task[RenderResult]] = set()
         """The renders under way (a render runs as a task of its own: `render`)."""
+        self._rendering: Counter[tuple[str, str]] = Counter()
+        """Sessions (tenant, id) with renders under way: `warm` leaves them to their renders."""
 
     async def policy_of(self, session: Session) -> Policy:
         """The session's parsed policy, parsed once per version (a large document off the loop)."""
@@ -162,7 +165,8 @@ class ViewService:
         progress = _Progress()
         work = asyncio.create_task(self._render(tenant, session_id, request, tools, force, dry_run, check, progress))
         self._renders.add(work)
-        work.add_done_callback(functools.partial(self._ended, progress))
+        self._rendering[tenant, session_id] += 1
+        work.add_done_callback(functools.partial(self._ended, (tenant, session_id), progress))
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
@@ -179,8 +183,11 @@ class ViewService:
         annotate(session_id=session_id, abandoned=True)  # (the call's span ends now)
         raise asyncio.CancelledError
 
-    def _ended(self, progress: _Progress, work: asyncio.Task[RenderResult]) -> None:
+    def _ended(self, named: tuple[str, str], progress: _Progress, work: asyncio.Task[RenderResult]) -> None:
         self._renders.discard(work)
+        self._rendering[named] -= 1
+        if not self._rendering[named]:
+            del self._rendering[named]
         # What went wrong in a render whose caller gave up has no one else to tell (a caller
         # still waiting hears of its render's errors through the shield).
         # (One stored and then refused as too large to send has no one to refuse.)
@@ -356,30 +363,40 @@ class ViewService:
         self, key: int, tenant: str, session_id: str, prepare: Callable[[Carry], None] | None = None
     ) -> bool:
         """Hold the history and kept carry of session `key`, as its first render on this process
-        would read them (as the process starts: warm_start.py), and call `prepare` with the carry
-        off the event loop; False when there is no carry to use, or the process holds one of
-        the session already. A render of the session that comes meanwhile waits for it."""
+        would read them (as the process starts, or as another replica keeps them: warm_start.py),
+        and call `prepare` with the carry off the event loop; False when there is no carry to
+        use, or the process holds one of the session already that a render made or used (one
+        read back and not used since is read again: another replica may have kept a later one).
+        A render of the session that comes meanwhile waits for it; one under way reads what it
+        needs itself."""
         assert self.carries is not None
         named = (tenant, session_id)
-        if self._states.holds_carry(key) or named in self._warming:
+        if self._worked_on(key) or named in self._warming or named in self._rendering:
             return False
         self._warming[named] = done = asyncio.Event()
         try:
             async with self._slot(tenant):  # (a render's slot: the reading runs where renders run)
                 async with self.store.db.read() as conn:
                     row, _, items = await self.store.history_in(conn, tenant, session_id)
-                if row["key"] != key or self._states.holds_carry(key):  # deleted and made again; rendered
+                if row["key"] != key or self._worked_on(key):  # deleted and made again; rendered
                     return False
                 carry = await self._resume_kept(key, items)
                 if carry is None:
                     return False
                 if prepare is not None:
                     await self._run(prepare, carry)
-            self.carries.stats.warmed += 1
             return True
         finally:
             del self._warming[named]
             done.set()
+
+    def holds_carry(self, key: int) -> bool:
+        """Whether this process holds the engine's work on session `key` (its carry)."""
+        return self._states.holds_carry(key)
+
+    def _worked_on(self, key: int) -> bool:
+        """Whether this process holds a carry of session `key` that a render of its own made or used."""
+        return self.holds_carry(key) and not (self.carries is not None and self.carries.unused(key))
 
     def hold_recent(self, keys: Sequence[int]) -> None:
         """Make the sessions `keys`, the most recent first, the most recently used of this

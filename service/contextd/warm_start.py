@@ -17,6 +17,12 @@ to the process.
 
 Read the most recent first, the sessions are then held the other way round, so that the caches
 let go of the least recent of them first once the memory fills up.
+
+Once it serves, a replica goes on reading back (`follow`, `--carry-follow-seconds`) the carries
+the other replicas keep, of the sessions it holds nothing of, within the same half of its
+memory and on render processes the sessions routed to each: in a rolling restart, the replicas
+left read the sessions of the one that stops; a session another replica derived is read before
+its next render comes here.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -36,7 +42,8 @@ from contextd.view_service import ViewService
 log = logging.getLogger("contextd.warm_start")
 
 LISTED = 1000
-"""Of the sessions with carries kept, how many of the most recent are looked at."""
+"""Of the sessions with carries kept, how many of the most recent are looked at (as the process
+starts, and at each of `follow`'s looks)."""
 
 
 def share_of(setting: str) -> tuple[int, int] | None:
@@ -75,6 +82,7 @@ async def warm_start(
                 try:
                     if await views.warm(key, tenant, session_id, prepare):
                         read.append(key)
+                        views.carries.stats.warmed += 1
                 except SessionNotFound:  # deleted since it was listed
                     continue
                 except (ContextdError, SQLAlchemyError, OSError) as exc:
@@ -94,3 +102,78 @@ async def warm_start(
             time.monotonic() - started,
         )
     return len(read), looked
+
+
+async def follow(
+    views: ViewService,
+    every_seconds: float,
+    seen: Sequence[tuple[int, float]],
+    share: tuple[int, int] | None = None,
+    prepare: Callable[[Carry], None] | None = None,
+) -> None:
+    """Every `every_seconds`, read back the carries other replicas kept since the last look (the
+    deployment's list in Redis names each session with when it was used, listed again whenever
+    its carry is kept again), of the sessions this process holds nothing of and never kept or
+    read (or read ahead and not rendered since), while half of its sessions' memory is free
+    (`--carry-follow-seconds`); `seen`: the list as it stood before, left to `warm_start`. Runs
+    until cancelled.
+
+    A session's renders go to any replica: each replica's first render of a session would read
+    its history and carry, at a cost that grows with the session. A replica that follows reads
+    them as they are kept: after a render that derived a session, again every
+    `--carry-keep-seconds` while a replica renders it, and as a replica stops (a rolling restart:
+    the replicas left read the sessions of the one that stops). Its first render then costs what
+    a render on another replica does. The cost is the same reading, moved off the render, and
+    memory on every replica for the sessions it may never render (with routing that keeps a
+    session on one replica, turn it off)."""
+    assert views.carries is not None
+    carries = views.carries
+    last = dict(seen)
+    while True:
+        await asyncio.sleep(every_seconds)
+        try:
+            listed = await carries.listed(LISTED)
+            if not listed:  # (Redis did not answer: what it lists when it does is compared with the last)
+                continue
+            fresh = [key for key, used in listed if last.get(key) != used]
+            last = dict(listed)
+            # Not those this process renders or did, nor those it let go of; those it read ahead
+            # of their renders, and none used since, again (a later carry, the stored changes
+            # may no longer lead on from the one held).
+            fresh = [k for k in fresh if carries.unused(k) or not (views.holds_carry(k) or carries.known(k))]
+            if fresh and views.room_to_warm():
+                await _follow(views, fresh, share, prepare)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a shortcut: whatever went wrong, renders read what they need
+            log.warning("the carries other replicas kept were not followed: %r", exc)
+
+
+async def _follow(
+    views: ViewService,
+    keys: Sequence[int],
+    share: tuple[int, int] | None,
+    prepare: Callable[[Carry], None] | None,
+) -> None:
+    assert views.carries is not None
+    started = time.monotonic()
+    named = await views.store.sessions_named(keys)
+    if share is not None:
+        named = [n for n in named if route(n[1], n[2], share[1]) == share[0]]
+    read: list[int] = []
+    for key, tenant, session_id in named:
+        if not views.room_to_warm():
+            break
+        try:
+            if await views.warm(key, tenant, session_id, prepare):
+                read.append(key)
+                views.carries.stats.followed += 1
+        except SessionNotFound:  # deleted since it was listed
+            continue
+        except (ContextdError, SQLAlchemyError, OSError) as exc:
+            log.warning("the kept carry of session %d was not read back: %r", key, exc)
+    views.hold_recent(read)  # (as warm_start: the most recent the last to go)
+    if read:
+        log.info(
+            "read back the carries other replicas kept of %d sessions in %.1f s", len(read), time.monotonic() - started
+        )

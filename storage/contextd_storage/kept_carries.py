@@ -176,6 +176,9 @@ class KeptStats:
     process stopped first."""
     warmed: int = 0
     """Of those read back, carries read as the process started (`--carry-warm-seconds`)."""
+    followed: int = 0
+    """Of those read back, carries another replica kept, read as they were listed, before this
+    process was asked to render their sessions (`--carry-follow-seconds`)."""
 
 
 class KeptCarries:
@@ -199,7 +202,7 @@ class KeptCarries:
         self.keep_seconds = keep_seconds
         """A carry held and written is written again once this long has passed (0: never)."""
         self._kept_at: OrderedDict[int, float] = OrderedDict()
-        """When each session's held carry was last written (the most recent sessions only)."""
+        """When this process last wrote or read each session's carry (the most recent sessions only)."""
         fingerprint = fingerprint or code_fingerprint()
         self._stamp = MAGIC + fingerprint.encode() + b"\n"
         self._recent = f"{PREFIX}:{self._deployment}:recent:{hashlib.sha256(fingerprint.encode()).hexdigest()[:16]}"
@@ -368,8 +371,7 @@ class KeptCarries:
 
     async def _keep_held(self, session_key: int, carry: Carry, held: _Held) -> None:
         try:
-            if await self._write(session_key, carry, held):
-                self._written(session_key)
+            await self._write(session_key, carry, held)
         finally:
             del self._held[session_key]
             held.done.set()
@@ -464,6 +466,7 @@ class KeptCarries:
             self.stats.dropped += 1
             return 0
         self.stats.kept += 1
+        self._written(session_key)
         return 1
 
     def _bytes(self, session_key: int, carry: Carry, held: _Held | None) -> bytes | None:
@@ -505,15 +508,32 @@ class KeptCarries:
         """The sessions whose carries were kept most recently (by when they were last used, as
         their replicas knew it), the most recent first: at most `count`, none when Redis does
         not answer. A session named may have no carry any more (its TTL, a deletion)."""
+        return [session_key for session_key, _ in await self.listed(count)]
+
+    async def listed(self, count: int) -> list[tuple[int, float]]:
+        """`recent`, each session with when it was last used as its carry was listed: a session
+        listed again (its carry kept again) shows another time."""
         if time.monotonic() < self._resting_until:
             return []
         try:
-            named = await asyncio.wait_for(self._client.zrevrange(self._recent, 0, count - 1), READ_SECONDS)
+            named = await asyncio.wait_for(
+                self._client.zrevrange(self._recent, 0, count - 1, withscores=True), READ_SECONDS
+            )
         except (RedisError, OSError, TimeoutError) as exc:
             log.info("the sessions with carries kept are not read: %s", exc or "too slow")
             self._rest()
             return []
-        return [int(member) for member in named if isinstance(member, bytes | str)]
+        return [(int(pair[0]), float(pair[1])) for pair in named]  # (member, score) pairs
+
+    def known(self, session_key: int) -> bool:
+        """Whether this process wrote or read the session's carry (of the most recent
+        `KEPT_AT_SESSIONS` sessions): it holds the session's work, or let it go of."""
+        return session_key in self._kept_at
+
+    def unused(self, session_key: int) -> bool:
+        """Whether the session's carry was read back ahead of its renders (as the process started,
+        or another replica kept it) and no render here has used it since."""
+        return session_key in self._read_back
 
     # ------------------------------------------------------------------ forgetting
 

@@ -8,7 +8,7 @@ import asyncio
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -115,7 +115,8 @@ def test_a_session_let_go_of_to_stay_in_the_memory_budget_is_resumed_from_its_ke
     asyncio.run(migrate.upgrade(database))
     secret = uuid.uuid4().hex
     small = settings_for(database, redis_url=redis_url, carry_secret=secret, session_cache_bytes=2 * 60_000)
-    tight, later = ServerThread(small).start(), ServerThread(replace(small, session_cache_bytes=1 << 28)).start()
+    roomy = replace(small, session_cache_bytes=1 << 28, carry_follow_seconds=0)  # (reads at its renders alone)
+    tight, later = ServerThread(small).start(), ServerThread(roomy).start()
     plain = ServerThread(settings_for(database)).start()
     try:
         with Client(tight.target) as on_tight, Client(later.target) as on_later, Client(plain.target) as on_plain:
@@ -167,7 +168,8 @@ def test_a_render_that_derived_a_session_keeps_it_for_the_replicas_that_never_re
     database = f"sqlite+aiosqlite:///{tmp_path / 'derived.db'}"
     asyncio.run(migrate.upgrade(database))
     kept = settings_for(database, redis_url=redis_url, carry_secret=uuid.uuid4().hex, carry_keep_seconds=keep_seconds)
-    first, other, plain = (ServerThread(s).start() for s in (kept, kept, settings_for(database)))
+    unfollowing = replace(kept, carry_follow_seconds=0)  # (its first render reads what was kept)
+    first, other, plain = (ServerThread(s).start() for s in (kept, unfollowing, settings_for(database)))
     try:
         with Client(first.target) as on_first, Client(other.target) as on_other, Client(plain.target) as on_plain:
             ids = [on_plain.create_session().id for _ in range(2)]  # rendered with and without kept carries
@@ -185,6 +187,63 @@ def test_a_render_that_derived_a_session_keeps_it_for_the_replicas_that_never_re
     finally:
         for server in (first, other, plain):
             server.stop()
+
+
+def test_the_replicas_left_read_back_what_another_keeps_before_they_render_its_sessions(
+    postgres_server_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica follows what the others keep (`carry_follow_seconds`): a session another replica
+    derived whole, and one it held as it stopped (a rolling restart). Each first render of them
+    on the follower resumes from what it read ahead, with no read of its own, and renders what a
+    replica that keeps nothing renders; a session it rendered since is its own, not read again."""
+    monkeypatch.setattr(kept_carries, "KEEP_FROM_ITEMS", 10)
+    url = backends.create_database(postgres_server_url, "contextd_follow")
+    asyncio.run(migrate.upgrade(url))
+    kept = settings_for(
+        url, redis_url=redis_url, carry_secret=uuid.uuid4().hex, carry_keep_seconds=0, carry_follow_seconds=0.05
+    )
+    first, follower, plain = (ServerThread(s).start() for s in (kept, kept, settings_for(url)))
+    stopped = False
+    try:
+        with Client(first.target) as on_first, Client(follower.target) as on_follower, Client(plain.target) as on_plain:
+            derived, twin, held, held_twin = (on_plain.create_session().id for _ in range(4))
+            for session in (derived, twin):
+                on_plain.append_openai(session, PROMPT + [m for n in range(1, 9) for m in _agent_turn(n)])
+            for session in (held, held_twin):
+                on_plain.append_openai(session, PROMPT)
+            _turn(9, on_plain, on_first, [(derived, twin), (held, held_twin)])  # `held` too short to keep
+            followed = _following(follower)
+            followed(1)  # what the first replica derived, and kept
+            _turn(10, on_plain, on_follower, [(derived, twin)])
+            for n in (10, 11):  # `held` grows past what is kept, and is held (nothing due on the clock)
+                _turn(n, on_plain, on_first, [(held, held_twin)])
+            assert _settled(first).stats.kept == 1
+            first.stop(grace=10)  # keeps both sessions held: `held` for the first time
+            stopped = True
+            assert _settled(first).stats.kept == 3
+            followed(2)  # `held`; not `derived`, which the follower renders
+            _turn(12, on_plain, on_follower, [(held, held_twin), (derived, twin)])
+        stats = follower._running.carries.stats  # type: ignore[union-attr]
+        assert (stats.followed, stats.loaded, stats.resumed, stats.missed, stats.refused) == (2, 2, 2, 0, 0)
+    finally:
+        for server in (first, follower, plain) if not stopped else (follower, plain):
+            server.stop()
+        backends.drop_database(postgres_server_url, url)
+
+
+def _following(server: ServerThread) -> Callable[[int], None]:
+    """A wait until the server has read back `n` carries other replicas kept (`followed`)."""
+    carries = server._running.carries  # type: ignore[union-attr]
+    assert carries is not None
+
+    def followed(n: int) -> None:
+        for _ in range(500):
+            if carries.stats.followed >= n:
+                break
+            time.sleep(0.02)
+        assert carries.stats.followed == n
+
+    return followed
 
 
 def _settled(server: ServerThread) -> KeptCarries:

@@ -1,6 +1,7 @@
 """What a starting replica reads back (warm_start.py), decided: the most recent first, within its
-time, on a render process only the sessions routed to it, a session deleted since skipped.
-(The reading itself, against Redis and a database, is in tests/integration/test_kept_carries.py.)"""
+time, on a render process only the sessions routed to it, a session deleted since skipped; and
+what a serving replica reads back as other replicas keep it (`follow`). (The reading itself,
+against Redis and a database, is in tests/integration/test_kept_carries.py.)"""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from contextd.engine.tokens import TiktokenCounter
 from contextd.engine.transforms import TransformRegistry
 from contextd.render_processes import route
 from contextd.view_service import ViewService
-from contextd.warm_start import warm_start
+from contextd.warm_start import follow, warm_start
 from contextd_storage.database import Database
 from contextd_storage.history import HistoryStore, ItemCache, item_bytes
+from contextd_storage.kept_carries import KeptStats
 from tests.helpers import make_item
 
 
@@ -29,6 +31,7 @@ class Listed:
         self.sessions, self.seconds_each, self.gone = sessions, seconds_each, gone
         self.read: list[str] = []
         self.held: list[int] = []
+        self.stats = KeptStats()
 
     async def recent(self, count: int) -> list[int]:
         return list(range(1, self.sessions + 1))[:count]
@@ -87,3 +90,177 @@ def test_the_sessions_read_back_are_let_go_of_the_least_recent_first(tmp_path: P
     views.hold_recent([1, 2, 3])
     views.store.cache.put(4, [make_item(Role.USER, TextBlock("x" * 400), seq=1)])  # a session used since
     assert [views.store.cache.get(key, []) != [] for key in (1, 2, 3, 4)] == [True, True, False, True]
+
+
+class Followed(Listed):
+    """The parts of a ViewService that `follow` asks: the list as Redis holds it (`listing`, the
+    most recent first), what the process holds or wrote or read, and whether memory is free."""
+
+    def __init__(self, listing: list[tuple[int, float]]) -> None:
+        super().__init__(0)
+        self.listing = listing
+        self.polls = 0
+        self.holding: set[int] = set()
+        self.wrote_or_read: set[int] = set()
+        self.ahead: set[int] = set()  # read back, no render here since
+        self.room = True
+        self.failing = False
+        self.redis_down = False
+
+    async def listed(self, count: int) -> list[tuple[int, float]]:
+        self.polls += 1
+        if self.failing:
+            raise RuntimeError("a database that went away")
+        return [] if self.redis_down else self.listing[:count]
+
+    async def warm(self, key: int, tenant: str, session_id: str, prepare: Any = None) -> bool:
+        read = await super().warm(key, tenant, session_id, prepare)
+        self.holding.add(key)
+        self.wrote_or_read.add(key)
+        self.ahead.add(key)
+        return read
+
+    def holds_carry(self, key: int) -> bool:
+        return key in self.holding
+
+    def known(self, key: int) -> bool:
+        return key in self.wrote_or_read
+
+    def unused(self, key: int) -> bool:
+        return key in self.ahead
+
+    def room_to_warm(self) -> bool:
+        return self.room
+
+
+async def _polled(views: Followed, times: int = 2) -> None:
+    """Until `follow` has looked at the list `times` more times (each look's reads done before the
+    next look)."""
+    until = views.polls + times
+    for _ in range(500):
+        if views.polls >= until:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("follow stopped looking")
+
+
+async def _following(views: Followed, seen: list[tuple[int, float]], share: tuple[int, int] | None = None) -> Any:
+    return asyncio.create_task(follow(views, 0.001, seen, share))  # type: ignore[arg-type]
+
+
+async def test_what_others_keep_from_now_on_is_read_not_what_was_kept_before() -> None:
+    before = [(2, 100.0), (1, 90.0)]
+    views = Followed(list(before))
+    task = await _following(views, before)
+    try:
+        await _polled(views)
+        assert views.read == []  # warm_start's to read, as the process started
+        views.listing = [(3, 120.0), *before]  # a session another replica derived, kept
+        await _polled(views)
+        assert views.read == ["s3"]
+        views.listing = [(1, 130.0), (3, 120.0), (2, 100.0)]  # kept again (a replica stopping, its keep time)
+        await _polled(views)
+        assert views.read == ["s3", "s1"]
+        views.ahead.discard(3)  # rendered here since
+        views.listing = [(3, 140.0), (1, 150.0), (2, 100.0)]  # kept again, both
+        await _polled(views)
+        # The one rendered here is this process's own; the other, read ahead and never used, is
+        # read again: the one kept since is later, and the stored changes may not reach it.
+        assert views.read == ["s3", "s1", "s1"] and views.stats.followed == 3
+        assert views.held == [1]  # (each look's reads made the most recently used, as warm_start's)
+    finally:
+        task.cancel()
+
+
+async def test_sessions_this_process_wrote_or_read_or_holds_are_not_read() -> None:
+    views = Followed([])
+    task = await _following(views, [])
+    try:
+        views.wrote_or_read, views.holding = {1}, {2}  # (one let go of since, one held)
+        views.listing = [(3, 3.0), (2, 2.0), (1, 1.0)]
+        await _polled(views)
+        assert views.read == ["s3"]
+    finally:
+        task.cancel()
+
+
+async def test_nothing_is_read_past_half_the_memory_and_what_was_listed_meanwhile_is_passed_over() -> None:
+    views = Followed([])
+    task = await _following(views, [])
+    try:
+        views.room = False
+        views.listing = [(1, 1.0)]
+        await _polled(views)
+        views.room = True
+        await _polled(views)
+        assert views.read == []  # listed while memory was short: a render of it reads it
+        views.listing = [(2, 2.0), (1, 1.0)]
+        await _polled(views)
+        assert views.read == ["s2"]
+    finally:
+        task.cancel()
+
+
+async def test_a_render_process_follows_the_sessions_routed_to_it_alone() -> None:
+    views = Followed([])
+    task = await _following(views, [], share=(1, 3))
+    try:
+        views.listing = [(n, float(n)) for n in range(40, 0, -1)]
+        await _polled(views)
+        assert views.read == [f"s{n}" for n in range(40, 0, -1) if route("tenant", f"s{n}", 3) == 1]
+        assert 0 < len(views.read) < 40
+    finally:
+        task.cancel()
+
+
+async def test_following_outlives_what_goes_wrong_and_a_deleted_session() -> None:
+    views = Followed([])
+    views.gone = ("s1",)
+    task = await _following(views, [])
+    try:
+        views.failing = True
+        await _polled(views)
+        views.failing = False
+        views.listing = [(2, 2.0), (1, 1.0)]
+        await _polled(views)
+        assert views.read == ["s2"] and not task.done()
+    finally:
+        task.cancel()
+
+
+async def test_what_was_listed_before_redis_stopped_answering_is_not_read_once_it_answers() -> None:
+    """Redis not answering lists nothing: the next list that comes is compared with the one
+    before, not taken as all new (every session kept in the last hour, read back at once)."""
+    before = [(2, 2.0), (1, 1.0)]
+    views = Followed(list(before))
+    task = await _following(views, before)
+    try:
+        views.redis_down = True
+        await _polled(views)
+        views.redis_down = False
+        views.listing = [(3, 3.0), *before]
+        await _polled(views)
+        assert views.read == ["s3"]
+    finally:
+        task.cancel()
+
+
+class NothingKept:
+    """Kept carries that say of every session that nothing of it was read ahead."""
+
+    def unused(self, key: int) -> bool:
+        return False
+
+
+async def test_a_session_with_a_render_under_way_is_left_to_its_render(tmp_path: Path) -> None:
+    """Reading a carry back beside a render of the session would put it in the caches under the
+    render (which reads what it needs itself): `warm` leaves such a session be, reading nothing."""
+    views = ViewService(
+        HistoryStore(Database(f"sqlite+aiosqlite:///{tmp_path / 'never-made.db'}"), ItemCache(1 << 20)),
+        TiktokenCounter(),
+        TransformRegistry.default(),
+        carries=NothingKept(),  # type: ignore[arg-type]
+    )
+    views._rendering["tenant", "s1"] += 1  # (as `render` counts a render it starts)
+    assert await views.warm(1, "tenant", "s1") is False
+    assert not (tmp_path / "never-made.db").exists()  # nothing read

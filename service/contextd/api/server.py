@@ -36,6 +36,7 @@ from contextd.api.tls import TlsFiles, TlsFilesError, server_credentials
 from contextd.config import Settings
 from contextd.engine.errors import StorageUnavailable
 from contextd.engine.memo import set_memo_bytes
+from contextd.engine.pipeline import Carry
 from contextd.engine.tokens import TiktokenCounter
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.validation import Limits
@@ -46,7 +47,7 @@ from contextd.render_workers import RenderWorkers
 from contextd.sessions import SessionService
 from contextd.telemetry import configure_tracing, instrument_storage
 from contextd.view_service import ViewService
-from contextd.warm_start import share_of, warm_start
+from contextd.warm_start import LISTED, follow, share_of, warm_start
 from contextd.watch import EventFeed, WatchSettings
 from contextd_client.v1 import contextd_pb2, contextd_pb2_grpc
 from contextd_storage import events, migrate
@@ -81,9 +82,13 @@ class RunningServer:
     states: StateCache | None = None
     carries: KeptCarries | None = None
     views: ViewService | None = None
+    following: asyncio.Task[None] | None = None
+    """Reads back the carries other replicas keep (warm_start.follow)."""
 
     async def stop(self, grace: float) -> None:
         started = time.monotonic()
+        if self.following is not None:
+            self.following.cancel()  # (a read under way ends with it; a render waiting for it reads for itself)
         await self.health.enter_graceful_shutdown()
         await self.feed.close()  # watches end now (SERVER_STOPPING) and resume elsewhere, not at the grace's end
         await self.server.stop(grace)  # renders in flight on the render processes finish first
@@ -102,6 +107,12 @@ class RunningServer:
                 log.info("kept in Redis the carries of %d of the %d sessions held", kept, len(held))
             await self.carries.close()
         await _close(self.workers, self.db, self.stash, self.admission)
+
+
+def _prepare(carry: Carry) -> None:
+    """What a carry read back ahead of its session's render is made ready with: the response's bytes
+    of its view, so that the render encodes only what changed (api/responses.py)."""
+    remember_view(*carry.shown())
 
 
 class StartupError(Exception):
@@ -248,15 +259,20 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
         servicer.renders = renders
     await server.start()
     feed.start(prune=not settings.render_worker)
-    if carries is not None and settings.carry_warm_seconds and not settings.render_processes:
-        # Calls are served from here on; the service's health says SERVING once this is done.
-        await warm_start(
-            views, settings.carry_warm_seconds, share_of(settings.render_share), lambda c: remember_view(*c.shown())
-        )
+    following = None
+    if carries is not None and not settings.render_processes:  # (render processes read for themselves)
+        share = share_of(settings.render_share)
+        # What was kept before now is warm_start's to read; what is kept from now on, follow's.
+        seen = await carries.listed(LISTED) if settings.carry_follow_seconds else []
+        if settings.carry_warm_seconds:
+            # Calls are served from here on; the service's health says SERVING once this is done.
+            await warm_start(views, settings.carry_warm_seconds, share, _prepare)
+        if settings.carry_follow_seconds:
+            following = asyncio.create_task(follow(views, settings.carry_follow_seconds, seen, share, _prepare))
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     running = RunningServer(
-        server, health_servicer, db, port, stash, workers, admission, feed, renders, states, carries, views
+        server, health_servicer, db, port, stash, workers, admission, feed, renders, states, carries, views, following
     )
     if settings.render_worker:  # (which starts no render processes of its own)
         log.info("serving the renders of its parent on %s (database: %s)", settings.listen, db.dialect)
