@@ -105,15 +105,22 @@ class PreviousRender:
     sending the history whole, each call caching its prompt (timing.py, `banked`): what a
     rewrite of the cached prompt may stake."""
     counted: Counted | None = field(default=None, compare=False, repr=False)
-    """What the render that made it counted its offsets in, while that holds them (not stored)."""
+    """What the render that made it counted its offsets in, while that holds them (not stored);
+    for a record read or caught up, what `offsets` counted from the segments at its first use."""
     known_total: int | None = field(default=None, compare=False, repr=False)
     """`total_tokens`, likewise."""
+
+    # A record read back or caught up by another replica's changes (changes.py) has neither:
+    # each render from it asked for them several times, each a walk over every segment (at
+    # 10,000 items about 0.3 ms for the total, 0.9 for the offsets). The segments do not change,
+    # so what is counted from them once holds.
 
     @property
     def total_tokens(self) -> int:
         if self.known_total is not None:
             return self.known_total
         total: int = sum(map(attrgetter("tokens"), self.segments))
+        object.__setattr__(self, "known_total", total)  # (frozen: a slot set once, as counted)
         return total
 
     @property
@@ -130,6 +137,8 @@ class PreviousRender:
         for segment in self.segments:
             found.setdefault(segment.seq, offset)
             offset += segment.tokens
+        # This record's own: no assembly takes it over (`taken` stays False).
+        object.__setattr__(self, "counted", Counted(found))
         return found
 
 

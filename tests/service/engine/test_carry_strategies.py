@@ -268,10 +268,11 @@ def test_a_carry_resumed_twice_renders_the_same_view_both_times() -> None:
     assert resumed.carry is not None and whole.carry is not None
     assert resumed.carry.assembly.offsets == whole.carry.assembly.offsets
     # The state's record of the last render read the offsets its assembly counted; taken over,
-    # they are the next render's, and the record counts its own from its segments.
+    # they are the next render's, and the record counts its own from its segments, once.
     before = first.state.renders[ViewFormat.OPENAI_CHAT.value]
-    assert before.counted is not None and before.counted.taken
+    assert first.carry.assembly.counted is not None and first.carry.assembly.counted.taken
     assert before.offsets() == known and before.offsets() is not resumed.carry.assembly.offsets
+    assert before.offsets() is before.offsets()
     assert resumed.state.renders[ViewFormat.OPENAI_CHAT.value].offsets() is resumed.carry.assembly.offsets
     # What a render took over is its own carry's, which the next render resumes in turn.
     assert not resumed.carry.assembly.taken and not resumed.carry.repaired.taken
