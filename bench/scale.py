@@ -37,11 +37,11 @@ is measured in processes of its own:
   the session, from the kept carry*, the first render of the first replica started again with
   `--carry-warm-seconds 0 --carry-follow-seconds 0` (it reads the session's carry at its first
   render); *new to the session, read as another replica kept it*, the first render of a replica
-  started with `--carry-warm-seconds 0` while the other stops, keeping its carry, which the new
-  one reads back as it is kept (`--carry-follow-seconds`) and which it has read before the render
-  comes (the other replica, likewise, reads what the cold render kept before anything after it
-  is timed); *cold response*,
-  the size of the cold render's response. Each restart's first render is a single render, of
+  started with `--carry-warm-seconds 0` while the other, having rendered the session, stops,
+  keeping its carry, which the new one reads back as it is kept (`--carry-follow-seconds`) and
+  has read before the render comes (the other replica, likewise, reads what the cold render
+  kept before anything after it is timed); *cold response*, the size of the cold render's
+  response. Each restart's first render is a single render, of
   whichever item came; `--restarts N` restarts each kind N times and reports the median.
 
 `--budget-tokens N`: every render, the engine's and the service's, asks for that budget (a
@@ -244,13 +244,17 @@ def engine(n_items: int, workload: str, repeat: int, budget: int, fmt: str, back
 # ----------------------------------------------------------------- service
 
 
-def read_ahead_by(replica: Any) -> None:
+def read_ahead_by(replica: Any, seconds: float = 120.0) -> None:
     """Wait until `replica` (a ServerProcess) has read back a carry another replica kept, and print
-    its line saying so (how long it took)."""
-    deadline = time.monotonic() + 600
-    while not any(FOLLOWED.search(line) for line in replica.log) and time.monotonic() < deadline:
+    its line saying so (how long it took); SystemExit when it has not within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        said = next((line for line in replica.log if FOLLOWED.search(line)), None)
+        if said is not None:
+            print(said, file=sys.stderr)
+            return
         time.sleep(0.05)
-    print(next((line for line in replica.log if FOLLOWED.search(line)), "(nothing read ahead)"), file=sys.stderr)
+    raise SystemExit(f"the replica read no carry back in {seconds:.0f} s:\n" + "\n".join(replica.log[-20:]))
 
 
 def service(
@@ -280,7 +284,7 @@ def service(
 
     flags = ("--database-url", database, "--no-migrate-on-start", "--max-message-bytes", str(1 << 30))
     options = [("grpc.max_receive_message_length", 1 << 30)]
-    messages = tool_calls(n_items + 2 * repeat + 4 * restarts, workload)
+    messages = tool_calls(n_items + 2 * repeat + 5 * restarts, workload)
     following = iter(messages[n_items:])  # appended one at a time: a call, then its output, ...
     results: dict[str, float] = {}
 
@@ -331,6 +335,10 @@ def service(
             """A replica new to the session starts (reading nothing as it starts); the other stops,
             keeping its carry, which the new one reads back as it is kept (`--carry-follow-seconds`),
             and takes the stopped one's place: one append and its first render of the session."""
+            # The other replica renders the session first: the carry it keeps as it stops is the
+            # latest (Redis keeps no carry of an earlier state over a later one).
+            clients[1].append_openai(session_id, [next(following)])
+            timed(channels[1][1], request)
             newcomer = ServerProcess(*command, cwd=folder).wait_serving()
             channels[1][0].close()
             clients[1].close()
