@@ -316,7 +316,11 @@ class KeptCarries:
 
     def keep(self, session_key: int, carry: Carry) -> None:
         """Write the carry, later, off the event loop (the session's earlier one waiting is
-        replaced): a carry this process lets go of. Call from the event loop."""
+        replaced): a carry this process lets go of. Call from the event loop. One read back and
+        never used since (`unused`) is not: what it holds is kept already."""
+        if session_key in self._read_back:
+            self._read_back.discard(session_key)
+            return
         self._enqueue(session_key, carry)
         while self._queued_bytes > QUEUED_BYTES and len(self._queue) > 1:
             self._unqueue(next(iter(self._queue)))
@@ -390,7 +394,10 @@ class KeptCarries:
 
     async def keep_now(self, held: Sequence[tuple[int, Carry]], seconds: float) -> int:
         """Write `held` (the most recently used first), then what waits, now, for at most `seconds`:
-        as the process stops. Returns how many were written."""
+        as the process stops. Returns how many were written. Of `held`, those read back and never
+        used since are not written (kept already: written again, they would be listed as new,
+        and read again by the replicas that follow)."""
+        held = [(session_key, carry) for session_key, carry in held if session_key not in self._read_back]
         for session_key, carry in held:
             self._enqueue(session_key, carry)
         for session_key, _ in reversed(held):  # before those let go of (used less recently), in order

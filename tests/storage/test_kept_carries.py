@@ -302,3 +302,25 @@ async def test_on_a_cluster_carries_are_kept_listed_read_and_dropped(redis_clust
         assert carries.stats.dropped == 0 and carries.stats.refused == 0
     finally:
         await carries.close()
+
+
+async def test_a_carry_read_back_and_never_used_is_not_written_back(kept: Make, redis_url: str) -> None:
+    """What a replica read back ahead of renders that never came is kept already: let go of, or
+    held as the replica stops, it is not written again (listed anew, the replicas that follow
+    would read it again). Once a render used it, it is the replica's own work, written as any."""
+    items, out = carried()
+    secret = uuid.uuid4().hex
+    writer, reader = kept(secret), kept(secret)
+    await written(writer, 41, out.carry)  # type: ignore[arg-type]
+    listed = await reader.listed(10)
+    back = await reader.load(41, [*items])
+    assert back is not None and reader.unused(41)
+    assert await reader.keep_now([(41, back)], seconds=30) == 0
+    reader.keep(41, back)  # let go of
+    assert reader.idle and reader.stats.kept == 0
+    assert await reader.listed(10) == listed  # not listed anew
+    again = await reader.load(41, [*items])
+    assert again is not None
+    reader.rendered(41, resumed=True)  # used by a render: the replica's own
+    assert not reader.unused(41)
+    assert await reader.keep_now([(41, again)], seconds=30) == 1
