@@ -122,10 +122,10 @@ async def follow(
     its history and carry, at a cost that grows with the session. A replica that follows reads
     them as they are kept: after a render that derived a session, again every
     `--carry-keep-seconds` while a replica renders it, and as a replica stops (a rolling restart:
-    the replicas left read the sessions of the one that stops). Its first render then costs what
-    a render on another replica does. The cost is the same reading, moved off the render, and
-    memory on every replica for the sessions it may never render (with routing that keeps a
-    session on one replica, turn it off)."""
+    the replicas left read the sessions of the one that stops). Its first render then skips that
+    reading (about two renders after an append, docs/benchmarks.md). The cost is the same reading,
+    moved off the render, and memory on every replica for the sessions it may never render (with
+    routing that keeps a session on one replica, turn it off)."""
     assert views.carries is not None
     carries = views.carries
     last = dict(seen)
