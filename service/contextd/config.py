@@ -85,10 +85,11 @@ class Settings:
     carry_follow_seconds: float = _setting(
         1.0,
         "How often a replica looks in Redis for the work other replicas kept (--carry-secret) since it last looked, "
-        "and reads back that of the sessions it holds nothing of, while half of --session-cache-bytes is free: their "
-        "first renders on it then skip that reading, which grows with the session (in a rolling restart, the "
-        "replicas left read the sessions of the one that stops). Each replica may hold every session in use: with routing "
-        "that keeps a session on one replica, set 0. 0: each session's is read at its first render.",
+        "and reads back that of the sessions it holds nothing of, while half of --session-cache-bytes is free and a "
+        "render thread is to spare: their first renders on it then skip that reading, which grows with the session "
+        "(in a rolling restart, the replicas left read the sessions of the one that stops). Each replica may hold "
+        "every session in use: with routing that keeps a session on one replica, set 0. 0: each session's is read at "
+        "its first render.",
         off=True,
     )
     max_page_tokens: int = _setting(2000, "Most tokens one Retrieve page holds, whatever the client asks.")

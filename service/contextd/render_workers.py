@@ -62,6 +62,11 @@ class FairSlots:
     def in_use(self) -> int:
         return sum(self._held.values())
 
+    def spare(self) -> bool:
+        """Whether no one waits for a slot and one would stay free with another taken: work that
+        can wait (reading a session ahead of its renders) takes a slot only then."""
+        return not self._waiting and self.in_use + 1 < self.total
+
     @asynccontextmanager
     async def slot(self, tenant: str, wait_seconds: float) -> AsyncIterator[None]:
         """Hold one of the tenant's slots; RendersBusy when none frees within `wait_seconds`."""

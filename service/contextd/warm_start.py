@@ -114,9 +114,10 @@ async def follow(
     """Every `every_seconds`, read back the carries other replicas kept since the last look (the
     deployment's list in Redis names each session with when it was used, listed again whenever
     its carry is kept again), of the sessions this process holds nothing of and never kept or
-    read (or read ahead and not rendered since), while half of its sessions' memory is free
-    (`--carry-follow-seconds`); `seen`: the list as it stood before, left to `warm_start`. Runs
-    until cancelled.
+    read (or read ahead and not rendered since), while half of its sessions' memory is free and
+    a render slot is to spare (no render waits for one, and one stays free: those listed are
+    then read at a later look) (`--carry-follow-seconds`); `seen`: the list as it stood before,
+    left to `warm_start`. Runs until cancelled.
 
     A session's renders go to any replica: each replica's first render of a session would read
     its history and carry, at a cost that grows with the session. A replica that follows reads
@@ -129,6 +130,7 @@ async def follow(
     assert views.carries is not None
     carries = views.carries
     last = dict(seen)
+    left: list[int] = []  # listed, not read yet: the render slots were wanted by renders
     while True:
         await asyncio.sleep(every_seconds)
         try:
@@ -140,9 +142,9 @@ async def follow(
             # Not those this process renders or did, nor those it let go of; those it read ahead
             # of their renders, and none used since, again (a later carry, the stored changes
             # may no longer lead on from the one held).
+            fresh = [k for k in dict.fromkeys((*fresh, *left)) if k in last]
             fresh = [k for k in fresh if carries.unused(k) or not (views.holds_carry(k) or carries.known(k))]
-            if fresh and views.room_to_warm():
-                await _follow(views, fresh, share, prepare)
+            left = await _follow(views, fresh, share, prepare) if fresh and views.room_to_warm() else []
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a shortcut: whatever went wrong, renders read what they need
@@ -154,15 +156,21 @@ async def _follow(
     keys: Sequence[int],
     share: tuple[int, int] | None,
     prepare: Callable[[Carry], None] | None,
-) -> None:
+) -> list[int]:
+    """Read back what `keys` name, the most recent first, while there is room; returns those left
+    for the next look because the render slots were wanted (none, once memory is short)."""
     assert views.carries is not None
     started = time.monotonic()
     named = await views.store.sessions_named(keys)
     if share is not None:
         named = [n for n in named if route(n[1], n[2], share[1]) == share[0]]
     read: list[int] = []
-    for key, tenant, session_id in named:
+    left: list[int] = []
+    for at, (key, tenant, session_id) in enumerate(named):
         if not views.room_to_warm():
+            break
+        if not views.room_to_follow():
+            left = [k for k, _, _ in named[at:]]
             break
         try:
             if await views.warm(key, tenant, session_id, prepare):
@@ -177,3 +185,4 @@ async def _follow(
         log.info(
             "read back the carries other replicas kept of %d sessions in %.1f s", len(read), time.monotonic() - started
         )
+    return left

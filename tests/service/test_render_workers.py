@@ -128,3 +128,26 @@ async def test_a_cancelled_call_keeps_its_slot_until_its_thread_is_done() -> Non
         assert workers.slots.in_use == 0
     finally:
         workers.close()
+
+
+async def test_a_slot_is_to_spare_only_while_none_waits_and_one_would_stay_free() -> None:
+    """Work that can wait (a session read ahead of its renders) takes a slot only when a render
+    would still find one free."""
+    slots = FairSlots(3, per_tenant=2)
+    assert slots.spare()
+    async with slots.slot("a", 1):
+        assert slots.spare()  # two free: one taken, one left
+        async with slots.slot("b", 1):
+            assert not slots.spare()  # one free: a render's
+            async with slots.slot("a", 1):
+                waiting = asyncio.create_task(_held_briefly(slots, "c"))
+                await asyncio.sleep(0.01)
+                assert not slots.spare()  # (all taken, and a render waits)
+            await waiting
+    assert slots.spare()
+    assert not FairSlots(1, per_tenant=1).spare()  # one thread: renders alone
+
+
+async def _held_briefly(slots: FairSlots, tenant: str) -> None:
+    async with slots.slot(tenant, 1):
+        await asyncio.sleep(0)

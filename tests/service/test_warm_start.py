@@ -104,6 +104,7 @@ class Followed(Listed):
         self.wrote_or_read: set[int] = set()
         self.ahead: set[int] = set()  # read back, no render here since
         self.room = True
+        self.slot_to_spare = True
         self.failing = False
         self.redis_down = False
 
@@ -131,6 +132,9 @@ class Followed(Listed):
 
     def room_to_warm(self) -> bool:
         return self.room
+
+    def room_to_follow(self) -> bool:
+        return self.room and self.slot_to_spare
 
 
 async def _polled(views: Followed, times: int = 2) -> None:
@@ -264,3 +268,20 @@ async def test_a_session_with_a_render_under_way_is_left_to_its_render(tmp_path:
     views._rendering["tenant", "s1"] += 1  # (as `render` counts a render it starts)
     assert await views.warm(1, "tenant", "s1") is False
     assert not (tmp_path / "never-made.db").exists()  # nothing read
+
+
+async def test_what_renders_left_no_slot_for_is_read_at_a_later_look() -> None:
+    """Reading ahead takes a render slot only when one is to spare (no render waits, and one stays
+    free): what is listed meanwhile waits for a later look, not for the session to be kept again."""
+    views = Followed([])
+    task = await _following(views, [])
+    try:
+        views.slot_to_spare = False
+        views.listing = [(2, 2.0), (1, 1.0)]
+        await _polled(views)
+        assert views.read == []
+        views.slot_to_spare = True
+        await _polled(views)
+        assert views.read == ["s2", "s1"]
+    finally:
+        task.cancel()
