@@ -139,10 +139,10 @@ async def follow(
                 continue
             fresh = [key for key, used in listed if last.get(key) != used]
             last = dict(listed)
+            fresh = [k for k in dict.fromkeys((*fresh, *left)) if k in last]  # (and those left, still listed)
             # Not those this process renders or did, nor those it let go of; those it read ahead
             # of their renders, and none used since, again (a later carry, the stored changes
             # may no longer lead on from the one held).
-            fresh = [k for k in dict.fromkeys((*fresh, *left)) if k in last]
             fresh = [k for k in fresh if carries.unused(k) or not (views.holds_carry(k) or carries.known(k))]
             left = await _follow(views, fresh, share, prepare) if fresh and views.room_to_warm() else []
         except asyncio.CancelledError:
