@@ -62,10 +62,11 @@ class FairSlots:
     def in_use(self) -> int:
         return sum(self._held.values())
 
-    def spare(self) -> bool:
-        """Whether no one waits for a slot and one would stay free with another taken: work that
-        can wait (reading a session ahead of its renders) takes a slot only then."""
-        return not self._waiting and self.in_use + 1 < self.total
+    def spare(self, tenant: str) -> bool:
+        """Whether no one waits for a slot and, with another taken for `tenant`, one would stay free
+        for any tenant's render and for the tenant's own: work that can wait (reading a session
+        ahead of its renders) takes a slot only then."""
+        return not self._waiting and self.in_use + 1 < self.total and self._held[tenant] + 1 < self.per_tenant
 
     @asynccontextmanager
     async def slot(self, tenant: str, wait_seconds: float) -> AsyncIterator[None]:

@@ -405,10 +405,11 @@ class ViewService:
             self.store.cache.get(key, [])
             self._states.latest(key)
 
-    def room_to_follow(self) -> bool:
-        """`room_to_warm`, and a render slot to spare (warm_start.follow reads between renders, never
-        before one: renders of any tenant find a slot free as they would without it)."""
-        return self.room_to_warm() and (self.workers is None or self.workers.slots.spare())
+    def room_to_follow(self, tenant: str) -> bool:
+        """`room_to_warm`, and a render slot to spare for a read of `tenant`'s (warm_start.follow
+        reads between renders, never before one: renders of any tenant, this one's too, find a
+        slot free as they would without it)."""
+        return self.room_to_warm() and (self.workers is None or self.workers.slots.spare(tenant))
 
     def room_to_warm(self) -> bool:
         """Whether the process's memory for sessions is less than half taken: warming past it would

@@ -137,14 +137,15 @@ async def follow(
             listed = await carries.listed(LISTED)
             if not listed:  # (Redis did not answer: what it lists when it does is compared with the last)
                 continue
+            now = dict(listed)
             fresh = [key for key, used in listed if last.get(key) != used]
-            last = dict(listed)
-            fresh = [k for k in dict.fromkeys((*fresh, *left)) if k in last]  # (and those left, still listed)
+            fresh = [k for k in dict.fromkeys((*fresh, *left)) if k in now]  # (and those left, still listed)
             # Not those this process renders or did, nor those it let go of; those it read ahead
             # of their renders, and none used since, again (a later carry, the stored changes
             # may no longer lead on from the one held).
             fresh = [k for k in fresh if carries.unused(k) or not (views.holds_carry(k) or carries.known(k))]
             left = await _follow(views, fresh, share, prepare) if fresh and views.room_to_warm() else []
+            last = now  # (once read: a look that failed is made again at the next)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a shortcut: whatever went wrong, renders read what they need
@@ -169,7 +170,7 @@ async def _follow(
     for at, (key, tenant, session_id) in enumerate(named):
         if not views.room_to_warm():
             break
-        if not views.room_to_follow():
+        if not views.room_to_follow(tenant):
             left = [k for k, _, _ in named[at:]]
             break
         try:

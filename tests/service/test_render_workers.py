@@ -133,19 +133,22 @@ async def test_a_cancelled_call_keeps_its_slot_until_its_thread_is_done() -> Non
 async def test_a_slot_is_to_spare_only_while_none_waits_and_one_would_stay_free() -> None:
     """Work that can wait (a session read ahead of its renders) takes a slot only when a render
     would still find one free."""
-    slots = FairSlots(3, per_tenant=2)
-    assert slots.spare()
+    slots = FairSlots(4, per_tenant=3)
+    assert slots.spare("a")
     async with slots.slot("a", 1):
-        assert slots.spare()  # two free: one taken, one left
-        async with slots.slot("b", 1):
-            assert not slots.spare()  # one free: a render's
-            async with slots.slot("a", 1):
-                waiting = asyncio.create_task(_held_briefly(slots, "c"))
-                await asyncio.sleep(0.01)
-                assert not slots.spare()  # (all taken, and a render waits)
-            await waiting
-    assert slots.spare()
-    assert not FairSlots(1, per_tenant=1).spare()  # one thread: renders alone
+        assert slots.spare("a") and slots.spare("b")  # three free: one taken, two left
+        async with slots.slot("a", 1):
+            assert not slots.spare("a")  # the tenant's last: its own next render's
+            assert slots.spare("b")
+            async with slots.slot("b", 1):
+                assert not slots.spare("b") and not slots.spare("c")  # one free: a render's
+                async with slots.slot("c", 1):
+                    waiting = asyncio.create_task(_held_briefly(slots, "c"))
+                    await asyncio.sleep(0.01)
+                    assert not slots.spare("d")  # (all taken, and a render waits)
+                await waiting
+    assert slots.spare("a")
+    assert not FairSlots(1, per_tenant=1).spare("a")  # one thread: renders alone
 
 
 async def _held_briefly(slots: FairSlots, tenant: str) -> None:

@@ -133,7 +133,7 @@ class Followed(Listed):
     def room_to_warm(self) -> bool:
         return self.room
 
-    def room_to_follow(self) -> bool:
+    def room_to_follow(self, tenant: str) -> bool:
         return self.room and self.slot_to_spare
 
 
@@ -283,5 +283,25 @@ async def test_what_renders_left_no_slot_for_is_read_at_a_later_look() -> None:
         views.slot_to_spare = True
         await _polled(views)
         assert views.read == ["s2", "s1"]
+    finally:
+        task.cancel()
+
+
+async def test_a_look_that_failed_is_made_again() -> None:
+    """What was listed at a look whose reading failed (the database, say) is read at the next."""
+    views = Followed([])
+    task = await _following(views, [])
+    try:
+        real = views.sessions_named
+
+        async def failing(keys: list[int]) -> list[tuple[int, str, str]]:
+            raise OSError("the database went away")
+
+        views.sessions_named = failing  # type: ignore[method-assign]
+        views.listing = [(1, 1.0)]
+        await _polled(views)
+        views.sessions_named = real  # type: ignore[method-assign]
+        await _polled(views)
+        assert views.read == ["s1"]
     finally:
         task.cancel()

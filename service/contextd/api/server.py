@@ -102,9 +102,13 @@ class RunningServer:
             # What the renders worked out, for whichever replica renders these sessions next.
             left = grace - (time.monotonic() - started) - STOP_SLACK_SECONDS
             held = self.states.carries()
-            kept = await self.carries.keep_now(held, max(0.0, left))
-            if held:
-                log.info("kept in Redis the carries of %d of the %d sessions held", kept, len(held))
+            # (Those read back ahead of renders that never came are kept already.)
+            own = [(key, carry) for key, carry in held if not self.carries.unused(key)]
+            kept = await self.carries.keep_now(own, max(0.0, left))
+            if own:
+                log.info("kept in Redis the carries of %d of the %d sessions held", kept, len(own))
+            if len(own) < len(held):
+                log.info("%d sessions held were read back and not rendered since: kept already", len(held) - len(own))
             await self.carries.close()
         await _close(self.workers, self.db, self.stash, self.admission)
 

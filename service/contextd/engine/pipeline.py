@@ -324,7 +324,7 @@ def _carry(
     changed = frozenset(s for s in map(target_of, (a.edit for a in applied)) if s is not None and s > 0)
     reordered = any(isinstance(a.edit, Reorder) for a in applied)
     carried: Ledgers | None = None if reordered else replace(ledgers, changed=changed)
-    if carried is not None and len(changed) >= SETTLED_FROM:
+    if carried is not None and not loaded.draft.reordered and len(changed) >= SETTLED_FROM:
         # Asked now about the entries as this render left them, as the next render would ask.
         context = transform_context(loaded.draft, inp.request, cache, inp.tools, inp.policy)
         carried = propose(loaded, context, inp.policy, inp.registry, (), (), carried).ledgers
