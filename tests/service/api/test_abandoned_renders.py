@@ -62,8 +62,9 @@ def slowed_once(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> None:
 
 
 def given_up(target: str, session_id: str) -> None:
-    # 0.5 s: time enough for the render to start its engine first on a busy machine.
-    hasty = Client(target, timeout=0.5, retry=RetryPolicy(max_attempts=1))
+    # 1 s: time enough for the render to start its engine first on a busy machine (0.5 s was
+    # not, once in a full run: nothing was stored), and less than the engine's 1.5 s sleep.
+    hasty = Client(target, timeout=1.0, retry=RetryPolicy(max_attempts=1))
     with hasty, pytest.raises(DeadlineExceeded):
         hasty.render_view(session_id, ViewFormat.OPENAI_CHAT)
 
