@@ -71,22 +71,14 @@ async def warm_start(
     read: list[int] = []  # the keys of the sessions read back
     try:
         async with asyncio.timeout(seconds):
-            keys = await views.carries.recent(LISTED)
-            named = await views.store.sessions_named(keys) if keys else []
-            if share is not None:
-                named = [n for n in named if route(n[1], n[2], share[1]) == share[0]]
+            named = await _named(views, await views.carries.recent(LISTED), share)
             for key, tenant, session_id in named:
                 if not views.room_to_warm():
                     break
                 looked += 1
-                try:
-                    if await views.warm(key, tenant, session_id, prepare):
-                        read.append(key)
-                        views.carries.stats.warmed += 1
-                except SessionNotFound:  # deleted since it was listed
-                    continue
-                except (ContextdError, SQLAlchemyError, OSError) as exc:
-                    log.warning("the kept carry of session %d was not read back: %r", key, exc)
+                if await _read_back(views, key, tenant, session_id, prepare):
+                    read.append(key)
+                    views.carries.stats.warmed += 1
     except TimeoutError:
         pass
     except Exception as exc:  # a start-up's shortcut: whatever went wrong, the replica serves without it
@@ -162,9 +154,7 @@ async def _follow(
     for the next look because the render slots were wanted (none, once memory is short)."""
     assert views.carries is not None
     started = time.monotonic()
-    named = await views.store.sessions_named(keys)
-    if share is not None:
-        named = [n for n in named if route(n[1], n[2], share[1]) == share[0]]
+    named = await _named(views, keys, share)
     read: list[int] = []
     left: list[int] = []
     for at, (key, tenant, session_id) in enumerate(named):
@@ -173,17 +163,35 @@ async def _follow(
         if not views.room_to_follow(tenant):
             left = [k for k, _, _ in named[at:]]
             break
-        try:
-            if await views.warm(key, tenant, session_id, prepare):
-                read.append(key)
-                views.carries.stats.followed += 1
-        except SessionNotFound:  # deleted since it was listed
-            continue
-        except (ContextdError, SQLAlchemyError, OSError) as exc:
-            log.warning("the kept carry of session %d was not read back: %r", key, exc)
+        if await _read_back(views, key, tenant, session_id, prepare):
+            read.append(key)
+            views.carries.stats.followed += 1
     views.hold_recent(read)  # (as warm_start: the most recent the last to go)
     if read:
         log.info(
             "read back the carries other replicas kept of %d sessions in %.1f s", len(read), time.monotonic() - started
         )
     return left
+
+
+async def _named(views: ViewService, keys: Sequence[int], share: tuple[int, int] | None) -> list[tuple[int, str, str]]:
+    """The sessions `keys` name that are still live, as (key, tenant, id) in that order; of them,
+    on a render process (`share`), those routed to it."""
+    named = await views.store.sessions_named(keys) if keys else []
+    if share is None:
+        return named
+    return [n for n in named if route(n[1], n[2], share[1]) == share[0]]
+
+
+async def _read_back(
+    views: ViewService, key: int, tenant: str, session_id: str, prepare: Callable[[Carry], None] | None
+) -> bool:
+    """`views.warm` of one session; False, logged, when it could not be read (deleted since it was
+    listed, or the database or Redis failed)."""
+    try:
+        return await views.warm(key, tenant, session_id, prepare)
+    except SessionNotFound:
+        return False
+    except (ContextdError, SQLAlchemyError, OSError) as exc:
+        log.warning("the kept carry of session %d was not read back: %r", key, exc)
+        return False
