@@ -62,7 +62,7 @@ def test_a_restarted_replica_resumes_a_session_from_its_kept_carry(postgres_serv
                 redis_url
             ) as client:  # (closed: a socket left to the collector fails a later test)
                 stored = client.hget(keys[0], "c")
-            assert stored.startswith(b"contextd-carry-1\n")  # type: ignore[union-attr]
+            assert stored.startswith(kept_carries.MAGIC)  # type: ignore[union-attr]
 
             later = ServerProcess(*kept).wait_serving()
             with Client(later.target, timeout=60) as on_later:

@@ -8,6 +8,7 @@ import base64
 import dataclasses
 import hashlib
 import itertools
+import json
 import re
 import threading
 import uuid
@@ -280,6 +281,34 @@ async def test_items_come_back_as_they_went_in(
             dict(sent.metadata),
         )
         assert stored.created_at.tzinfo is not None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[{"type": "text", "text": "caf\\u00e9 \\ud83d\\ude00 \\"quoted\\"\\n", "item_id": ""}]',
+        '{"a": "x", "a": "y", "b": [true, false, null], "c": {}}',  # (a key twice: the last holds)
+        '[{"type": "text", "text": "half a pair: \\ud800"}]',  # a lone surrogate: orjson refuses it
+    ],
+)
+def test_a_json_column_reads_as_json_reads_it(text: str) -> None:
+    assert rows.decoded(text) == json.loads(text)
+
+
+def test_an_items_json_columns_hold_no_numbers() -> None:
+    """What lets `rows.decoded` read with orjson: it reads an integer past 64 bits otherwise."""
+
+    def leaves(value: Any) -> list[Any]:
+        if isinstance(value, dict):
+            return [leaf for member in value.values() for leaf in leaves(member)]
+        if isinstance(value, list):
+            return [leaf for member in value for leaf in leaves(member)]
+        return [value]
+
+    now = datetime.now(UTC)
+    written = [rows.item_row(1, seq, c, PreparedItem(c, "", 0), "", now) for seq, c in enumerate(rich_items(), 1)]
+    found = {type(leaf) for row in written for leaf in leaves([row["content"], row["metadata"]])}
+    assert str in found and found <= {str, bool, type(None)}
 
 
 async def test_sessions_are_per_tenant(store: HistoryStore, session: str) -> None:

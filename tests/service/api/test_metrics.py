@@ -131,7 +131,7 @@ def test_appends_renders_decisions_and_usage_are_counted(snapshot: Any, client: 
     assert grew("contextd.items.appended", tenant="default") == len(appended.receipts) == len(messages)
     assert grew("contextd.items.appended.size", tenant="default") >= len(BULKY) * 6
     assert grew("contextd.render.duration", stage="all") == 1
-    for stage in ("load", "propose", "judge", "apply", "budget", "show", "record"):
+    for stage in ("load", "propose", "judge", "apply", "budget", "show", "record", "carry"):
         assert grew("contextd.render.duration", stage=stage) == 1, stage
     assert grew("contextd.view.tokens", tenant="default") == view.total_tokens
 
