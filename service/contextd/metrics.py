@@ -67,6 +67,12 @@ render_duration = _histogram(
     "Time of the engine's render, in all (contextd.stage=all) and by stage.",
     DURATION_BUCKETS,
 )
+render_reads = _histogram(
+    "contextd.render.reads",
+    "s",
+    "Time a render spent reading what it resumes from before the engine's render, by what it read (contextd.read).",
+    DURATION_BUCKETS,
+)
 tokens_sent = meter.create_counter(
     "contextd.view.tokens", unit="{token}", description="Tokens of the views rendered (what the model is sent)."
 )
@@ -254,6 +260,12 @@ def record_render(
     if costs is not None:
         cost.add(costs[0], {TENANT: tenant, "contextd.cost.basis": "view"})
         cost.add(costs[1], {TENANT: tenant, "contextd.cost.basis": "whole_history"})
+
+
+def record_reads(reads: Sequence[tuple[str, float]]) -> None:
+    """What a render read before the engine's render, and how long each took (`contextd.render.reads`)."""
+    for read, spent in reads:
+        render_reads.record(spent, {"contextd.read": read})
 
 
 def record_cache(tenant: str, source: str, read: int, write: int, uncached: int) -> None:

@@ -222,15 +222,22 @@ class ViewService:
         if (warming := self._warming.get((tenant, session_id))) is not None:
             await warming.wait()  # its kept carry is being read as the process starts (before its lock)
         async with self._slot(tenant), self.store.db.write(tenant, session_id) as conn:
+            read = _Reads()
             row, session, items = await self.store.history_in(conn, tenant, session_id)
+            read("history")
             key = row["key"]
             held = self._states.holds_carry(key)
             if self.carries is not None:
                 await self.carries.settled(key)  # (a carry of it being written is taken over after)
             if self.carries is not None and not held:
+                read.restart()
                 await self._resume_kept(key, items)
+                read("carry")
             policy = await self.policy_of(session)
+            read.restart()
             reads = await views.render_reads(conn, key, self._states)
+            read("state")
+            metrics.record_reads(read.reads)
             stored = reads.stored
             state = stored.state
             render_input = RenderInput(
@@ -595,6 +602,24 @@ class ViewService:
             row, _, _ = await self.store.history_in(conn, tenant, session_id)
             chain = await certificate_log.all_certificates(conn, row["key"])
         return len(chain), verify_chain(chain)
+
+
+class _Reads:
+    """How long each read of a render took (`metrics.record_reads`): the history (what this
+    process did not hold of it, from the database), the kept carry (when it held none of the
+    session's), the view state (and what was stored since)."""
+
+    __slots__ = ("reads", "started")
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[str, float]] = []
+        self.started = time.perf_counter()
+
+    def restart(self) -> None:
+        self.started = time.perf_counter()
+
+    def __call__(self, what: str) -> None:
+        self.reads.append((what, time.perf_counter() - self.started))
 
 
 def _render(

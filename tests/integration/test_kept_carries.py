@@ -8,6 +8,7 @@ import asyncio
 import re
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from contextd import metrics
 from contextd.api.auth import DEFAULT_TENANT
 from contextd.render_processes import route
 from contextd_client import Client, ViewFormat
@@ -106,11 +108,15 @@ def _kept(redis_url: str, secret: str) -> list[bytes]:
 
 
 def test_a_session_let_go_of_to_stay_in_the_memory_budget_is_resumed_from_its_kept_carry(
-    tmp_path: Path, redis_url: str
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A replica whose memory holds one session's carry renders two by turns: each render lets
     the other session's carry go, and keeps it in Redis; another replica (nothing of either in
-    its memory) resumes each from there, and renders what a replica that never let go renders."""
+    its memory) resumes each from there, and renders what a replica that never let go renders.
+    Each render that looked for a kept carry says so in its reads (`contextd.render.reads`)."""
+    reads: list[str] = []
+    record = metrics.record_reads
+    monkeypatch.setattr(metrics, "record_reads", lambda found: (reads.extend(r for r, _ in found), record(found)))
     database = f"sqlite+aiosqlite:///{tmp_path / 'kept.db'}"
     asyncio.run(migrate.upgrade(database))
     secret = uuid.uuid4().hex
@@ -150,6 +156,9 @@ def test_a_session_let_go_of_to_stay_in_the_memory_budget_is_resumed_from_its_ke
                 ]
         stats = later._running.carries.stats  # type: ignore[union-attr]
         assert (stats.loaded, stats.resumed, stats.refused) == (2, 2, 0)
+        looked = [s.loaded + s.missed + s.refused for s in (carries.stats, stats)]
+        renders = 12 * 4 + 2 * 2  # (each turn: two on the tight replica, two on the plain one; then two each)
+        assert Counter(reads) == {"history": renders, "state": renders, "carry": sum(looked)}
     finally:
         for server in (tight, later, plain):
             server.stop()

@@ -65,6 +65,7 @@ def _key(name: str) -> str:
         "status": "rpc.response.status_code",
         "tenant": "contextd.tenant",
         "stage": "contextd.stage",
+        "read": "contextd.read",
         "decision": "contextd.decision",
         "source": "contextd.cache.source",
         "kind": "contextd.cache.kind",
@@ -133,6 +134,8 @@ def test_appends_renders_decisions_and_usage_are_counted(snapshot: Any, client: 
     assert grew("contextd.render.duration", stage="all") == 1
     for stage in ("load", "propose", "judge", "apply", "budget", "show", "record", "carry"):
         assert grew("contextd.render.duration", stage=stage) == 1, stage
+    # What it read first: the history and the view state (no kept carries on this server).
+    assert [grew("contextd.render.reads", read=r) for r in ("history", "carry", "state")] == [1, 0, 1]
     assert grew("contextd.view.tokens", tenant="default") == view.total_tokens
 
     decided = Counter(c.decision.upper() for c in view.certificates)
@@ -169,6 +172,7 @@ BOUNDED = {
     "error.type",
     "contextd.tenant",
     "contextd.stage",
+    "contextd.read",
     "contextd.decision",
     "contextd.reason",
     "contextd.level",
