@@ -79,7 +79,8 @@ class Settings:
         "How long a starting replica may spend, before its service's health says SERVING (readiness), reading back the "
         "work kept (--carry-secret) on the sessions used most recently, so that their first renders on it "
         "cost what a render after one append does (a rolling restart). It stops sooner once half of "
-        "--session-cache-bytes is taken. 0: each session's is read at its first render.",
+        "--session-cache-bytes is taken; those it has no time for, --carry-follow-seconds reads once it serves. "
+        "0: each session's is read at its first render.",
         off=True,
     )
     carry_follow_seconds: float = _setting(
@@ -87,7 +88,8 @@ class Settings:
         "How often a replica looks in Redis for the work other replicas kept (--carry-secret) since it last looked, "
         "and reads back that of the sessions it holds nothing of, while half of --session-cache-bytes is free and a "
         "render thread is to spare: their first renders on it then skip that reading, which grows with the session "
-        "(in a rolling restart, the replicas left read the sessions of the one that stops). Each replica may hold "
+        "(in a rolling restart, the replicas left read the sessions of the one that stops; the replica that starts, "
+        "those --carry-warm-seconds had no time for). Each replica may hold "
         "every session in use: with routing that keeps a session on one replica, set 0. 0: each session's is read at "
         "its first render.",
         off=True,

@@ -10,7 +10,8 @@ sessions most recently used before its service's health says SERVING (the proces
 process serves calls meanwhile (a render of a session being read waits for that read alone,
 before it takes the session's lock); only its readiness waits.
 
-Bounded three ways: by time (the setting; a read under way as it ends finishes), by memory (it
+Bounded three ways: by time (the setting; a read under way as it ends finishes on its thread;
+what the time ran out before, `follow` reads once the process serves), by memory (it
 stops once half of the sessions' memory is taken, so that it does not let go of what it read,
 writing it back), and, on the render processes (`--render-processes`), to the sessions routed
 to the process.
@@ -31,6 +32,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -54,24 +56,41 @@ def share_of(setting: str) -> tuple[int, int] | None:
     return index, count
 
 
+@dataclass(frozen=True, slots=True)
+class Warmed:
+    """What `warm_start` did."""
+
+    read: int
+    """Carries read back."""
+    looked: int
+    """Sessions looked at."""
+    left: tuple[int, ...] = ()
+    """The sessions listed that its time ran out before (the one it was reading then with them),
+    the most recent first: `follow` reads them once the process serves."""
+
+
 async def warm_start(
     views: ViewService,
     seconds: float,
     share: tuple[int, int] | None = None,
     prepare: Callable[[Carry], None] | None = None,
-) -> tuple[int, int]:
+) -> Warmed:
     """Read back the most recently kept carries for about `seconds` (a read under way when they
     end finishes on its thread: one session's, seconds at most) of the sessions `share` routes
     to this process, when given, calling `prepare` with each (off the event loop: the response's
-    bytes of its view encoded, api/responses.py); returns (carries read, sessions looked at). A
-    session that fails to be read is logged and passed over."""
+    bytes of its view encoded, api/responses.py). A session that fails to be read is logged and
+    passed over."""
     assert views.carries is not None
     started = time.monotonic()
     looked = 0
     read: list[int] = []  # the keys of the sessions read back
+    listed: list[int] = []
+    named: list[tuple[int, str, str]] | None = None
+    left: tuple[int, ...] = ()
     try:
         async with asyncio.timeout(seconds):
-            named = await _named(views, await views.carries.recent(LISTED), share)
+            listed = await views.carries.recent(LISTED)
+            named = await _named(views, listed, share)
             for key, tenant, session_id in named:
                 if not views.room_to_warm():
                     break
@@ -79,8 +98,8 @@ async def warm_start(
                 if await _read_back(views, key, tenant, session_id, prepare):
                     read.append(key)
                     views.carries.stats.warmed += 1
-    except TimeoutError:
-        pass
+    except TimeoutError:  # (during a read: the one under way is left with the rest)
+        left = tuple(listed) if named is None else tuple(key for key, _, _ in named[max(looked - 1, 0) :])
     except Exception as exc:  # a start-up's shortcut: whatever went wrong, the replica serves without it
         log.warning("the kept carries were not read back as the server started: %r", exc)
     # Read most recent first, they would be let go of in that order too under the memory's
@@ -93,7 +112,7 @@ async def warm_start(
             looked,
             time.monotonic() - started,
         )
-    return len(read), looked
+    return Warmed(len(read), looked, left)
 
 
 async def follow(
@@ -102,6 +121,7 @@ async def follow(
     seen: Sequence[tuple[int, float]],
     share: tuple[int, int] | None = None,
     prepare: Callable[[Carry], None] | None = None,
+    unread: Sequence[int] = (),
 ) -> None:
     """Every `every_seconds`, read back the carries other replicas kept since the last look (the
     deployment's list in Redis names each session with when it was used, listed again whenever
@@ -109,7 +129,8 @@ async def follow(
     read (or read ahead and not rendered since), while half of its sessions' memory is free and
     a render slot is to spare (no render waits for one, and one stays free: those listed are
     then read at a later look) (`--carry-follow-seconds`); `seen`: the list as it stood before,
-    left to `warm_start`. Runs until cancelled.
+    left to `warm_start`, but for `unread`, those of it `warm_start` ran out of time for (still
+    listed, after what is listed anew). Runs until cancelled.
 
     A session's renders go to any replica: each replica's first render of a session would read
     its history and carry, at a cost that grows with the session. A replica that follows reads
@@ -122,7 +143,9 @@ async def follow(
     assert views.carries is not None
     carries = views.carries
     last = dict(seen)
-    left: list[int] = []  # listed, not read yet: the render slots were wanted by renders
+    # Listed, not read yet: warm_start's time ran out (not those it read after all), the render
+    # slots were wanted.
+    left = [key for key in unread if not (views.holds_carry(key) or carries.known(key))]
     while True:
         await asyncio.sleep(every_seconds)
         try:

@@ -12,13 +12,16 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from contextd import metrics
 from contextd.api.auth import DEFAULT_TENANT
+from contextd.config import Settings
 from contextd.render_processes import route
+from contextd.view_service import ViewService
 from contextd_client import Client, ViewFormat
 from contextd_lab.service import ServerProcess
 from contextd_storage import kept_carries, migrate
@@ -379,11 +382,9 @@ def _spread(count: int, processes: int) -> list[str]:
 WARMED = re.compile(r"read back the kept carries of (\d+) of the \d+ sessions used most recently")
 
 
-def test_a_starting_replica_reads_back_carries_within_half_its_memory_or_not_at_all(
-    tmp_path: Path, redis_url: str
-) -> None:
-    """Reading back stops once half of the sessions' memory is taken (more would let go of what was
-    read, each carry written back), and `carry_warm_seconds` 0 reads none."""
+def _three_kept(tmp_path: Path, redis_url: str) -> Settings:
+    """The settings of a replica of a deployment where another kept the carries of three sessions
+    as it stopped."""
     database = f"sqlite+aiosqlite:///{tmp_path / 'warm.db'}"
     asyncio.run(migrate.upgrade(database))
     kept = settings_for(database, redis_url=redis_url, carry_secret=uuid.uuid4().hex)
@@ -398,6 +399,15 @@ def test_a_starting_replica_reads_back_carries_within_half_its_memory_or_not_at_
         first.stop(grace=30)
     assert first._running is not None and first._running.carries is not None
     assert first._running.carries.stats.kept == 3
+    return kept
+
+
+def test_a_starting_replica_reads_back_carries_within_half_its_memory_or_not_at_all(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Reading back stops once half of the sessions' memory is taken (more would let go of what was
+    read, each carry written back), and `carry_warm_seconds` 0 reads none."""
+    kept = _three_kept(tmp_path, redis_url)
     for settings, warmed in (
         (kept, 3),
         (replace(kept, session_cache_bytes=2 * 60_000), 1),  # about one session's
@@ -409,3 +419,29 @@ def test_a_starting_replica_reads_back_carries_within_half_its_memory_or_not_at_
             assert (stats.warmed, stats.loaded, stats.refused) == (warmed, warmed, 0), settings
         finally:
             later.stop()
+
+
+def test_what_a_starting_replica_had_no_time_for_it_reads_once_it_serves(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each read made slow, a replica's start has time for one session's carry at most; it reads
+    the others once it serves, as it follows what other replicas keep."""
+    kept = _three_kept(tmp_path, redis_url)
+    warm = ViewService.warm
+
+    async def slow(self: ViewService, *args: Any, **kwargs: Any) -> bool:
+        await asyncio.sleep(0.4)
+        return await warm(self, *args, **kwargs)
+
+    monkeypatch.setattr(ViewService, "warm", slow)
+    later = ServerThread(replace(kept, carry_warm_seconds=0.5, carry_follow_seconds=0.05)).start()
+    try:
+        stats = later._running.carries.stats  # type: ignore[union-attr]
+        assert stats.warmed <= 1
+        for _ in range(300):
+            if stats.loaded == 3:
+                break
+            time.sleep(0.02)
+        assert (stats.warmed + stats.followed, stats.loaded, stats.refused) == (3, 3, 0)
+    finally:
+        later.stop()

@@ -16,7 +16,7 @@ from contextd.engine.tokens import TiktokenCounter
 from contextd.engine.transforms import TransformRegistry
 from contextd.render_processes import route
 from contextd.view_service import ViewService
-from contextd.warm_start import follow, warm_start
+from contextd.warm_start import Warmed, follow, warm_start
 from contextd_storage.database import Database
 from contextd_storage.history import HistoryStore, ItemCache, item_bytes
 from contextd_storage.kept_carries import KeptStats
@@ -26,9 +26,12 @@ from tests.helpers import make_item
 class Listed:
     """The parts of a ViewService that warm_start asks: what is listed, and a read of each."""
 
-    def __init__(self, sessions: int, seconds_each: float = 0.0, gone: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, sessions: int, seconds_each: float = 0.0, gone: tuple[str, ...] = (), naming_seconds: float = 0.0
+    ) -> None:
         self.carries = self.store = self
         self.sessions, self.seconds_each, self.gone = sessions, seconds_each, gone
+        self.naming_seconds = naming_seconds
         self.read: list[str] = []
         self.held: list[int] = []
         self.stats = KeptStats()
@@ -37,6 +40,7 @@ class Listed:
         return list(range(1, self.sessions + 1))[:count]
 
     async def sessions_named(self, keys: list[int]) -> list[tuple[int, str, str]]:
+        await asyncio.sleep(self.naming_seconds)
         return [(key, "tenant", f"s{key}") for key in keys]
 
     async def warm(self, key: int, tenant: str, session_id: str, prepare: Any = None) -> bool:
@@ -55,7 +59,7 @@ class Listed:
 
 async def test_the_most_recent_are_read_first_and_a_deleted_one_is_skipped() -> None:
     views = Listed(4, gone=("s2",))
-    assert await warm_start(views, 10) == (3, 4)  # type: ignore[arg-type]
+    assert await warm_start(views, 10) == Warmed(3, 4)  # type: ignore[arg-type]
     assert views.read == ["s1", "s3", "s4"]
     assert views.held == [1, 3, 4]  # made the most recently used, the most recent last to go
 
@@ -63,17 +67,24 @@ async def test_the_most_recent_are_read_first_and_a_deleted_one_is_skipped() -> 
 async def test_reading_back_ends_with_its_time() -> None:
     views = Listed(5, seconds_each=0.2)
     started = time.monotonic()
-    warmed, _ = await warm_start(views, 0.5)  # type: ignore[arg-type]
-    assert warmed <= 2 and time.monotonic() - started < 1.0  # five would take a second
-    assert views.read == [f"s{n}" for n in range(1, warmed + 1)]
-    assert views.held == list(range(1, warmed + 1))  # what was read when the time ran out
+    done = await warm_start(views, 0.5)  # type: ignore[arg-type]
+    assert done.read <= 2 and time.monotonic() - started < 1.0  # five would take a second
+    assert views.read == [f"s{n}" for n in range(1, done.read + 1)]
+    assert views.held == list(range(1, done.read + 1))  # what was read when the time ran out
+    # What the time ran out before is left to `follow`, the read it cut short with it.
+    assert done.looked == done.read + 1 and done.left == tuple(range(done.looked, 6))
+
+
+async def test_what_is_listed_is_left_to_follow_when_the_time_runs_out_before_the_sessions_are_named() -> None:
+    views = Listed(3, naming_seconds=1.0)
+    assert await warm_start(views, 0.2) == Warmed(0, 0, (1, 2, 3))  # type: ignore[arg-type]
 
 
 async def test_a_render_process_reads_the_sessions_routed_to_it_alone() -> None:
     views = Listed(40)
-    warmed, _ = await warm_start(views, 10, share=(1, 3))  # type: ignore[arg-type]
+    done = await warm_start(views, 10, share=(1, 3))  # type: ignore[arg-type]
     assert views.read == [f"s{n}" for n in range(1, 41) if route("tenant", f"s{n}", 3) == 1]
-    assert 0 < warmed == len(views.read) < 40
+    assert 0 < done.read == len(views.read) < 40 and done.left == ()
 
 
 def test_the_sessions_read_back_are_let_go_of_the_least_recent_first(tmp_path: Path) -> None:
@@ -148,8 +159,10 @@ async def _polled(views: Followed, times: int = 2) -> None:
     raise AssertionError("follow stopped looking")
 
 
-async def _following(views: Followed, seen: list[tuple[int, float]], share: tuple[int, int] | None = None) -> Any:
-    return asyncio.create_task(follow(views, 0.001, seen, share))  # type: ignore[arg-type]
+async def _following(
+    views: Followed, seen: list[tuple[int, float]], share: tuple[int, int] | None = None, unread: tuple[int, ...] = ()
+) -> Any:
+    return asyncio.create_task(follow(views, 0.001, seen, share, None, unread))  # type: ignore[arg-type]
 
 
 async def test_what_others_keep_from_now_on_is_read_not_what_was_kept_before() -> None:
@@ -172,6 +185,21 @@ async def test_what_others_keep_from_now_on_is_read_not_what_was_kept_before() -
         # read again: the one kept since is later, and the stored changes may not reach it.
         assert views.read == ["s3", "s1", "s1"] and views.stats.followed == 3
         assert views.held == [1]  # (each look's reads made the most recently used, as warm_start's)
+    finally:
+        task.cancel()
+
+
+async def test_what_the_start_had_no_time_for_is_read_once_it_serves_after_what_is_kept_since() -> None:
+    before = [(4, 100.0), (3, 90.0), (2, 80.0), (1, 70.0)]
+    views = Followed(list(before))
+    views.holding = views.wrote_or_read = views.ahead = {4}  # read as the time ran out, after all
+    task = await _following(views, before, unread=(4, 3, 2, 1))
+    try:
+        views.listing = [(5, 120.0), *before[:3]]  # one kept since; one gone from the list (its TTL)
+        await _polled(views)
+        assert views.read == ["s5", "s3", "s2"] and views.stats.followed == 3
+        await _polled(views)
+        assert views.read == ["s5", "s3", "s2"]  # each once
     finally:
         task.cancel()
 

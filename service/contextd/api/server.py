@@ -268,11 +268,13 @@ async def start(settings: Settings, interceptors: Sequence[grpc.aio.ServerInterc
         share = share_of(settings.render_share)
         # What was kept before now is warm_start's to read; what is kept from now on, follow's.
         seen = await carries.listed(LISTED) if settings.carry_follow_seconds else []
+        unread: tuple[int, ...] = ()
         if settings.carry_warm_seconds:
             # Calls are served from here on; the service's health says SERVING once this is done.
-            await warm_start(views, settings.carry_warm_seconds, share, _prepare)
+            unread = (await warm_start(views, settings.carry_warm_seconds, share, _prepare)).left
         if settings.carry_follow_seconds:
-            following = asyncio.create_task(follow(views, settings.carry_follow_seconds, seen, share, _prepare))
+            # What the start had no time for, follow reads (after what is kept from now on).
+            following = asyncio.create_task(follow(views, settings.carry_follow_seconds, seen, share, _prepare, unread))
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     running = RunningServer(
