@@ -79,7 +79,8 @@ class Settings:
         "How long a starting replica may spend, before its service's health says SERVING (readiness), reading back the "
         "work kept (--carry-secret) on the sessions used most recently, so that their first renders on it "
         "cost what a render after one append does (a rolling restart). It stops sooner once half of "
-        "--session-cache-bytes is taken; those it has no time for, --carry-follow-seconds reads once it serves. "
+        "--session-cache-bytes is taken; those it has no time for, --carry-follow-seconds reads once it serves "
+        "(unless 0), within the same half. "
         "0: each session's is read at its first render.",
         off=True,
     )

@@ -230,9 +230,11 @@ class ViewService:
             if self.carries is not None:
                 await self.carries.settled(key)  # (a carry of it being written is taken over after)
             if self.carries is not None and not held:
+                asked = self.carries.answering  # (else nothing is read: Redis rests after a failure)
                 read.restart()
                 await self._resume_kept(key, items)
-                read("carry")
+                if asked:
+                    read("carry")
             policy = await self.policy_of(session)
             read.restart()
             reads = await views.render_reads(conn, key, self._states)

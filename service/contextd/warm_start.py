@@ -10,8 +10,8 @@ sessions most recently used before its service's health says SERVING (the proces
 process serves calls meanwhile (a render of a session being read waits for that read alone,
 before it takes the session's lock); only its readiness waits.
 
-Bounded three ways: by time (the setting; a read under way as it ends finishes on its thread;
-what the time ran out before, `follow` reads once the process serves), by memory (it
+Bounded three ways: by time (the setting; a read under way as it ends goes on; what the time
+ran out before, `follow` reads once the process serves, unless it is off), by memory (it
 stops once half of the sessions' memory is taken, so that it does not let go of what it read,
 writing it back), and, on the render processes (`--render-processes`), to the sessions routed
 to the process.
@@ -29,6 +29,7 @@ its next render comes here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -65,8 +66,8 @@ class Warmed:
     looked: int
     """Sessions looked at."""
     left: tuple[int, ...] = ()
-    """The sessions listed that its time ran out before (the one it was reading then with them),
-    the most recent first: `follow` reads them once the process serves."""
+    """The sessions listed that its time ran out before (not the one it was reading then, which
+    goes on), the most recent first: `follow` reads them once the process serves."""
 
 
 async def warm_start(
@@ -75,17 +76,18 @@ async def warm_start(
     share: tuple[int, int] | None = None,
     prepare: Callable[[Carry], None] | None = None,
 ) -> Warmed:
-    """Read back the most recently kept carries for about `seconds` (a read under way when they
-    end finishes on its thread: one session's, seconds at most) of the sessions `share` routes
+    """Read back the most recently kept carries for about `seconds` of the sessions `share` routes
     to this process, when given, calling `prepare` with each (off the event loop: the response's
-    bytes of its view encoded, api/responses.py). A session that fails to be read is logged and
-    passed over."""
+    bytes of its view encoded, api/responses.py). A read under way as the time runs out goes on
+    after it returns (one session's, seconds at most), and counts once it ends. A session that
+    fails to be read is logged and passed over."""
     assert views.carries is not None
     started = time.monotonic()
     looked = 0
     read: list[int] = []  # the keys of the sessions read back
     listed: list[int] = []
     named: list[tuple[int, str, str]] | None = None
+    under_way: tuple[int, asyncio.Future[bool]] | None = None
     left: tuple[int, ...] = ()
     try:
         async with asyncio.timeout(seconds):
@@ -95,11 +97,23 @@ async def warm_start(
                 if not views.room_to_warm():
                     break
                 looked += 1
-                if await _read_back(views, key, tenant, session_id, prepare):
+                # Shielded: the time running out ends the waiting, not the read (its carry is held
+                # when it ends, not read for nothing, then again by `follow`).
+                under_way = key, asyncio.ensure_future(_read_back(views, key, tenant, session_id, prepare))
+                if await asyncio.shield(under_way[1]):
                     read.append(key)
                     views.carries.stats.warmed += 1
-    except TimeoutError:  # (during a read: the one under way is left with the rest)
-        left = tuple(listed) if named is None else tuple(key for key, _, _ in named[max(looked - 1, 0) :])
+                under_way = None
+    except TimeoutError:
+        left = tuple(listed) if named is None else tuple(key for key, _, _ in named[looked:])
+        if under_way is not None:
+            key, reading = under_way
+            if not reading.done():
+                _READING.add(reading)
+                reading.add_done_callback(functools.partial(_read_late, views))
+            elif _was_read(reading):  # (it ended as the time ran out)
+                read.append(key)
+                views.carries.stats.warmed += 1
     except Exception as exc:  # a start-up's shortcut: whatever went wrong, the replica serves without it
         log.warning("the kept carries were not read back as the server started: %r", exc)
     # Read most recent first, they would be let go of in that order too under the memory's
@@ -113,6 +127,27 @@ async def warm_start(
             time.monotonic() - started,
         )
     return Warmed(len(read), looked, left)
+
+
+_READING: set[asyncio.Future[bool]] = set()
+"""Reads that went on after warm_start's time ran out (held until they end)."""
+
+
+def _read_late(views: ViewService, reading: asyncio.Future[bool]) -> None:
+    """A read that went on after warm_start's time ran out has ended: counted as warm_start's."""
+    _READING.discard(reading)
+    if _was_read(reading) and views.carries is not None:
+        views.carries.stats.warmed += 1
+
+
+def _was_read(reading: asyncio.Future[bool]) -> bool:
+    """Whether an ended `_read_back` read its session's carry (what else went wrong, logged)."""
+    if reading.cancelled():
+        return False
+    if (exc := reading.exception()) is not None:
+        log.warning("the kept carries were not read back as the server started: %r", exc)
+        return False
+    return reading.result()
 
 
 async def follow(

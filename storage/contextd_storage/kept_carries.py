@@ -266,7 +266,7 @@ class KeptCarries:
         *args)` reads it off the event loop (the caller's render thread; by default a thread of
         this store's, which may be writing a carry)."""
         data = None
-        if time.monotonic() >= self._resting_until:
+        if self.answering:
             try:
                 data = await asyncio.wait_for(self._client.hget(self._key(session_key), "c"), READ_SECONDS)
             except (RedisError, OSError, TimeoutError) as exc:
@@ -444,6 +444,11 @@ class KeptCarries:
                 started = time.monotonic()
                 await self._write(session_key, carry)
                 await asyncio.sleep(time.monotonic() - started)  # at most half of a core
+
+    @property
+    def answering(self) -> bool:
+        """Whether Redis is asked: not for `REST_SECONDS` after it failed to answer."""
+        return time.monotonic() >= self._resting_until
 
     def _rest(self) -> None:
         self._resting_until = time.monotonic() + REST_SECONDS

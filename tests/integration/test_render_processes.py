@@ -53,7 +53,7 @@ def alive(pid: int) -> bool:
         return False
     try:  # a child of this test's process that has exited but was not reaped still "exists"
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # (gone between the open and the read: ESRCH)
         return False
 
 

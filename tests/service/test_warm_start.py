@@ -71,8 +71,10 @@ async def test_reading_back_ends_with_its_time() -> None:
     assert done.read <= 2 and time.monotonic() - started < 1.0  # five would take a second
     assert views.read == [f"s{n}" for n in range(1, done.read + 1)]
     assert views.held == list(range(1, done.read + 1))  # what was read when the time ran out
-    # What the time ran out before is left to `follow`, the read it cut short with it.
-    assert done.looked == done.read + 1 and done.left == tuple(range(done.looked, 6))
+    # What the time ran out before is left to `follow`; the read under way goes on, and counts.
+    assert done.looked == done.read + 1 and done.left == tuple(range(done.looked + 1, 6))
+    await asyncio.sleep(0.3)
+    assert views.read == [f"s{n}" for n in range(1, done.looked + 1)] and views.stats.warmed == done.looked
 
 
 async def test_what_is_listed_is_left_to_follow_when_the_time_runs_out_before_the_sessions_are_named() -> None:

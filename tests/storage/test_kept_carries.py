@@ -140,7 +140,9 @@ async def test_an_unreachable_redis_costs_a_miss_and_a_dropped_carry_never_an_er
     items, out = carried()
     carries = KeptCarries(redis.asyncio.Redis.from_url("redis://127.0.0.1:9/0"), uuid.uuid4().hex, counter(), 60)
     try:
+        assert carries.answering
         assert await carries.keep_now([(1, out.carry)], seconds=5) == 0  # type: ignore[list-item]
+        assert not carries.answering  # (it rests: a render asks it nothing, and says it read nothing)
         assert await carries.load(1, items) is None
         assert (carries.stats.dropped, carries.stats.missed) == (1, 1)
     finally:

@@ -275,7 +275,7 @@ def render(inp: RenderInput) -> RenderOutput:
     if not applied.durable:
         deferred = [t.eligible for t in timed.timed if not t.timing.apply]
         carried = _carry(inp, recorded.state, loaded, proposed.ledgers, fitted.applied, shown, deferred, cache.state)
-    lap("carry")  # (after a render that changed many entries, the rules asked again: `_carry`)
+        lap("carry")  # (after a render that changed many entries, the rules asked again: `_carry`)
     agent_ids = tuple(p.id for p in inp.agent_proposals)  # every one is decided now, or waits in the state
     return RenderOutput(
         recorded.view,
