@@ -133,6 +133,12 @@ _READING: set[asyncio.Future[bool]] = set()
 """Reads that went on after warm_start's time ran out (held until they end)."""
 
 
+def stop_reading() -> None:
+    """Cancel the reads that went on after warm_start's time ran out (the process stops)."""
+    for reading in list(_READING):
+        reading.cancel()
+
+
 def _read_late(views: ViewService, reading: asyncio.Future[bool]) -> None:
     """A read that went on after warm_start's time ran out has ended: counted as warm_start's."""
     _READING.discard(reading)

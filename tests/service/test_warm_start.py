@@ -16,7 +16,7 @@ from contextd.engine.tokens import TiktokenCounter
 from contextd.engine.transforms import TransformRegistry
 from contextd.render_processes import route
 from contextd.view_service import ViewService
-from contextd.warm_start import Warmed, follow, warm_start
+from contextd.warm_start import Warmed, follow, stop_reading, warm_start
 from contextd_storage.database import Database
 from contextd_storage.history import HistoryStore, ItemCache, item_bytes
 from contextd_storage.kept_carries import KeptStats
@@ -75,6 +75,15 @@ async def test_reading_back_ends_with_its_time() -> None:
     assert done.looked == done.read + 1 and done.left == tuple(range(done.looked + 1, 6))
     await asyncio.sleep(0.3)
     assert views.read == [f"s{n}" for n in range(1, done.looked + 1)] and views.stats.warmed == done.looked
+
+
+async def test_the_read_that_goes_on_past_the_time_ends_with_the_process() -> None:
+    views = Listed(3, seconds_each=0.3)
+    done = await warm_start(views, 0.1)  # type: ignore[arg-type]
+    assert (done.read, done.looked, done.left) == (0, 1, (2, 3))
+    stop_reading()
+    await asyncio.sleep(0.4)
+    assert views.read == [] and views.stats.warmed == 0
 
 
 async def test_what_is_listed_is_left_to_follow_when_the_time_runs_out_before_the_sessions_are_named() -> None:

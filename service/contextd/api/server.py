@@ -47,7 +47,7 @@ from contextd.render_workers import RenderWorkers
 from contextd.sessions import SessionService
 from contextd.telemetry import configure_tracing, instrument_storage
 from contextd.view_service import ViewService
-from contextd.warm_start import LISTED, follow, share_of, warm_start
+from contextd.warm_start import LISTED, follow, share_of, stop_reading, warm_start
 from contextd.watch import EventFeed, WatchSettings
 from contextd_client.v1 import contextd_pb2, contextd_pb2_grpc
 from contextd_storage import events, migrate
@@ -89,6 +89,7 @@ class RunningServer:
         started = time.monotonic()
         if self.following is not None:
             self.following.cancel()  # (a read under way ends with it; a render waiting for it reads for itself)
+        stop_reading()  # (the start's read that went on past its time, likewise)
         await self.health.enter_graceful_shutdown()
         await self.feed.close()  # watches end now (SERVER_STOPPING) and resume elsewhere, not at the grace's end
         await self.server.stop(grace)  # renders in flight on the render processes finish first
