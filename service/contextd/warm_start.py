@@ -134,9 +134,12 @@ _READING: set[asyncio.Future[bool]] = set()
 
 
 def stop_reading() -> None:
-    """Cancel the reads that went on after warm_start's time ran out (the process stops)."""
+    """Cancel the reads that went on after warm_start's time ran out (the process stops): those of
+    the calling event loop (a process may run servers on loops of their own: tests)."""
+    loop = asyncio.get_running_loop()
     for reading in list(_READING):
-        reading.cancel()
+        if reading.get_loop() is loop:
+            reading.cancel()
 
 
 def _read_late(views: ViewService, reading: asyncio.Future[bool]) -> None:
