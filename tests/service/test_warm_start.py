@@ -6,7 +6,9 @@ against Redis and a database, is in tests/integration/test_kept_carries.py.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -170,17 +172,22 @@ async def _polled(views: Followed, times: int = 2) -> None:
     raise AssertionError("follow stopped looking")
 
 
+@contextlib.asynccontextmanager
 async def _following(
     views: Followed, seen: list[tuple[int, float]], share: tuple[int, int] | None = None, unread: tuple[int, ...] = ()
-) -> Any:
-    return asyncio.create_task(follow(views, 0.001, seen, share, None, unread))  # type: ignore[arg-type]
+) -> AsyncIterator[asyncio.Task[None]]:
+    """`follow` running over `views` while the block runs (looking every millisecond)."""
+    task = asyncio.create_task(follow(views, 0.001, seen, share, None, unread))  # type: ignore[arg-type]
+    try:
+        yield task
+    finally:
+        task.cancel()
 
 
 async def test_what_others_keep_from_now_on_is_read_not_what_was_kept_before() -> None:
     before = [(2, 100.0), (1, 90.0)]
     views = Followed(list(before))
-    task = await _following(views, before)
-    try:
+    async with _following(views, before):
         await _polled(views)
         assert views.read == []  # warm_start's to read, as the process started
         views.listing = [(3, 120.0), *before]  # a session another replica derived, kept
@@ -196,41 +203,32 @@ async def test_what_others_keep_from_now_on_is_read_not_what_was_kept_before() -
         # read again: the one kept since is later, and the stored changes may not reach it.
         assert views.read == ["s3", "s1", "s1"] and views.stats.followed == 3
         assert views.held == [1]  # (each look's reads made the most recently used, as warm_start's)
-    finally:
-        task.cancel()
 
 
 async def test_what_the_start_had_no_time_for_is_read_once_it_serves_after_what_is_kept_since() -> None:
     before = [(4, 100.0), (3, 90.0), (2, 80.0), (1, 70.0)]
     views = Followed(list(before))
     views.holding = views.wrote_or_read = views.ahead = {4}  # read as the time ran out, after all
-    task = await _following(views, before, unread=(4, 3, 2, 1))
-    try:
+    async with _following(views, before, unread=(4, 3, 2, 1)):
         views.listing = [(5, 120.0), *before[:3]]  # one kept since; one gone from the list (its TTL)
         await _polled(views)
         assert views.read == ["s5", "s3", "s2"] and views.stats.followed == 3
         await _polled(views)
         assert views.read == ["s5", "s3", "s2"]  # each once
-    finally:
-        task.cancel()
 
 
 async def test_sessions_this_process_wrote_or_read_or_holds_are_not_read() -> None:
     views = Followed([])
-    task = await _following(views, [])
-    try:
+    async with _following(views, []):
         views.wrote_or_read, views.holding = {1}, {2}  # (one let go of since, one held)
         views.listing = [(3, 3.0), (2, 2.0), (1, 1.0)]
         await _polled(views)
         assert views.read == ["s3"]
-    finally:
-        task.cancel()
 
 
 async def test_nothing_is_read_past_half_the_memory_and_what_was_listed_meanwhile_is_passed_over() -> None:
     views = Followed([])
-    task = await _following(views, [])
-    try:
+    async with _following(views, []):
         views.room = False
         views.listing = [(1, 1.0)]
         await _polled(views)
@@ -240,35 +238,27 @@ async def test_nothing_is_read_past_half_the_memory_and_what_was_listed_meanwhil
         views.listing = [(2, 2.0), (1, 1.0)]
         await _polled(views)
         assert views.read == ["s2"]
-    finally:
-        task.cancel()
 
 
 async def test_a_render_process_follows_the_sessions_routed_to_it_alone() -> None:
     views = Followed([])
-    task = await _following(views, [], share=(1, 3))
-    try:
+    async with _following(views, [], share=(1, 3)):
         views.listing = [(n, float(n)) for n in range(40, 0, -1)]
         await _polled(views)
         assert views.read == [f"s{n}" for n in range(40, 0, -1) if route("tenant", f"s{n}", 3) == 1]
         assert 0 < len(views.read) < 40
-    finally:
-        task.cancel()
 
 
 async def test_following_outlives_what_goes_wrong_and_a_deleted_session() -> None:
     views = Followed([])
     views.gone = ("s1",)
-    task = await _following(views, [])
-    try:
+    async with _following(views, []) as task:
         views.failing = True
         await _polled(views)
         views.failing = False
         views.listing = [(2, 2.0), (1, 1.0)]
         await _polled(views)
         assert views.read == ["s2"] and not task.done()
-    finally:
-        task.cancel()
 
 
 async def test_what_was_listed_before_redis_stopped_answering_is_not_read_once_it_answers() -> None:
@@ -276,16 +266,13 @@ async def test_what_was_listed_before_redis_stopped_answering_is_not_read_once_i
     before, not taken as all new (every session kept in the last hour, read back at once)."""
     before = [(2, 2.0), (1, 1.0)]
     views = Followed(list(before))
-    task = await _following(views, before)
-    try:
+    async with _following(views, before):
         views.redis_down = True
         await _polled(views)
         views.redis_down = False
         views.listing = [(3, 3.0), *before]
         await _polled(views)
         assert views.read == ["s3"]
-    finally:
-        task.cancel()
 
 
 class NothingKept:
@@ -313,8 +300,7 @@ async def test_what_renders_left_no_slot_for_is_read_at_a_later_look() -> None:
     """Reading ahead takes a render slot only when one is to spare (no render waits, and one stays
     free): what is listed meanwhile waits for a later look, not for the session to be kept again."""
     views = Followed([])
-    task = await _following(views, [])
-    try:
+    async with _following(views, []):
         views.slot_to_spare = False
         views.listing = [(2, 2.0), (1, 1.0)]
         await _polled(views)
@@ -322,15 +308,12 @@ async def test_what_renders_left_no_slot_for_is_read_at_a_later_look() -> None:
         views.slot_to_spare = True
         await _polled(views)
         assert views.read == ["s2", "s1"]
-    finally:
-        task.cancel()
 
 
 async def test_a_look_that_failed_is_made_again() -> None:
     """What was listed at a look whose reading failed (the database, say) is read at the next."""
     views = Followed([])
-    task = await _following(views, [])
-    try:
+    async with _following(views, []):
         real = views.sessions_named
 
         async def failing(keys: list[int]) -> list[tuple[int, str, str]]:
@@ -342,5 +325,3 @@ async def test_a_look_that_failed_is_made_again() -> None:
         views.sessions_named = real  # type: ignore[method-assign]
         await _polled(views)
         assert views.read == ["s1"]
-    finally:
-        task.cancel()
