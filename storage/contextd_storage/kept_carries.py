@@ -457,7 +457,7 @@ class KeptCarries:
         """Write one carry (`held`: one the process goes on holding; `used`: when the session was
         last used, by the clock, now by default); 1 if written, else 0 (and counted): never
         raises but for cancellation."""
-        if time.monotonic() < self._resting_until:
+        if not self.answering:
             self.stats.dropped += 1
             return 0
         self._writing += 1
@@ -534,7 +534,7 @@ class KeptCarries:
     async def listed(self, count: int) -> list[tuple[int, float]]:
         """`recent`, each session with when it was last used as its carry was listed: a session
         listed again (its carry kept again) shows another time."""
-        if time.monotonic() < self._resting_until:
+        if not self.answering:
             return []
         try:
             named = await asyncio.wait_for(
