@@ -41,7 +41,17 @@ is measured in processes of its own:
   keeping its carry, which the new one reads back as it is kept (`--carry-follow-seconds`) and
   has read before the render comes (the other replica, likewise, reads what the cold render
   kept before anything after it is timed); *cold response*, the size of the cold render's
-  response. Each restart's first render is a single render, of
+  response; *one appended: its response*, the median size of the responses after one append,
+  and *its transport alone*, the round trip of a response that size through a bare gRPC server
+  of its own process (no database, no render: what sending the view costs, whatever made it),
+  measured as many times; *through the client*, one appended then `Client.render_view` (the
+  view decoded into messages and items, as an agent gets it), wall time and the client's
+  processor time, by a client holding no view (`held_views=0`: each view comes whole) and one
+  holding its last (the default: the service sends what changed since, contextd_client/_held.py),
+  taking turns; *to a caller holding the last view*, one appended then a render whose request
+  sends back the token of the view the caller got last (`known_view_token`), and *its
+  response*, that render's response (what changed since). Each restart's first render is a
+  single render, of
   whichever item came; `--restarts N` (3) restarts each kind N times and reports the median.
 
 `--budget-tokens N`: every render, the engine's and the service's, asks for that budget (a
@@ -277,14 +287,19 @@ def service(
 
     sizes: list[int] = []
 
+    raw: list[bytes] = []
+
     def timed(channel: Any, request: bytes) -> float:
         started = time.perf_counter()
-        sizes.append(len(channel(request, timeout=600)))
-        return (time.perf_counter() - started) * 1000
+        response = channel(request, timeout=600)
+        spent = (time.perf_counter() - started) * 1000
+        sizes.append(len(response))
+        raw[:] = [response]  # (the last response, read after the timing)
+        return spent
 
     flags = ("--database-url", database, "--no-migrate-on-start", "--max-message-bytes", str(1 << 30))
     options = [("grpc.max_receive_message_length", 1 << 30)]
-    messages = tool_calls(n_items + 2 * repeat + 5 * restarts, workload)
+    messages = tool_calls(n_items + 5 * repeat + 5 * restarts, workload)
     following = iter(messages[n_items:])  # appended one at a time: a call, then its output, ...
     results: dict[str, float] = {}
 
@@ -313,11 +328,46 @@ def service(
         for _ in range(repeat):  # append and render on the replica that made the previous render
             clients[0].append_openai(session_id, [next(following)])
             same.append(timed(channels[0][1], request))
+        # The same, by a caller that sends back the token of the view it holds (the last one
+        # it got): the service sends what changed since.
+        view = api.RenderViewResponse.FromString(channels[0][1](request, timeout=600)).view
+        known = []
+        for _ in range(repeat):
+            clients[0].append_openai(session_id, [next(following)])
+            holding = api.RenderViewRequest.FromString(request)
+            holding.known_view_token = view.view_token
+            known.append(timed(channels[0][1], holding.SerializeToString()))
+            view = api.RenderViewResponse.FromString(raw[-1]).view
+        results["known_ms"] = statistics.median(known)
+        results["known_kb"] = statistics.median(sizes[-repeat:]) / 1e3
+        client_ms: dict[bool, list[float]] = {True: [], False: []}
+        client_cpu: dict[bool, list[float]] = {True: [], False: []}
+        # Through the client, as an agent calls it: the view decoded into messages and items,
+        # by a client that holds its last view (the service sends what changed) and one that
+        # holds none, in turn.
+        through = {
+            holds: Client(replicas[0].target, timeout=600, retry=RetryPolicy(budget=60), held_views=64 if holds else 0)
+            for holds in (True, False)
+        }
+        for _ in range(repeat):
+            for holds, client in through.items():
+                clients[0].append_openai(session_id, [next(following)])
+                started, cpu = time.perf_counter(), time.process_time()
+                client.render_view(session_id, fmt, budget_tokens=budget)
+                client_ms[holds].append((time.perf_counter() - started) * 1000)
+                client_cpu[holds].append((time.process_time() - cpu) * 1000)
+        for client in through.values():
+            client.close()
+        for holds, name in ((True, "held"), (False, "whole")):
+            results[f"client_{name}_ms"] = statistics.median(client_ms[holds])
+            results[f"client_{name}_cpu_ms"] = statistics.median(client_cpu[holds])
         for k in range(repeat):  # each render on the other replica
             replica = (k + 1) % 2
             clients[replica].append_openai(session_id, [next(following)])
             other.append(timed(channels[replica][1], request))
         results["appended_ms"] = statistics.median(same)
+        results["appended_mb"] = statistics.median(sizes[1 : 1 + repeat]) / 1e6  # (the renders on the same replica)
+        results["transport_ms"] = transport_ms(int(results["appended_mb"] * 1e6), repeat, options)
         results["replica_ms"] = statistics.median(other)
 
         def restart(replica: int, *extra: str) -> float:
@@ -373,6 +423,58 @@ def service(
     return results
 
 
+def transport_ms(size: int, repeat: int, options: list[tuple[str, int]]) -> float:
+    """The p50 round trip of a unary call whose response is `size` bytes, through a bare gRPC
+    server in a process of its own (`--echo-child`), on a channel like the service's."""
+    import grpc
+
+    server = subprocess.Popen([sys.executable, __file__, "--echo-child", str(size)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+            grpc.channel_ready_future(channel).result(timeout=30)
+            call = channel.unary_unary(ECHO)
+            call(b"", timeout=60)  # (the connection's first call, as the service's was made before)
+            times = []
+            for _ in range(repeat):
+                started = time.perf_counter()
+                call(b"", timeout=60)
+                times.append((time.perf_counter() - started) * 1000)
+        return statistics.median(times)
+    finally:
+        server.kill()
+        server.wait()
+
+
+ECHO = "/bench.Transport/Respond"
+
+
+def echo_child(size: int) -> None:
+    """Serve `ECHO`, answering every call with `size` bytes, and print the port."""
+    import asyncio
+
+    import grpc
+
+    payload = b"x" * size
+
+    async def respond(request: bytes, context: Any) -> bytes:
+        return payload
+
+    async def serve() -> None:
+        server = grpc.aio.server(options=[("grpc.max_send_message_length", 1 << 30)])
+        handler = grpc.unary_unary_rpc_method_handler(respond)
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("bench.Transport", {"Respond": handler}),)
+        )
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        print(port, flush=True)
+        await server.wait_for_termination()
+
+    asyncio.run(serve())
+
+
 def exponent(small: float, large: float, n_small: int, n_large: int) -> float:
     return math.log(large / small) / math.log(n_large / n_small) if small > 0 and large > 0 else float("nan")
 
@@ -406,7 +508,12 @@ def main() -> int:
         "alone varied by 2x between runs of the same code on a busy machine)",
     )
     parser.add_argument("--engine-child", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--echo-child", type=int, default=-1, help=argparse.SUPPRESS)
     args = parser.parse_args()
+
+    if args.echo_child >= 0:
+        echo_child(args.echo_child)
+        return 0
 
     if args.engine_child:
         measured = engine_child(
@@ -461,6 +568,14 @@ def main() -> int:
         "engine uncarried_ms": "engine, without the carry",
         "engine cold_cpu_s": "engine, cold (CPU s; ms/item)",
         "service appended_ms": "service, one appended",
+        "service appended_mb": "service, one appended: its response",
+        "service transport_ms": "service, one appended: its transport alone",
+        "service known_ms": "service, one appended, to a caller holding the last view",
+        "service known_kb": "its response",
+        "service client_whole_ms": "service, one appended, through the client holding no view",
+        "service client_whole_cpu_ms": "the same, the client's CPU",
+        "service client_held_ms": "service, one appended, through the client holding its last view",
+        "service client_held_cpu_ms": "the same, the client's CPU",
         "service replica_ms": "service, on another replica",
         "service restart_ms": "service, after a restart",
         "service warm_ms": "service, after a restart, its kept carries read as it starts",
@@ -478,8 +593,10 @@ def main() -> int:
             value = rows[n][c]
             if c.endswith("cpu_s"):
                 cells.append(f"{value:.2f} s; {value * 1000 / n:.3f}")
+            elif c.endswith(("_mb", "_kb")):
+                cells.append(f"{value:,.2f} {c[-2:].upper()}")
             else:
-                cells.append(f"{value:,.2f} MB" if c.endswith("_mb") else f"{value:,.1f} ms")
+                cells.append(f"{value:,.1f} ms")
         print(f"| {n:,} | " + " | ".join(cells) + " |")
     for small, large in itertools.pairwise(sizes):
         cells = [f"{exponent(rows[small][c], rows[large][c], small, large):.2f}" for c in columns]

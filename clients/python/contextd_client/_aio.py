@@ -29,6 +29,7 @@ from contextd_client._calls import retrieve as _retrieve
 from contextd_client._calls import search as _search
 from contextd_client._calls import update_session as _update_session
 from contextd_client._channel import ChannelConfig, channel_targets
+from contextd_client._held import HeldViews
 from contextd_client._retry import RetryPolicy
 from contextd_client._types import (
     AppendResult,
@@ -69,8 +70,10 @@ class AsyncClient:
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
         interceptors: Sequence[Any] = (),
+        held_views: int = 64,
     ) -> None:
         targets = channel_targets(target)
+        self._held = HeldViews(held_views)
         self._config = ChannelConfig(
             targets, api_key, timeout, retry or RetryPolicy(), credentials, tuple(options), tuple(interceptors)
         )
@@ -112,6 +115,7 @@ class AsyncClient:
                 return
 
     async def delete_session(self, session_id: str) -> int:
+        self._held.forget(session_id)
         return await self._run(_delete_session(session_id))
 
     async def append_items(
@@ -166,7 +170,9 @@ class AsyncClient:
         place_cache_breakpoint: bool = False,
         as_stored: bool = False,
     ) -> View:
-        call = _render_view(session_id, format, budget_tokens, focus, tools, place_cache_breakpoint, as_stored)
+        call = _render_view(
+            session_id, format, budget_tokens, focus, tools, place_cache_breakpoint, as_stored, self._held
+        )
         return await self._run(call)
 
     async def render_openai(self, session_id: str, *, budget_tokens: int = 0) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 
 from contextd_client._errors import REASON_KEY, ContextdError, error_from_rpc, trailers
+from contextd_client._held import Held, HeldViews
 from contextd_client._retry import RetryPolicy
 from contextd_client._types import (
     AppendResult,
@@ -31,6 +32,8 @@ from contextd_client._types import (
     Usage,
     View,
     ViewFormat,
+    ViewItem,
+    _items,
 )
 from contextd_client.v1 import content_pb2 as pb
 from contextd_client.v1 import contextd_pb2 as api
@@ -195,23 +198,57 @@ def render_view(
     tools: Sequence[Any] | None,
     place_cache_breakpoint: bool = False,
     as_stored: bool = False,
+    views: HeldViews | None = None,
 ) -> Call[View]:
+    """`views`: the last views received, the session's in this format sent back by its token
+    (the service then sends only what changed) and this one held in its place."""
+    fmt = ViewFormat(fmt)
+    holding = views if views is not None and views.most > 0 and not as_stored else None
+    held = holding.get(session_id, fmt) if holding is not None else None
+
+    def decode(response: api.RenderViewResponse) -> View:
+        message = response.view
+        if held is not None and (message.shared_messages_bytes or message.shared_items):
+            messages = _shared_part(held.messages, message.shared_messages_bytes, "messages' bytes")
+            messages += message.messages_json.encode()
+            items = _shared_part(held.items, message.shared_items, "items") + _items(message)
+            view = View.from_proto(message, (messages.decode(), items))
+        else:
+            view = View.from_proto(message)
+            messages = view.messages_json.encode() if holding is not None else b""
+        if holding is not None:
+            holding.hold(session_id, fmt, Held(message.view_token, messages, view.items))
+        return view
+
     return Call(
         "RenderView",
         api.RenderViewRequest(
             session_id=session_id,
-            format=ViewFormat(fmt).to_proto(),
+            format=fmt.to_proto(),
             budget_tokens=budget_tokens,
             focus=list(focus),
             tools_json=json.dumps(list(tools)) if tools else "",
             place_cache_breakpoint=place_cache_breakpoint,
             as_stored=as_stored,
+            known_view_token=held.token if held is not None else b"",
         ),
-        lambda r: View.from_proto(r.view),
+        decode,
         # A render whose deadline passes once the service's engine has started is finished and
         # stored all the same: tried again, it resumes from that one (a view as stored is not).
         writes=not as_stored,
     )
+
+
+P = TypeVar("P", bytes, tuple[ViewItem, ...])
+
+
+def _shared_part(held: P, length: int, what: str) -> P:
+    """The first `length` of what the client held, which the service left out of a view."""
+    if length > len(held):
+        raise ContextdError(
+            "DATA_LOSS", f"the service left out {length:,} {what} of the view held, which has {len(held):,}"
+        )
+    return held[:length]
 
 
 def pin(session_id: str, seqs: Sequence[int], pinning: bool) -> Call[list[int]]:

@@ -28,6 +28,7 @@ from contextd_client._calls import retrieve as _retrieve
 from contextd_client._calls import search as _search
 from contextd_client._calls import update_session as _update_session
 from contextd_client._channel import ChannelConfig, channel_targets
+from contextd_client._held import HeldViews
 from contextd_client._retry import RetryPolicy
 from contextd_client._types import (
     AppendResult,
@@ -63,7 +64,11 @@ class Client:
     reuse their idempotency key on every try, so a retry never writes twice.
     `interceptors` (gRPC client interceptors) see every call; with OpenTelemetry
     installed beside the client, each call carries the caller's trace context, so
-    an agent's trace continues into the service.
+    an agent's trace continues into the service. The client holds the last view of each
+    session in each format, for the `held_views` (session, format) pairs rendered most
+    recently: the next render of one comes as only what changed, and the client puts the rest
+    back (a view of a long session is megabytes, most of them the last view's); 0: every view
+    comes whole.
     """
 
     def __init__(
@@ -76,8 +81,10 @@ class Client:
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
         interceptors: Sequence[Any] = (),
+        held_views: int = 64,
     ) -> None:
         targets = channel_targets(target)
+        self._held = HeldViews(held_views)
         self._config = ChannelConfig(
             targets, api_key, timeout, retry or RetryPolicy(), credentials, tuple(options), tuple(interceptors)
         )
@@ -130,6 +137,7 @@ class Client:
         When a retry finds the session already gone (its first try deleted it
         but the answer was lost), this returns 0 rather than raising NotFound.
         """
+        self._held.forget(session_id)
         return self._run(_delete_session(session_id))
 
     # --------------------------------------------------------------- items
@@ -194,7 +202,9 @@ class Client:
         carries its ``cache_control`` mark): send it as it is, adding none. With `as_stored`, the
         history as stored instead (every item in full but what was retracted; nothing decided,
         nothing recorded, no model call counted): for reading a session back, not for a model."""
-        call = _render_view(session_id, format, budget_tokens, focus, tools, place_cache_breakpoint, as_stored)
+        call = _render_view(
+            session_id, format, budget_tokens, focus, tools, place_cache_breakpoint, as_stored, self._held
+        )
         return self._run(call)
 
     def render_openai(self, session_id: str, *, budget_tokens: int = 0) -> list[dict[str, Any]]:

@@ -167,32 +167,26 @@ class View:
         return kwargs
 
     @classmethod
-    def from_proto(cls, message: api.View) -> View:
+    def from_proto(cls, message: api.View, shared: tuple[str, tuple[ViewItem, ...]] | None = None) -> View:
+        """The view of `message`; `shared`: its messages JSON and items whole when the message
+        left out what the caller held (`_held.py`), put back by the caller."""
         fmt = ViewFormat(_FORMATS[message.format])
+        messages_json, items = shared or (message.messages_json, _items(message))
         return cls(
             session_id=message.session_id,
             version=message.version,
             format=fmt,
             encoding=message.encoding,
-            messages=json.loads(message.messages_json),
+            messages=json.loads(messages_json),
             system=json.loads(message.system_json) if message.system_json else None,
-            items=tuple(
-                ViewItem(
-                    seq=i.seq,
-                    representation=_representation(i.representation),
-                    tokens=i.tokens,
-                    message_index=i.message_index,
-                    handle=i.handle,
-                )
-                for i in message.items
-            ),
+            items=items,
             item_tokens=message.item_tokens,
             framing_tokens=message.framing_tokens,
             total_tokens=message.total_tokens,
             budget_tokens=message.budget_tokens,
             over_budget=message.over_budget,
             warnings=tuple(ViewWarning(w.code, w.message) for w in message.warnings),
-            messages_json=message.messages_json,
+            messages_json=messages_json,
             view_version=message.view_version,
             stable_prefix_tokens=message.stable_prefix_tokens,
             cache_breakpoint_seq=message.cache_breakpoint_seq,
@@ -202,6 +196,20 @@ class View:
             certificates_total=max(message.certificates_total, len(message.certificates)),
             policy_version=message.policy_version,
         )
+
+
+def _items(message: api.View) -> tuple[ViewItem, ...]:
+    """The items `message` lists."""
+    return tuple(
+        ViewItem(
+            seq=i.seq,
+            representation=_representation(i.representation),
+            tokens=i.tokens,
+            message_index=i.message_index,
+            handle=i.handle,
+        )
+        for i in message.items
+    )
 
 
 def _converse_bytes(block: dict[str, Any]) -> dict[str, Any]:

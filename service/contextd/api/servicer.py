@@ -12,7 +12,7 @@ import grpc
 from contextd import agent_tools
 from contextd.api import mapping
 from contextd.api.auth import current_tenant
-from contextd.api.responses import Encoded, render_response
+from contextd.api.responses import Encoded, Known, known_view, render_response
 from contextd.engine.errors import InvalidArgument, ViewTooLarge
 from contextd.engine.model import Role
 from contextd.engine.validation import check_batch_size
@@ -39,9 +39,19 @@ def _certificate(session_id: str, stored: StoredCertificate) -> api.Certificate:
     )
 
 
+def _known_view(request: api.RenderViewRequest) -> Known | None:
+    """The view the caller holds, by its token; None when it sent none."""
+    if not request.known_view_token:
+        return None
+    try:
+        return known_view(request.known_view_token)
+    except ValueError as error:
+        raise InvalidArgument.at("known_view_token", f"{error}: send a View.view_token back as it came") from None
+
+
 def _as_stored_only(request: api.RenderViewRequest) -> None:
     """A render of the history as stored takes nothing that shapes a view for a model call."""
-    for name in ("budget_tokens", "focus", "tools_json", "place_cache_breakpoint"):
+    for name in ("budget_tokens", "focus", "tools_json", "place_cache_breakpoint", "known_view_token"):
         if getattr(request, name):
             raise InvalidArgument.at(name, "as_stored renders the whole history as stored: leave it unset")
 
@@ -112,6 +122,7 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
                 context.time_remaining(),
             )
             return Encoded(data)
+        known = _known_view(request)
         view_request = ViewRequest(
             format=mapping.view_format(request.format),
             budget_tokens=request.budget_tokens,
@@ -122,14 +133,14 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
         if request.as_stored:
             _as_stored_only(request)
             stored = await self.views.render_as_stored(current_tenant(), request.session_id, view_request)
-            response = render_response(stored.view, ())
+            response = render_response(stored.view, (), named=False)
             if len(response.data) > self.max_response_bytes:
                 raise ViewTooLarge(request.session_id, len(response.data), self.max_response_bytes)
             return response
 
         def fits(result: RenderResult) -> None:
             # A view too large to send is refused; its render is stored as no model call (ViewService.render).
-            response = render_response(result.view, result.certificates)
+            response = render_response(result.view, result.certificates, known)
             if len(response.data) > self.max_response_bytes:
                 raise ViewTooLarge(request.session_id, len(response.data), self.max_response_bytes)
             responses.append(response)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from contextd.api import responses
 from contextd.api.mapping import view_to_proto
-from contextd.api.responses import Encoded, passing_encoded, remember_view, render_response
+from contextd.api.responses import Encoded, known_view, passing_encoded, remember_view, render_response
 from contextd.engine.carry_pickle import dump_carry, load_carry
 from contextd.engine.certificates import Certificate, Stamp
 from contextd.engine.model import Item, Representation
@@ -23,7 +23,10 @@ from contextd.engine.state import ViewState
 from contextd.engine.transforms import TransformRegistry
 from contextd.engine.view import View, ViewFormat, ViewItem, ViewRequest
 from contextd_client import Client
+from contextd_client import View as ClientView
 from contextd_client import ViewFormat as ClientFormat
+from contextd_client._calls import render_view as client_render_view
+from contextd_client._held import HeldViews
 from contextd_client.v1 import contextd_pb2 as api
 from tests.conftest import ServerThread
 from tests.helpers import counter, make_session
@@ -31,6 +34,15 @@ from tests.service.engine.conversations import conversations
 from tests.service.engine.test_carry_strategies import budgeted, file_reads
 
 REGISTRY = TransformRegistry.default()
+
+
+def _parsed(sent: Encoded) -> api.RenderViewResponse:
+    """The response as sent, less its view's token (which protobuf's own message of the view
+    has not), checked to be one the server reads back."""
+    response = api.RenderViewResponse.FromString(sent.data)
+    known_view(response.view.view_token)
+    response.view.view_token = b""
+    return response
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -53,15 +65,43 @@ def test_the_encoded_response_is_the_message_protobuf_makes(
             carry=first.carry,
         )
     )
+    held = HeldViews(1)  # a client's, holding the first view for the later render
     for out in (first, later):  # the later render shows most of the first one's items again
         stamp = Stamp(out.state.view_version, fmt.value, "p")
         certificates = [
             Certificate(n, body, stamp, f"{n:064x}", f"{n + 1:064x}") for n, body in enumerate(out.certificates, 1)
         ]
         sent = render_response(out.view, certificates)
-        assert api.RenderViewResponse.FromString(sent.data) == api.RenderViewResponse(
-            view=view_to_proto(out.view, certificates)
-        )
+        assert _parsed(sent) == api.RenderViewResponse(view=view_to_proto(out.view, certificates))
+        # Sent as what changed since the view the client holds, and read by the client as the whole.
+        call = client_render_view("s", fmt.value, 0, (), None, views=held)
+        token = call.request.known_view_token
+        assert bool(token) == (out is later)
+        known = known_view(token) if token else None
+        read = call.decode(api.RenderViewResponse.FromString(render_response(out.view, certificates, known).data))
+        assert read == ClientView.from_proto(api.RenderViewResponse.FromString(sent.data).view)
+
+
+def test_a_token_is_read_back_as_the_blocks_it_names_and_nothing_else_is() -> None:
+    texts = tuple(json.dumps({"role": "user", "content": f"m{n}"}) for n in range(300))
+    items = tuple(ViewItem(n, Representation.FULL, 3, n - 1, "") for n in range(1, 301))
+    view = View("s", 300, ViewFormat.OPENAI_CHAT, "o200k_base", texts, "", items, 900, 0, 900, 0, False, ())
+    token = api.RenderViewResponse.FromString(render_response(view, ()).data).view.view_token
+    known = known_view(token)
+    assert (len(known.messages), len(known.items)) == (2, 2)
+    assert all(len(digest) == responses.DIGEST for digest in (*known.messages, *known.items))
+    # What a later view shares: the first block of each, then the rest sent.
+    later = replace(
+        view, message_parts=(*texts, texts[0]), items=(*items[:299], ViewItem(300, Representation.FULL, 4, 299, ""))
+    )
+    sent = api.RenderViewResponse.FromString(render_response(later, (), known).data).view
+    assert sent.shared_messages_bytes == len(("[" + ",".join(texts[: responses.BLOCK])).encode())
+    assert sent.shared_items == responses.BLOCK and [i.seq for i in sent.items] == list(range(257, 301))
+    assert sent.messages_json == "," + ",".join((*texts[responses.BLOCK :], texts[0])) + "]"
+    for bad in (b"", b"\x02", token[:-1], token + b"x", b"\x01\x80"):
+        with pytest.raises(ValueError):
+            known_view(bad)
+    assert api.RenderViewResponse.FromString(render_response(view, (), named=False).data).view.view_token == b""
 
 
 def test_only_an_encoded_response_passes_the_serializer_unchanged() -> None:
@@ -88,7 +128,7 @@ def test_a_block_of_items_is_encoded_again_when_any_of_its_items_changed() -> No
     changed = ViewItem(300, Representation.PLACEHOLDER, 3, 299, "h" * 16)
     later = replace(view, items=(*items[:299], changed, *items[300:], ViewItem(601, Representation.FULL, 10, 600, "")))
     for shown in (view, later, view):  # the first view's blocks are remembered; the later one's middle block is not
-        parsed = api.RenderViewResponse.FromString(render_response(shown, ()).data)
+        parsed = _parsed(render_response(shown, ()))
         assert parsed == api.RenderViewResponse(view=view_to_proto(shown, ()))
     assert [i.representation for i in api.RenderViewResponse.FromString(render_response(later, ()).data).view.items][
         299
@@ -104,7 +144,7 @@ def test_a_block_of_messages_is_encoded_again_when_any_of_its_messages_changed()
     marked = json.dumps({"role": "user", "content": [{"type": "text", "text": "m", "cache_control": {}}]})
     later = replace(view, message_parts=(*texts[:299], marked, *texts[300:], texts[0]))
     for shown in (view, later, view, replace(view, message_parts=()), replace(view, message_parts=texts[:1])):
-        parsed = api.RenderViewResponse.FromString(render_response(shown, ()).data)
+        parsed = _parsed(render_response(shown, ()))
         assert parsed == api.RenderViewResponse(view=view_to_proto(shown, ()))
         assert json.loads(parsed.view.messages_json) == [json.loads(t) for t in shown.message_parts]
 
@@ -127,7 +167,7 @@ def test_a_view_remembered_from_a_carry_read_back_is_encoded_again_only_where_th
     encoded.clear()
     later = render(budgeted(items, 0, len(items), read_back.state, read_back))
     sent = render_response(later.view, ())
-    assert api.RenderViewResponse.FromString(sent.data) == api.RenderViewResponse(view=view_to_proto(later.view, ()))
+    assert _parsed(sent) == api.RenderViewResponse(view=view_to_proto(later.view, ()))
     assert 0 < len(encoded) <= len(later.view.items) - responses.BLOCK  # the last block's, not the first's
 
 

@@ -620,6 +620,7 @@ class RenderViewRequest(_message.Message):
     TOOLS_JSON_FIELD_NUMBER: _builtins.int
     PLACE_CACHE_BREAKPOINT_FIELD_NUMBER: _builtins.int
     AS_STORED_FIELD_NUMBER: _builtins.int
+    KNOWN_VIEW_TOKEN_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     format: Global___ViewFormat.ValueType
     budget_tokens: _builtins.int
@@ -644,6 +645,16 @@ class RenderViewRequest(_message.Message):
     or recorded (no certificates, the view state untouched, no model call
     counted). Takes no budget, focus, tools or breakpoint.
     """
+    known_view_token: _builtins.bytes
+    """Optional: the `view_token` of a view of this session, in this format,
+    that the caller holds (the last it received). The response then leaves
+    out the leading part of the messages and the items that this view
+    shares with that one (View.shared_messages_bytes, View.shared_items):
+    a long session's view is megabytes, most of them the last view's. A
+    token whose view shares nothing with this one (another session, an
+    older view) costs nothing: the view comes whole. The token names the
+    view by its content, so any replica can use it. Not with as_stored.
+    """
     @_builtins.property
     def focus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Identifiers the next model call is about (from the latest user turn
@@ -660,10 +671,11 @@ class RenderViewRequest(_message.Message):
         tools_json: _builtins.str = ...,
         place_cache_breakpoint: _builtins.bool = ...,
         as_stored: _builtins.bool = ...,
+        known_view_token: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["as_stored", b"as_stored", "budget_tokens", b"budget_tokens", "focus", b"focus", "format", b"format", "place_cache_breakpoint", b"place_cache_breakpoint", "session_id", b"session_id", "tools_json", b"tools_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["as_stored", b"as_stored", "budget_tokens", b"budget_tokens", "focus", b"focus", "format", b"format", "known_view_token", b"known_view_token", "place_cache_breakpoint", b"place_cache_breakpoint", "session_id", b"session_id", "tools_json", b"tools_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -753,6 +765,9 @@ class View(_message.Message):
     CACHE_BREAKPOINT_SEQ_FIELD_NUMBER: _builtins.int
     RETRACTED_ITEMS_FIELD_NUMBER: _builtins.int
     CERTIFICATES_TOTAL_FIELD_NUMBER: _builtins.int
+    VIEW_TOKEN_FIELD_NUMBER: _builtins.int
+    SHARED_MESSAGES_BYTES_FIELD_NUMBER: _builtins.int
+    SHARED_ITEMS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     version: _builtins.int
     """The history version the view was rendered from."""
@@ -809,6 +824,21 @@ class View(_message.Message):
     """
     certificates_total: _builtins.int
     """How many decisions this render took, listed in `certificates` or not."""
+    view_token: _builtins.bytes
+    """Names this view's messages and items by their content, a block at a
+    time, for a later RenderViewRequest.known_view_token (opaque; a few
+    dozen bytes per thousand messages). Empty for a view as stored.
+    """
+    shared_messages_bytes: _builtins.int
+    """With known_view_token: the view's messages JSON is the first
+    `shared_messages_bytes` bytes (UTF-8) of the known view's
+    messages_json, followed by this view's `messages_json`, which holds the
+    rest. 0: `messages_json` is whole.
+    """
+    shared_items: _builtins.int
+    """With known_view_token: the view's items are the known view's first
+    `shared_items` items, followed by those in `items`.
+    """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___ViewItem]: ...
     @_builtins.property
@@ -846,10 +876,13 @@ class View(_message.Message):
         cache_breakpoint_seq: _builtins.int = ...,
         retracted_items: _builtins.int = ...,
         certificates_total: _builtins.int = ...,
+        view_token: _builtins.bytes = ...,
+        shared_messages_bytes: _builtins.int = ...,
+        shared_items: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "cache_breakpoint_seq", b"cache_breakpoint_seq", "certificates", b"certificates", "certificates_total", b"certificates_total", "encoding", b"encoding", "format", b"format", "framing_tokens", b"framing_tokens", "item_tokens", b"item_tokens", "items", b"items", "messages_json", b"messages_json", "over_budget", b"over_budget", "policy_version", b"policy_version", "request_patch_json", b"request_patch_json", "retracted_items", b"retracted_items", "session_id", b"session_id", "stable_prefix_tokens", b"stable_prefix_tokens", "system_json", b"system_json", "total_tokens", b"total_tokens", "version", b"version", "view_version", b"view_version", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_tokens", b"budget_tokens", "cache_breakpoint_seq", b"cache_breakpoint_seq", "certificates", b"certificates", "certificates_total", b"certificates_total", "encoding", b"encoding", "format", b"format", "framing_tokens", b"framing_tokens", "item_tokens", b"item_tokens", "items", b"items", "messages_json", b"messages_json", "over_budget", b"over_budget", "policy_version", b"policy_version", "request_patch_json", b"request_patch_json", "retracted_items", b"retracted_items", "session_id", b"session_id", "shared_items", b"shared_items", "shared_messages_bytes", b"shared_messages_bytes", "stable_prefix_tokens", b"stable_prefix_tokens", "system_json", b"system_json", "total_tokens", b"total_tokens", "version", b"version", "view_token", b"view_token", "view_version", b"view_version", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
