@@ -32,7 +32,20 @@ class Connection:
         of retries."""
         retry = RetryPolicy(budget=self.timeout if self.retry_budget is None else self.retry_budget)
         key = api_key or self.api_key
-        return AsyncClient(self.target, api_key=key, credentials=self.credentials, timeout=self.timeout, retry=retry)
+        # A process may hold a client per API key (the proxy: up to 64): each holds its sessions'
+        # last views (they come back as what changed) within a smaller share of memory.
+        return AsyncClient(
+            self.target,
+            api_key=key,
+            credentials=self.credentials,
+            timeout=self.timeout,
+            retry=retry,
+            held_view_bytes=HELD_VIEW_BYTES,
+        )
+
+
+HELD_VIEW_BYTES = 16 << 20
+"""Bytes of the last views each client of a connection holds (contextd_client/_held.py)."""
 
 
 def bind(listen: str) -> socket.socket:

@@ -13,7 +13,8 @@ from typing import Any
 import grpc
 import pytest
 
-from contextd_client import AsyncClient, Client, InvalidArgument, View
+from contextd_client import AsyncClient, Client, ContextdError, InvalidArgument, View
+from contextd_client._calls import render_view
 from contextd_client._held import Held, HeldViews
 from contextd_client._types import ViewItem
 from contextd_client.v1 import contextd_pb2 as api
@@ -129,7 +130,7 @@ def test_a_token_the_service_did_not_write_is_refused_before_any_render(make_ser
         client.append_openai(session, calls(0, 3))
         stub = contextd_pb2_grpc.ContextServiceStub(channel)
         fmt = api.VIEW_FORMAT_OPENAI_CHAT
-        for token in (b"\x07", b"\x01\x01\x00" + b"x" * 15, b"\x01\xff"):
+        for token in (b"\x01\x01\x00" + b"x" * 15, b"\x01\xff"):
             request = api.RenderViewRequest(session_id=session, format=fmt, known_view_token=token)
             with pytest.raises(grpc.RpcError) as refused:
                 stub.RenderView(request)
@@ -144,14 +145,45 @@ def test_a_token_the_service_did_not_write_is_refused_before_any_render(make_ser
                 api.RenderViewRequest(session_id=session, format=fmt, known_view_token=held.token, as_stored=True)
             )
         assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-        # A token of a view that shares nothing with this one (another session's): the view comes whole.
+        # A token of a view that shares nothing with this one (another session's), or of another
+        # version of the service: the view comes whole.
         other = client.create_session().id
         client.append_openai(other, [{"role": "user", "content": "Something else."}])
-        response = stub.RenderView(api.RenderViewRequest(session_id=other, format=fmt, known_view_token=held.token))
-        assert (response.view.shared_messages_bytes, response.view.shared_items) == (0, 0)
-        assert json.loads(response.view.messages_json) == [{"role": "user", "content": "Something else."}]
+        for token in (held.token, b"\x07" + held.token[1:]):
+            response = stub.RenderView(api.RenderViewRequest(session_id=other, format=fmt, known_view_token=token))
+            assert (response.view.shared_messages_bytes, response.view.shared_items) == (0, 0)
+            assert json.loads(response.view.messages_json) == [{"role": "user", "content": "Something else."}]
         with pytest.raises(InvalidArgument):
             client.render_view(session, "openai_chat", as_stored=True, budget_tokens=5)
+
+
+def test_a_view_left_out_beyond_what_the_client_holds_is_an_error_and_the_next_render_comes_whole() -> None:
+    views = HeldViews(4)
+    views.hold("s", "openai_chat", Held(b"\x01held", b'[{"role":"user","content":"a"}', ()))
+    call = render_view("s", "openai_chat", 0, (), None, views=views)
+    assert call.request.known_view_token == b"\x01held"
+    message = api.View(format=api.VIEW_FORMAT_OPENAI_CHAT, messages_json="]", shared_messages_bytes=500)
+    with pytest.raises(ContextdError) as lost:
+        call.decode(api.RenderViewResponse(view=message))
+    assert lost.value.code == "DATA_LOSS"
+    assert views.get("s", "openai_chat") is None
+    assert not render_view("s", "openai_chat", 0, (), None, views=views).request.known_view_token
+
+
+def test_the_views_held_take_no_more_than_their_bytes() -> None:
+    views = HeldViews(10, most_bytes=10_000)
+    for session in ("a", "b", "c"):
+        views.hold(session, "openai_chat", Held(b"\x01" + session.encode(), b"x" * 4_000, ()))
+    assert views.get("a", "openai_chat") is None and views.get("c", "openai_chat") is not None
+    assert views.bytes <= 10_000
+    views.hold("big", "openai_chat", Held(b"\x01big", b"x" * 20_000, ()))  # larger than all: not held
+    assert views.get("big", "openai_chat") is None and views.get("b", "openai_chat") is not None
+    views.hold("b", "openai_chat", Held(b"\x01b2", b"x" * 10, ()))  # held again: counted once
+    views.forget("b", "anthropic_messages")
+    assert views.get("b", "openai_chat") is not None
+    views.forget("b")
+    views.forget("c")
+    assert views.bytes == 0
 
 
 def test_the_views_held_are_the_most_recently_used_pairs() -> None:

@@ -71,9 +71,10 @@ class AsyncClient:
         options: Sequence[tuple[str, Any]] = (),
         interceptors: Sequence[Any] = (),
         held_views: int = 64,
+        held_view_bytes: int = 64 << 20,
     ) -> None:
         targets = channel_targets(target)
-        self._held = HeldViews(held_views)
+        self._held = HeldViews(held_views, held_view_bytes)
         self._config = ChannelConfig(
             targets, api_key, timeout, retry or RetryPolicy(), credentials, tuple(options), tuple(interceptors)
         )
@@ -115,8 +116,9 @@ class AsyncClient:
                 return
 
     async def delete_session(self, session_id: str) -> int:
+        deleted = await self._run(_delete_session(session_id))
         self._held.forget(session_id)
-        return await self._run(_delete_session(session_id))
+        return deleted
 
     async def append_items(
         self,

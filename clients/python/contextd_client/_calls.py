@@ -32,7 +32,6 @@ from contextd_client._types import (
     Usage,
     View,
     ViewFormat,
-    ViewItem,
     _items,
 )
 from contextd_client.v1 import content_pb2 as pb
@@ -209,9 +208,12 @@ def render_view(
     def decode(response: api.RenderViewResponse) -> View:
         message = response.view
         if held is not None and (message.shared_messages_bytes or message.shared_items):
-            messages = _shared_part(held.messages, message.shared_messages_bytes, "messages' bytes")
-            messages += message.messages_json.encode()
-            items = _shared_part(held.items, message.shared_items, "items") + _items(message)
+            if message.shared_messages_bytes > len(held.messages) or message.shared_items > len(held.items):
+                assert holding is not None
+                holding.forget(session_id, fmt)  # (the next render comes whole)
+                raise ContextdError("DATA_LOSS", "the service left out more of the view than the client held")
+            messages = held.messages[: message.shared_messages_bytes] + message.messages_json.encode()
+            items = held.items[: message.shared_items] + _items(message)
             view = View.from_proto(message, (messages.decode(), items))
         else:
             view = View.from_proto(message)
@@ -237,18 +239,6 @@ def render_view(
         # stored all the same: tried again, it resumes from that one (a view as stored is not).
         writes=not as_stored,
     )
-
-
-P = TypeVar("P", bytes, tuple[ViewItem, ...])
-
-
-def _shared_part(held: P, length: int, what: str) -> P:
-    """The first `length` of what the client held, which the service left out of a view."""
-    if length > len(held):
-        raise ContextdError(
-            "DATA_LOSS", f"the service left out {length:,} {what} of the view held, which has {len(held):,}"
-        )
-    return held[:length]
 
 
 def pin(session_id: str, seqs: Sequence[int], pinning: bool) -> Call[list[int]]:

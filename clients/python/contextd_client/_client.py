@@ -66,9 +66,9 @@ class Client:
     installed beside the client, each call carries the caller's trace context, so
     an agent's trace continues into the service. The client holds the last view of each
     session in each format, for the `held_views` (session, format) pairs rendered most
-    recently: the next render of one comes as only what changed, and the client puts the rest
-    back (a view of a long session is megabytes, most of them the last view's); 0: every view
-    comes whole.
+    recently, as long as they take no more than `held_view_bytes` together: the next render of
+    one comes as only what changed, and the client puts the rest back (a view of a long session
+    is megabytes, most of them the last view's); `held_views=0`: every view comes whole.
     """
 
     def __init__(
@@ -82,9 +82,10 @@ class Client:
         options: Sequence[tuple[str, Any]] = (),
         interceptors: Sequence[Any] = (),
         held_views: int = 64,
+        held_view_bytes: int = 64 << 20,
     ) -> None:
         targets = channel_targets(target)
-        self._held = HeldViews(held_views)
+        self._held = HeldViews(held_views, held_view_bytes)
         self._config = ChannelConfig(
             targets, api_key, timeout, retry or RetryPolicy(), credentials, tuple(options), tuple(interceptors)
         )
@@ -137,8 +138,9 @@ class Client:
         When a retry finds the session already gone (its first try deleted it
         but the answer was lost), this returns 0 rather than raising NotFound.
         """
+        deleted = self._run(_delete_session(session_id))
         self._held.forget(session_id)
-        return self._run(_delete_session(session_id))
+        return deleted
 
     # --------------------------------------------------------------- items
 

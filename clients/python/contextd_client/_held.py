@@ -31,11 +31,13 @@ class Held:
 
 
 class HeldViews:
-    """The last view of each (session, format), for the `most` pairs used most recently."""
+    """The last view of each (session, format), for the `most` pairs used most recently, as
+    long as they take no more than `most_bytes` together (the least recent go first)."""
 
-    def __init__(self, most: int) -> None:
-        self.most = most
+    def __init__(self, most: int, most_bytes: int = 64 << 20) -> None:
+        self.most, self.most_bytes = most, most_bytes
         self._held: OrderedDict[tuple[str, str], Held] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()  # (a Client is shared by threads)
 
     def get(self, session_id: str, fmt: str) -> Held | None:
@@ -47,16 +49,32 @@ class HeldViews:
 
     def hold(self, session_id: str, fmt: str, held: Held) -> None:
         """Hold `held` as the view of the pair (two renders of it at once: the one decoded last)."""
-        if self.most <= 0 or not held.token:
-            return
         with self._lock:
+            self._drop((session_id, fmt))
+            if self.most <= 0 or not held.token or _weight(held) > self.most_bytes:
+                return
             self._held[(session_id, fmt)] = held
-            self._held.move_to_end((session_id, fmt))
-            while len(self._held) > self.most:
-                self._held.popitem(last=False)
+            self._bytes += _weight(held)
+            while len(self._held) > self.most or self._bytes > self.most_bytes:
+                self._drop(next(iter(self._held)))
 
-    def forget(self, session_id: str) -> None:
-        """Let go of the views of a session (deleted)."""
+    def forget(self, session_id: str, fmt: str | None = None) -> None:
+        """Let go of the views of a session (deleted), or of its view in `fmt`."""
         with self._lock:
-            for key in [key for key in self._held if key[0] == session_id]:
-                del self._held[key]
+            for key in [key for key in self._held if key[0] == session_id and fmt in (None, key[1])]:
+                self._drop(key)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        held = self._held.pop(key, None)
+        if held is not None:
+            self._bytes -= _weight(held)
+
+
+def _weight(held: Held) -> int:
+    """About what a view held takes: its messages' bytes and a reference a item (the items are
+    the caller's view's too)."""
+    return len(held.messages) + 8 * len(held.items) + 200

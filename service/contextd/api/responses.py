@@ -111,10 +111,14 @@ DIGEST = 16
 TOKEN_VERSION = 1
 
 
-def known_view(token: bytes) -> Known:
-    """The `Known` of a `known_view_token`; ValueError when it is not a token this code writes."""
-    if not token or token[0] != TOKEN_VERSION:
-        raise ValueError("it is not a view_token of this service")
+def known_view(token: bytes) -> Known | None:
+    """The `Known` of a `known_view_token`; None for a token of another version of this code
+    (written by a replica of another version in a rolling upgrade: it shares nothing);
+    ValueError when it is no token at all."""
+    if not token:
+        raise ValueError("it is empty")
+    if token[0] != TOKEN_VERSION:
+        return None
     at, counts = 1, []
     for _ in range(2):
         count, at = _read_varint(token, at)

@@ -40,7 +40,8 @@ def _certificate(session_id: str, stored: StoredCertificate) -> api.Certificate:
 
 
 def _known_view(request: api.RenderViewRequest) -> Known | None:
-    """The view the caller holds, by its token; None when it sent none."""
+    """The view the caller holds, by its token; None when it sent none, or one of another
+    version of the service."""
     if not request.known_view_token:
         return None
     try:

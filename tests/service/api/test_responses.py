@@ -40,7 +40,7 @@ def _parsed(sent: Encoded) -> api.RenderViewResponse:
     """The response as sent, less its view's token (which protobuf's own message of the view
     has not), checked to be one the server reads back."""
     response = api.RenderViewResponse.FromString(sent.data)
-    known_view(response.view.view_token)
+    assert known_view(response.view.view_token) is not None
     response.view.view_token = b""
     return response
 
@@ -88,7 +88,7 @@ def test_a_token_is_read_back_as_the_blocks_it_names_and_nothing_else_is() -> No
     view = View("s", 300, ViewFormat.OPENAI_CHAT, "o200k_base", texts, "", items, 900, 0, 900, 0, False, ())
     token = api.RenderViewResponse.FromString(render_response(view, ()).data).view.view_token
     known = known_view(token)
-    assert (len(known.messages), len(known.items)) == (2, 2)
+    assert known is not None and (len(known.messages), len(known.items)) == (2, 2)
     assert all(len(digest) == responses.DIGEST for digest in (*known.messages, *known.items))
     # What a later view shares: the first block of each, then the rest sent.
     later = replace(
@@ -98,9 +98,10 @@ def test_a_token_is_read_back_as_the_blocks_it_names_and_nothing_else_is() -> No
     assert sent.shared_messages_bytes == len(("[" + ",".join(texts[: responses.BLOCK])).encode())
     assert sent.shared_items == responses.BLOCK and [i.seq for i in sent.items] == list(range(257, 301))
     assert sent.messages_json == "," + ",".join((*texts[responses.BLOCK :], texts[0])) + "]"
-    for bad in (b"", b"\x02", token[:-1], token + b"x", b"\x01\x80"):
+    for bad in (b"", token[:-1], token + b"x", b"\x01\x80"):
         with pytest.raises(ValueError):
             known_view(bad)
+    assert known_view(b"\x02" + token[1:]) is None  # another version's: it shares nothing
     assert api.RenderViewResponse.FromString(render_response(view, (), named=False).data).view.view_token == b""
 
 

@@ -652,8 +652,9 @@ class RenderViewRequest(_message.Message):
     shares with that one (View.shared_messages_bytes, View.shared_items):
     a long session's view is megabytes, most of them the last view's. A
     token whose view shares nothing with this one (another session, an
-    older view) costs nothing: the view comes whole. The token names the
-    view by its content, so any replica can use it. Not with as_stored.
+    older view), or written by another version of the service, costs
+    nothing: the view comes whole. The token names the view by its
+    content, so any replica can use it. Not with as_stored.
     """
     @_builtins.property
     def focus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
