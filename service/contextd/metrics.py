@@ -76,6 +76,12 @@ render_reads = _histogram(
 tokens_sent = meter.create_counter(
     "contextd.view.tokens", unit="{token}", description="Tokens of the views rendered (what the model is sent)."
 )
+view_size = meter.create_counter(
+    "contextd.view.size",
+    unit="By",
+    description="Bytes of the views rendered (their messages and items): sent in responses (contextd.view.part=sent), "
+    "or held by the caller and left out (held: known_view_token).",
+)
 tokens_removed = meter.create_counter(
     "contextd.tokens.removed",
     unit="{token}",
@@ -260,6 +266,13 @@ def record_render(
     if costs is not None:
         cost.add(costs[0], {TENANT: tenant, "contextd.cost.basis": "view"})
         cost.add(costs[1], {TENANT: tenant, "contextd.cost.basis": "whole_history"})
+
+
+def record_view_size(tenant: str, sent: int, held: int) -> None:
+    """A render's response: its bytes, and those of the view the caller held (left out)."""
+    view_size.add(sent, {TENANT: tenant, "contextd.view.part": "sent"})
+    if held:
+        view_size.add(held, {TENANT: tenant, "contextd.view.part": "held"})
 
 
 def record_reads(reads: Sequence[tuple[str, float]]) -> None:

@@ -47,6 +47,8 @@ class Encoded:
     """A response message already serialized: sent as it is."""
 
     data: bytes
+    held: int = 0
+    """Bytes of the view left out, as the caller held them (`known_view_token`)."""
 
 
 def passing_encoded(serializer: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
@@ -86,6 +88,7 @@ def render_response(
         messages = [b"[", b",".join(data for data, _ in message_blocks), b"]"]
     shared_items = _shared(known.items, item_blocks) if known is not None else 0
     head.shared_items = shared_items * BLOCK if shared_items < len(item_blocks) else len(items)
+    held = head.shared_messages_bytes + sum(len(data) for data, _ in item_blocks[:shared_items])
     parts = [
         head.SerializeToString(),
         MESSAGES_FIELD,
@@ -93,7 +96,7 @@ def render_response(
         *messages,
         *(data for data, _ in item_blocks[shared_items:]),
     ]
-    return Encoded(b"".join([VIEW_FIELD, _varint(sum(map(len, parts))), *parts]))
+    return Encoded(b"".join([VIEW_FIELD, _varint(sum(map(len, parts))), *parts]), held)
 
 
 @dataclass(frozen=True, slots=True)

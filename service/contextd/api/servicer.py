@@ -9,7 +9,7 @@ from typing import Any, TypeAlias
 
 import grpc
 
-from contextd import agent_tools
+from contextd import agent_tools, metrics
 from contextd.api import mapping
 from contextd.api.auth import current_tenant
 from contextd.api.responses import Encoded, Known, known_view, render_response
@@ -144,6 +144,7 @@ class ContextServicer(contextd_pb2_grpc.ContextServiceServicer):
             response = render_response(result.view, result.certificates, known)
             if len(response.data) > self.max_response_bytes:
                 raise ViewTooLarge(request.session_id, len(response.data), self.max_response_bytes)
+            metrics.record_view_size(current_tenant(), len(response.data), response.held)
             responses.append(response)
 
         await self.views.render(

@@ -66,6 +66,7 @@ def _key(name: str) -> str:
         "tenant": "contextd.tenant",
         "stage": "contextd.stage",
         "read": "contextd.read",
+        "part": "contextd.view.part",
         "decision": "contextd.decision",
         "source": "contextd.cache.source",
         "kind": "contextd.cache.kind",
@@ -137,6 +138,8 @@ def test_appends_renders_decisions_and_usage_are_counted(snapshot: Any, client: 
     # What it read first: the history and the view state (no kept carries on this server).
     assert [grew("contextd.render.reads", read=r) for r in ("history", "carry", "state")] == [1, 0, 1]
     assert grew("contextd.view.tokens", tenant="default") == view.total_tokens
+    assert grew("contextd.view.size", part="sent", tenant="default") > len(view.messages_json)
+    assert grew("contextd.view.size", part="held") == 0  # (the client held no view of the session)
 
     decided = Counter(c.decision.upper() for c in view.certificates)
     assert decided["PRUNE"] > 0, decided  # the fixture must make the rules work
@@ -158,6 +161,14 @@ def test_appends_renders_decisions_and_usage_are_counted(snapshot: Any, client: 
     assert grew("contextd.edits.deferred", tenant="default") == 1
     assert after.total("contextd.sessions.active", tenant="default") >= 1
 
+    # Rendered again, by a client that holds the view: what it held is not sent again, and counted so.
+    again = client.render_view(session_id, ViewFormat.OPENAI_CHAT, budget_tokens=1500)
+    held = snapshot()
+    assert (
+        held.total("contextd.view.size", part="held") - after.total("contextd.view.size", part="held")
+        >= len(again.messages_json.encode()) // 2
+    )
+    after = held
     handle = next(c.handle for c in view.certificates if c.decision == "prune" and c.handle)
     client.retrieve(session_id, handle)  # stashed when the render pruned it
     later = snapshot()
@@ -173,6 +184,7 @@ BOUNDED = {
     "contextd.tenant",
     "contextd.stage",
     "contextd.read",
+    "contextd.view.part",
     "contextd.decision",
     "contextd.reason",
     "contextd.level",
