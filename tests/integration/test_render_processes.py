@@ -164,13 +164,17 @@ def _status(call: grpc.RpcError) -> tuple[grpc.StatusCode, str, dict[str, str | 
     return call.code(), call.details(), dict(call.trailing_metadata() or ())
 
 
-def _render(target: str, session_id: str, key: str | None) -> tuple[grpc.StatusCode, str, dict[str, str | bytes]]:
+def _render(
+    target: str, session_id: str, key: str | None, known: bytes = b""
+) -> tuple[grpc.StatusCode, str, dict[str, str | bytes]]:
     with grpc.insecure_channel(target) as channel:
         stub = contextd_pb2_grpc.ContextServiceStub(channel)
         metadata = (("authorization", f"Bearer {key}"),) if key else ()
         try:
             stub.RenderView(
-                api.RenderViewRequest(session_id=session_id, format=api.VIEW_FORMAT_OPENAI_CHAT),
+                api.RenderViewRequest(
+                    session_id=session_id, format=api.VIEW_FORMAT_OPENAI_CHAT, known_view_token=known
+                ),
                 metadata=metadata,
                 timeout=30,
             )
@@ -194,6 +198,7 @@ def test_a_render_process_answers_bad_calls_as_the_server_would(tmp_path: Path) 
             "another tenant's": _render(handing.target, "mine", "k-umbra"),
             "bad id": _render(handing.target, "x" * 300, "k-acme"),
             "no key": _render(handing.target, "mine", None),
+            "bad token": _render(handing.target, "mine", "k-acme", b"\x01\xff"),
         }
         assert _render(handing.target, "mine", "k-acme")[0] is grpc.StatusCode.OK
     with ServerProcess("--database-url", database, *keys) as plain:
@@ -202,6 +207,7 @@ def test_a_render_process_answers_bad_calls_as_the_server_would(tmp_path: Path) 
             "another tenant's": _render(plain.target, "mine", "k-umbra"),
             "bad id": _render(plain.target, "x" * 300, "k-acme"),
             "no key": _render(plain.target, "mine", None),
+            "bad token": _render(plain.target, "mine", "k-acme", b"\x01\xff"),
         }
     assert handed == alone
     assert [code for code, _, _ in handed.values()] == [
@@ -209,6 +215,7 @@ def test_a_render_process_answers_bad_calls_as_the_server_would(tmp_path: Path) 
         grpc.StatusCode.NOT_FOUND,
         grpc.StatusCode.INVALID_ARGUMENT,
         grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.INVALID_ARGUMENT,
     ]
     assert handed["missing"][2]["contextd-reason"] == "SESSION_NOT_FOUND"
     assert "grpc-status-details-bin" in handed["bad id"][2]
