@@ -5,8 +5,8 @@ A view names its content by a token (`View.view_token`: digests of its blocks of
 items). Sent back with the next render (`RenderViewRequest.known_view_token`), it lets the
 service leave out the leading messages and items the new view shares with the one held: the
 client puts them back from what it holds. A long session's view is megabytes, and most of it
-is the last view's; without this, every render sends and decodes all of it (3.3 MB and about
-60 ms of the client's processor at 10,000 items: docs/benchmarks.md).
+is the last view's; without this, every render sends and decodes all of it (3.3 MB and 50-80 ms
+of the client's processor at 10,000 items: docs/benchmarks.md).
 
 Held are the view's messages JSON as bytes (the service counts what is shared in bytes) and its
 items (immutable), never the parsed messages: those are the caller's to change, and every view
@@ -75,6 +75,6 @@ class HeldViews:
 
 
 def _weight(held: Held) -> int:
-    """About what a view held takes: its messages' bytes and a reference a item (the items are
-    the caller's view's too)."""
+    """About what a view held takes: its messages' bytes and a reference an item (the items
+    are the caller's view's too)."""
     return len(held.messages) + 8 * len(held.items) + 200
