@@ -6,11 +6,12 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+from sqlalchemy import select
 
 from contextd.engine.model import Role, TextBlock
 from contextd.engine.retraction import retraction
 from contextd.engine.state import ViewState, state_to_json
-from contextd_storage import views
+from contextd_storage import schema, views
 from contextd_storage.database import Database
 from contextd_storage.history import HistoryStore
 from tests.helpers import counter, make_item
@@ -189,3 +190,57 @@ async def test_a_state_held_from_before_the_last_full_copy_is_caught_up_by_the_c
         assert (stored.since is made[held]) is caught_up, held  # else read from the copy
         assert len(stored.changes) == (7 - held if caught_up else 0), held
         assert state_to_json(stored.state) == state_to_json(whole.state), held
+
+
+async def test_a_copy_made_after_its_render_is_stored_under_the_renders_stored_since(
+    store: HistoryStore,
+) -> None:
+    """`save_copy`: a full copy made after the render that stored its state as a change. Renders
+    stored since keep their changes, which catch the copy up (counted as the changes since it);
+    the changes up to the copy before it go, as `save_state` lets them go; a copy no more recent
+    than the one stored is not stored."""
+    from contextd.engine.changes import change_to_json
+    from contextd.engine.pipeline import render
+    from tests.service.engine.test_carry_strategies import budgeted, file_reads
+
+    session_id = f"s-{uuid.uuid4().hex[:10]}"
+    await store.create_session("tenant", session_id, {})
+    key = await store.session_key("tenant", session_id)
+    items = file_reads(8)
+    made, changes_made = [ViewState()], [""]
+    for n in range(3, 13, 2):  # versions 1 to 5, each stored as a change but the first (a copy)
+        out = render(budgeted(items, 0, n, made[-1], None))
+        change = change_to_json(out.change)  # type: ignore[arg-type]
+        async with store.db.write("tenant", session_id) as conn:
+            before = await views.read_state(conn, key)
+            copy = state_to_json(out.state) if not before.snapshot_version else None
+            await views.save_state(conn, key, before, change, copy)
+        made.append(out.state)
+        changes_made.append(change)
+
+    async def stored() -> tuple[views.StoredState, list[int]]:
+        async with store.db.read() as conn:
+            read = await views.read_state(conn, key)
+            table = schema.view_state_changes
+            changes = await conn.execute(select(table.c.view_version).where(table.c.session_key == key))
+            return read, sorted(v for (v,) in changes)
+
+    before, changes = await stored()
+    assert (before.snapshot_version, changes) == (1, [1, 2, 3, 4, 5])
+    async with store.db.write("tenant", session_id) as conn:
+        assert await views.save_copy(conn, key, state_to_json(made[4]), 4)  # (a render stored 5 since)
+    after, changes = await stored()
+    assert (after.snapshot_version, after.change_bytes, after.snapshot_bytes) == (
+        4,
+        len(changes_made[5]),
+        len(state_to_json(made[4])),
+    )
+    assert changes == [2, 3, 4, 5]  # (those since the copy before it: a state held from 2 on catches up)
+    assert state_to_json(after.state) == state_to_json(made[5])  # the copy, caught up by the change since
+    async with store.db.write("tenant", session_id) as conn:
+        assert not await views.save_copy(conn, key, state_to_json(made[4]), 4)  # as recent as the one stored
+        assert not await views.save_copy(conn, key, state_to_json(made[3]), 3)
+        assert await views.save_copy(conn, key, state_to_json(made[5]), 5)
+    after, changes = await stored()
+    assert (after.snapshot_version, after.change_bytes, changes) == (5, 0, [5])
+    assert state_to_json(after.state) == state_to_json(made[5])
