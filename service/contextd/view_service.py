@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from contextd import metrics
 from contextd.engine.certificates import Certificate, Decision, Stamp, verify_chain
 from contextd.engine.changes import StateChange, change_to_json
-from contextd.engine.errors import InvalidArgument, LimitExceeded, ViewTooLarge
+from contextd.engine.errors import InvalidArgument, LimitExceeded, Retryable, ViewTooLarge
 from contextd.engine.model import Item, Representation, Session
 from contextd.engine.pipeline import Carry, RenderInput, RenderOutput, identity_view, protection_map, render
 from contextd.engine.policy import Policy
@@ -205,30 +205,40 @@ class ViewService:
         render thread ends with it, which the process's exit does not wait for; a copy not
         stored is made after the session's next render)."""
         await asyncio.sleep(0)  # (calls the stop cancelled: their renders are told so first)
-        if not self._renders and not self._copying:
-            return
-        _, late = await asyncio.wait({*self._renders, *self._copying.values()}, timeout=max(seconds, 0.0))
-        for task in late:
-            task.cancel()
+        deadline = time.monotonic() + max(seconds, 0.0)
+        # (Again while there are any: a render that ends during the wait may start a copy.)
+        while at_work := {*self._renders, *self._copying.values()}:
+            _, late = await asyncio.wait(at_work, timeout=max(deadline - time.monotonic(), 0.0))
+            if late:
+                for task in late:
+                    task.cancel()
+                for task in {*self._renders, *self._copying.values()} - at_work:
+                    task.cancel()
+                return
 
-    def _copy_later(self, tenant: str, session_id: str, key: int, state: ViewState) -> None:
+    def _copy_later(self, tenant: str, session_id: str, key: int, state: ViewState, after: int) -> None:
         """Make the full copy of `state` due after the render that stored it as a change, in a
         transaction of its own: the change made the render durable, the copy only spares later
         reads the changes. Renders that come while it is made store their changes, which catch
-        it up (`views.save_copy`). One a session at a time."""
+        it up (`views.save_copy`); `after`: the copy the render's state followed, which another
+        copy stored meanwhile (another replica's) leaves this one unstored. One a session at a
+        time in a process."""
         if key in self._copying:
             return
-        task = asyncio.get_running_loop().create_task(self._copy(tenant, session_id, key, state))
+        task = asyncio.get_running_loop().create_task(self._copy(tenant, session_id, key, state, after))
         self._copying[key] = task
         task.add_done_callback(lambda _: self._copying.pop(key, None))
 
-    async def _copy(self, tenant: str, session_id: str, key: int, state: ViewState) -> None:
+    async def _copy(self, tenant: str, session_id: str, key: int, state: ViewState, after: int) -> None:
         try:
-            copy = await self._run(state_to_json, state)  # (before the session's lock: the state is the render's own)
+            async with self._slot(tenant):  # (a render thread, taken as the tenant's renders take one)
+                copy = await self._run(state_to_json, state)  # (before the session's lock: the state is its own)
             async with self.store.db.write(tenant, session_id) as conn:
-                await views.save_copy(conn, key, copy, state.view_version)
+                await views.save_copy(conn, key, copy, state.view_version, after)
         except asyncio.CancelledError:
             raise
+        except Retryable as error:  # (the database unavailable or busy: said where the calls fail)
+            log.info("a view state's full copy was not stored after its render (the next makes it): %s", error)
         except Exception:  # (the session's next render makes it)
             log.warning("a view state's full copy was not stored after its render", exc_info=True)
 
@@ -309,9 +319,11 @@ class ViewService:
                 await views.append_mutations(conn, key, out.durable)
                 # A full copy of the state, when one is due, is made after the render (`_copy_later`):
                 # 5.4 MB at 10,000 items, which made one render in 256 about 0.2 s. The first render
-                # of a session, which has none, makes its own.
+                # of a session, which has none, makes its own, as do an operator's commands (a
+                # process of their own, which ends after them).
                 copy_due = stored.copy_due(len(change_json))
-                copy = await self._run(state_to_json, out.state) if copy_due and not stored.snapshot_version else None
+                now = copy_due and (not stored.snapshot_version or self.workers is None)  # (an operator's command)
+                copy = await self._run(state_to_json, out.state) if now else None
                 # Nor one whose caller has given up, nor one refused: no model is sent either.
                 model_call = model_call and not progress.gave_up and refused is None
                 call = (
@@ -325,7 +337,7 @@ class ViewService:
         progress.stored = not dry_run
         if not dry_run:
             if copy_due and copy is None:
-                self._copy_later(tenant, session_id, key, out.state)
+                self._copy_later(tenant, session_id, key, out.state, stored.snapshot_version)
             in_memory = int(MEMORY_PER_STORED_BYTE * stored_bytes)
             self._states.put(key, out.state, out.carry, in_memory, carry_bytes)  # committed now
             derived = not held and not resumed

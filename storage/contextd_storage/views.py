@@ -284,15 +284,17 @@ async def save_state(
     await conn.execute(_STATE_ADVANCED, {"session": key, "version": version, "now": now, "grown": len(change_json)})
 
 
-async def save_copy(conn: AsyncConnection, key: int, copy_json: str, version: int) -> bool:
+async def save_copy(conn: AsyncConnection, key: int, copy_json: str, version: int, after: int) -> bool:
     """Store `copy_json`, the whole state at `version`, as the session's full copy, made after the
-    render that stored that state as a change (its `copy_due`), unless a copy as recent is stored.
-    Renders stored since keep their changes, which catch the copy up (and count as the changes
-    since it); those up to the copy before it go, as `save_state` lets them go. Whether it was
-    stored."""
+    render that stored that state as a change (its `copy_due`) while the copy stored was the one
+    at `after`: unless another has been stored since (another replica's render found the copy
+    due too; a second copy so soon would take away the changes a state held from before the
+    first catches up by). Renders stored since keep their changes, which catch the copy up (and
+    count as the changes since it); those up to the copy before it go, as `save_state` lets them
+    go. Whether it was stored."""
     v, c = schema.view_states, schema.view_state_changes
     head = (await conn.execute(select(v.c.view_version, v.c.snapshot_version).where(v.c.session_key == key))).first()
-    if head is None or not head.snapshot_version < version <= head.view_version:
+    if head is None or head.snapshot_version != after or not after < version <= head.view_version:
         return False
     await conn.execute(delete(c).where(c.c.session_key == key, c.c.view_version <= head.snapshot_version))
     since = select(func.coalesce(func.sum(func.length(c.c.change)), 0)).where(

@@ -75,3 +75,38 @@ def test_a_full_copy_due_is_made_after_its_render_and_reads_back_as_the_state(
         assert held is not None and state_to_json(stored.state) == state_to_json(held)
     finally:
         server.stop()
+
+
+def test_an_operators_command_makes_a_copy_due_in_its_render(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service with no render threads is an operator's command (`contextd prune --apply`), a
+    process that ends after its render: the copy due is made in the render, as it was."""
+    from contextd.engine.tokens import TiktokenCounter
+    from contextd.engine.transforms import TransformRegistry
+    from contextd.engine.view import ViewFormat, ViewRequest
+    from contextd.view_service import ViewService
+
+    monkeypatch.setattr(views, "MOST_CHANGES", 0)  # a copy due at every render
+    server = ServerThread(conftest.test_settings(database_url)).start()
+    try:
+        with Client(server.target, held_views=0) as client:
+            session = client.create_session().id
+            client.append_openai(session, _call(0))
+            client.render_view(session, "openai_chat")
+            client.append_openai(session, _call(1))
+    finally:
+        server.stop()
+
+    async def render_by_hand() -> views.StoredState:
+        db = Database(database_url)
+        service = ViewService(HistoryStore(db), TiktokenCounter(), TransformRegistry.default())
+        try:
+            await service.render(DEFAULT_TENANT, session, ViewRequest(ViewFormat.OPENAI_CHAT), force=True)
+            assert not service._copying
+        finally:
+            await db.close()
+        return (await _stored(database_url, session))[1]
+
+    stored = asyncio.run(render_by_hand())
+    assert (stored.state.view_version, stored.snapshot_version) == (2, 2)

@@ -197,8 +197,8 @@ async def test_a_copy_made_after_its_render_is_stored_under_the_renders_stored_s
 ) -> None:
     """`save_copy`: a full copy made after the render that stored its state as a change. Renders
     stored since keep their changes, which catch the copy up (counted as the changes since it);
-    the changes up to the copy before it go, as `save_state` lets them go; a copy no more recent
-    than the one stored is not stored."""
+    the changes up to the copy before it go, as `save_state` lets them go; a copy is not stored
+    when another was stored since the render's (another replica's), or it is no more recent."""
     from contextd.engine.changes import change_to_json
     from contextd.engine.pipeline import render
     from tests.service.engine.test_carry_strategies import budgeted, file_reads
@@ -228,7 +228,9 @@ async def test_a_copy_made_after_its_render_is_stored_under_the_renders_stored_s
     before, changes = await stored()
     assert (before.snapshot_version, changes) == (1, [1, 2, 3, 4, 5])
     async with store.db.write("tenant", session_id) as conn:
-        assert await views.save_copy(conn, key, state_to_json(made[4]), 4)  # (a render stored 5 since)
+        assert await views.save_copy(conn, key, state_to_json(made[4]), 4, after=1)  # (a render stored 5 since)
+        # Another replica's render of 5 found the copy due too: the copy stored meanwhile stands.
+        assert not await views.save_copy(conn, key, state_to_json(made[5]), 5, after=1)
     after, changes = await stored()
     assert (after.snapshot_version, after.change_bytes, after.snapshot_bytes) == (
         4,
@@ -238,9 +240,9 @@ async def test_a_copy_made_after_its_render_is_stored_under_the_renders_stored_s
     assert changes == [2, 3, 4, 5]  # (those since the copy before it: a state held from 2 on catches up)
     assert state_to_json(after.state) == state_to_json(made[5])  # the copy, caught up by the change since
     async with store.db.write("tenant", session_id) as conn:
-        assert not await views.save_copy(conn, key, state_to_json(made[4]), 4)  # as recent as the one stored
-        assert not await views.save_copy(conn, key, state_to_json(made[3]), 3)
-        assert await views.save_copy(conn, key, state_to_json(made[5]), 5)
+        assert not await views.save_copy(conn, key, state_to_json(made[4]), 4, after=4)  # as recent as the one stored
+        assert not await views.save_copy(conn, key, state_to_json(made[3]), 3, after=4)
+        assert await views.save_copy(conn, key, state_to_json(made[5]), 5, after=4)
     after, changes = await stored()
     assert (after.snapshot_version, after.change_bytes, changes) == (5, 0, [5])
     assert state_to_json(after.state) == state_to_json(made[5])
