@@ -22,7 +22,7 @@ from contextd.engine.certificates import Certificate, Decision, Stamp, verify_ch
 from contextd.engine.changes import StateChange, change_to_json
 from contextd.engine.errors import InvalidArgument, LimitExceeded, Retryable, ViewTooLarge
 from contextd.engine.model import Item, Representation, Session
-from contextd.engine.pipeline import Carry, RenderInput, RenderOutput, identity_view, protection_map, render
+from contextd.engine.pipeline import Carry, Laps, RenderInput, RenderOutput, identity_view, protection_map, render
 from contextd.engine.policy import Policy
 from contextd.engine.retraction import REDACTED, RETRACTED, certificate_of, retracted, retraction
 from contextd.engine.state import AppliedEdit, ViewState, state_to_json
@@ -256,7 +256,7 @@ class ViewService:
         if (warming := self._warming.get((tenant, session_id))) is not None:
             await warming.wait()  # its kept carry is being read as the process starts (before its lock)
         async with self._slot(tenant), self.store.db.write(tenant, session_id) as conn:
-            read = _Reads()
+            read = Laps()  # (what it read, as metrics.record_reads says)
             row, session, items = await self.store.history_in(conn, tenant, session_id)
             read("history")
             key = row["key"]
@@ -273,7 +273,7 @@ class ViewService:
             read.restart()
             reads = await views.render_reads(conn, key, self._states)
             read("state")
-            metrics.record_reads(read.reads)
+            metrics.record_reads(read.stages)
             stored = reads.stored
             state = stored.state
             render_input = RenderInput(
@@ -646,24 +646,6 @@ class ViewService:
             row, _, _ = await self.store.history_in(conn, tenant, session_id)
             chain = await certificate_log.all_certificates(conn, row["key"])
         return len(chain), verify_chain(chain)
-
-
-class _Reads:
-    """How long each read of a render took (`metrics.record_reads`): the history (what this
-    process did not hold of it, from the database), the kept carry (when it held none of the
-    session's), the view state (and what was stored since)."""
-
-    __slots__ = ("reads", "started")
-
-    def __init__(self) -> None:
-        self.reads: list[tuple[str, float]] = []
-        self.started = time.perf_counter()
-
-    def restart(self) -> None:
-        self.started = time.perf_counter()
-
-    def __call__(self, what: str) -> None:
-        self.reads.append((what, time.perf_counter() - self.started))
 
 
 def _render(

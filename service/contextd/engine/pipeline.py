@@ -199,7 +199,7 @@ def render(inp: RenderInput) -> RenderOutput:
         carry = None  # another render from it appended to its draft (a dry run, a render that failed)
     cache = prompt_cache(state.renders.get(request.format.value), inp.now, policy.cache, state.view_version)
 
-    lap = _Laps()
+    lap = Laps()
     loaded = load(inp.items, inp.pins, policy, state, inp.durable, carry.finished if carry else None)
     draft = loaded.draft  # the one mutable value: apply and the budget go on applying edits to it
     lap("load")
@@ -290,13 +290,18 @@ def render(inp: RenderInput) -> RenderOutput:
     )
 
 
-class _Laps:
-    """The seconds since the previous lap, by stage."""
+class Laps:
+    """The seconds since the previous lap (or `restart`), by stage: the engine's stages, and a
+    render's reads before them (view_service.py)."""
 
     __slots__ = ("last", "stages")
 
     def __init__(self) -> None:
         self.stages: tuple[tuple[str, float], ...] = ()
+        self.last = perf_counter()
+
+    def restart(self) -> None:
+        """Count the next lap from now (what came between is no stage)."""
         self.last = perf_counter()
 
     def __call__(self, stage: str) -> None:
