@@ -217,7 +217,7 @@ def render_view(
             view = View.from_proto(message, (messages.decode(), items))
         else:
             view = View.from_proto(message)
-            messages = view.messages_json.encode() if holding is not None else b""
+            messages = view.messages_json.encode() if holding is not None and message.view_token else b""
         if holding is not None:
             holding.hold(session_id, fmt, Held(message.view_token, messages, view.items))
         return view
