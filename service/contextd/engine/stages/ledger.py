@@ -235,7 +235,11 @@ def recorded(
     updated in place). Under the keys `touched` since, the entries asked again are named as
     they rest on them now: an entry shown otherwise since it was asked (compressed) may rest on
     a key no longer, and would else be asked again at every change to it (the focus, at every
-    call) for as long as it stays in the pool."""
+    call) for as long as it stays in the pool. Under the focus they are named as they rest on it
+    now whether or not it was touched: a change to it asks again only the entries it concerns
+    (`to_ask`), and tests every other one named under it at each change, for as long as it
+    stays in the pool (the render that reduces a hundred outputs asks about them again as it
+    leaves them, the focus unchanged: `pipeline.SETTLED_FROM`)."""
     if not _incremental(transform):
         return Ledger(pool, frozenset(waiting), {}, None)
     proposed: dict[int, tuple[Proposal, ...]] = {}
@@ -251,7 +255,7 @@ def recorded(
         return Ledger(pool, frozenset(waiting), proposed, {k: set(v) for k, v in adding.items()})
     by_key = earlier.by_key
     seqs = {entry.seq for entry in asked}
-    for key in touched:
+    for key in {*touched, FOCUS}:
         found = by_key.get(key)
         if found:
             found -= found & seqs  # (at the cost of the smaller of the two)
