@@ -17,7 +17,7 @@ from contextd.engine.compress import KINDS, NO_FOCUS, Focus, code, compress, log
 from contextd.engine.compress.listing import UNNAMED
 from contextd.engine.compress.router import SNIFFED, envelope, hint, unread
 from contextd.engine.compress.search import SAMPLES
-from contextd.engine.compress.text import MAX_FOCUS_TERMS, WORD
+from contextd.engine.compress.text import MAX_FOCUS_TERMS, WORD, TextWords
 from contextd.engine.memo import weigh
 from contextd.engine.model import ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.pipeline import RenderInput, render
@@ -1531,3 +1531,21 @@ def test_remembered_values_count_against_the_memos_byte_budget() -> None:
     finally:
         set_memo_bytes(DEFAULT_MEMO_BYTES)
         held.clear()
+
+
+_WORDISH = st.lists(st.sampled_from([*"ab_1 .:/-\n\té", "ab", "a_b", "b1"]), max_size=20).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_WORDISH, st.lists(_WORDISH, max_size=4))
+def test_a_text_read_for_words_as_asked_holds_those_all_its_words_hold(text: str, terms: list[str]) -> None:
+    """`TextWords` looks for each word asked about in the text (the first render of an output
+    asks about a few): it holds a word exactly when finding every word of the text would, and a
+    focus within it keeps the same terms."""
+    words = frozenset(WORD.findall(text))
+    lazily = TextWords(text)
+    for term in terms:
+        asked = frozenset(WORD.findall(term))
+        assert lazily.holds(asked) == (asked <= words), (text, term)
+    focus = Focus(tuple(terms), tuple(reversed(terms)))
+    assert focus.within(TextWords(text)) == focus.within(words)

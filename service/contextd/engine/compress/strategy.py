@@ -24,7 +24,7 @@ from itertools import pairwise
 from typing import Any, ClassVar, TypeVar
 
 from contextd.engine.compress.router import compress, envelope, names_read, unread
-from contextd.engine.compress.text import WORD, Compressed, Focus, identifiers, matters, term_words
+from contextd.engine.compress.text import WORD, Compressed, Focus, TextWords, identifiers, matters, term_words
 from contextd.engine.memo import IdentityMemo
 from contextd.engine.model import Item, Representation, TextBlock, ToolUseBlock
 from contextd.engine.observations import Observation
@@ -54,10 +54,9 @@ class Compress(Strategy):
             _read_again(context, entry, seen, text),
         )
         declared, path = _declared(context, entry, seen), seen.reads[0].path if seen.reads else ""
-        words = _words_of(entry)
-        if words is not None:
+        if "\\" not in text:  # (escapes, as in JSON, hide words from this reading: `_words_in`)
             # Only the focus terms that may occur in the output change its compression: the key.
-            focus = focus.within(words, lambda: _names_read(entry, seen, declared))
+            focus = focus.within(TextWords(text), lambda: _names_read(entry, seen, declared))
         held = _compressions.get((entry.item,), dict)
         ratio = params.get("max_ratio", MAX_RATIO)
         # A read of a file is what the call that made it works from: read whole by that call,

@@ -145,7 +145,7 @@ class Focus:
                 out.add(last)
         return frozenset(out)
 
-    def within(self, words: frozenset[str], names: Callable[[], frozenset[str] | None] | None = None) -> Focus:
+    def within(self, words: Words, names: Callable[[], frozenset[str] | None] | None = None) -> Focus:
         """The focus without the terms that cannot matter to a text made of `words` (its
         ``\\w+`` runs): the same compression, and a key for remembering it that changes only
         when the text is concerned. A term matters only where it, or its last part, occurs;
@@ -214,7 +214,45 @@ def whole_words(term: str) -> frozenset[str]:
     return frozenset(WORD.findall(term))
 
 
-def matters(term: str, words: frozenset[str], names: Callable[[], frozenset[str] | None] | None = None) -> bool:
+class TextWords:
+    """The words (``\\w+`` runs) of a text, each looked for when asked about: a text holds a word
+    where it occurs with no word character on either side. A focus asks about a few words of
+    an output, once, at its first render: finding every word of each output (`WORD.findall`)
+    cost 4-7% of a first render of 10,000 items of bench/scale.py's sessions, and searching
+    the text for a word it does not hold is one pass at C speed."""
+
+    __slots__ = ("_held", "_text")
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._held: dict[str, bool] = {}
+
+    def holds(self, words: frozenset[str]) -> bool:
+        """Whether the text holds every one of `words`."""
+        return all(self._holds(word) for word in words)
+
+    def _holds(self, word: str) -> bool:
+        found = self._held.get(word)
+        if found is None:
+            found = self._held[word] = word in self._text and _whole(word).search(self._text) is not None
+        return found
+
+
+@functools.lru_cache(maxsize=4096)
+def _whole(word: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<!\w){re.escape(word)}(?!\w)")
+
+
+Words = frozenset[str] | TextWords
+"""A text's words: all of them, or read as asked (`TextWords`)."""
+
+
+def holds(words: Words, needed: frozenset[str]) -> bool:
+    """Whether a text of `words` holds all of `needed`."""
+    return needed <= words if isinstance(words, frozenset) else words.holds(needed)
+
+
+def matters(term: str, words: Words, names: Callable[[], frozenset[str] | None] | None = None) -> bool:
     """Whether focus `term` may change the compression of a text made of `words`. Compressors
     find a term where it occurs whole in the text (a line mentioning it), and some by its last
     part alone (`Focus.names`: a path's file name, a dotted name's last): `names()` says which
@@ -222,9 +260,9 @@ def matters(term: str, words: frozenset[str], names: Callable[[], frozenset[str]
     Without `names` (or when `names()` is None), a term whose last part's words the text holds
     matters; with it, ``s/a/b`` (a ``sed`` script) does not matter to code that assigns ``b``
     and holds no ``s``, unless ``b`` is a definition's name."""
-    if not term_words(term) <= words:
+    if not holds(words, term_words(term)):
         return False
-    if names is None or whole_words(term) <= words:
+    if names is None or holds(words, whole_words(term)):
         return True
     read = names()
     if read is None or term in read:
