@@ -74,9 +74,9 @@ def summary_line(text: str) -> str:
     """The line that says how a run ended: a test runner's or checker's summary when there is
     one (``3 failed, 41 passed in 2.1s``), else the output's last line."""
     lines = command_lines(text)
-    summaries = [line for line in lines if _RUNNER_SUMMARY.search(line)]
-    if summaries:
-        return summaries[-1]
+    found = next((line for line in reversed(lines) if _RUNNER_SUMMARY.search(line)), None)
+    if found is not None:
+        return found  # (the last: read from the end, as a run's summary closes it)
     return lines[-1] if lines else "(no output)"
 
 

@@ -17,7 +17,7 @@ from contextd.engine.compress import KINDS, NO_FOCUS, Focus, code, compress, log
 from contextd.engine.compress.listing import UNNAMED
 from contextd.engine.compress.router import SNIFFED, envelope, hint, unread
 from contextd.engine.compress.search import SAMPLES
-from contextd.engine.compress.text import MAX_FOCUS_TERMS, WORD, TextWords
+from contextd.engine.compress.text import ERROR_SUFFIXES, ERROR_WORDS, MAX_FOCUS_TERMS, WORD, Lines, TextWords
 from contextd.engine.memo import weigh
 from contextd.engine.model import ItemContent, Role, TextBlock, ToolResultBlock, ToolUseBlock
 from contextd.engine.pipeline import RenderInput, render
@@ -1549,3 +1549,20 @@ def test_a_text_read_for_words_as_asked_holds_those_all_its_words_hold(text: str
         assert lazily.holds(asked) == (asked <= words), (text, term)
     focus = Focus(tuple(terms), tuple(reversed(terms)))
     assert focus.within(TextWords(text)) == focus.within(words)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["x = 1", "Value", "Error", "ERR", "npm ERR!", "not", " found", "İ", "\n", "_", " "]),
+        max_size=30,
+    )
+)
+def test_the_lines_reporting_errors_are_those_holding_an_error_word_whatever_the_text_holds(parts: list[str]) -> None:
+    """An output none of whose text holds an error word is passed over in one pass; the others
+    are read word by word: the same lines either way."""
+    found = Lines("".join(parts))
+    every = set(found.having(ERROR_WORDS, fold_case=True)) | set(
+        found.having(ERROR_SUFFIXES, fold_case=True, suffix=True)
+    )
+    assert found.reporting_errors() == every

