@@ -219,8 +219,8 @@ class TextWords:
     """The words (``\\w+`` runs) of a text, each looked for when asked about: a text holds a word
     where it occurs with no word character on either side. A focus asks about a few words of
     an output, once, at its first render: finding every word of each output (`WORD.findall`)
-    cost 4-7% of a first render of 10,000 items of bench/scale.py's sessions, and searching
-    the text for a word it does not hold is one pass at C speed."""
+    was 4-8% of a first render of 8,000 items of bench/scale.py's sessions (py-spy), and
+    searching the text for a word it does not hold is one pass at C speed."""
 
     __slots__ = ("_held", "_text")
 
@@ -239,8 +239,9 @@ class TextWords:
         return found
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)
 def _whole(word: str) -> re.Pattern[str]:
+    """`word` where it is a whole word (the words of focus terms: a few a call; 1 to 2 KB each)."""
     return re.compile(rf"(?<!\w){re.escape(word)}(?!\w)")
 
 
