@@ -19,7 +19,7 @@ blocks whose reads it all sees are passed over by their bounds.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 BLOCK = 32
 """Reads per block."""
@@ -53,7 +53,7 @@ class _Bounds:
         self.high_min.append(min(block_highs))
         self.high_max.append(max(block_highs))
 
-    def holding_out(self, covering: bool) -> tuple[list[int], list[int]]:
+    def holding_out(self, covering: bool) -> tuple[Sequence[int], Sequence[int]]:
         """Per whole block, the bounds by which it holds no read that covers (`covering`) given
         lines, or lies within them (`ReadSpans._scan`)."""
         return (self.low_min, self.high_max) if covering else (self.low_max, self.high_min)
@@ -123,9 +123,8 @@ class ReadSpans:
         # scan for reads covering the lines, when none of its reads starts at or before the
         # first line or none ends at or after the last; for reads within them, the other way
         # round.
-        supers, blocks = self.supers or _NONE, self.blocks or _NONE
-        s_low, s_high = supers.holding_out(covering)
-        b_low, b_high = blocks.holding_out(covering)
+        s_low, s_high = self.supers.holding_out(covering) if self.supers is not None else ((), ())
+        b_low, b_high = self.blocks.holding_out(covering) if self.blocks is not None else ((), ())
         whole_supers, whole_blocks = min(count // SUPER, len(s_low)), min(count // BLOCK, len(b_low))
         while i < end:
             k = i // SUPER
@@ -151,10 +150,6 @@ class ReadSpans:
             else:
                 yield from [seq for seq, first, last in read if first >= low and last <= high]
             i = stop
-
-
-_NONE = _Bounds(0)
-"""No blocks yet (fewer reads than a block)."""
 
 
 def _bounds(span: Span) -> tuple[int, int]:

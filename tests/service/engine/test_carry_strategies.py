@@ -1286,12 +1286,12 @@ def resting_on_the_focus(out: RenderOutput, slot: int) -> set[int]:
 
 
 def test_a_render_that_changed_many_entries_hands_on_only_those_resting_on_the_focus_as_it_left_them() -> None:
-    """A first render reduces a hundred whole modules read (the default policy), then asks the rules
-    about them again as it leaves them (`pipeline.SETTLED_FROM`). Shown whole, each rested on the
-    focus; reduced, none does: the ledger it hands on names under the focus what a render from
-    its state alone names, not every output it reduced, which each later call's focus change
-    would look at one by one (at 10,000 items of bench/scale.py's modules workload, the renders
-    after an append cost 9 ms, not 3)."""
+    """A first render reduces the 149 whole modules read before the last turn (the default
+    policy), then asks the rules about them again as it leaves them (`pipeline.SETTLED_FROM`).
+    Shown whole, each rested on the focus; reduced, none does: the ledger it hands on names
+    under the focus what a render from its state alone names, not every output it reduced,
+    which each later call's focus change would look at one by one (at 10,000 items of
+    bench/scale.py's modules workload, the renders after an append cost 9 ms, not 3)."""
     items = module_reads(150)
     policy = parse_policy(default_policy_text(), REGISTRY)
     slot = next(k for k, rule in enumerate(policy.rules) if rule.transform == "compress")
